@@ -1,0 +1,78 @@
+// File-system helpers that keep the project's rule: every file is written atomically
+// (temp file in the same directory -> fsync -> rename -> fsync of the directory).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace kh::fs {
+
+namespace stdfs = std::filesystem;
+
+// Reads a whole file. Throws kNotFound when it does not exist, kIo on other errors,
+// kRefused when it is larger than max_size.
+std::string read_file(const stdfs::path& path, uint64_t max_size = UINT64_MAX);
+std::optional<std::string> read_file_if_exists(const stdfs::path& path,
+                                               uint64_t max_size = UINT64_MAX);
+
+// Writes bytes to path atomically with the given mode; creates parent directories.
+void write_file_atomic(const stdfs::path& path, std::string_view bytes, mode_t mode = 0644);
+
+void fsync_dir(const stdfs::path& dir);
+void make_dirs(const stdfs::path& dir);
+
+// A unique, process-private temp file (O_CREAT|O_EXCL, 0600) that is removed unless committed.
+class TempFile {
+ public:
+  // Creates <dir>/<stem>.<pid>.<random>.part
+  TempFile(const stdfs::path& dir, std::string_view stem);
+  ~TempFile();
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  TempFile(TempFile&& other) noexcept;
+
+  void write(const void* data, size_t size);
+  void write(std::string_view s) { write(s.data(), s.size()); }
+  void truncate();  // back to zero bytes, for restarts
+  uint64_t size() const { return size_; }
+  int fd() const { return fd_; }
+  const stdfs::path& path() const { return path_; }
+
+  // fsync, chmod, rename over dest, fsync dest's directory. Returns false (and removes the
+  // temp) when keep_existing is set and dest already exists.
+  bool commit(const stdfs::path& dest, mode_t mode, bool keep_existing = false);
+  void discard();
+
+ private:
+  stdfs::path path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+// An open-file-description lock (fcntl F_OFD_SETLK*): released when the process dies.
+// Locks only avoid duplicate work; correctness never depends on them.
+class FileLock {
+ public:
+  // Blocks until the lock is held. The lock file is created and never removed.
+  static FileLock acquire(const stdfs::path& path);
+  // Returns nullopt when another process holds it.
+  static std::optional<FileLock> try_acquire(const stdfs::path& path);
+
+  FileLock(FileLock&& other) noexcept;
+  FileLock& operator=(FileLock&& other) noexcept;
+  ~FileLock();
+
+ private:
+  explicit FileLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
+// Random lowercase hex of n characters (from /dev/urandom via OpenSSL).
+std::string random_hex(size_t n);
+
+}  // namespace kh::fs

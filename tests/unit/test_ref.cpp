@@ -1,0 +1,68 @@
+#include <gtest/gtest.h>
+
+#include "hub/address.h"
+#include "hub/error.h"
+#include "hub/ref.h"
+
+namespace kh {
+
+TEST(Ref, DefaultTagIsV1) {
+  Ref r = Ref::parse("kernel-hub/norm");
+  EXPECT_EQ(r.repo, "kernel-hub/norm");
+  EXPECT_EQ(r.tag, "v1");
+  EXPECT_FALSE(r.digest);
+  EXPECT_EQ(r.str(), "kernel-hub/norm@v1");
+}
+
+TEST(Ref, TagsAndDigests) {
+  EXPECT_EQ(Ref::parse("org/name@1.4.2").tag, "1.4.2");
+  EXPECT_EQ(Ref::parse("org/sub/name@v2").repo, "org/sub/name");
+  std::string d = "sha256:" + std::string(64, 'b');
+  Ref r = Ref::parse("org/name@" + d);
+  ASSERT_TRUE(r.digest);
+  EXPECT_EQ(r.digest->str(), d);
+  EXPECT_EQ(r.reference(), d);
+  EXPECT_TRUE(r.tag.empty());
+}
+
+TEST(Ref, Rejections) {
+  for (const char* bad : {"", "name", "Org/name", "org/name@", "org/name:v1", "org//name",
+                          "org/name@sha256:xyz", "org/name@md5:abc", "org/name@-bad",
+                          "/org/name", "org/name/"}) {
+    try {
+      Ref::parse(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << bad;
+      EXPECT_NE(std::string(e.what()).find("expected org/name"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(HubAddress, Kinds) {
+  auto r = HubAddress::parse("oci://127.0.0.1:5000/team", false);
+  EXPECT_EQ(r.kind, HubAddress::Kind::kRegistry);
+  EXPECT_EQ(r.host, "127.0.0.1:5000");
+  EXPECT_EQ(r.ns, "team");
+  EXPECT_EQ(r.base_url, "https://127.0.0.1:5000");
+  EXPECT_EQ(r.repo_path("org/x"), "team/org/x");
+  EXPECT_EQ(HubAddress::parse("oci://h:1", true).base_url, "http://h:1");
+  EXPECT_EQ(HubAddress::parse("https://cdn.example/hub/", false).kind,
+            HubAddress::Kind::kHttpLayout);
+  EXPECT_EQ(HubAddress::parse("https://cdn.example/hub/", false).base_url,
+            "https://cdn.example/hub");
+  auto d = HubAddress::parse("file:///srv/hub", false);
+  EXPECT_EQ(d.kind, HubAddress::Kind::kDirLayout);
+  EXPECT_EQ(d.dir, "/srv/hub");
+  EXPECT_EQ(HubAddress::parse("/srv/hub", false).id(), d.id());
+  EXPECT_THROW(HubAddress::parse("ftp://x", false), Error);
+  EXPECT_THROW(HubAddress::parse("oci://", false), Error);
+}
+
+TEST(HubAddress, IdsAreStableAndSafe) {
+  auto id = HubAddress::parse("oci://127.0.0.1:5000", false).id();
+  EXPECT_EQ(id, "registry/127.0.0.1_5000");
+  EXPECT_EQ(HubAddress::parse("/a/../b", false).id().find(".."), std::string::npos);
+}
+
+}  // namespace kh
