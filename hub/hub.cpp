@@ -1,1 +1,388 @@
-// Placeholder: implementation in progress.
+#include "hub/hub.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "hub/error.h"
+
+namespace kh {
+
+namespace {
+
+int64_t now_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0" && std::string(v) != "false";
+}
+
+bool is_index(std::string_view media_type) {
+  return media_type == oci::kMediaTypeIndex ||
+         media_type == "application/vnd.docker.distribution.manifest.list.v2+json";
+}
+
+// Tag under which a pull is recorded: the tag, or the digest for pinned refs.
+std::string record_name(const Ref& ref) { return ref.digest ? ref.digest->str() : ref.tag; }
+
+[[noreturn]] void offline_miss(const Ref& ref, const std::string& what) {
+  throw Error(ErrorKind::kOffline,
+              fmt::format("{}: {} is not in the cache and offline mode is on; run `kernel-hub "
+                          "pull {}` while online (or `kernel-hub import DIR` from a mirror)",
+                          ref.str(), what, ref.str()));
+}
+
+}  // namespace
+
+HubOptions HubOptions::from_env() {
+  HubOptions o;
+  o.offline = env_flag("KERNEL_HUB_OFFLINE");
+  o.source.http = http::Options::from_env();
+  o.source.http.offline = o.offline;
+  o.source.http.allow_plain_http = env_flag("KERNEL_HUB_PLAIN_HTTP");
+  return o;
+}
+
+HubAddress default_hub_address(const Store& store, bool plain_http) {
+  const char* endpoint = std::getenv("KERNEL_HUB_ENDPOINT");
+  if (endpoint && *endpoint) return HubAddress::parse(endpoint, plain_http);
+  // The embedded default hub: a layout directory. Until packages are built into it, an
+  // empty layout hub in the cache.
+  auto dir = store.root() / "default-hub";
+  fs::make_dirs(dir);
+  return HubAddress::parse(dir.string(), plain_http);
+}
+
+Hub::Hub(HubAddress address, Store& store, HubOptions options)
+    : address_(std::move(address)), store_(store), options_(std::move(options)) {
+  options_.source.http.offline = options_.offline;
+  if (address_.kind == HubAddress::Kind::kRegistry && address_.plain_http) {
+    options_.source.http.allow_plain_http = true;
+  }
+  if (address_.kind == HubAddress::Kind::kHttpLayout && address_.base_url.starts_with("http://")) {
+    options_.source.http.allow_plain_http = true;
+  }
+  options_.source.http.progress = options_.progress;
+}
+
+Hub::~Hub() = default;
+
+Source& Hub::source() {
+  if (!source_) source_ = open_source(address_, options_.source);
+  return *source_;
+}
+
+Digest Hub::resolve(const Ref& ref, bool* from_cache, int64_t* resolved_at) {
+  if (options_.offline) {
+    *from_cache = true;
+    if (ref.digest) {
+      if (!store_.has_blob(*ref.digest)) offline_miss(ref, "its index " + ref.digest->str());
+      *resolved_at = 0;
+      return *ref.digest;
+    }
+    auto rec = store_.read_ref(address_.id(), ref.repo, ref.tag);
+    if (!rec) offline_miss(ref, "the tag '" + ref.tag + "' from " + address_.text);
+    *resolved_at = rec->resolved_at;
+    return rec->digest;
+  }
+  *from_cache = false;
+  FetchedManifest fm = source().get_manifest(ref.repo, ref.reference());
+  std::string mt = fm.media_type.empty() ? oci::peek_media_type(fm.bytes) : fm.media_type;
+  if (!store_.has_blob(fm.digest)) store_.put_blob(oci::describe(fm.bytes, mt), fm.bytes);
+  *resolved_at = now_seconds();
+  return fm.digest;
+}
+
+// Returns the bytes of a manifest referenced by an index entry, from the store or the hub.
+std::string Hub::ensure_manifest(const Ref& ref, const oci::Descriptor& desc) {
+  if (desc.size > static_cast<int64_t>(oci::kMaxManifestBytes)) {
+    throw Error(ErrorKind::kRefused, fmt::format("{}: manifest {} is {} bytes, over the {} limit",
+                                                 ref.str(), desc.digest.str(), desc.size,
+                                                 oci::kMaxManifestBytes));
+  }
+  if (auto bytes = store_.read_blob(desc.digest, oci::kMaxManifestBytes)) {
+    oci::verify_bytes(desc, *bytes, ref.str() + ": manifest");
+    return *bytes;
+  }
+  if (options_.offline) offline_miss(ref, "manifest " + desc.digest.str());
+  FetchedManifest fm = source().get_manifest(ref.repo, desc.digest.str());
+  oci::verify_bytes(desc, fm.bytes, ref.str() + ": manifest");
+  store_.put_blob(desc, fm.bytes);
+  return fm.bytes;
+}
+
+void Hub::fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blobs,
+                        PullReport& report) {
+  std::vector<oci::Descriptor> missing;
+  for (auto& d : blobs) {
+    if (store_.has_blob(d.digest)) continue;
+    if (d.data) {  // inline content (the empty config): no request needed
+      auto raw = oci::base64_decode(*d.data);
+      if (raw) {
+        store_.put_blob(d, *raw);
+        continue;
+      }
+    }
+    missing.push_back(d);
+  }
+  if (missing.empty()) return;
+  if (options_.offline) offline_miss(ref, "blob " + missing.front().digest.str());
+
+  // Single flight across processes: a blob whose lock another process holds is being
+  // downloaded there; wait for it after our own downloads, then re-check.
+  std::vector<oci::Descriptor> mine, theirs;
+  std::vector<fs::FileLock> held;
+  for (auto& d : missing) {
+    if (auto lock = store_.try_lock("blob-" + d.digest.hex)) {
+      if (store_.has_blob(d.digest)) continue;  // finished while we looked
+      held.push_back(std::move(*lock));
+      mine.push_back(d);
+    } else {
+      theirs.push_back(d);
+    }
+  }
+
+  auto download = [&](const std::vector<oci::Descriptor>& list) {
+    if (list.empty()) return;
+    std::vector<std::unique_ptr<BlobWriter>> writers;
+    std::vector<BlobFetch> fetches;
+    uint64_t total = 0;
+    for (auto& d : list) {
+      writers.push_back(store_.begin_blob(d));
+      fetches.push_back(BlobFetch{d, writers.back().get(), false, {}});
+      total += static_cast<uint64_t>(d.size);
+    }
+    Progress progress(ref.str(), options_.progress);
+    source().fetch_blobs(ref.repo, fetches, &progress);
+    progress.finish();
+    std::string errors;
+    for (size_t i = 0; i < fetches.size(); ++i) {
+      if (fetches[i].ok) {
+        try {
+          writers[i]->commit();
+          ++report.blobs_downloaded;
+          report.bytes_downloaded += static_cast<uint64_t>(fetches[i].desc.size);
+          continue;
+        } catch (const Error& e) {
+          fetches[i].error = e.what();
+        }
+      }
+      errors += fmt::format("\n  {}: {}", fetches[i].desc.digest.str(), fetches[i].error);
+    }
+    if (!errors.empty()) {
+      throw Error(ErrorKind::kNetwork,
+                  fmt::format("{}: could not fetch every blob from {}; nothing partial was kept, "
+                              "run the pull again:{}",
+                              ref.str(), address_.text, errors));
+    }
+  };
+
+  download(mine);
+  held.clear();
+  std::vector<oci::Descriptor> still_missing;
+  for (auto& d : theirs) {
+    fs::FileLock wait = store_.lock("blob-" + d.digest.hex);
+    if (!store_.has_blob(d.digest)) still_missing.push_back(d);  // the other process failed
+  }
+  download(still_missing);
+}
+
+PullReport Hub::pull(const Ref& ref) {
+  PullReport report;
+  report.ref = ref;
+  int64_t resolved_at = 0;
+  report.digest = resolve(ref, &report.from_cache, &resolved_at);
+
+  auto root = store_.read_blob(report.digest, oci::kMaxManifestBytes);
+  if (!root) {
+    if (options_.offline) offline_miss(ref, "index " + report.digest.str());
+    throw Error(ErrorKind::kIntegrity,
+                ref.str() + ": the index " + report.digest.str() + " vanished from the cache");
+  }
+  report.media_type = oci::peek_media_type(*root);
+
+  // Collect every manifest under the root (nested indexes allowed, bounded depth).
+  std::vector<std::pair<oci::Descriptor, std::string>> manifests;
+  bool kernel_artifact = false;
+  std::function<void(const std::string&, std::string_view, int)> walk =
+      [&](const std::string& bytes, std::string_view media_type, int depth) {
+        if (depth > 4) {
+          throw Error(ErrorKind::kRefused, ref.str() + ": indexes nested too deeply");
+        }
+        if (is_index(media_type)) {
+          oci::Index index = oci::parse_index(bytes, ref.str() + ": index");
+          if (index.artifact_type == oci::kArtifactTypeKernel) kernel_artifact = true;
+          for (auto& d : index.manifests) walk(ensure_manifest(ref, d), d.media_type, depth + 1);
+        } else {
+          oci::Manifest m = oci::parse_manifest(bytes, ref.str() + ": manifest");
+          if (m.artifact_type == oci::kArtifactTypeKernel) kernel_artifact = true;
+          manifests.emplace_back(oci::describe(bytes, media_type), bytes);
+        }
+      };
+  walk(*root, report.media_type, 0);
+
+  std::map<Digest, oci::Descriptor> blobs;
+  std::vector<oci::Descriptor> package_layers;
+  for (auto& [desc, bytes] : manifests) {
+    oci::Manifest m = oci::parse_manifest(bytes, ref.str() + ": manifest");
+    blobs.emplace(m.config.digest, m.config);
+    for (auto& l : m.layers) {
+      blobs.emplace(l.digest, l);
+      if (l.media_type == oci::kMediaTypeLayerTarZstd) package_layers.push_back(l);
+    }
+  }
+  report.manifests = manifests.size();
+  report.blobs = blobs.size();
+  std::vector<oci::Descriptor> list;
+  for (auto& [d, desc] : blobs) {
+    list.push_back(desc);
+    report.total_bytes += static_cast<uint64_t>(desc.size);
+  }
+  fetch_missing(ref, list, report);
+
+  if (kernel_artifact) {
+    for (auto& l : package_layers) store_.unpack(l.digest);
+  }
+  if (!report.from_cache) {
+    store_.write_ref(RefRecord{address_.id(), ref.repo, record_name(ref), report.digest,
+                               resolved_at});
+  }
+  return report;
+}
+
+RefInfo Hub::info(const Ref& ref) {
+  RefInfo info;
+  info.ref = ref;
+  info.digest = resolve(ref, &info.from_cache, &info.resolved_at);
+  auto root = store_.read_blob(info.digest, oci::kMaxManifestBytes);
+  if (!root) offline_miss(ref, "index " + info.digest.str());
+  info.media_type = oci::peek_media_type(*root);
+  if (is_index(info.media_type)) {
+    oci::Index index = oci::parse_index(*root, ref.str() + ": index");
+    info.annotations = index.annotations;
+    info.artifact_type = index.artifact_type;
+    for (auto& d : index.manifests) {
+      if (is_index(d.media_type)) continue;  // nested indexes are listed by pull only
+      info.variants.push_back(
+          VariantInfo{d, oci::parse_manifest(ensure_manifest(ref, d), ref.str() + ": manifest")});
+    }
+  } else {
+    oci::Manifest m = oci::parse_manifest(*root, ref.str() + ": manifest");
+    info.annotations = m.annotations;
+    info.artifact_type = m.artifact_type;
+    info.variants.push_back(VariantInfo{oci::describe(*root, info.media_type), m});
+  }
+  return info;
+}
+
+PushReport Hub::push(const std::filesystem::path& layout_dir, const Ref& ref) {
+  if (options_.offline) {
+    throw Error(ErrorKind::kOffline, "push needs the network; offline mode is on");
+  }
+  if (ref.digest) {
+    throw Error(ErrorKind::kInvalidInput,
+                "push " + ref.str() + ": push to a tag (org/name@TAG), not to a digest");
+  }
+  PushReport report;
+  report.ref = ref;
+  auto layout = open_single_layout_source(layout_dir, options_.source);
+
+  // Which index in the layout: the one tagged like the destination, else the only one.
+  std::vector<std::string> tags = layout->list_tags("");
+  std::string tag;
+  for (auto& t : tags) {
+    if (t == ref.tag) tag = t;
+  }
+  if (tag.empty()) {
+    if (tags.size() != 1) {
+      std::string list;
+      for (auto& t : tags) list += (list.empty() ? "" : ", ") + t;
+      throw Error(ErrorKind::kInvalidInput,
+                  fmt::format("push: layout {} has {} tags ({}) and none is '{}'; name one with "
+                              "REF@TAG",
+                              layout_dir.string(), tags.size(), list.empty() ? "none" : list,
+                              ref.tag));
+    }
+    tag = tags.front();
+  }
+  FetchedManifest root = layout->get_manifest("", tag);
+  report.digest = root.digest;
+
+  // Stage everything in the store first (verifying it), then upload: blobs, manifests,
+  // the index by digest, and the tag last.
+  struct Doc {
+    std::string bytes, media_type;
+    Digest digest;
+  };
+  std::vector<Doc> docs;  // children before parents
+  std::map<Digest, oci::Descriptor> blobs;
+  std::function<void(const std::string&, const std::string&, const Digest&, int)> walk =
+      [&](const std::string& bytes, const std::string& media_type, const Digest& digest,
+          int depth) {
+        if (depth > 4) throw Error(ErrorKind::kRefused, "push: indexes nested too deeply");
+        if (is_index(media_type)) {
+          oci::Index index = oci::parse_index(bytes, layout_dir.string() + ": index");
+          for (auto& d : index.manifests) {
+            FetchedManifest child = layout->get_manifest("", d.digest.str());
+            oci::verify_bytes(d, child.bytes, layout_dir.string() + ": manifest");
+            walk(child.bytes, d.media_type, d.digest, depth + 1);
+          }
+        } else {
+          oci::Manifest m = oci::parse_manifest(bytes, layout_dir.string() + ": manifest");
+          blobs.emplace(m.config.digest, m.config);
+          for (auto& l : m.layers) blobs.emplace(l.digest, l);
+        }
+        docs.push_back(Doc{bytes, media_type, digest});
+      };
+  std::string root_mt = root.media_type.empty() ? oci::peek_media_type(root.bytes) : root.media_type;
+  walk(root.bytes, root_mt, root.digest, 0);
+
+  std::vector<std::unique_ptr<BlobWriter>> writers;
+  std::vector<BlobFetch> fetches;
+  for (auto& [d, desc] : blobs) {
+    if (store_.has_blob(d)) continue;
+    writers.push_back(store_.begin_blob(desc));
+    fetches.push_back(BlobFetch{desc, writers.back().get(), false, {}});
+  }
+  layout->fetch_blobs("", fetches, nullptr);
+  for (size_t i = 0; i < fetches.size(); ++i) {
+    if (!fetches[i].ok) {
+      throw Error(ErrorKind::kIntegrity, fmt::format("push: layout {}: blob {}: {}",
+                                                     layout_dir.string(),
+                                                     fetches[i].desc.digest.str(), fetches[i].error));
+    }
+    writers[i]->commit();
+  }
+
+  for (auto& [d, desc] : blobs) {
+    if (source().has_blob(ref.repo, desc)) {
+      ++report.blobs_skipped;
+      continue;
+    }
+    source().push_blob(ref.repo, desc, store_.blob_path(d));
+    ++report.blobs_uploaded;
+    report.bytes_uploaded += static_cast<uint64_t>(desc.size);
+  }
+  for (auto& doc : docs) {
+    source().push_manifest(ref.repo, doc.digest.str(), doc.bytes, doc.media_type);
+  }
+  source().push_manifest(ref.repo, ref.tag, root.bytes, root_mt);
+  return report;
+}
+
+std::vector<std::string> Hub::tags(const std::string& repo) {
+  if (options_.offline) {
+    throw Error(ErrorKind::kOffline, "listing tags of " + repo + " needs the network");
+  }
+  return source().list_tags(repo);
+}
+
+}  // namespace kh

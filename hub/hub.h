@@ -1,0 +1,105 @@
+// The hub as the rest of the project sees it: a Source (where packages come from) joined to
+// the Store (the local cache), with the offline policy. Everything here works without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hub/address.h"
+#include "hub/oci.h"
+#include "hub/ref.h"
+#include "hub/source.h"
+#include "hub/store.h"
+
+namespace kh {
+
+struct HubOptions {
+  bool offline = false;  // no network at all; tags resolve from ref records
+  bool progress = true;  // progress bar on a TTY (quiet turns it off)
+  SourceOptions source;
+
+  // Offline from KERNEL_HUB_OFFLINE=1, plain HTTP from KERNEL_HUB_PLAIN_HTTP=1, plus the
+  // http::Options environment overrides.
+  static HubOptions from_env();
+};
+
+struct PullReport {
+  Ref ref;
+  Digest digest;               // what the ref resolved to (index or manifest)
+  std::string media_type;
+  size_t manifests = 0;        // variant manifests
+  size_t blobs = 0;            // distinct config/layer blobs referenced
+  size_t blobs_downloaded = 0; // fetched by this process
+  uint64_t bytes_downloaded = 0;
+  uint64_t total_bytes = 0;    // size of every referenced blob
+  bool from_cache = false;     // resolved without the network (offline)
+};
+
+struct VariantInfo {
+  oci::Descriptor descriptor;  // the index entry (platform, annotations)
+  oci::Manifest manifest;
+};
+
+struct RefInfo {
+  Ref ref;
+  Digest digest;
+  std::string media_type;
+  oci::Annotations annotations;
+  std::string artifact_type;
+  std::vector<VariantInfo> variants;  // one per index entry; a single manifest gives one
+  bool from_cache = false;
+  int64_t resolved_at = 0;
+};
+
+struct PushReport {
+  Ref ref;
+  Digest digest;
+  size_t blobs_uploaded = 0;
+  size_t blobs_skipped = 0;  // already on the hub
+  uint64_t bytes_uploaded = 0;
+};
+
+class Hub {
+ public:
+  Hub(HubAddress address, Store& store, HubOptions options);
+  ~Hub();
+
+  const HubAddress& address() const { return address_; }
+  Store& store() { return store_; }
+  const HubOptions& options() const { return options_; }
+
+  // Fetches the index, every variant manifest and every blob into the store, verifies them,
+  // unpacks kernel package layers, and records the ref. Several processes pulling the same
+  // ref into one store download each blob once. Offline: resolves from the ref record and
+  // checks that everything is cached; a miss throws kOffline naming the command to run.
+  PullReport pull(const Ref& ref);
+
+  // The index and its variant manifests (fetched into the store, no blobs).
+  RefInfo info(const Ref& ref);
+
+  // Uploads the image index tagged ref.tag in the OCI layout at layout_dir (or its only one)
+  // and everything it references to ref on this hub; the tag moves last.
+  PushReport push(const std::filesystem::path& layout_dir, const Ref& ref);
+
+  std::vector<std::string> tags(const std::string& repo);
+
+ private:
+  Source& source();
+  Digest resolve(const Ref& ref, bool* from_cache, int64_t* resolved_at);
+  std::string ensure_manifest(const Ref& ref, const oci::Descriptor& desc);
+  void fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blobs, PullReport& report);
+
+  HubAddress address_;
+  Store& store_;
+  HubOptions options_;
+  std::unique_ptr<Source> source_;
+};
+
+// KERNEL_HUB_ENDPOINT when set, else the embedded default hub (a layout directory).
+HubAddress default_hub_address(const Store& store, bool plain_http);
+
+}  // namespace kh

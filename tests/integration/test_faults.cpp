@@ -1,0 +1,244 @@
+// The download client under injected faults: docker-registry 2.8.2 behind FaultProxy.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "hub/error.h"
+#include "hub/source.h"
+#include "tests/fixtures/fault_proxy.h"
+#include "tests/fixtures/registry_fixture.h"
+#include "tests/integration/blob_test_helpers.h"
+
+namespace kh::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Rule = FaultProxy::Rule;
+using Action = FaultProxy::Action;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+class FaultTest : public ::testing::Test {
+ protected:
+  RegistryFixture reg;
+  TempDir tmp{"kh-fault-test"};
+  std::unique_ptr<FaultProxy> proxy;
+  std::string blob;
+  oci::Descriptor desc;
+  const std::string repo = "org/faulty";
+
+  void SetUp() override {
+    if (!reg.available()) GTEST_SKIP() << reg.why();
+    auto direct = registry_source(reg.oci_url(), fast_source_options());
+    blob = test_bytes(2 << 20, 42);
+    desc = layer_descriptor(blob);
+    push_bytes(*direct, repo, tmp.path(), blob, desc);
+    proxy = std::make_unique<FaultProxy>(reg.port());
+  }
+
+  // Fetches the blob through the proxy; returns the fetch result and the sink's state.
+  BlobFetch fetch(MemorySink& sink, SourceOptions o = fast_source_options()) {
+    auto via = registry_source(proxy->oci_url(), o);
+    std::vector<BlobFetch> blobs{blob_fetch(desc, &sink)};
+    via->fetch_blobs(repo, blobs, nullptr);
+    return blobs[0];
+  }
+
+  std::vector<FaultProxy::Seen> blob_gets() const {
+    std::vector<FaultProxy::Seen> out;
+    for (auto& s : proxy->requests()) {
+      if (s.method == "GET" && s.target.find("/blobs/") != std::string::npos) out.push_back(s);
+    }
+    return out;
+  }
+};
+
+uint64_t range_start(const std::string& range) {
+  // "bytes=<n>-"
+  EXPECT_TRUE(range.starts_with("bytes=")) << range;
+  return std::strtoull(range.c_str() + 6, nullptr, 10);
+}
+
+TEST_F(FaultTest, ResetMidBlobResumesWithRange) {
+  proxy->add_rule({"GET", "/blobs/", Action::kReset, 1, 300000});
+  MemorySink sink(desc);
+  BlobFetch r = fetch(sink);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(sink.finish());
+  auto gets = blob_gets();
+  ASSERT_EQ(gets.size(), 2u);
+  EXPECT_TRUE(gets[0].range.empty());
+  uint64_t start = range_start(gets[1].range);
+  EXPECT_GT(start, 0u);
+  EXPECT_LE(start, 300000u);
+  EXPECT_EQ(sink.restarts(), 0);
+}
+
+TEST_F(FaultTest, StallTimesOutAndRetries) {
+  // Stall early: libcurl averages speed over ~5 s, so a fast start would delay detection.
+  proxy->add_rule({"GET", "/blobs/", Action::kStall, 1, 1000, 20});
+  SourceOptions o = fast_source_options();
+  o.http.low_speed_time_s = 2;
+  MemorySink sink(desc);
+  auto t0 = Clock::now();
+  BlobFetch r = fetch(sink, o);
+  double took = seconds_since(t0);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(sink.finish());
+  EXPECT_GE(took, 1.5);
+  EXPECT_LT(took, 15.0);
+  auto gets = blob_gets();
+  ASSERT_EQ(gets.size(), 2u);
+  EXPECT_GT(range_start(gets[1].range), 0u);
+}
+
+TEST_F(FaultTest, CorruptedBytesFailTheDigestCheckAndKeepNothing) {
+  proxy->add_rule({"GET", "/blobs/", Action::kCorrupt, 100, 12345});
+  MemorySink sink(desc);
+  BlobFetch r = fetch(sink);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find(desc.digest.str()), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("corrupted"), std::string::npos) << r.error;
+  EXPECT_FALSE(sink.finish());
+  EXPECT_FALSE(sink.committed());
+  EXPECT_EQ(sink.offset(), 0u);
+}
+
+TEST_F(FaultTest, TooManyRequestsHonoursRetryAfter) {
+  proxy->add_rule({"GET", "/blobs/", Action::kStatus, 1, 0, 1, 429});
+  MemorySink sink(desc);
+  auto t0 = Clock::now();
+  BlobFetch r = fetch(sink);
+  double took = seconds_since(t0);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(sink.finish());
+  EXPECT_GE(took, 0.95);
+  EXPECT_EQ(blob_gets().size(), 2u);
+}
+
+TEST_F(FaultTest, TooManyRequestsOnManifestHonoursRetryAfter) {
+  auto direct = registry_source(reg.oci_url(), fast_source_options());
+  push_bytes(*direct, repo, tmp.path(), "{}", oci::empty_descriptor());
+  std::string m = artifact_manifest(desc);
+  direct->push_manifest(repo, "v1", m, oci::kMediaTypeManifest);
+  proxy->add_rule({"GET", "/manifests/", Action::kStatus, 1, 0, 1, 429});
+  auto via = registry_source(proxy->oci_url(), fast_source_options());
+  auto t0 = Clock::now();
+  EXPECT_EQ(via->get_manifest(repo, "v1").bytes, m);
+  EXPECT_GE(seconds_since(t0), 0.95);
+  EXPECT_EQ(proxy->count("GET", "/manifests/v1"), 2u);
+}
+
+TEST_F(FaultTest, ManifestAlteredInTransitIsAnIntegrityError) {
+  auto direct = registry_source(reg.oci_url(), fast_source_options());
+  push_bytes(*direct, repo, tmp.path(), "{}", oci::empty_descriptor());
+  std::string m = artifact_manifest(desc);
+  direct->push_manifest(repo, "v1", m, oci::kMediaTypeManifest);
+  proxy->add_rule({"GET", "/manifests/", Action::kCorrupt, 1, 10});
+  auto via = registry_source(proxy->oci_url(), fast_source_options());
+  try {
+    via->get_manifest(repo, "v1");
+    FAIL() << "expected kIntegrity";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIntegrity) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Docker-Content-Digest"), std::string::npos);
+  }
+  EXPECT_EQ(via->get_manifest(repo, "v1").bytes, m);  // the rule was used up
+}
+
+TEST_F(FaultTest, ServerErrorsThenSuccess) {
+  proxy->add_rule({"GET", "/blobs/", Action::kStatus, 1, 0, 0, 500});
+  proxy->add_rule({"GET", "/blobs/", Action::kStatus, 1, 0, 0, 503});
+  MemorySink sink(desc);
+  BlobFetch r = fetch(sink);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(sink.finish());
+  EXPECT_EQ(blob_gets().size(), 3u);
+}
+
+TEST_F(FaultTest, PersistentFailureReportsUrlStatusAndAttempts) {
+  proxy->add_rule({"GET", "/blobs/", Action::kStatus, 100, 0, 0, 503});
+  SourceOptions o = fast_source_options();
+  o.http.max_attempts = 3;
+  MemorySink sink(desc);
+  BlobFetch r = fetch(sink, o);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find(proxy->host() + "/v2/" + repo + "/blobs/" + desc.digest.str()),
+            std::string::npos)
+      << r.error;
+  EXPECT_NE(r.error.find("503"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("3 attempts"), std::string::npos) << r.error;
+  EXPECT_EQ(blob_gets().size(), 3u);
+}
+
+TEST_F(FaultTest, IgnoredRangeAfterResetRestartsFromZero) {
+  proxy->add_rule({"GET", "/blobs/", Action::kReset, 1, 200000});
+  proxy->add_rule({"GET", "/blobs/", Action::kIgnoreRange, 100});
+  MemorySink sink(desc);
+  BlobFetch r = fetch(sink);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_TRUE(sink.finish());
+  EXPECT_EQ(sink.data(), blob);
+  EXPECT_GE(sink.restarts(), 1);
+  auto gets = blob_gets();
+  ASSERT_GE(gets.size(), 2u);
+  EXPECT_FALSE(gets[1].range.empty());  // we asked to resume; the server ignored it
+}
+
+TEST_F(FaultTest, OversizedBlobIsAbortedAndReported) {
+  // The descriptor claims fewer bytes than the registry serves: the sink refuses the excess.
+  oci::Descriptor lying = desc;
+  lying.size = 1000;
+  SourceOptions o = fast_source_options();
+  o.http.max_attempts = 2;
+  auto via = registry_source(proxy->oci_url(), o);
+  MemorySink sink(lying);
+  std::vector<BlobFetch> blobs{blob_fetch(lying, &sink)};
+  via->fetch_blobs(repo, blobs, nullptr);
+  EXPECT_FALSE(blobs[0].ok);
+  EXPECT_NE(blobs[0].error.find("larger than"), std::string::npos) << blobs[0].error;
+  EXPECT_FALSE(sink.finish());
+}
+
+TEST_F(FaultTest, OneFaultyTransferDoesNotHoldUpTheOthers) {
+  auto direct = registry_source(reg.oci_url(), fast_source_options());
+  std::vector<std::string> contents;
+  std::vector<oci::Descriptor> descs;
+  for (int i = 0; i < 4; ++i) {
+    contents.push_back(test_bytes(500000 + i, 200 + i));
+    descs.push_back(layer_descriptor(contents.back()));
+    push_bytes(*direct, repo, tmp.path(), contents.back(), descs.back());
+  }
+  proxy->add_rule({"GET", descs[1].digest.hex, Action::kReset, 2, 1000});
+  proxy->add_rule({"GET", descs[2].digest.hex, Action::kStatus, 1, 0, 0, 502});
+  auto via = registry_source(proxy->oci_url(), fast_source_options());
+  std::vector<std::unique_ptr<MemorySink>> sinks;
+  std::vector<BlobFetch> blobs;
+  for (auto& d : descs) {
+    sinks.push_back(std::make_unique<MemorySink>(d));
+    blobs.push_back(blob_fetch(d, sinks.back().get()));
+  }
+  via->fetch_blobs(repo, blobs, nullptr);
+  for (size_t i = 0; i < blobs.size(); ++i) {
+    ASSERT_TRUE(blobs[i].ok) << blobs[i].error;
+    EXPECT_TRUE(sinks[i]->finish());
+    EXPECT_EQ(sinks[i]->data(), contents[i]);
+  }
+}
+
+TEST_F(FaultTest, ResetDuringMonolithicUploadStartsAFreshUpload) {
+  // The proxy cuts the first upload PUT's response; the push starts over and succeeds.
+  std::string bytes = test_bytes(300000, 77);
+  auto d = layer_descriptor(bytes);
+  proxy->add_rule({"PUT", "/blobs/uploads/", Action::kStatus, 1, 0, 0, 500});
+  auto via = registry_source(proxy->oci_url(), fast_source_options());
+  push_bytes(*via, repo, tmp.path(), bytes, d);
+  auto direct = registry_source(reg.oci_url(), fast_source_options());
+  EXPECT_TRUE(direct->has_blob(repo, d));
+  EXPECT_EQ(proxy->count("POST", "/blobs/uploads/"), 2u);
+}
+
+}  // namespace
+}  // namespace kh::test

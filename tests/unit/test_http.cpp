@@ -1,0 +1,190 @@
+// Download client rules that need no server: backoff, offline refusal, scheme policy.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "hub/error.h"
+#include "hub/http.h"
+
+namespace kh::http {
+namespace {
+
+Options quick() {
+  Options o;
+  o.backoff_initial_s = 1.0;
+  o.backoff_max_s = 8.0;
+  o.retry_after_cap_s = 60.0;
+  return o;
+}
+
+TEST(Backoff, GrowsExponentiallyWithBoundedJitter) {
+  Options o = quick();
+  const double expected_base[] = {1, 2, 4, 8, 8, 8};
+  for (int attempt = 1; attempt <= 6; ++attempt) {
+    double base = expected_base[attempt - 1];
+    for (int i = 0; i < 200; ++i) {
+      double d = backoff_seconds(o, attempt, 0);
+      EXPECT_GE(d, base) << "attempt " << attempt;
+      EXPECT_LE(d, base * 1.25) << "attempt " << attempt;
+    }
+  }
+}
+
+TEST(Backoff, JitterActuallyVaries) {
+  Options o = quick();
+  double first = backoff_seconds(o, 3, 0);
+  bool differs = false;
+  for (int i = 0; i < 50 && !differs; ++i) differs = backoff_seconds(o, 3, 0) != first;
+  EXPECT_TRUE(differs);
+}
+
+TEST(Backoff, CapHoldsForHugeAttemptCounts) {
+  Options o = quick();
+  EXPECT_LE(backoff_seconds(o, 1000, 0), o.backoff_max_s * 1.25);
+  EXPECT_GE(backoff_seconds(o, 1000, 0), o.backoff_max_s);
+}
+
+TEST(Backoff, RetryAfterIsHonouredAndCapped) {
+  Options o = quick();
+  EXPECT_DOUBLE_EQ(backoff_seconds(o, 1, 3.0), 3.0);
+  EXPECT_DOUBLE_EQ(backoff_seconds(o, 5, 30.0), 30.0);
+  EXPECT_DOUBLE_EQ(backoff_seconds(o, 1, 3600.0), 60.0);
+  o.retry_after_cap_s = 5;
+  EXPECT_DOUBLE_EQ(backoff_seconds(o, 1, 100.0), 5.0);
+}
+
+TEST(Offline, SendIsRefusedBeforeAnyNetworkUse) {
+  Options o;
+  o.offline = true;
+  o.allow_plain_http = true;
+  Client client(o);
+  Request r;
+  r.url = "http://127.0.0.1:9/v2/";
+  try {
+    client.send(r);
+    FAIL() << "expected kOffline";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kOffline);
+    EXPECT_NE(std::string(e.what()).find("KERNEL_HUB_OFFLINE"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("GET http://127.0.0.1:9/v2/"), std::string::npos);
+  }
+  EXPECT_EQ(client.requests_made(), 0u);
+}
+
+class NullSink : public BlobSink {
+ public:
+  uint64_t offset() const override { return n_; }
+  void write(const char*, size_t size) override { n_ += size; }
+  void restart() override { n_ = 0; }
+
+ private:
+  uint64_t n_ = 0;
+};
+
+TEST(Offline, DownloadIsRefusedBeforeAnyNetworkUse) {
+  Options o;
+  o.offline = true;
+  Client client(o);
+  NullSink sink;
+  std::vector<Download> jobs(1);
+  jobs[0].url = "https://127.0.0.1:9/blob";
+  jobs[0].sink = &sink;
+  EXPECT_THROW(
+      {
+        try {
+          client.download(jobs, nullptr);
+        } catch (const Error& e) {
+          EXPECT_EQ(e.kind(), ErrorKind::kOffline);
+          throw;
+        }
+      },
+      Error);
+  EXPECT_EQ(client.requests_made(), 0u);
+}
+
+TEST(Offline, FromEnvReadsTheSwitch) {
+  ::setenv("KERNEL_HUB_OFFLINE", "1", 1);
+  EXPECT_TRUE(Options::from_env().offline);
+  ::setenv("KERNEL_HUB_OFFLINE", "0", 1);
+  EXPECT_FALSE(Options::from_env().offline);
+  ::unsetenv("KERNEL_HUB_OFFLINE");
+  EXPECT_FALSE(Options::from_env().offline);
+}
+
+TEST(Options, FromEnvOverridesAndRejectsGarbage) {
+  ::setenv("KERNEL_HUB_MAX_ATTEMPTS", "3", 1);
+  ::setenv("KERNEL_HUB_BACKOFF_S", "0.05", 1);
+  ::setenv("KERNEL_HUB_STALL_TIMEOUT_S", "7", 1);
+  ::setenv("KERNEL_HUB_CONNECT_TIMEOUT_MS", "1500", 1);
+  ::setenv("KERNEL_HUB_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt", 1);
+  Options o = Options::from_env();
+  EXPECT_EQ(o.max_attempts, 3);
+  EXPECT_DOUBLE_EQ(o.backoff_initial_s, 0.05);
+  EXPECT_EQ(o.low_speed_time_s, 7);
+  EXPECT_EQ(o.connect_timeout_ms, 1500);
+  EXPECT_EQ(o.ca_bundle, "/etc/ssl/certs/ca-certificates.crt");
+  ::setenv("KERNEL_HUB_MAX_ATTEMPTS", "many", 1);
+  EXPECT_THROW(Options::from_env(), Error);
+  for (const char* v :
+       {"KERNEL_HUB_MAX_ATTEMPTS", "KERNEL_HUB_BACKOFF_S", "KERNEL_HUB_STALL_TIMEOUT_S",
+        "KERNEL_HUB_CONNECT_TIMEOUT_MS", "KERNEL_HUB_CA_BUNDLE"}) {
+    ::unsetenv(v);
+  }
+}
+
+TEST(Scheme, PlainHttpRefusedUnlessAllowed) {
+  Options o;
+  Client client(o);
+  Request r;
+  r.url = "http://127.0.0.1:9/v2/";
+  try {
+    client.send(r);
+    FAIL() << "expected kInvalidInput";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_NE(std::string(e.what()).find("http://127.0.0.1:9/v2/"), std::string::npos);
+  }
+  EXPECT_EQ(client.requests_made(), 0u);
+  r.url = "ftp://127.0.0.1/x";
+  EXPECT_THROW(client.send(r), Error);
+}
+
+TEST(Scheme, PlainHttpAllowedReachesTheNetwork) {
+  Options o;
+  o.allow_plain_http = true;
+  o.max_attempts = 1;
+  o.connect_timeout_ms = 2000;
+  Client client(o);
+  Request r;
+  r.url = "http://127.0.0.1:9/v2/";  // discard port: nothing listens, connect is refused
+  try {
+    client.send(r);
+    FAIL() << "expected kNetwork";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNetwork);
+  }
+  EXPECT_EQ(client.requests_made(), 1u);
+}
+
+TEST(Scheme, DownloadJobWithForbiddenSchemeFailsWithoutNetwork) {
+  Options o;
+  Client client(o);
+  NullSink sink;
+  std::vector<Download> jobs(1);
+  jobs[0].url = "http://127.0.0.1:9/blob";
+  jobs[0].sink = &sink;
+  client.download(jobs, nullptr);
+  EXPECT_FALSE(jobs[0].ok);
+  EXPECT_NE(jobs[0].error.find("http://127.0.0.1:9/blob"), std::string::npos);
+  EXPECT_EQ(client.requests_made(), 0u);
+}
+
+TEST(Response, HeaderLookupIsCaseInsensitive) {
+  Response r;
+  r.headers["docker-content-digest"] = "sha256:abc";
+  EXPECT_EQ(r.header("Docker-Content-Digest"), "sha256:abc");
+  EXPECT_EQ(r.header("missing"), "");
+}
+
+}  // namespace
+}  // namespace kh::http
