@@ -1,1 +1,74 @@
-int main() { return 0; }
+// kernel-hub: the command-line front end. Each command lives in its own file; this one parses
+// global options, builds the context and maps errors to exit codes (0 ok, 1 failure,
+// 2 bad usage or input).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "hub/error.h"
+#include "tools/kernel-hub/cli.h"
+
+namespace {
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0" && std::string(v) != "false";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace kh::cli;
+  CLI::App app{
+      "kernel-hub: fetch, cache, verify and publish GPU kernel packages from OCI hubs.\n"
+      "Environment: KERNEL_HUB_ENDPOINT (default hub), KERNEL_HUB_CACHE (cache dir),\n"
+      "KERNEL_HUB_OFFLINE=1, KERNEL_HUB_PLAIN_HTTP=1, KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD,\n"
+      "KERNEL_HUB_CREDENTIALS (credentials file), KERNEL_HUB_CA_BUNDLE.",
+      "kernel-hub"};
+  app.require_subcommand(1);
+  app.fallthrough();  // global options may follow the command name too
+  GlobalOptions g;
+  app.add_option("--hub", g.hub,
+                 "Hub address: oci://HOST[:PORT][/NS], http(s)://URL or file://DIR "
+                 "(default: $KERNEL_HUB_ENDPOINT, else the embedded default hub)");
+  app.add_option("--cache", g.cache, "Cache directory (default: $KERNEL_HUB_CACHE, else "
+                                     "$XDG_CACHE_HOME/kernel-hub or ~/.cache/kernel-hub)");
+  app.add_flag("--offline", g.offline, "No network access; resolve from the cache only");
+  app.add_flag("--plain-http", g.plain_http, "Talk plain HTTP to oci:// registries");
+  app.add_flag("--json", g.json, "Machine-readable output on stdout");
+  app.add_flag("-q,--quiet", g.quiet, "No progress bar or notes");
+  app.add_flag("-v,--verbose", g.verbose, "More detail on stderr");
+  app.set_version_flag("--version", "kernel-hub 0.1.0");
+
+  Runner run;
+  add_hub_commands(app, run);
+  add_cache_commands(app, run);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  g.offline = g.offline || env_flag("KERNEL_HUB_OFFLINE");
+  g.plain_http = g.plain_http || env_flag("KERNEL_HUB_PLAIN_HTTP");
+
+  try {
+    Context ctx(g);
+    return run(ctx);
+  } catch (const kh::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    if (g.json) {
+      std::cout << nlohmann::json{{"error",
+                                   {{"kind", kh::error_kind_name(e.kind())},
+                                    {"message", e.what()}}}}
+                       .dump(2)
+                << "\n";
+    }
+    return e.kind() == kh::ErrorKind::kInvalidInput ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,56 @@
+// Shared state of the kernel-hub CLI: global options, the store and the hub they select,
+// and output helpers (human text or --json).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "hub/hub.h"
+#include "hub/store.h"
+
+namespace kh::cli {
+
+struct GlobalOptions {
+  std::string hub;          // --hub, else KERNEL_HUB_ENDPOINT, else the embedded default hub
+  std::string cache;        // --cache, else KERNEL_HUB_CACHE, else XDG cache
+  bool offline = false;     // --offline or KERNEL_HUB_OFFLINE=1
+  bool plain_http = false;  // --plain-http or KERNEL_HUB_PLAIN_HTTP=1
+  bool json = false;
+  bool quiet = false;
+  bool verbose = false;
+};
+
+class Context {
+ public:
+  explicit Context(GlobalOptions options) : options_(std::move(options)) {}
+  const GlobalOptions& options() const { return options_; }
+  Store& store();
+  Hub& hub();
+  HubOptions hub_options() const;
+
+  // Human output goes to stdout unless --json; diagnostics to stderr unless -q.
+  void say(const std::string& line) const;
+  void note(const std::string& line) const;
+  void print_json(const nlohmann::json& j) const;
+
+ private:
+  GlobalOptions options_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Hub> hub_;
+};
+
+// Each command file registers its subcommands; the callback runs with the context.
+using Runner = std::function<int(Context&)>;
+void add_hub_commands(CLI::App& app, Runner& run);    // pull, push, info
+void add_cache_commands(CLI::App& app, Runner& run);  // ls, verify, gc
+
+std::string human_bytes(uint64_t bytes);
+std::string iso_time(int64_t unix_seconds);
+// "10G", "512M", "1024" -> bytes; "30d", "12h", "10m", "45s" -> seconds. kInvalidInput otherwise.
+uint64_t parse_size(const std::string& text);
+int64_t parse_duration(const std::string& text);
+
+}  // namespace kh::cli
