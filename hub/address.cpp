@@ -25,7 +25,7 @@ std::string sanitize(std::string_view s) {
     if (!part.empty() && part != "." && part != "..") clean += (clean.empty() ? "" : "/") + part;
     start = end + 1;
   }
-  return clean;
+  return clean.empty() ? "_" : clean;
 }
 }  // namespace
 
@@ -39,6 +39,9 @@ HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
                     "directory path)");
   };
   if (text.empty()) bad("empty");
+  for (char c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) bad("control character in address");
+  }
   if (text.starts_with("oci://")) {
     std::string_view rest = text.substr(6);
     while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
@@ -59,6 +62,8 @@ HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
   }
   if (text.starts_with("http://") || text.starts_with("https://")) {
     a.kind = Kind::kHttpLayout;
+    std::string_view rest = text.substr(text.find("://") + 3);
+    if (rest.empty() || rest.front() == '/') bad("missing host");
     a.base_url = std::string(text);
     while (a.base_url.size() > 8 && a.base_url.back() == '/') a.base_url.pop_back();
     return a;

@@ -54,8 +54,10 @@ HubOptions HubOptions::from_env() {
 HubAddress default_hub_address(const Store& store, bool plain_http) {
   const char* endpoint = std::getenv("KERNEL_HUB_ENDPOINT");
   if (endpoint && *endpoint) return HubAddress::parse(endpoint, plain_http);
-  // The embedded default hub: a layout directory. Until packages are built into it, an
-  // empty layout hub in the cache.
+  // The embedded default hub: the layout hub packed at build time. Without one (a binary
+  // moved away from its build tree), an empty layout hub in the cache.
+  std::filesystem::path embedded = KH_DEFAULT_HUB_DIR;
+  if (std::filesystem::is_directory(embedded)) return HubAddress::parse(embedded.string(), plain_http);
   auto dir = store.root() / "default-hub";
   fs::make_dirs(dir);
   return HubAddress::parse(dir.string(), plain_http);

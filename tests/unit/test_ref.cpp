@@ -59,6 +59,14 @@ TEST(HubAddress, Kinds) {
   EXPECT_THROW(HubAddress::parse("oci://", false), Error);
 }
 
+TEST(HubAddress, FuzzFindingsStayFixed) {
+  // Found by fuzz_ref: a NUL inside a path, an http URL without a host, the root directory.
+  EXPECT_THROW(HubAddress::parse(std::string("oci:/..72\0.0.0.1:5000/team", 27), false), Error);
+  EXPECT_THROW(HubAddress::parse("https://", false), Error);
+  EXPECT_THROW(HubAddress::parse("http:///x", false), Error);
+  EXPECT_EQ(HubAddress::parse("/", false).id(), "dir/_");
+}
+
 TEST(HubAddress, IdsAreStableAndSafe) {
   auto id = HubAddress::parse("oci://127.0.0.1:5000", false).id();
   EXPECT_EQ(id, "registry/127.0.0.1_5000");
