@@ -16,6 +16,9 @@ class BlobSink {
   virtual void write(const char* data, size_t size) = 0;
   // Drops everything written so far.
   virtual void restart() = 0;
+  // True when the sink itself checks size and digest before it keeps anything (the store's
+  // BlobWriter does). Sources then skip hashing the bytes a second time.
+  virtual bool verifies_digest() const { return false; }
 };
 
 }  // namespace kh

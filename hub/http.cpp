@@ -221,7 +221,6 @@ struct FdCloser {
 
 struct Transfer {
   Download* job = nullptr;
-  const Options* options = nullptr;
   Progress* progress = nullptr;
   CURL* easy = nullptr;
   Slist headers;
@@ -490,7 +489,6 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     job.error.clear();
     auto t = std::make_unique<Transfer>();
     t->job = &job;
-    t->options = &options_;
     t->progress = progress;
     t->headers = make_headers(job.headers);
     if (progress) {
@@ -533,6 +531,9 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     curl_easy_setopt(c, CURLOPT_URL, t.job->url.c_str());
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, t.headers.get());
     curl_easy_setopt(c, CURLOPT_PIPEWAIT, 1L);
+    // Large receive buffer: blobs are megabytes, and 16 KiB reads cost a recv + write + hash
+    // call each (measured: 17k of each for 256 MiB).
+    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &transfer_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
     curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &transfer_header);

@@ -91,6 +91,7 @@ class Hub {
   Source& source();
   Digest resolve(const Ref& ref, bool* from_cache, int64_t* resolved_at);
   std::string ensure_manifest(const Ref& ref, const oci::Descriptor& desc);
+  void prefetch_manifests(const Ref& ref, const std::vector<oci::Descriptor>& manifests);
   void fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blobs, PullReport& report);
 
   HubAddress address_;

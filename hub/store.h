@@ -37,6 +37,7 @@ struct RefRecord {
 class BlobWriter : public BlobSink {
  public:
   ~BlobWriter() override = default;
+  bool verifies_digest() const override { return true; }
   // Throws kIntegrity (temp removed) when size or digest differ from the descriptor.
   virtual void commit() = 0;
 };
