@@ -10,9 +10,9 @@ namespace kh::cli {
 
 namespace {
 
-int run_check(Context& ctx, const std::string& target) {
+int run_check(Context& ctx, const std::string& target, bool json) {
   PackageCheck result = check_package(target);
-  if (ctx.options().json) {
+  if (json || ctx.options().json) {
     ctx.print_json(result.to_json());
   } else {
     std::cout << result.to_text();
@@ -33,8 +33,12 @@ void add_check_command(CLI::App& app, Runner& run) {
       "Check a package directory (with kernel.json) or a host library before publishing: ELF "
       "preflight (machine, needed libraries, symbol versions, entry symbol, no rpath), then read "
       "its module table without running any op. Exit 1 on any failure.");
+  auto json = std::make_shared<bool>(false);
   check->add_option("target", *target, "Package directory or host library (.so)")->required();
-  check->callback([&run, target] { run = [target](Context& ctx) { return run_check(ctx, *target); }; });
+  check->add_flag("--json", *json, "Machine-readable report on stdout");
+  check->callback([&run, target, json] {
+    run = [target, json](Context& ctx) { return run_check(ctx, *target, *json); };
+  });
 }
 
 }  // namespace kh::cli

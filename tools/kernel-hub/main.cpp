@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   Runner run;
   add_hub_commands(app, run);
   add_cache_commands(app, run);
+  add_check_command(app, run);
 
   try {
     app.parse(argc, argv);

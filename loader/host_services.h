@@ -1,0 +1,52 @@
+// The host services table (kh_host_v1_t) the loader hands each package, and the seam where a
+// device backend (CUDA driver, NVRTC, JIT cache) plugs in later. Until one is installed,
+// get_function and launch fail with KH_ERR_NO_DEVICE and a message saying so.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "loader/kernel_hub_abi.h"
+
+namespace kh {
+
+// Identity of a loaded package, given to the device backend so that it can find the package's
+// device code (packaged cubins, .cu source) next to its host library.
+struct PackageIdentity {
+  std::filesystem::path library;      // the host library
+  std::filesystem::path package_dir;  // its directory
+  std::string name;                   // from the module table, once read
+  std::string version;
+};
+
+// Provides device code to packages. Implementations must be thread-safe; both calls may run
+// concurrently from any thread calling ops. `error` receives the message on failure.
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  virtual int32_t get_function(const PackageIdentity& package, int32_t device_id,
+                               const char* kernel_name, void** fn, std::string& error) = 0;
+  virtual int32_t launch(const PackageIdentity& package, void* fn, const kh_launch_cfg_t& cfg,
+                         void** args, void* stream, std::string& error) = 0;
+};
+
+// Installs the process-wide device backend (not owned; it must outlive every op call). nullptr
+// restores "no device code backend yet".
+void set_device_backend(DeviceBackend* backend);
+
+// Per-package host state: the table handed to kh_module_v1 and what it refers to. Allocated
+// once per loaded library and never freed (packages may keep the pointer forever).
+struct HostContext {
+  PackageIdentity package;
+  kh_host_v1_t table{};
+};
+
+// Builds the context and its table (ctx points back to the HostContext).
+HostContext* make_host_context(PackageIdentity package);
+
+// The message the last failing op or host service set on this thread (host->set_error).
+const std::string& last_op_error();
+void set_last_op_error(std::string message);
+void clear_last_op_error();
+
+}  // namespace kh

@@ -1,0 +1,196 @@
+/* kernel_hub_abi.h: the C ABI between the kernel-hub loader and a package's host library.
+ *
+ * A package host library exports exactly one symbol:
+ *
+ *     const kh_module_v1_t* kh_module_v1(const kh_host_v1_t* host);
+ *
+ * (define it with KH_MODULE_ENTRY below). The loader calls it once after dlopen; it returns a
+ * static table describing the package: its layers and its ops. Rules for package authors:
+ *
+ *  - Versioning. Every versioned struct starts with kh_header_t {struct_size, abi_major,
+ *    abi_minor}. A minor version only appends fields at the end, so a reader accepts a larger
+ *    struct_size and a higher abi_minor and reads the prefix it knows. A different abi_major is
+ *    rejected before anything past the header is read. Arrays (layers, ops) are walked with a
+ *    stride equal to their first element's struct_size; every element of one array has the same
+ *    struct_size.
+ *  - The entry point is idempotent and thread-safe, does no GPU work (bind may run before any
+ *    CUDA context exists) and lets no C++ exception escape. It checks host->h.abi_major (and
+ *    host->h.struct_size for fields it needs) and returns NULL after host->set_error() when the
+ *    host is too old.
+ *  - Host libraries do not link the CUDA runtime (libcudart) or any library outside the
+ *    loader's allowlist (libc, libm, libdl, libpthread, librt, libstdc++, libgcc_s, the dynamic
+ *    linker). Device code is owned by the loader: an op asks host->get_function() for a kernel
+ *    by its extern "C" name (the loader loads the packaged cubin or JIT-compiles the package's
+ *    .cu source for the device's exact sm) and starts it with host->launch() on the stream it was
+ *    given.
+ *  - Build flags: -fvisibility=hidden, -Wl,--version-script exporting only kh_module_v1,
+ *    -fno-gnu-unique, and either no libstdc++ use or -static-libstdc++ -static-libgcc.
+ *  - Ops take non-owning DLPack tensors (inputs and preallocated outputs), scalars and a stream,
+ *    launch only on that stream, never synchronize, never allocate device memory and never
+ *    keep pointers to their arguments. They return KH_OK or another status after calling
+ *    host->set_error() with a message saying what failed and on which input.
+ *
+ * DLPack: <dlpack/dlpack.h>; only DLTensor, DLDevice and DLDataType are used, whose layout has
+ * been stable since DLPack 0.6.
+ */
+#ifndef KERNEL_HUB_ABI_H_
+#define KERNEL_HUB_ABI_H_
+
+#include <dlpack/dlpack.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KH_ABI_MAJOR 1
+#define KH_ABI_MINOR 0
+
+/* Status codes returned by ops and host services. */
+#define KH_OK 0
+#define KH_ERR_INVALID_ARGUMENT 1 /* wrong argument count, kind, shape or stride */
+#define KH_ERR_UNSUPPORTED 2      /* dtype, device or layout this op does not handle */
+#define KH_ERR_NO_DEVICE 3        /* no GPU, no driver, or no device code backend */
+#define KH_ERR_NOT_FOUND 4        /* get_function: no kernel of that name in the package */
+#define KH_ERR_LAUNCH 5           /* the driver refused a launch */
+#define KH_ERR_ABI 6              /* incompatible ABI version */
+#define KH_ERR_INTERNAL 7         /* anything else; the message says what */
+/* Embedding APIs only: a safety rule refused (preflight, ABI, strict bind, mode switch during a
+ * graph capture). */
+#define KH_ERR_REFUSED 8
+
+/* Log levels for kh_host_v1_t.log. */
+#define KH_LOG_DEBUG 0
+#define KH_LOG_INFO 1
+#define KH_LOG_WARN 2
+#define KH_LOG_ERROR 3
+
+/* First member of every versioned struct. Never changes. */
+typedef struct kh_header_t {
+  uint32_t struct_size; /* sizeof the struct as the writer compiled it */
+  uint16_t abi_major;   /* KH_ABI_MAJOR of the writer */
+  uint16_t abi_minor;   /* KH_ABI_MINOR of the writer */
+} kh_header_t;
+
+#define KH_HEADER_INIT(type) \
+  { (uint32_t)sizeof(type), (uint16_t)KH_ABI_MAJOR, (uint16_t)KH_ABI_MINOR }
+
+/* Launch geometry for kh_host_v1_t.launch. */
+typedef struct kh_launch_cfg_t {
+  kh_header_t h;
+  uint32_t grid[3];
+  uint32_t block[3];
+  uint32_t shared_mem_bytes; /* dynamic shared memory */
+  int32_t device_id;         /* the CUDA device ordinal the kernel was looked up for */
+} kh_launch_cfg_t;
+
+/* Services the loader gives a package (host -> package). One table per loaded package; `ctx`
+ * identifies the package to the loader and is passed back as the first argument of every
+ * service. The table lives for the rest of the process. */
+typedef struct kh_host_v1_t {
+  kh_header_t h;
+  void* ctx;
+  /* Writes a log line (level KH_LOG_*). */
+  void (*log)(void* ctx, int32_t level, const char* msg);
+  /* Records the error message of the failing call on this thread; the op then returns a status
+   * other than KH_OK. */
+  void (*set_error)(void* ctx, const char* msg);
+  /* Looks up the package's device kernel `kernel_name` (an extern "C" __global__ name) for CUDA
+   * device `device_id`. On success *fn is an opaque handle valid for the rest of the process.
+   * May compile or load device code on first use; warm ops before graph capture. */
+  int32_t (*get_function)(void* ctx, int32_t device_id, const char* kernel_name, void** fn);
+  /* Launches `fn` with kernel parameters `args` (pointers to each parameter's value) on
+   * `stream` (a CUstream; NULL is the legacy default stream). Never synchronizes. */
+  int32_t (*launch)(void* ctx, void* fn, const kh_launch_cfg_t* cfg, void** args, void* stream);
+} kh_host_v1_t;
+
+/* Argument kinds of kh_arg_t. */
+#define KH_ARG_TENSOR 1
+#define KH_ARG_INT 2
+#define KH_ARG_FLOAT 3
+#define KH_ARG_DTYPE 4
+
+/* One op argument. Tensors are non-owning; outputs are preallocated tensors too. */
+typedef struct kh_arg_t {
+  int32_t kind; /* KH_ARG_* */
+  union {
+    const DLTensor* t;
+    int64_t i;
+    double f;
+    DLDataType dt;
+  } v;
+} kh_arg_t;
+
+/* An op's function: arguments in schema order, a stream (CUstream, or NULL for cpu tensors). */
+typedef int32_t (*kh_op_fn)(const kh_arg_t* args, int32_t nargs, void* stream);
+
+/* Capability flags, for ops and layers. */
+#define KH_FLAG_HAS_BACKWARD 0x1u   /* the layer has a backward op (required to bind for train) */
+#define KH_FLAG_GRAPH_SAFE 0x2u     /* may run inside a CUDA graph capture */
+#define KH_FLAG_DETERMINISTIC 0x4u  /* bit-identical results run to run */
+#define KH_FLAG_INFERENCE_ONLY 0x8u /* op flag: not for training */
+#define KH_FLAGS_KNOWN 0xFu
+
+/* Supported dtypes of a layer, as a bitmask. */
+#define KH_DTYPE_BF16 0x1u
+#define KH_DTYPE_FP16 0x2u
+#define KH_DTYPE_FP32 0x4u
+#define KH_DTYPES_KNOWN 0x7u
+
+typedef struct kh_op_v1_t {
+  kh_header_t h;
+  const char* name;   /* unique in the package, e.g. "rms_norm" */
+  const char* schema; /* e.g. "rms_norm(Tensor x, Tensor w, float eps, Tensor(a!) y) -> ()" */
+  uint32_t flags;     /* KH_FLAG_* */
+  kh_op_fn call;
+} kh_op_v1_t;
+
+typedef struct kh_layer_v1_t {
+  kh_header_t h;
+  const char* name;          /* layer type, e.g. "RMSNorm" */
+  const char* forward;       /* op name used in eval mode; required */
+  const char* forward_train; /* op name used in train mode (saves what backward needs); NULL =
+                                forward */
+  const char* backward;      /* op name; required when flags has KH_FLAG_HAS_BACKWARD */
+  uint32_t flags;            /* KH_FLAG_HAS_BACKWARD | KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC */
+  uint32_t dtypes;           /* KH_DTYPE_* bitmask, at least one */
+} kh_layer_v1_t;
+
+typedef struct kh_module_v1_t {
+  kh_header_t h;
+  const char* name;     /* package name, as in its manifest */
+  const char* version;  /* package version, e.g. "1.0.0" */
+  const char* build_id; /* free-form identity of the build (commit, compiler) */
+  uint32_t num_layers;
+  const kh_layer_v1_t* layers;
+  uint32_t num_ops;
+  const kh_op_v1_t* ops;
+  const void* prev; /* an older-ABI view of the same package, or NULL */
+} kh_module_v1_t;
+
+/* The entry point's type. The exported symbol is named kh_module_v1. */
+typedef const kh_module_v1_t* (*kh_module_v1_fn)(const kh_host_v1_t* host);
+
+#define KH_MODULE_ENTRY_NAME "kh_module_v1"
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KH_EXPORT __attribute__((visibility("default")))
+#else
+#define KH_EXPORT
+#endif
+
+/* Defines the entry point with default visibility and C linkage:
+ *     KH_MODULE_ENTRY(host) { ...; return &my_module; } */
+#ifdef __cplusplus
+#define KH_MODULE_ENTRY(host_param) \
+  extern "C" KH_EXPORT const kh_module_v1_t* kh_module_v1(const kh_host_v1_t* host_param)
+#else
+#define KH_MODULE_ENTRY(host_param) \
+  KH_EXPORT const kh_module_v1_t* kh_module_v1(const kh_host_v1_t* host_param)
+#endif
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KERNEL_HUB_ABI_H_ */

@@ -1,0 +1,114 @@
+#include "loader/module.h"
+
+#include <dlfcn.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "hub/error.h"
+#include "loader/log.h"
+
+namespace kh {
+
+namespace {
+
+// Serializes dlopen (glibc's loader lock is not visible to TSan) and guards the registry.
+std::mutex& load_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// Loaded modules by canonical path; never freed, like the libraries themselves.
+std::map<std::string, const LoadedModule*>& registry() {
+  static auto* r = new std::map<std::string, const LoadedModule*>();
+  return *r;
+}
+
+Check failed(const std::string& rule, const std::string& file, const std::string& what) {
+  return {rule, false, fmt::format("{}: refused by rule {}: {}", file, rule, what)};
+}
+
+}  // namespace
+
+LoadResult try_load_module(const std::filesystem::path& library) {
+  std::error_code ec;
+  std::filesystem::path canonical = std::filesystem::canonical(library, ec);
+  if (ec) {
+    return {{library.string(),
+             {failed("readable", library.string(),
+                     fmt::format("cannot resolve the path: {}; check that the package is "
+                                 "unpacked and the file exists",
+                                 ec.message()))}},
+            nullptr};
+  }
+  const std::string file = canonical.string();
+
+  std::lock_guard lock(load_mutex());
+  if (auto it = registry().find(file); it != registry().end()) {
+    LoadResult cached{{file, {{"loaded", true, "already loaded in this process"}}}, it->second};
+    return cached;
+  }
+
+  LoadResult result{preflight_file(canonical), nullptr};
+  auto& checks = result.report.checks;
+  if (!result.report.ok()) return result;
+
+  // The preflight passed: only now may the library's constructors run.
+  dlerror();
+  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (!handle) {
+    const char* why = dlerror();
+    checks.push_back(failed("dlopen", file,
+                            fmt::format("{}; an unresolved symbol means the library needs "
+                                        "something this host does not provide",
+                                        why ? why : "unknown error")));
+    return result;
+  }
+  checks.push_back({"dlopen", true, "loaded with RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE"});
+  // Never dlclose: RTLD_NODELETE keeps it mapped, and ops or kernels may still be in flight.
+
+  dlerror();
+  auto entry = reinterpret_cast<kh_module_v1_fn>(dlsym(handle, KH_MODULE_ENTRY_NAME));
+  if (!entry) {
+    checks.push_back(failed("entry-symbol", file, "dlsym(kh_module_v1) found nothing"));
+    return result;
+  }
+
+  auto module = std::make_unique<LoadedModule>();
+  module->path = canonical;
+  module->host = make_host_context({canonical, canonical.parent_path(), {}, {}});
+  clear_last_op_error();
+  const kh_module_v1_t* table = entry(&module->host->table);
+  if (!table) {
+    std::string why = last_op_error().empty() ? "no message" : last_op_error();
+    checks.push_back(failed("entry-call", file,
+                            fmt::format("kh_module_v1 returned NULL ({}); the package may need a "
+                                        "newer kernel-hub loader",
+                                        why)));
+    return result;
+  }
+  checks.push_back({"entry-call", true, "kh_module_v1 returned a table"});
+
+  read_module_table(table, file, checks, module->view);
+  if (!result.report.ok()) return result;
+  module->host->package.name = module->view.name;
+  module->host->package.version = module->view.version;
+  if (module->view.abi_minor > KH_ABI_MINOR)
+    log_line(KH_LOG_DEBUG, fmt::format("{}: package ABI minor {} is newer than the loader's {}; "
+                                       "newer fields are ignored",
+                                       file, module->view.abi_minor, KH_ABI_MINOR));
+  result.module = module.release();
+  registry()[file] = result.module;
+  return result;
+}
+
+const LoadedModule& load_module(const std::filesystem::path& library) {
+  LoadResult r = try_load_module(library);
+  if (!r.module) throw Error(ErrorKind::kRefused, r.report.failures());
+  return *r.module;
+}
+
+}  // namespace kh

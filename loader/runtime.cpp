@@ -1,0 +1,91 @@
+#include <fmt/format.h>
+
+#include "hub/error.h"
+#include "loader/host_services.h"
+#include "loader/kernel_hub.hpp"
+
+namespace kh {
+
+std::optional<uint32_t> Runtime::find_slot(const std::string& name) const {
+  int i = table_.find_slot(name);
+  if (i < 0) return std::nullopt;
+  return static_cast<uint32_t>(i);
+}
+
+LoadedPackage Runtime::load_package(const std::filesystem::path& package_dir) {
+  LoadedPackage p{read_package_dir(package_dir), nullptr};
+  p.module = &load_module(p.dir.host_library);
+  const ModuleView& v = p.module->view;
+  if (v.name != p.dir.name || v.version != p.dir.version)
+    throw Error(
+        ErrorKind::kRefused,
+        fmt::format("{}: refused by rule package-identity: kernel.json says {} {} but "
+                    "the host library says {} {}; repack the package",
+                    p.dir.host_library.string(), p.dir.name, p.dir.version, v.name, v.version));
+  return p;
+}
+
+BindOutcome Runtime::bind(const std::string& slot, const std::filesystem::path& package_dir,
+                          Mode mode, int device, const std::string& layer,
+                          std::optional<bool> strict) {
+  auto index = find_slot(slot);
+  if (!index)
+    throw Error(ErrorKind::kNotFound,
+                fmt::format("no layer slot named {}; add it with add_slot first", slot));
+  LoadedPackage p = load_package(package_dir);
+  const ModuleView& v = p.module->view;
+  const std::string layer_name = layer.empty() ? slot : layer;
+  const kh_layer_v1_t* l = v.find_layer(layer_name);
+  if (!l) {
+    std::string have;
+    for (auto* x : v.layers) have += (have.empty() ? "" : ", ") + std::string(x->name);
+    throw Error(ErrorKind::kNotFound,
+                fmt::format("package {} {} ({}) has no layer {}; it has: {}", v.name, v.version,
+                            package_dir.string(), layer_name, have));
+  }
+  // The table validated that every op name resolves.
+  SlotOps ops;
+  ops.forward = v.find_op(l->forward)->call;
+  if (l->forward_train) ops.forward_train = v.find_op(l->forward_train)->call;
+  if (l->backward) ops.backward = v.find_op(l->backward)->call;
+  ops.flags = l->flags;
+  std::string source = fmt::format("{} {} {}", v.name, v.version, l->name);
+  return table_.bind(*index, device, mode, ops, source, strict.value_or(options_.strict));
+}
+
+int32_t Runtime::call(uint32_t slot, int device, bool backward, const kh_arg_t* args, int32_t nargs,
+                      void* stream) const noexcept {
+  const Table* t = table_.current();
+  if (slot >= t->num_slots) {
+    try {
+      set_last_op_error(fmt::format("no layer slot {} (the table has {})", slot, t->num_slots));
+    } catch (...) {  // out of memory while reporting: the status still says what happened
+    }
+    return KH_ERR_INVALID_ARGUMENT;
+  }
+  const SlotEntry& e = t->entry(device, slot);
+  kh_op_fn fn = backward ? e.backward : e.forward;
+  if (!fn) {
+    try {
+      set_last_op_error(fmt::format(
+          "layer slot {} has no {} for device {} in {} mode: nothing bound and no fallback; "
+          "bind a package layer or give the slot a fallback",
+          table_.slot_name(slot), backward ? "backward" : "forward", device, mode_name(t->mode)));
+    } catch (...) {
+    }
+    return KH_ERR_NOT_FOUND;
+  }
+  return fn(args, nargs, stream);
+}
+
+int32_t Runtime::forward(uint32_t slot, int device, const kh_arg_t* args, int32_t nargs,
+                         void* stream) const noexcept {
+  return call(slot, device, false, args, nargs, stream);
+}
+
+int32_t Runtime::backward(uint32_t slot, int device, const kh_arg_t* args, int32_t nargs,
+                          void* stream) const noexcept {
+  return call(slot, device, true, args, nargs, stream);
+}
+
+}  // namespace kh
