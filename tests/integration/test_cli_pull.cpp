@@ -98,6 +98,27 @@ TEST_F(CliPull, PushThenPullVerifiesAndRecords) {
   EXPECT_EQ(by_digest.exit_code, 0) << by_digest.err;
 }
 
+TEST_F(CliPull, ProgressBarOnlyOnATerminal) {
+  if (!have_program("script")) GTEST_SKIP() << "script (util-linux) is not installed";
+  LayoutSpec spec;
+  spec.layer_bytes = 1 << 20;
+  push_layout("test/tty@v1", spec);
+  auto on_tty = [&](const std::string& extra, const std::filesystem::path& cache) {
+    std::string cmd = cli_path() + " --cache " + cache.string() + " --plain-http --hub " +
+                      registry_.oci_url() + " " + extra + " pull test/tty@v1";
+    // script(1) gives the command a pseudo-terminal and copies what it printed.
+    return run_process({"script", "-qec", cmd, "/dev/null"}, {{"KERNEL_HUB_OFFLINE", "\x01"}});
+  };
+  TempDir a, b;
+  auto shown = on_tty("", a.path());
+  ASSERT_EQ(shown.exit_code, 0) << shown.out << shown.err;
+  EXPECT_NE(shown.out.find("100%"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find("MiB"), std::string::npos) << shown.out;
+  auto quiet = on_tty("-q", b.path());
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.out << quiet.err;
+  EXPECT_EQ(quiet.out.find("100%"), std::string::npos) << quiet.out;
+}
+
 TEST_F(CliPull, VerifyReportsDamage) {
   BuiltLayout b = push_layout("test/dmg@v1");
   TempDir cache;
