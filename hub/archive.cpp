@@ -132,24 +132,6 @@ bool ends_with_so(const std::string& name) {
   return name.size() > 3 && name.ends_with(".so");
 }
 
-// Removes a tree we created, including read-only files and 0555 directories.
-void remove_tree_forcibly(const stdfs::path& p) {
-  struct stat st;
-  if (::lstat(p.c_str(), &st) != 0) return;
-  if (S_ISDIR(st.st_mode)) {
-    ::chmod(p.c_str(), 0700);
-    std::error_code ec;
-    std::vector<stdfs::path> children;
-    for (auto it = stdfs::directory_iterator(p, ec); !ec && it != stdfs::directory_iterator();
-         it.increment(ec)) {
-      children.push_back(it->path());
-    }
-    for (const auto& c : children) remove_tree_forcibly(c);
-    ::rmdir(p.c_str());
-  } else {
-    ::unlink(p.c_str());
-  }
-}
 
 // Creates entries of one archive inside a root directory, by file descriptor only.
 class Extractor {
@@ -410,7 +392,7 @@ void extract_archive(const stdfs::path& archive, const stdfs::path& dest,
       throw_errno("cannot move extracted package to " + dest.string());
     }
   } catch (...) {
-    remove_tree_forcibly(tmp);
+    fs::remove_tree(tmp);
     throw;
   }
   fs::fsync_dir(parent);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "hub/error.h"
+#include "hub/fs.h"
 
 namespace kh {
 
@@ -91,23 +92,8 @@ Digest sha256_of(std::string_view bytes) {
 }
 
 Digest sha256_of_file(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_errno("cannot open " + path.string());
   Sha256 h;
-  char buf[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      errno = e;
-      throw_errno("cannot read " + path.string());
-    }
-    if (n == 0) break;
-    h.update(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
+  fs::for_each_chunk(path, [&](const char* data, size_t n) { h.update(data, n); });
   return h.finish();
 }
 

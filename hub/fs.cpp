@@ -7,38 +7,60 @@
 
 #include <cerrno>
 #include <utility>
+#include <vector>
 
 #include "hub/digest.h"
 #include "hub/error.h"
 
 namespace kh::fs {
 
-std::optional<std::string> read_file_if_exists(const stdfs::path& path, uint64_t max_size) {
+namespace {
+// Opens a file for reading: -1 with errno ENOENT/ENOTDIR when absent, throws on other errors.
+int open_for_reading(const stdfs::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT || errno == ENOTDIR) return std::nullopt;
-    throw_errno("cannot open " + path.string());
-  }
-  std::string out;
+  if (fd < 0 && errno != ENOENT && errno != ENOTDIR) throw_errno("cannot open " + path.string());
+  return fd;
+}
+
+// Reads fd to the end in chunks; closes it.
+void read_chunks(int fd, const stdfs::path& path,
+                 const std::function<void(const char*, size_t)>& fn) {
   char buf[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      errno = e;
-      throw_errno("cannot read " + path.string());
+  try {
+    for (;;) {
+      ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw_errno("cannot read " + path.string());
+      }
+      if (n == 0) break;
+      fn(buf, static_cast<size_t>(n));
     }
-    if (n == 0) break;
-    if (out.size() + static_cast<uint64_t>(n) > max_size) {
-      ::close(fd);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+}
+}  // namespace
+
+void for_each_chunk(const stdfs::path& path, const std::function<void(const char*, size_t)>& fn) {
+  int fd = open_for_reading(path);
+  if (fd < 0) throw Error(ErrorKind::kNotFound, "file not found: " + path.string());
+  read_chunks(fd, path, fn);
+}
+
+std::optional<std::string> read_file_if_exists(const stdfs::path& path, uint64_t max_size) {
+  int fd = open_for_reading(path);
+  if (fd < 0) return std::nullopt;
+  std::string out;
+  read_chunks(fd, path, [&](const char* data, size_t n) {
+    if (out.size() + n > max_size) {
       throw Error(ErrorKind::kRefused, path.string() + " is larger than the limit of " +
                                            std::to_string(max_size) + " bytes");
     }
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
+    out.append(data, n);
+  });
   return out;
 }
 
@@ -52,6 +74,24 @@ void make_dirs(const stdfs::path& dir) {
   std::error_code ec;
   stdfs::create_directories(dir, ec);
   if (ec) throw Error(ErrorKind::kIo, "cannot create directory " + dir.string() + ": " + ec.message());
+}
+
+void remove_tree(const stdfs::path& p) {
+  struct stat st;
+  if (::lstat(p.c_str(), &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    ::chmod(p.c_str(), 0700);
+    std::error_code ec;
+    std::vector<stdfs::path> children;
+    for (auto it = stdfs::directory_iterator(p, ec); !ec && it != stdfs::directory_iterator();
+         it.increment(ec)) {
+      children.push_back(it->path());
+    }
+    for (const auto& c : children) remove_tree(c);
+    ::rmdir(p.c_str());
+  } else {
+    ::unlink(p.c_str());
+  }
 }
 
 void fsync_dir(const stdfs::path& dir) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,6 +25,11 @@ std::optional<std::string> read_file_if_exists(const stdfs::path& path,
 void write_file_atomic(const stdfs::path& path, std::string_view bytes, mode_t mode = 0644);
 
 void fsync_dir(const stdfs::path& dir);
+// Removes a file or a whole tree, also where entries were made read-only (blobs are 0444,
+// unpacked packages 0555). Never follows symlinks. Missing paths are not an error.
+void remove_tree(const stdfs::path& path);
+// Calls fn(data, size) for successive chunks of a file. Throws kNotFound / kIo.
+void for_each_chunk(const stdfs::path& path, const std::function<void(const char*, size_t)>& fn);
 void make_dirs(const stdfs::path& dir);
 
 // A unique, process-private temp file (O_CREAT|O_EXCL, 0600) that is removed unless committed.

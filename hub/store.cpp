@@ -65,24 +65,6 @@ std::optional<int64_t> touched_at(const stdfs::path& p) {
   return static_cast<int64_t>(st.st_mtim.tv_sec);
 }
 
-// Removes a tree even where entries are read-only (unpacked packages: 0444 files, 0555 dirs).
-void remove_tree_forcibly(const stdfs::path& p) {
-  struct stat st;
-  if (::lstat(p.c_str(), &st) != 0) return;
-  if (S_ISDIR(st.st_mode)) {
-    ::chmod(p.c_str(), 0700);
-    std::error_code ec;
-    std::vector<stdfs::path> children;
-    for (auto it = stdfs::directory_iterator(p, ec); !ec && it != stdfs::directory_iterator();
-         it.increment(ec)) {
-      children.push_back(it->path());
-    }
-    for (const auto& c : children) remove_tree_forcibly(c);
-    ::rmdir(p.c_str());
-  } else {
-    ::unlink(p.c_str());
-  }
-}
 
 uint64_t tree_size(const stdfs::path& p) {
   struct stat st;
@@ -120,7 +102,7 @@ uint64_t sweep_stale(const stdfs::path& dir, bool hidden_only, int64_t max_age_s
     auto t = touched_at(p);
     if (!t || now - *t < max_age_s) continue;
     if (removed_bytes) *removed_bytes += tree_size(p);
-    if (!dry_run) remove_tree_forcibly(p);
+    if (!dry_run) fs::remove_tree(p);
     ++removed;
   }
   return removed;
@@ -507,7 +489,7 @@ stdfs::path Store::unpack(const Digest& layer, const ArchiveLimits& limits) {
   extract_archive(blob, tmp, limits);
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0) {
     int e = errno;
-    remove_tree_forcibly(tmp);
+    fs::remove_tree(tmp);
     // Lost a race with a process that ignored or could not take the lock: theirs is as good.
     if ((e == EEXIST || e == ENOTEMPTY) && unpacked_path(layer)) return dest;
     errno = e;
@@ -682,7 +664,7 @@ GcResult Store::gc(const GcOptions& options) {
     }
     // Trees first: an unpacked layer without its blob is useless, the reverse is not.
     for (auto& [hex, e] : trees) {
-      if (e.removed) remove_tree_forcibly(e.path);
+      if (e.removed) fs::remove_tree(e.path);
     }
     for (auto& [hex, e] : blobs) {
       if (e.removed) ::unlink(e.path.c_str());
