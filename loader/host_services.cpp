@@ -94,6 +94,10 @@ void set_device_backend(DeviceBackend* backend) {
   g_backend.store(backend, std::memory_order_release);
 }
 
+DeviceBackend* device_backend() {
+  return g_backend.load(std::memory_order_acquire);
+}
+
 HostContext* make_host_context(PackageIdentity package) {
   auto* c = new HostContext{std::move(package), {}};  // never freed: packages keep the pointer
   c->table.h = KH_HEADER_INIT(kh_host_v1_t);

@@ -1,6 +1,7 @@
 // The host services table (kh_host_v1_t) the loader hands each package, and the seam where a
-// device backend (CUDA driver, NVRTC, JIT cache) plugs in later. Until one is installed,
-// get_function and launch fail with KH_ERR_NO_DEVICE and a message saying so.
+// device backend (CUDA driver, NVRTC, JIT cache: loader/device_backend.h) plugs in. kh::Runtime
+// installs the CUDA backend; without any backend, get_function and launch fail with
+// KH_ERR_NO_DEVICE and a message saying so.
 #pragma once
 
 #include <filesystem>
@@ -24,6 +25,13 @@ struct PackageIdentity {
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
+  // Loads or compiles the package's device code for `device_id` ahead of op calls (at bind
+  // time). Throws kh::Error naming the cause. The default does nothing (code is found on first
+  // use).
+  virtual void prepare(const PackageIdentity& package, int32_t device_id) {
+    (void)package;
+    (void)device_id;
+  }
   virtual int32_t get_function(const PackageIdentity& package, int32_t device_id,
                                const char* kernel_name, void** fn, std::string& error) = 0;
   virtual int32_t launch(const PackageIdentity& package, void* fn, const kh_launch_cfg_t& cfg,
@@ -33,6 +41,8 @@ class DeviceBackend {
 // Installs the process-wide device backend (not owned; it must outlive every op call). nullptr
 // restores "no device code backend yet".
 void set_device_backend(DeviceBackend* backend);
+// The installed backend, or nullptr.
+DeviceBackend* device_backend();
 
 // Per-package host state: the table handed to kh_module_v1 and what it refers to. Allocated
 // once per loaded library and never freed (packages may keep the pointer forever).

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "loader/kernel_hub_abi.h"
 #include "loader/layer_table.h"
@@ -24,6 +25,9 @@ namespace kh {
 struct RuntimeOptions {
   // Binding a layer without a backward op for train fails instead of keeping the fallback.
   bool strict = false;
+  // Where NVRTC output of packages' CUDA sources is cached; empty = <store root>/jit. The device
+  // backend is process-wide: the last runtime that sets it wins for later compiles.
+  std::filesystem::path jit_cache_dir = {};
 };
 
 // A package directory loaded into this process: its kernel.json and its module.
@@ -34,7 +38,9 @@ struct LoadedPackage {
 
 class Runtime {
  public:
-  explicit Runtime(RuntimeOptions options = {}) : options_(options) {}
+  // Installs the process-wide CUDA device backend (touches no driver: libcuda and NVRTC load on
+  // the first GPU bind).
+  explicit Runtime(RuntimeOptions options = {});
 
   // Adds a layer slot with the runtime's own implementation as its fallback.
   uint32_t add_slot(const std::string& name, SlotOps fallback = {}) {
@@ -49,12 +55,17 @@ class Runtime {
   static LoadedPackage load_package(const std::filesystem::path& package_dir);
 
   // Binds the package's layer `layer` (default: the slot's name) to `slot` for `mode` on
-  // `device`. Returns kKeptFallback when a train bind lacks a backward op (not strict).
+  // `device`. Returns kKeptFallback when a train bind lacks a backward op (not strict). For a
+  // CUDA device (>= 0) the package's device code is loaded or compiled now; without a driver,
+  // device or suitable device code this throws kh::Error naming the cause.
   BindOutcome bind(const std::string& slot, const std::filesystem::path& package_dir, Mode mode,
                    int device = kCpuDevice, const std::string& layer = "",
                    std::optional<bool> strict = std::nullopt);
 
   void set_mode(Mode mode) { table_.set_mode(mode); }
+  // As set_mode, but first asks the driver whether any of `streams` (CUstream; nullptr = the
+  // legacy default stream) is capturing a CUDA graph, and refuses (kh::Error kRefused) if so.
+  void set_mode(Mode mode, const std::vector<void*>& streams);
   Mode mode() const noexcept { return table_.mode(); }
   void set_capturing(bool capturing) noexcept { table_.set_capturing(capturing); }
 

@@ -6,6 +6,7 @@
 
 #include "hub/error.h"
 #include "hub/fs.h"
+#include "loader/cuda_arch.h"
 
 namespace kh {
 
@@ -20,6 +21,45 @@ std::string required_string(const nlohmann::json& j, const char* key,
                             "kernel.json",
                             file.string(), key));
   return it->get<std::string>();
+}
+
+// Only a plain file name inside the package: no absolute paths, no "..", no subfolders.
+std::filesystem::path file_in_package(const std::filesystem::path& dir, const std::string& name,
+                                      const char* what, const std::filesystem::path& file) {
+  std::filesystem::path p = name;
+  if (name.empty() || p.has_parent_path() || p.is_absolute() || p == "." || p == "..")
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("{}: {} \"{}\" must be a file name inside the package directory",
+                            file.string(), what, name));
+  return dir / p;
+}
+
+void read_device_code(const nlohmann::json& j, const std::filesystem::path& file,
+                      PackageDir& p) {
+  if (auto it = j.find("cubins"); it != j.end()) {
+    if (!it->is_object())
+      throw Error(ErrorKind::kInvalidInput,
+                  fmt::format("{}: \"cubins\" must be an object mapping a target such as \"90\" "
+                              "to a cubin file name",
+                              file.string()));
+    for (const auto& [target, name] : it->items()) {
+      if (!CudaArch::parse(target) || target.starts_with("sm_"))
+        throw Error(ErrorKind::kInvalidInput,
+                    fmt::format("{}: cubin target \"{}\" is not a CUDA architecture like \"90\" "
+                                "or \"90a\"",
+                                file.string(), target));
+      if (!name.is_string())
+        throw Error(ErrorKind::kInvalidInput,
+                    fmt::format("{}: cubins[\"{}\"] must be a file name", file.string(), target));
+      p.cubins[target] = file_in_package(p.dir, name.get<std::string>(), "cubin", file);
+    }
+  }
+  if (auto it = j.find("cuda_source"); it != j.end()) {
+    if (!it->is_string())
+      throw Error(ErrorKind::kInvalidInput,
+                  fmt::format("{}: \"cuda_source\" must be a file name", file.string()));
+    p.cuda_source = file_in_package(p.dir, it->get<std::string>(), "cuda_source", file);
+  }
 }
 
 }  // namespace
@@ -55,6 +95,7 @@ PackageDir read_package_dir(const std::filesystem::path& dir) {
                             "directory",
                             file.string(), lib.string()));
   p.host_library = dir / lib;
+  read_device_code(j, file, p);
   return p;
 }
 

@@ -1,9 +1,12 @@
-// Reads a package directory's kernel.json: {"name", "version", "host_library": "lib....so"}.
+// Reads a package directory's kernel.json: {"name", "version", "host_library": "lib....so"},
+// optionally with device code: "cubins": {"90": "toy.sm_90.cubin", "90a": ...} (target ->
+// cubin file) and "cuda_source": "toy.cu" (compiled by NVRTC for GPUs without a cubin).
 // The full package manifest comes later; this is the one place that reads the file, so that the
 // rest of the loader only sees PackageDir.
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <string>
 
 namespace kh {
@@ -13,10 +16,14 @@ struct PackageDir {
   std::string name;
   std::string version;
   std::filesystem::path host_library;  // dir / host_library, checked to stay inside dir
+  // Device code, all paths dir / <plain file name>. Keys are targets as kernel.json names them
+  // ("90", "90a"), checked to parse as a CudaArch.
+  std::map<std::string, std::filesystem::path> cubins;
+  std::filesystem::path cuda_source;  // empty when the package has none
 };
 
 // Throws kh::Error: kNotFound without kernel.json, kInvalidInput when it is malformed or
-// host_library escapes the directory.
+// host_library, a cubin or cuda_source escapes the directory, or a cubin target is malformed.
 PackageDir read_package_dir(const std::filesystem::path& dir);
 
 }  // namespace kh

@@ -1,10 +1,33 @@
 #include <fmt/format.h>
 
 #include "hub/error.h"
+#include "loader/cuda_driver.h"
+#include "loader/device_backend.h"
 #include "loader/host_services.h"
 #include "loader/kernel_hub.hpp"
 
 namespace kh {
+
+Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)) {
+  install_cuda_device_backend();
+  if (!options_.jit_cache_dir.empty())
+    CudaDeviceBackend::instance().set_jit_cache_dir(options_.jit_cache_dir);
+}
+
+void Runtime::set_mode(Mode mode, const std::vector<void*>& streams) {
+  for (void* stream : streams) {
+    auto status = cuda::stream_capture_status(static_cast<cuda::CUstream>(stream));
+    if (status != cuda::CU_STREAM_CAPTURE_STATUS_NONE)
+      throw Error(ErrorKind::kRefused,
+                  fmt::format("set_mode({}) refused: stream {} is {} a CUDA graph capture; switch "
+                              "modes between captures",
+                              mode_name(mode), stream,
+                              status == cuda::CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                  ? "in"
+                                  : "in an invalidated"));
+  }
+  table_.set_mode(mode);
+}
 
 std::optional<uint32_t> Runtime::find_slot(const std::string& name) const {
   int i = table_.find_slot(name);
@@ -49,6 +72,16 @@ BindOutcome Runtime::bind(const std::string& slot, const std::filesystem::path& 
   if (l->forward_train) ops.forward_train = v.find_op(l->forward_train)->call;
   if (l->backward) ops.backward = v.find_op(l->backward)->call;
   ops.flags = l->flags;
+  if (device != kCpuDevice) {
+    // Device code is loaded (or compiled) at bind time, so calls and mode switches never do it.
+    DeviceBackend* backend = device_backend();
+    if (!backend)
+      throw Error(ErrorKind::kUnsupported,
+                  fmt::format("cannot bind {} to CUDA device {}: no device code backend is "
+                              "installed; bind the cpu device instead",
+                              slot, device));
+    backend->prepare(p.module->host->package, device);
+  }
   std::string source = fmt::format("{} {} {}", v.name, v.version, l->name);
   return table_.bind(*index, device, mode, ops, source, strict.value_or(options_.strict));
 }

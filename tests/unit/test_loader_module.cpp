@@ -258,20 +258,24 @@ TEST(LoaderModule, OpErrorsReachTheHostSink) {
   EXPECT_NE(last_op_error().find("Empty"), std::string::npos);
 }
 
-// No GPU: binding and running cpu ops never loads libcuda; a CUDA tensor gets a clear error.
+// No GPU: binding and running cpu ops never loads libcuda; a GPU bind and a CUDA tensor get a
+// clear error naming the cause.
 TEST(LoaderModule, CpuWorksWithoutLibcuda) {
+  // No driver even on a GPU machine: the driver library's name is read at the first GPU use.
+  setenv("KERNEL_HUB_LIBCUDA", "libcuda-absent-for-this-test.so.1", 1);
   Runtime rt;
   uint32_t s = rt.add_slot("Scale");
   rt.bind("Scale", pkg("toy-1.0.0"), Mode::kEval);
-  rt.bind("Scale", pkg("toy-1.0.0"), Mode::kEval, 0);
   Vec x({1, 2}), y({0, 0});
   auto args = scale_args(x, 2.0, y);
   ASSERT_EQ(rt.forward(s, kCpuDevice, args.data(), 3, nullptr), KH_OK) << last_op_error();
   EXPECT_EQ(y.data, (std::vector<float>{2, 4}));
-  Vec gx({1, 2}, kDLCUDA), gy({0, 0}, kDLCUDA);  // never dereferenced: no backend
+  EXPECT_TRUE(loaded_matching("libcuda").empty()) << loaded_matching("libcuda")[0];
+  EXPECT_THROW(rt.bind("Scale", pkg("toy-1.0.0"), Mode::kEval, 0), Error);
+  Vec gx({1, 2}, kDLCUDA), gy({0, 0}, kDLCUDA);  // never dereferenced: no driver
   auto gargs = scale_args(gx, 2.0, gy);
-  EXPECT_EQ(rt.forward(s, 0, gargs.data(), 3, nullptr), KH_ERR_NO_DEVICE);
-  EXPECT_NE(last_op_error().find("no device code backend yet"), std::string::npos)
+  EXPECT_EQ(rt.forward(s, kCpuDevice, gargs.data(), 3, nullptr), KH_ERR_NO_DEVICE);
+  EXPECT_NE(last_op_error().find("not found: no NVIDIA driver"), std::string::npos)
       << last_op_error();
   EXPECT_NE(last_op_error().find("toy_scale_f32"), std::string::npos);
   EXPECT_TRUE(loaded_matching("libcuda").empty()) << loaded_matching("libcuda")[0];
@@ -310,9 +314,9 @@ class RecordingBackend : public DeviceBackend {
 TEST(LoaderModule, CudaTensorsGoThroughTheHostServices) {
   Runtime rt;
   uint32_t s = rt.add_slot("Scale");
-  rt.bind("Scale", pkg("toy-1.0.0"), Mode::kEval, 1);
-  RecordingBackend backend;
+  RecordingBackend backend;  // installed before the bind: a GPU bind prepares through it
   set_device_backend(&backend);
+  rt.bind("Scale", pkg("toy-1.0.0"), Mode::kEval, 1);
   std::vector<float> big(1000, 1.0f);
   Vec gx(big, kDLCUDA), gy(big, kDLCUDA);
   gx.t.device.device_id = gy.t.device.device_id = 1;
