@@ -1,0 +1,118 @@
+// KernelConfig: which kernel package serves which layer, per device key, per compute-capability
+// range and per mode. Parsed from JSON (schema: manifests/schemas/kernel-config.schema.json).
+//
+// Native form (every level but the mode map is optional):
+//
+//   {
+//     "RMSNorm": {
+//       "cuda": [                                   // capability list (cuda only)
+//         {"capability": {"min": 80, "max": 89}, "modes": {"eval": "org/norm@v1"}},
+//         {"capability": {"min": 90},            "modes": {"eval": "org/norm-sm90@v2",
+//                                                          "train": "org/norm-sm90@v2"}},
+//         {"modes": {"fallback": "org/norm@v1"}}   // no range: covers every capability
+//       ],
+//       "cpu": {"eval": "org/norm-cpu", "fallback": "org/norm-cpu@1.2.0:RMSNorm"}  // mode map
+//     }
+//   }
+//
+// Transformers' forms are accepted wherever a ref may stand and mean "eval and train":
+//   "RMSNorm": "org/repo:RMSNorm"                         (every device key)
+//   "RMSNorm": {"cuda": "org/repo:RMSNorm", "cpu": "org/repo-cpu"}
+//   "RMSNorm": ["org/repo:RMSNorm", {"version": 1}]         (version N = tag vN)
+//   "RMSNorm": "org/repo@rev:RMSNorm"
+// A mode map value may itself be ["org/repo", {"version": 2}].
+//
+// Kernel refs: org/name[@TAG|@sha256:HEX][:Layer]; :Layer defaults to the layer type; no tag
+// means v1 (kh::Ref). Capabilities are major*10+minor, both ends inclusive; min defaults to 0 and
+// max to unbounded.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hub/ref.h"
+
+namespace kh {
+
+// The mode a config entry is registered for. kFallback serves any requested mode (HF's
+// Mode.FALLBACK); a requested mode is only kEval or kTrain.
+enum class KernelMode : uint8_t { kEval = 0, kTrain = 1, kFallback = 2 };
+const char* kernel_mode_name(KernelMode mode);
+// "eval", "train", "fallback"; nullopt otherwise.
+std::optional<KernelMode> parse_kernel_mode(std::string_view text);
+
+// Device keys a KernelConfig accepts, in the order error messages list them.
+inline constexpr std::string_view kDeviceKeys[] = {"cuda", "cpu"};
+bool is_device_key(std::string_view key);
+
+// A layer type name: [A-Za-z_][A-Za-z0-9_.-]*, at most 128 characters.
+bool is_valid_layer_name(std::string_view name);
+
+// org/name[@TAG|@sha256:HEX][:Layer]
+struct KernelRef {
+  Ref ref;
+  std::string layer;  // the package layer to bind; never empty after parse
+
+  // default_layer is used when the text has no ":Layer". Throws kInvalidInput naming the text.
+  static KernelRef parse(std::string_view text, std::string_view default_layer);
+  std::string str() const { return ref.str() + ":" + layer; }
+  bool operator==(const KernelRef&) const = default;
+};
+
+struct CapabilityRange {
+  int min = 0;
+  int max = kUnbounded;
+  static constexpr int kUnbounded = 1 << 30;
+
+  bool contains(int capability) const { return capability >= min && capability <= max; }
+  int64_t width() const { return static_cast<int64_t>(max) - min; }
+  std::string str() const;  // "[80, 89]", "[90, any]"
+  bool operator==(const CapabilityRange&) const = default;
+};
+
+struct ModeEntry {
+  KernelRef kernel;
+  std::string path;  // JSON path of the entry, for traces: $.RMSNorm.cuda[0].modes.eval
+};
+
+// One registration under a device key: an optional capability range and its mode map.
+struct CapabilityEntry {
+  std::optional<CapabilityRange> range;  // none: every capability (loses to any range)
+  std::map<KernelMode, ModeEntry> modes;
+  std::string path;
+};
+
+struct DeviceMapping {
+  // In registration order; equal ranges are replaced when merged, so a later entry with the same
+  // range overrides an earlier one.
+  std::vector<CapabilityEntry> entries;
+};
+
+struct LayerMapping {
+  std::map<std::string, DeviceMapping> devices;  // device key -> mapping
+};
+
+struct KernelConfig {
+  std::map<std::string, LayerMapping> layers;  // layer type -> mapping
+
+  // Parses and validates. `what` names the document in messages ("kernels.json"). Errors are
+  // kInvalidInput "<what>: <JSON path>: <problem>; expected ...".
+  static KernelConfig parse(std::string_view json_text, std::string_view what = "kernel config");
+  static KernelConfig load(const std::string& path);
+
+  // Every distinct package ref in the config (tags/digests as written), sorted.
+  std::vector<Ref> refs() const;
+  bool empty() const { return layers.empty(); }
+};
+
+// Applies `overlay` on top of `base` as HF's register_kernel_mapping does: layers and device keys
+// missing from the overlay stay; for cpu the overlay's entry replaces the device's mapping; for
+// cuda each overlay entry replaces the entry with the same range (or lack of one) and other
+// entries are appended after the existing ones.
+KernelConfig merge_kernel_configs(const KernelConfig& base, const KernelConfig& overlay);
+
+}  // namespace kh

@@ -1,0 +1,627 @@
+#include "registry/resolver.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <tuple>
+
+#include "hub/error.h"
+
+namespace kh {
+
+const char* trace_stage_name(TraceStage stage) {
+  switch (stage) {
+    case TraceStage::kLayer:
+      return "layer";
+    case TraceStage::kCapability:
+      return "capability";
+    case TraceStage::kMode:
+      return "mode";
+    case TraceStage::kIndex:
+      return "index";
+    case TraceStage::kVariant:
+      return "variant";
+    case TraceStage::kPackage:
+      return "package";
+    case TraceStage::kLock:
+      return "lock";
+  }
+  return "?";
+}
+
+const char* variant_code_name(VariantCode code) {
+  switch (code) {
+    case VariantCode::kHost:
+      return "host code";
+    case VariantCode::kCubinExact:
+      return "exact cubin";
+    case VariantCode::kCubinCompatible:
+      return "lower-minor cubin";
+    case VariantCode::kNvrtcSource:
+      return "NVRTC from source";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string short_digest(const Digest& d) {
+  return "sha256:" + d.hex.substr(0, 12);
+}
+
+std::optional<std::pair<int, int>> parse_major_minor(std::string_view text) {
+  auto small = [](std::string_view s) -> std::optional<int> {
+    if (s.empty() || s.size() > 4) return std::nullopt;
+    int v = 0;
+    for (char c : s) {
+      if (c < '0' || c > '9') return std::nullopt;
+      v = v * 10 + (c - '0');
+    }
+    return v;
+  };
+  auto dot = text.find('.');
+  auto major = small(text.substr(0, dot));
+  if (!major) return std::nullopt;
+  if (dot == std::string_view::npos) return std::make_pair(*major, 0);
+  auto minor = small(text.substr(dot + 1));
+  if (!minor) return std::nullopt;
+  return std::make_pair(*major, *minor);
+}
+
+struct SmEntry {
+  std::string text;  // "90a"
+  int value = 0;     // 90
+  char suffix = 0;   // 'a', 'f' or 0
+};
+
+std::optional<std::vector<SmEntry>> parse_sm_list(std::string_view text) {
+  std::vector<SmEntry> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string_view::npos) comma = text.size();
+    std::string_view item = text.substr(start, comma - start);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (item.starts_with("sm_")) item.remove_prefix(3);
+    SmEntry e;
+    e.text = std::string(item);
+    if (!item.empty() && (item.back() == 'a' || item.back() == 'f')) {
+      e.suffix = item.back();
+      item.remove_suffix(1);
+    }
+    if (item.size() < 2 || item.size() > 4 || item.front() == '0') return std::nullopt;
+    for (char c : item) {
+      if (c < '0' || c > '9') return std::nullopt;
+      e.value = e.value * 10 + (c - '0');
+    }
+    out.push_back(std::move(e));
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string annotation(const oci::Descriptor& d, std::string_view key) {
+  auto it = d.annotations.find(std::string(key));
+  return it == d.annotations.end() ? std::string() : it->second;
+}
+
+std::string describe_variant(const oci::Descriptor& d, size_t pos) {
+  std::string platform =
+      d.platform ? d.platform->os + "/" + d.platform->architecture : std::string("no platform");
+  std::string dev = annotation(d, kAnnotationDevice);
+  std::string s = fmt::format("variant {} {} ({} {}", pos, short_digest(d.digest), platform,
+                              dev.empty() ? "?" : dev);
+  if (dev == "cuda") {
+    s += fmt::format(" cuda {} sm {}", annotation(d, kAnnotationCudaVersion),
+                     annotation(d, kAnnotationCudaSm));
+    if (annotation(d, kAnnotationSource) == "true") s += " +source";
+  }
+  return s + ")";
+}
+
+struct Fit {
+  std::string reason;  // why it fits, or why not
+  bool ok = false;
+  VariantChoice choice;
+  int tier = 0;   // 0 exact/host, 1 lower-minor cubin, 2 NVRTC
+  int cubin = 0;  // sm of the cubin that runs (for tier 1 ordering)
+  int cuda_major = 0, cuda_minor = 0;
+};
+
+Fit evaluate(const oci::Descriptor& d, size_t pos, const Device& device, const ResolveOptions& o) {
+  Fit f;
+  auto reject = [&](std::string why) {
+    f.reason = std::move(why);
+    return f;
+  };
+  if (d.media_type != oci::kMediaTypeManifest)
+    return reject(fmt::format("media type {} is not a variant manifest", d.media_type));
+  if (!d.platform) return reject("no platform (os/architecture) in the index entry");
+  if (d.platform->os != device.os)
+    return reject(fmt::format("os {} != device os {}", d.platform->os, device.os));
+  if (d.platform->architecture != device.arch)
+    return reject(fmt::format("architecture {} != device architecture {}", d.platform->architecture,
+                              device.arch));
+  std::string abi_text = annotation(d, kAnnotationAbi);
+  if (abi_text.empty()) return reject("no kernelhub.abi annotation (repack with kernel-hub pack)");
+  auto abi = parse_major_minor(abi_text);
+  if (!abi) return reject(fmt::format("kernelhub.abi '{}' is not MAJOR.MINOR", abi_text));
+  if (abi->first != o.abi_major)
+    return reject(
+        fmt::format("ABI {}: major {} != host ABI major {}", abi_text, abi->first, o.abi_major));
+  if (abi->second > o.abi_minor)
+    return reject(fmt::format("ABI {}: needs minor {} > host ABI {}.{}", abi_text, abi->second,
+                              o.abi_major, o.abi_minor));
+  std::string dev = annotation(d, kAnnotationDevice);
+  if (dev.empty()) return reject("no kernelhub.device annotation");
+  if (dev != device.key) return reject(fmt::format("device {} != {}", dev, device.key));
+  f.choice.position = pos;
+  f.choice.descriptor = d;
+  f.choice.abi_major = abi->first;
+  f.choice.abi_minor = abi->second;
+  if (!device.is_cuda()) {
+    f.ok = true;
+    f.choice.code = VariantCode::kHost;
+    f.reason = device.key + " host code";
+    return f;
+  }
+  std::string cv_text = annotation(d, kAnnotationCudaVersion);
+  if (cv_text.empty()) return reject("no kernelhub.cuda.version annotation");
+  auto cv = parse_major_minor(cv_text);
+  if (!cv) return reject(fmt::format("kernelhub.cuda.version '{}' is not MAJOR.MINOR", cv_text));
+  if (cv->first != device.cuda_major)
+    return reject(fmt::format("needs CUDA {}: major {} != driver CUDA {}.{}", cv_text, cv->first,
+                              device.cuda_major, device.cuda_minor));
+  if (cv->second > device.cuda_minor)
+    return reject(fmt::format("needs CUDA {} > driver CUDA {}.{}", cv_text, device.cuda_major,
+                              device.cuda_minor));
+  f.cuda_major = cv->first;
+  f.cuda_minor = cv->second;
+  f.choice.cuda_version = cv_text;
+  std::string sm_text = annotation(d, kAnnotationCudaSm);
+  std::vector<SmEntry> sms;
+  if (!sm_text.empty()) {
+    auto parsed = parse_sm_list(sm_text);
+    if (!parsed)
+      return reject(fmt::format("kernelhub.cuda.sm '{}' is not a list like 90,90a,100", sm_text));
+    sms = std::move(*parsed);
+  }
+  const SmEntry* exact = nullptr;
+  const SmEntry* compatible = nullptr;
+  for (auto& s : sms) {
+    if (s.value == device.sm) {
+      // Prefer the arch-specific cubin (sm_90a on sm_90): it may use features plain 90 lacks.
+      if (!exact || s.suffix == 'a') exact = &s;
+    } else if (s.suffix != 'a' && s.value / 10 == device.sm / 10 && s.value < device.sm) {
+      if (!compatible || s.value > compatible->value) compatible = &s;
+    }
+  }
+  bool source = annotation(d, kAnnotationSource) == "true";
+  f.ok = true;
+  if (exact) {
+    f.choice.code = VariantCode::kCubinExact;
+    f.choice.cubin_sm = exact->text;
+    f.cubin = exact->value;
+    f.reason = fmt::format("cubin sm_{} for sm_{}", exact->text, device.sm);
+  } else if (compatible) {
+    f.tier = 1;
+    f.choice.code = VariantCode::kCubinCompatible;
+    f.choice.cubin_sm = compatible->text;
+    f.cubin = compatible->value;
+    f.reason = fmt::format("cubin sm_{} runs on sm_{} (same major, lower minor)", compatible->text,
+                           device.sm);
+  } else if (source) {
+    f.tier = 2;
+    f.choice.code = VariantCode::kNvrtcSource;
+    f.reason = fmt::format(
+        "no cubin for sm_{} (has: {}), NVRTC compiles the packaged "
+        "source",
+        device.sm, sm_text.empty() ? "none" : sm_text);
+  } else {
+    f.ok = false;
+    std::string why;
+    for (auto& s : sms)
+      if (s.suffix == 'a' && s.value / 10 == device.sm / 10)
+        why = "; 'a' cubins run on their sm only";
+    return reject(
+        fmt::format("no cubin for sm_{} (has: {}){} and no source for NVRTC "
+                    "(kernelhub.source)",
+                    device.sm, sm_text.empty() ? "none" : sm_text, why));
+  }
+  return f;
+}
+
+// Ranking key: smaller is better.
+auto rank_key(const Fit& f) {
+  return std::make_tuple(f.tier, -f.cubin, -f.cuda_major, -f.cuda_minor, -f.choice.abi_minor,
+                         f.choice.position);
+}
+
+std::string why_preferred(const Fit& best, const Fit& other) {
+  if (best.tier != other.tier)
+    return fmt::format("{} beats {}", variant_code_name(best.choice.code),
+                       variant_code_name(other.choice.code));
+  if (best.cubin != other.cubin)
+    return fmt::format("cubin sm_{} is closer than sm_{}", best.choice.cubin_sm,
+                       other.choice.cubin_sm);
+  if (std::tie(best.cuda_major, best.cuda_minor) != std::tie(other.cuda_major, other.cuda_minor))
+    return fmt::format("newer CUDA {} beats {}", best.choice.cuda_version,
+                       other.choice.cuda_version);
+  if (best.choice.abi_minor != other.choice.abi_minor)
+    return fmt::format("higher ABI minor {} beats {}", best.choice.abi_minor,
+                       other.choice.abi_minor);
+  return "earlier in the index";
+}
+
+std::string mode_list(const std::map<KernelMode, ModeEntry>& modes) {
+  std::string out;
+  for (auto& [m, e] : modes) out += (out.empty() ? "" : ", ") + std::string(kernel_mode_name(m));
+  return out;
+}
+
+}  // namespace
+
+VariantSelection select_variant(const oci::Index& index, const Device& device,
+                                const ResolveOptions& options, const std::optional<Digest>& only) {
+  VariantSelection sel;
+  std::vector<Fit> fits(index.manifests.size());
+  std::optional<size_t> best;
+  for (size_t i = 0; i < index.manifests.size(); ++i) {
+    const auto& d = index.manifests[i];
+    if (only && d.digest != *only) {
+      fits[i].reason = fmt::format("not the locked variant {}", short_digest(*only));
+    } else {
+      fits[i] = evaluate(d, i, device, options);
+      if (fits[i].ok && (!best || rank_key(fits[i]) < rank_key(fits[*best]))) best = i;
+    }
+  }
+  for (size_t i = 0; i < index.manifests.size(); ++i) {
+    TraceStep step{TraceStage::kVariant, describe_variant(index.manifests[i], i), false,
+                   fits[i].reason};
+    if (fits[i].ok) {
+      if (best && *best == i) {
+        step.accepted = true;
+        step.reason = "chosen: " + fits[i].reason;
+      } else {
+        step.reason = fmt::format("fits ({}), but variant {} is preferred: {}", fits[i].reason,
+                                  *best, why_preferred(fits[*best], fits[i]));
+      }
+    }
+    sel.trace.push_back(std::move(step));
+  }
+  if (index.manifests.empty())
+    sel.trace.push_back({TraceStage::kVariant, "index", false, "the index lists no manifests"});
+  if (best) sel.chosen = fits[*best].choice;
+  return sel;
+}
+
+// --- MemoIndexProvider ---
+
+IndexRecord MemoIndexProvider::index(const Ref& ref) {
+  std::string key = ref.str();
+  if (auto it = indexes_.find(key); it != indexes_.end()) return *it->second;
+  if (auto it = failures_.find(key); it != failures_.end())
+    throw Error(it->second.first, it->second.second);
+  try {
+    auto rec = std::make_shared<IndexRecord>(inner_.index(ref));
+    indexes_[key] = rec;
+    return *rec;
+  } catch (const Error& e) {
+    failures_[key] = {e.kind(), e.what()};
+    throw;
+  }
+}
+
+std::optional<oci::Manifest> MemoIndexProvider::manifest(const Ref& ref,
+                                                         const oci::Descriptor& variant) {
+  std::string key = ref.repo + "@" + variant.digest.str();
+  auto it = manifests_.find(key);
+  if (it == manifests_.end()) it = manifests_.emplace(key, inner_.manifest(ref, variant)).first;
+  return it->second;
+}
+
+std::optional<PackageManifest> MemoIndexProvider::package(const Ref& ref,
+                                                          const oci::Descriptor& variant) {
+  std::string key = ref.repo + "@" + variant.digest.str();
+  auto it = packages_.find(key);
+  if (it == packages_.end()) it = packages_.emplace(key, inner_.package(ref, variant)).first;
+  return it->second;
+}
+
+// --- resolution ---
+
+namespace {
+
+// The package layer of a variant manifest: its one tar+zstd layer.
+std::optional<oci::Descriptor> package_layer_of(const oci::Manifest& m) {
+  for (auto& l : m.layers)
+    if (l.media_type == oci::kMediaTypeLayerTarZstd) return l;
+  if (m.layers.size() == 1) return m.layers[0];
+  return std::nullopt;
+}
+
+// Tries one config entry; fills `out` and returns true when it serves.
+bool try_entry(const ModeEntry& entry, KernelMode entry_mode, const Device& device,
+               KernelMode requested, IndexProvider& provider, const ResolveOptions& options,
+               LayerResolution& out) {
+  const KernelRef& k = entry.kernel;
+  auto& trace = out.trace;
+  std::string cand = fmt::format("{}: {} at {}", kernel_mode_name(entry_mode), k.str(), entry.path);
+
+  IndexRecord rec;
+  try {
+    rec = provider.index(k.ref);
+  } catch (const Error& e) {
+    trace.push_back({TraceStage::kIndex, k.ref.str(), false, e.what()});
+    trace.push_back({TraceStage::kMode, cand, false, "index unavailable"});
+    return false;
+  }
+  trace.push_back(
+      {TraceStage::kIndex, k.ref.str(), true,
+       fmt::format("index {} ({} variants)", rec.digest.str(), rec.index.manifests.size())});
+
+  std::optional<Digest> only;
+  const LockTarget* locked = nullptr;
+  const LockEntry* lock_entry = nullptr;
+  if (options.lock) {
+    lock_entry = &require_locked(*options.lock, k.ref);
+    check_locked_index(*lock_entry, rec.hub_id, rec.digest);
+    locked = &require_locked_target(*lock_entry, device.str());
+    only = locked->manifest_digest;
+    trace.push_back({TraceStage::kLock, k.ref.str(), true,
+                     fmt::format("index {} and variant {} as locked", short_digest(rec.digest),
+                                 short_digest(locked->manifest_digest))});
+  }
+
+  VariantSelection sel = select_variant(rec.index, device, options, only);
+  trace.insert(trace.end(), sel.trace.begin(), sel.trace.end());
+  if (!sel.chosen) {
+    if (locked)
+      throw Error(ErrorKind::kIntegrity,
+                  fmt::format("lock: {}: the locked variant {} {} for {}; re-run kernel-hub lock",
+                              k.ref.str(), locked->manifest_digest.str(),
+                              std::any_of(rec.index.manifests.begin(), rec.index.manifests.end(),
+                                          [&](auto& d) { return d.digest == *only; })
+                                  ? "does not fit"
+                                  : "is not in the index",
+                              device.str()));
+    trace.push_back(
+        {TraceStage::kMode, cand, false, fmt::format("no variant fits {}", device.describe())});
+    return false;
+  }
+
+  std::optional<oci::Descriptor> layer;
+  if (auto m = provider.manifest(k.ref, sel.chosen->descriptor)) layer = package_layer_of(*m);
+  if (locked) {
+    if (!layer)
+      throw Error(ErrorKind::kIntegrity,
+                  fmt::format("lock: {}: variant {} has no package layer to check against the "
+                              "lock",
+                              k.ref.str(), locked->manifest_digest.str()));
+    check_locked_digest(*lock_entry, "layer", locked->layer_digest, layer->digest);
+    if (layer->size != locked->layer_size)
+      throw Error(ErrorKind::kIntegrity,
+                  fmt::format("lock: {}: layer size mismatch: expected {} (locked), found {}",
+                              k.ref.str(), locked->layer_size, layer->size));
+  }
+
+  if (auto pkg = provider.package(k.ref, sel.chosen->descriptor)) {
+    auto it = pkg->layers.find(k.layer);
+    if (it == pkg->layers.end()) {
+      std::string have;
+      for (auto& [n, l] : pkg->layers) have += (have.empty() ? "" : ", ") + n;
+      trace.push_back({TraceStage::kPackage, pkg->name + " " + pkg->version, false,
+                       fmt::format("has no layer {} (has: {})", k.layer, have)});
+      trace.push_back({TraceStage::kMode, cand, false, "package lacks the layer"});
+      return false;
+    }
+    if (requested == KernelMode::kTrain && !it->second.has_backward) {
+      trace.push_back({TraceStage::kPackage, pkg->name + " " + pkg->version, false,
+                       fmt::format("layer {} has no backward op; train needs one", k.layer)});
+      trace.push_back({TraceStage::kMode, cand, false, "no backward for train"});
+      return false;
+    }
+    trace.push_back({TraceStage::kPackage, pkg->name + " " + pkg->version, true,
+                     fmt::format("layer {} present{}", k.layer,
+                                 requested == KernelMode::kTrain ? " with a backward op" : "")});
+  } else {
+    trace.push_back({TraceStage::kPackage, k.str(), true,
+                     "kernel.json not fetched yet: the loader checks the layer's ops at bind"});
+  }
+
+  trace.push_back({TraceStage::kMode, cand, true,
+                   entry_mode == requested ? "serves"
+                                           : fmt::format("serves {} (no earlier entry served)",
+                                                         kernel_mode_name(requested))});
+  out.fallback = false;
+  out.entry_mode = entry_mode;
+  out.entry_path = entry.path;
+  out.kernel = k;
+  out.hub_id = rec.hub_id;
+  out.index_digest = rec.digest;
+  out.variant = sel.chosen;
+  out.package_layer = layer;
+  return true;
+}
+
+// Step 2: the capability entry for the device, with a trace step per entry.
+const CapabilityEntry* pick_capability(const DeviceMapping& dm, const Device& device,
+                                       std::vector<TraceStep>& trace) {
+  auto width = [](const CapabilityEntry& e) {
+    return e.range ? e.range->width() : std::numeric_limits<int64_t>::max();
+  };
+  auto label = [](const CapabilityEntry& e) {
+    return fmt::format("{} at {}", e.range ? e.range->str() : "any capability", e.path);
+  };
+  int cap = device.is_cuda() ? device.sm : 0;
+  std::optional<size_t> best;
+  for (size_t i = 0; i < dm.entries.size(); ++i) {
+    const auto& e = dm.entries[i];
+    if (e.range && !e.range->contains(cap)) continue;
+    if (!best || width(e) <= width(dm.entries[*best])) best = i;
+  }
+  for (size_t i = 0; i < dm.entries.size(); ++i) {
+    const auto& e = dm.entries[i];
+    TraceStep step{TraceStage::kCapability, label(e), false, ""};
+    if (e.range && !e.range->contains(cap)) {
+      step.reason = fmt::format("does not contain sm {}", cap);
+    } else if (best && *best == i) {
+      step.accepted = true;
+      step.reason = dm.entries.size() == 1 ? "the only entry"
+                                           : fmt::format("narrowest range containing sm {}", cap);
+    } else if (width(e) == width(dm.entries[*best])) {
+      step.reason = fmt::format("same width as {}, registered later: the last registered wins",
+                                label(dm.entries[*best]));
+    } else {
+      step.reason = fmt::format("{} is narrower", label(dm.entries[*best]));
+    }
+    trace.push_back(std::move(step));
+  }
+  return best ? &dm.entries[*best] : nullptr;
+}
+
+}  // namespace
+
+LayerResolution resolve_layer(const KernelConfig& config, std::string_view layer,
+                              const Device& device, KernelMode mode, IndexProvider& provider,
+                              const ResolveOptions& options) {
+  if (mode == KernelMode::kFallback)
+    throw Error(ErrorKind::kInvalidInput,
+                "resolve: the requested mode must be eval or train (fallback is a config entry)");
+  LayerResolution out;
+  out.layer = std::string(layer);
+  out.requested = mode;
+  auto lit = config.layers.find(out.layer);
+  if (lit == config.layers.end()) {
+    out.trace.push_back({TraceStage::kLayer, out.layer, false,
+                         "no mapping for this layer in the config: runtime fallback"});
+    return out;
+  }
+  auto dit = lit->second.devices.find(device.key);
+  if (dit == lit->second.devices.end()) {
+    std::string have;
+    for (auto& [k, v] : lit->second.devices) have += (have.empty() ? "" : ", ") + k;
+    out.trace.push_back(
+        {TraceStage::kLayer, out.layer, false,
+         fmt::format("no {} entry (config has: {}): runtime fallback", device.key, have)});
+    return out;
+  }
+  const CapabilityEntry* entry = pick_capability(dit->second, device, out.trace);
+  if (!entry) {
+    out.trace.push_back(
+        {TraceStage::kLayer, out.layer, false,
+         fmt::format("no capability range contains sm {}: runtime fallback", device.sm)});
+    return out;
+  }
+  // Step 3: the mode chain, in HF's order.
+  std::vector<KernelMode> chain =
+      mode == KernelMode::kEval
+          ? std::vector<KernelMode>{KernelMode::kEval, KernelMode::kTrain, KernelMode::kFallback}
+          : std::vector<KernelMode>{KernelMode::kTrain, KernelMode::kFallback};
+  for (KernelMode m : chain) {
+    auto it = entry->modes.find(m);
+    if (it == entry->modes.end()) {
+      out.trace.push_back({TraceStage::kMode, kernel_mode_name(m), false,
+                           fmt::format("no {} entry at {} (has: {})", kernel_mode_name(m),
+                                       entry->path, mode_list(entry->modes))});
+      continue;
+    }
+    if (try_entry(it->second, m, device, mode, provider, options, out)) return out;
+  }
+  if (mode == KernelMode::kTrain && entry->modes.count(KernelMode::kEval))
+    out.trace.push_back({TraceStage::kMode, "eval", false,
+                         "an eval kernel never serves train (it may lack a backward op)"});
+  out.trace.push_back({TraceStage::kLayer, out.layer, true,
+                       "no config entry served: the runtime's own implementation (fallback)"});
+  return out;
+}
+
+Resolution resolve(const KernelConfig& config, const Device& device, KernelMode mode,
+                   IndexProvider& provider, const ResolveOptions& options) {
+  Resolution r;
+  r.device = device;
+  r.mode = mode;
+  MemoIndexProvider memo(provider);
+  for (auto& [name, lm] : config.layers)
+    r.layers.push_back(resolve_layer(config, name, device, mode, memo, options));
+  return r;
+}
+
+const LayerResolution* Resolution::find(std::string_view layer) const {
+  for (auto& l : layers)
+    if (l.layer == layer) return &l;
+  return nullptr;
+}
+
+std::string LayerResolution::summary() const {
+  if (fallback) return fmt::format("{} {}: runtime fallback", layer, kernel_mode_name(requested));
+  std::string s = fmt::format("{} {}: {}", layer, kernel_mode_name(requested), kernel.str());
+  if (entry_mode != requested) s += fmt::format(" ({} entry)", kernel_mode_name(entry_mode));
+  if (variant) {
+    s += fmt::format(", variant {} {}", variant->position, variant_code_name(variant->code));
+    if (!variant->cubin_sm.empty()) s += " sm_" + variant->cubin_sm;
+  }
+  return s;
+}
+
+std::string format_trace(const LayerResolution& r) {
+  std::string out = r.summary() + "\n";
+  for (auto& s : r.trace)
+    out += fmt::format("  [{}] {} {}: {}\n", trace_stage_name(s.stage),
+                       s.accepted ? "accepted" : "rejected", s.candidate, s.reason);
+  return out;
+}
+
+LockBuild build_lock(const KernelConfig& config, const std::vector<Device>& devices,
+                     IndexProvider& provider, const ResolveOptions& options) {
+  LockBuild out;
+  MemoIndexProvider memo(provider);
+  ResolveOptions unlocked = options;
+  unlocked.lock = nullptr;
+  // Which refs each device key uses.
+  std::map<std::string, std::map<std::string, Ref>> refs_by_key;
+  for (auto& [layer, lm] : config.layers)
+    for (auto& [key, dm] : lm.devices)
+      for (auto& e : dm.entries)
+        for (auto& [m, me] : e.modes) refs_by_key[key].emplace(me.kernel.ref.str(), me.kernel.ref);
+  std::map<std::string, LockEntry> entries;
+  for (const Device& device : devices) {
+    for (auto& [text, ref] : refs_by_key[device.key]) {
+      IndexRecord rec;
+      try {
+        rec = memo.index(ref);
+      } catch (const Error& e) {
+        out.misses.push_back(fmt::format("{} for {}: {}", text, device.str(), e.what()));
+        continue;
+      }
+      LockEntry& entry = entries[text];
+      entry.ref = ref;
+      entry.hub = rec.hub_id;
+      entry.index_digest = rec.digest;
+      VariantSelection sel = select_variant(rec.index, device, unlocked);
+      if (!sel.chosen) {
+        std::string why;
+        for (auto& s : sel.trace) why += (why.empty() ? "" : "; ") + s.candidate + ": " + s.reason;
+        out.misses.push_back(
+            fmt::format("{} for {}: no variant fits ({})", text, device.str(), why));
+        continue;
+      }
+      auto m = memo.manifest(ref, sel.chosen->descriptor);
+      auto layer = m ? package_layer_of(*m) : std::nullopt;
+      if (!layer) {
+        out.misses.push_back(fmt::format("{} for {}: variant {} has no package layer", text,
+                                         device.str(), sel.chosen->descriptor.digest.str()));
+        continue;
+      }
+      entry.targets[device.str()] =
+          LockTarget{sel.chosen->descriptor.digest, layer->digest, layer->size};
+    }
+  }
+  for (auto& [text, e] : entries) out.lock.entries.push_back(std::move(e));
+  return out;
+}
+
+}  // namespace kh

@@ -1,0 +1,188 @@
+// Resolution: which kernel serves a layer on a device in a mode, and why. Pure: the resolver
+// reads image indexes (and, when the provider has them, variant manifests and kernel.json)
+// through an IndexProvider and does no I/O of its own; hub_index_provider.h joins it to kh::Hub.
+//
+// Order of decisions for one layer:
+//  1. Device key: the layer's mapping for device.key ("cuda", "cpu"); none -> runtime fallback.
+//  2. Capability range (cuda): among the entries whose range contains device.sm, the narrowest
+//     wins; an entry without a range covers everything and loses to any range; of equal widths
+//     the one registered last wins (a trace line says so). Wider ranges are not tried when the
+//     narrowest one yields nothing (HF semantics).
+//  3. Mode chain: eval -> eval entry, train entry, fallback entry; train -> train entry, fallback
+//     entry. A candidate that fails (index unavailable, no fitting variant, package lacks the
+//     layer, or for train lacks a backward op) is rejected and the next one is tried. After the
+//     chain: the runtime's own implementation (LayerResolution::fallback).
+//  4. Variant, among the index's manifests. Checks, in order (first failure is the reason):
+//       media type is a manifest; platform os, then architecture equal to the device's;
+//       kernelhub.abi major equal to the host's and minor <= host minor;
+//       kernelhub.device equal to the device key;
+//       cuda: kernelhub.cuda.version same major as the driver and minor <= the driver's;
+//       cuda: a cubin in kernelhub.cuda.sm for the device (exact sm, incl. "90a" on 90; else
+//             same major with a lower minor, never an "a" cubin), else kernelhub.source=true
+//             (NVRTC from the packaged .cu), else rejected.
+//     Preference among the variants that fit (documented order, tested):
+//       1. exact cubin  >  same-major lower-minor cubin (higher minor first)  >  NVRTC source
+//       2. newer kernelhub.cuda.version (still <= driver)
+//       3. higher ABI minor
+//       4. earlier in the index (the publisher's order)
+//     With a lock (ResolveOptions::lock), the index digest must be the locked one and only the
+//     locked variant manifest (and layer) is accepted; a difference throws kIntegrity.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hub/error.h"
+#include "hub/oci.h"
+#include "hub/ref.h"
+#include "registry/device.h"
+#include "registry/kernel_config.h"
+#include "registry/lock_file.h"
+#include "registry/package_manifest.h"
+
+namespace kh {
+
+// Annotation keys on index entries (REFERENCE §2.2), prefix oci::kAnnotationPrefix.
+inline constexpr std::string_view kAnnotationDevice = "kernelhub.device";
+inline constexpr std::string_view kAnnotationCudaVersion = "kernelhub.cuda.version";
+inline constexpr std::string_view kAnnotationCudaSm = "kernelhub.cuda.sm";
+inline constexpr std::string_view kAnnotationAbi = "kernelhub.abi";
+inline constexpr std::string_view kAnnotationSource = "kernelhub.source";
+
+struct ResolveOptions {
+  int abi_major = 1;  // the host's KH_ABI_MAJOR / KH_ABI_MINOR (loader/kernel_hub_abi.h)
+  int abi_minor = 0;
+  const LockFile* lock = nullptr;  // when set, only locked digests are accepted
+};
+
+enum class TraceStage { kLayer, kCapability, kMode, kIndex, kVariant, kPackage, kLock };
+const char* trace_stage_name(TraceStage stage);
+
+// One candidate considered and the verdict on it.
+struct TraceStep {
+  TraceStage stage;
+  std::string candidate;  // "[80, 89] at $.RMSNorm.cuda[0]", "eval: org/n@v1:RMSNorm", ...
+  bool accepted = false;
+  std::string reason;
+};
+
+// How a chosen variant runs on the device.
+enum class VariantCode { kHost, kCubinExact, kCubinCompatible, kNvrtcSource };
+const char* variant_code_name(VariantCode code);
+
+struct VariantChoice {
+  size_t position = 0;  // in index.manifests
+  oci::Descriptor descriptor;
+  VariantCode code = VariantCode::kHost;
+  std::string cubin_sm;      // the cubin that runs ("90a", "80"); empty otherwise
+  std::string cuda_version;  // kernelhub.cuda.version ("" for cpu)
+  int abi_major = 0;
+  int abi_minor = 0;
+};
+
+struct VariantSelection {
+  std::optional<VariantChoice> chosen;
+  std::vector<TraceStep> trace;  // one step per index entry, in index order
+};
+
+// Chooses among index.manifests for the device (step 4 above). `only` restricts the choice to
+// one manifest digest (a lock); the others are rejected with that reason.
+VariantSelection select_variant(const oci::Index& index, const Device& device,
+                                const ResolveOptions& options,
+                                const std::optional<Digest>& only = std::nullopt);
+
+// What a provider returns for a ref: the index it resolved to (a ref that names a single
+// manifest is given as an index of that one manifest).
+struct IndexRecord {
+  Ref ref;
+  Digest digest;  // of the index (or the single manifest)
+  oci::Index index;
+  std::string hub_id;  // HubAddress::id(), recorded in lock files
+};
+
+class IndexProvider {
+ public:
+  virtual ~IndexProvider() = default;
+  // Throws kh::Error (kNotFound, kOffline, kNetwork, ...) when the index cannot be had.
+  virtual IndexRecord index(const Ref& ref) = 0;
+  // The variant manifest, for its package layer; nullopt when the provider does not have it.
+  virtual std::optional<oci::Manifest> manifest(const Ref& ref, const oci::Descriptor& variant) = 0;
+  // The variant's kernel.json when already at hand (e.g. unpacked in the cache); nullopt means
+  // "not known before fetching": the layer's ops are then checked when the loader binds.
+  virtual std::optional<PackageManifest> package(const Ref& /*ref*/,
+                                                 const oci::Descriptor& /*variant*/) {
+    return std::nullopt;
+  }
+};
+
+struct LayerResolution {
+  std::string layer;
+  KernelMode requested = KernelMode::kEval;
+  bool fallback = true;  // true: the runtime's own implementation serves this layer
+  // The rest is set when a kernel serves (fallback == false).
+  KernelMode entry_mode = KernelMode::kEval;  // the config entry that served
+  std::string entry_path;                     // its JSON path
+  KernelRef kernel;
+  std::string hub_id;
+  Digest index_digest;
+  std::optional<VariantChoice> variant;
+  std::optional<oci::Descriptor> package_layer;  // the variant's tar+zstd layer, when known
+  std::vector<TraceStep> trace;
+
+  // "RMSNorm eval: org/n@v1:RMSNorm (train entry), variant 1 cubin sm_90" or
+  // "RMSNorm train: runtime fallback".
+  std::string summary() const;
+};
+
+struct Resolution {
+  Device device;
+  KernelMode mode = KernelMode::kEval;
+  std::vector<LayerResolution> layers;  // in config order (sorted by layer name)
+  const LayerResolution* find(std::string_view layer) const;
+};
+
+// Resolves one layer (steps 1-4). mode must be kEval or kTrain (kInvalidInput otherwise).
+// Provider failures become rejected candidates in the trace; lock violations throw.
+LayerResolution resolve_layer(const KernelConfig& config, std::string_view layer,
+                              const Device& device, KernelMode mode, IndexProvider& provider,
+                              const ResolveOptions& options = {});
+
+// Every layer of the config. Each ref's index is asked for once.
+Resolution resolve(const KernelConfig& config, const Device& device, KernelMode mode,
+                   IndexProvider& provider, const ResolveOptions& options = {});
+
+// The trace as lines for `kernel-hub why`: "  [variant] rejected sha256:ab12… : needs CUDA 13.2
+// ...".
+std::string format_trace(const LayerResolution& resolution);
+
+// Wraps a provider so that each ref's index and each manifest is asked for once.
+class MemoIndexProvider : public IndexProvider {
+ public:
+  explicit MemoIndexProvider(IndexProvider& inner) : inner_(inner) {}
+  IndexRecord index(const Ref& ref) override;
+  std::optional<oci::Manifest> manifest(const Ref& ref, const oci::Descriptor& variant) override;
+  std::optional<PackageManifest> package(const Ref& ref, const oci::Descriptor& variant) override;
+
+ private:
+  IndexProvider& inner_;
+  std::map<std::string, std::shared_ptr<IndexRecord>> indexes_;
+  std::map<std::string, std::pair<ErrorKind, std::string>> failures_;  // asked once
+  std::map<std::string, std::optional<oci::Manifest>> manifests_;
+  std::map<std::string, std::optional<PackageManifest>> packages_;
+};
+
+struct LockBuild {
+  LockFile lock;
+  std::vector<std::string> misses;  // "org/n@v1 for cuda:sm_90:...: no variant fits (...)"
+};
+
+// For every ref of the config and every device whose key uses it: the index digest and the
+// variant select_variant chooses, with its layer. Needs the provider's manifests.
+LockBuild build_lock(const KernelConfig& config, const std::vector<Device>& devices,
+                     IndexProvider& provider, const ResolveOptions& options = {});
+
+}  // namespace kh
