@@ -1,0 +1,244 @@
+// Host library of the kernel-hub/activation package: layers SiluAndMul, GeluAndMul (int
+// attribute approximate: 0 = "none" (erf), 1 = "tanh"), GeluTanh and Silu. forward_train is the
+// forward op (backward needs only the input, which the caller keeps); backward returns the
+// input gradient. Ops check their DLPack arguments, then run cpu.cpp on kDLCPU tensors or launch
+// activation.cu's kernels through the loader on kDLCUDA tensors.
+//
+// Tensors are viewed as rows (leading dimensions collapsed, last dimension contiguous, any row
+// stride >= the row length). *_and_mul ops: x is [rows, 2d] (gate | up), y and dy are [rows, d],
+// dx is [rows, 2d]. Elementwise ops: all [rows, d]. Outputs are preallocated and overwritten.
+#include <math.h>  // expf, erfcf for act_math.h
+#include <stdio.h>
+
+#include "kernels/activation/act_math.h"
+#include "kernels/activation/cpu.h"
+#include "kernels/activation/launch_config.h"
+#include "kernels/common/package_host.h"
+#include "kernels/common/tensor_args.h"
+
+namespace khk {
+namespace {
+
+constexpr const char* kPackageName = "kernel-hub/activation";
+constexpr const char* kPackageVersion = "1.0.0";
+
+#define KH_TRY(expr)                            \
+  do {                                          \
+    int32_t kh_status_ = (expr);                \
+    if (kh_status_ != KH_OK) return kh_status_; \
+  } while (0)
+
+const char* op_kernel_name(int op) {
+  switch (op) {
+    case KH_ACT_SILU_AND_MUL:
+      return "silu_and_mul";
+    case KH_ACT_GELU_AND_MUL:
+      return "gelu_and_mul";
+    case KH_ACT_GELU_TANH_AND_MUL:
+      return "gelu_tanh_and_mul";
+    case KH_ACT_SILU:
+      return "silu";
+    default:
+      return "gelu_tanh";
+  }
+}
+const char* dtype_tag(int dtype) {
+  return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
+}
+
+// A tensor of `rows` x `cols` with x's dtype and device.
+int32_t rows_like(const char* op, const char* name, const DLTensor* t, const RowsView& x,
+                  int64_t cols, const char* like, RowsView* out) {
+  KH_TRY(rows_view(op, name, t, out));
+  KH_TRY(expect_shape(op, name, *out, x.rows, cols, like));
+  KH_TRY(expect_dtype(op, name, out->dtype, x.dtype, "the dtype of x"));
+  KH_TRY(expect_device(op, name, out->device, x.device));
+  return KH_OK;
+}
+
+// d (output columns) of op for input x; GLU inputs must have an even number of columns.
+int32_t output_cols(const char* op_name, int op, const RowsView& x, int64_t* d) {
+  if (kh_act_is_glu(op)) {
+    if (x.cols % 2 != 0)
+      return fail(KH_ERR_INVALID_ARGUMENT,
+                  "%s: x has %lld columns; expected an even number ([gate | up], 2 * d)", op_name,
+                  static_cast<long long>(x.cols));
+    *d = x.cols / 2;
+  } else {
+    *d = x.cols;
+  }
+  return KH_OK;
+}
+
+// Runs op forward (dy == nullptr) or backward on cpu or cuda.
+int32_t run(const char* op_name, int op, const RowsView& x, const RowsView* dy, const RowsView& out,
+            int64_t d, void* stream) {
+  if (x.rows == 0 || d == 0) return KH_OK;
+  const bool bwd = dy != nullptr;
+  if (is_cpu(x.device)) {
+    if (bwd)
+      act_cpu::backward(op, x.dtype, dy->data, dy->stride, x.data, x.stride, out.data, out.stride,
+                        x.rows, d);
+    else
+      act_cpu::forward(op, x.dtype, x.data, x.stride, out.data, out.stride, x.rows, d);
+    return KH_OK;
+  }
+  const int vec16 = dtype_vec16(x.dtype);
+  const int64_t in_mult = kh_act_is_glu(op) ? 2 : 1;
+  // x (and a GLU dx) hold two halves: d % vec16 == 0 keeps the second half aligned.
+  bool vec = (d % vec16) == 0 && vectorizable(x, in_mult * vec16) && vectorizable(out, vec16);
+  if (bwd) vec = vec && vectorizable(*dy, vec16);
+  const int64_t nvec = vec ? d / vec16 : d;
+  const ActLaunch cfg = act_launch(x.rows, nvec);
+  if (cfg.grid_x > 0x7FFFFFFF || cfg.grid_y > 65535)
+    return fail(KH_ERR_UNSUPPORTED, "%s: %lld rows of %lld columns exceed the launch grid", op_name,
+                static_cast<long long>(x.rows), static_cast<long long>(d));
+  char name[96];
+  snprintf(name, sizeof name, "act_%s_%s_%s_%s", op_kernel_name(op), bwd ? "bwd" : "fwd",
+           dtype_tag(x.dtype), vec ? "vec" : "scalar");
+  const void* xp = x.data;
+  const void* dyp = bwd ? dy->data : nullptr;
+  void* op_ = out.data;
+  long long sx = x.stride, sdy = bwd ? dy->stride : 0, so = out.stride, rows = x.rows;
+  int di = static_cast<int>(d);
+  void* params[] = {&xp, &sx, &dyp, &sdy, &op_, &so, &rows, &di};
+  LaunchDims dims;
+  dims.grid[0] = static_cast<uint32_t>(cfg.grid_x);
+  dims.grid[1] = static_cast<uint32_t>(cfg.grid_y);
+  dims.block[0] = cfg.tx;
+  dims.block[1] = cfg.ty;
+  return launch_kernel(x.device.device_id, name, dims, params, stream);
+}
+
+// The approximate attribute of GeluAndMul: 0 = "none" (erf), 1 = "tanh".
+int32_t gelu_op(const OpArgs& a, int32_t i, int* op) {
+  int64_t approximate = 0;
+  KH_TRY(a.integer(i, "approximate", &approximate));
+  if (approximate != 0 && approximate != 1)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: approximate must be 0 (\"none\", erf) or 1 (\"tanh\"), got %lld", a.op,
+                static_cast<long long>(approximate));
+  *op = approximate == 1 ? KH_ACT_GELU_TANH_AND_MUL : KH_ACT_GELU_AND_MUL;
+  return KH_OK;
+}
+
+// op(Tensor x[, int approximate], Tensor(a!) y) -> ()
+int32_t forward_op(const char* op_name, const char* schema, int op, bool has_attr,
+                   const kh_arg_t* args, int32_t nargs, void* stream) {
+  OpArgs a{op_name, args, nargs};
+  KH_TRY(a.expect(has_attr ? 3 : 2, schema));
+  if (has_attr) KH_TRY(gelu_op(a, 1, &op));
+  const DLTensor *xt, *yt;
+  KH_TRY(a.tensor(0, "x", &xt));
+  KH_TRY(a.tensor(has_attr ? 2 : 1, "y", &yt));
+  RowsView x, y;
+  KH_TRY(rows_view(op_name, "x", xt, &x));
+  int64_t d = 0;
+  KH_TRY(output_cols(op_name, op, x, &d));
+  KH_TRY(
+      rows_like(op_name, "y", yt, x, d, kh_act_is_glu(op) ? "x with half the columns" : "x", &y));
+  return run(op_name, op, x, nullptr, y, d, stream);
+}
+
+// op_backward(Tensor dy, Tensor x[, int approximate], Tensor(a!) dx) -> ()
+int32_t backward_op(const char* op_name, const char* schema, int op, bool has_attr,
+                    const kh_arg_t* args, int32_t nargs, void* stream) {
+  OpArgs a{op_name, args, nargs};
+  KH_TRY(a.expect(has_attr ? 4 : 3, schema));
+  if (has_attr) KH_TRY(gelu_op(a, 2, &op));
+  const DLTensor *dyt, *xt, *dxt;
+  KH_TRY(a.tensor(0, "dy", &dyt));
+  KH_TRY(a.tensor(1, "x", &xt));
+  KH_TRY(a.tensor(has_attr ? 3 : 2, "dx", &dxt));
+  RowsView dy, x, dx;
+  KH_TRY(rows_view(op_name, "x", xt, &x));
+  int64_t d = 0;
+  KH_TRY(output_cols(op_name, op, x, &d));
+  KH_TRY(rows_like(op_name, "dy", dyt, x, d, kh_act_is_glu(op) ? "y" : "x", &dy));
+  KH_TRY(rows_like(op_name, "dx", dxt, x, x.cols, "x", &dx));
+  return run(op_name, op, x, &dy, dx, d, stream);
+}
+
+#define KH_SCHEMA_SILU_AND_MUL "silu_and_mul(Tensor x, Tensor(a!) y) -> ()"
+#define KH_SCHEMA_SILU_AND_MUL_BWD "silu_and_mul_backward(Tensor dy, Tensor x, Tensor(a!) dx) -> ()"
+#define KH_SCHEMA_GELU_AND_MUL "gelu_and_mul(Tensor x, int approximate, Tensor(a!) y) -> ()"
+#define KH_SCHEMA_GELU_AND_MUL_BWD \
+  "gelu_and_mul_backward(Tensor dy, Tensor x, int approximate, Tensor(a!) dx) -> ()"
+#define KH_SCHEMA_GELU_TANH "gelu_tanh(Tensor x, Tensor(a!) y) -> ()"
+#define KH_SCHEMA_GELU_TANH_BWD "gelu_tanh_backward(Tensor dy, Tensor x, Tensor(a!) dx) -> ()"
+#define KH_SCHEMA_SILU "silu(Tensor x, Tensor(a!) y) -> ()"
+#define KH_SCHEMA_SILU_BWD "silu_backward(Tensor dy, Tensor x, Tensor(a!) dx) -> ()"
+
+int32_t silu_and_mul(const kh_arg_t* a, int32_t n, void* s) {
+  return forward_op("silu_and_mul", KH_SCHEMA_SILU_AND_MUL, KH_ACT_SILU_AND_MUL, false, a, n, s);
+}
+int32_t silu_and_mul_backward(const kh_arg_t* a, int32_t n, void* s) {
+  return backward_op("silu_and_mul_backward", KH_SCHEMA_SILU_AND_MUL_BWD, KH_ACT_SILU_AND_MUL,
+                     false, a, n, s);
+}
+int32_t gelu_and_mul(const kh_arg_t* a, int32_t n, void* s) {
+  return forward_op("gelu_and_mul", KH_SCHEMA_GELU_AND_MUL, KH_ACT_GELU_AND_MUL, true, a, n, s);
+}
+int32_t gelu_and_mul_backward(const kh_arg_t* a, int32_t n, void* s) {
+  return backward_op("gelu_and_mul_backward", KH_SCHEMA_GELU_AND_MUL_BWD, KH_ACT_GELU_AND_MUL, true,
+                     a, n, s);
+}
+int32_t gelu_tanh(const kh_arg_t* a, int32_t n, void* s) {
+  return forward_op("gelu_tanh", KH_SCHEMA_GELU_TANH, KH_ACT_GELU_TANH, false, a, n, s);
+}
+int32_t gelu_tanh_backward(const kh_arg_t* a, int32_t n, void* s) {
+  return backward_op("gelu_tanh_backward", KH_SCHEMA_GELU_TANH_BWD, KH_ACT_GELU_TANH, false, a, n,
+                     s);
+}
+int32_t silu(const kh_arg_t* a, int32_t n, void* s) {
+  return forward_op("silu", KH_SCHEMA_SILU, KH_ACT_SILU, false, a, n, s);
+}
+int32_t silu_backward(const kh_arg_t* a, int32_t n, void* s) {
+  return backward_op("silu_backward", KH_SCHEMA_SILU_BWD, KH_ACT_SILU, false, a, n, s);
+}
+
+constexpr uint32_t kOpFlags = KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
+constexpr uint32_t kLayerFlags = KH_FLAG_HAS_BACKWARD | KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
+constexpr uint32_t kDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16 | KH_DTYPE_FP32;
+
+#define KH_OP(name, schema, fn) \
+  { KH_HEADER_INIT(kh_op_v1_t), name, schema, kOpFlags, fn }
+
+const kh_op_v1_t kOps[] = {
+    KH_OP("silu_and_mul", KH_SCHEMA_SILU_AND_MUL, silu_and_mul),
+    KH_OP("silu_and_mul_backward", KH_SCHEMA_SILU_AND_MUL_BWD, silu_and_mul_backward),
+    KH_OP("gelu_and_mul", KH_SCHEMA_GELU_AND_MUL, gelu_and_mul),
+    KH_OP("gelu_and_mul_backward", KH_SCHEMA_GELU_AND_MUL_BWD, gelu_and_mul_backward),
+    KH_OP("gelu_tanh", KH_SCHEMA_GELU_TANH, gelu_tanh),
+    KH_OP("gelu_tanh_backward", KH_SCHEMA_GELU_TANH_BWD, gelu_tanh_backward),
+    KH_OP("silu", KH_SCHEMA_SILU, silu),
+    KH_OP("silu_backward", KH_SCHEMA_SILU_BWD, silu_backward),
+};
+
+#define KH_LAYER(name, fwd, bwd) \
+  { KH_HEADER_INIT(kh_layer_v1_t), name, fwd, fwd, bwd, kLayerFlags, kDtypes }
+
+const kh_layer_v1_t kLayers[] = {
+    KH_LAYER("SiluAndMul", "silu_and_mul", "silu_and_mul_backward"),
+    KH_LAYER("GeluAndMul", "gelu_and_mul", "gelu_and_mul_backward"),
+    KH_LAYER("GeluTanh", "gelu_tanh", "gelu_tanh_backward"),
+    KH_LAYER("Silu", "silu", "silu_backward"),
+};
+
+const kh_module_v1_t kModule = {KH_HEADER_INIT(kh_module_v1_t),
+                                kPackageName,
+                                kPackageVersion,
+                                "kernel-hub/activation " KH_BUILD_ID,
+                                sizeof kLayers / sizeof kLayers[0],
+                                kLayers,
+                                sizeof kOps / sizeof kOps[0],
+                                kOps,
+                                nullptr};
+
+}  // namespace
+}  // namespace khk
+
+KH_MODULE_ENTRY(host) {
+  if (!khk::accept_host(host, khk::kPackageName)) return nullptr;
+  return &khk::kModule;
+}

@@ -1,0 +1,64 @@
+#include "kernels/common/package_host.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+
+namespace khk {
+
+namespace {
+const kh_host_v1_t* g_host = nullptr;  // written once by the entry point, read by every op
+}  // namespace
+
+bool accept_host(const kh_host_v1_t* h, const char* package) {
+  if (!h) return false;
+  if (h->h.abi_major != KH_ABI_MAJOR || h->h.struct_size < sizeof(kh_host_v1_t)) {
+    // Only call set_error when the table is new enough to have it.
+    if (h->h.abi_major == KH_ABI_MAJOR &&
+        h->h.struct_size >= offsetof(kh_host_v1_t, set_error) + sizeof(h->set_error) &&
+        h->set_error) {
+      char msg[256];
+      snprintf(msg, sizeof msg,
+               "%s needs a kernel-hub host table of ABI %d.%d or newer (got %u.%u, %u bytes); "
+               "update the loader",
+               package, KH_ABI_MAJOR, KH_ABI_MINOR, h->h.abi_major, h->h.abi_minor,
+               h->h.struct_size);
+      h->set_error(h->ctx, msg);
+    }
+    return false;
+  }
+  __atomic_store_n(&g_host, h, __ATOMIC_RELEASE);
+  return true;
+}
+
+const kh_host_v1_t* host() {
+  return __atomic_load_n(&g_host, __ATOMIC_ACQUIRE);
+}
+
+int32_t fail(int32_t status, const char* fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  const kh_host_v1_t* h = host();
+  if (h && h->set_error) h->set_error(h->ctx, msg);
+  return status;
+}
+
+int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& dims, void** params,
+                      void* stream) {
+  const kh_host_v1_t* h = host();
+  if (!h) return fail(KH_ERR_INTERNAL, "%s: the package was used before kh_module_v1 ran", kernel);
+  void* fn = nullptr;
+  int32_t status = h->get_function(h->ctx, device_id, kernel, &fn);
+  if (status != KH_OK) return status;  // the loader has set the error
+  kh_launch_cfg_t cfg = {KH_HEADER_INIT(kh_launch_cfg_t),
+                         {dims.grid[0], dims.grid[1], dims.grid[2]},
+                         {dims.block[0], dims.block[1], dims.block[2]},
+                         dims.shared_mem_bytes,
+                         device_id};
+  return h->launch(h->ctx, fn, &cfg, params, stream);
+}
+
+}  // namespace khk

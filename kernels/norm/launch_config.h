@@ -1,0 +1,73 @@
+// Launch geometry of the norm kernels (REFERENCE §6.3 items 1-5), shared by host.cpp and the
+// tests. Header-only; no CUDA.
+//
+// Threads per row grow with the row so that each thread holds at most `max_vec` 16-byte vectors
+// (8 in the forward, 4 in the backward) in registers, at least min(vectors, 32) threads per row
+// so that short rows still spread over a warp, several rows per CTA for short rows (128-thread
+// CTAs), and a 512-thread loop kernel for rows longer than 512 * max_vec vectors.
+#pragma once
+
+#include <stdint.h>
+
+namespace khk {
+
+struct RowLaunch {
+  bool reg = true;               // rows kept in registers (else the loop kernel)
+  uint32_t threads_per_row = 1;  // blockDim.x, a power of two
+  uint32_t rows_per_block = 1;   // blockDim.y (rows, or walkers in the backward)
+  int64_t blocks = 0;            // gridDim.x
+};
+
+inline constexpr int kNormFwdMaxVec = 8;             // kFwdMaxVec in norm.cu
+inline constexpr int kNormBwdMaxVec = 4;             // kBwdMaxVec in norm.cu
+inline constexpr uint32_t kNormRegMaxThreads = 512;  // __launch_bounds__ of the reg kernels
+inline constexpr uint32_t kNormLoopThreads = 512;    // kLoopThreads in norm.cu
+
+inline uint32_t pow2_at_least(int64_t n) {
+  uint32_t p = 1;
+  while (p < n && p < 1024) p <<= 1;
+  return p;
+}
+
+// `items`: rows (forward) or walkers (backward); `vec`: elements per access (1 or 16 bytes).
+inline RowLaunch row_launch(int64_t items, int64_t cols, int vec, int max_vec) {
+  const int64_t nvec = cols / vec;
+  RowLaunch c;
+  if (nvec <= int64_t{kNormRegMaxThreads} * max_vec) {
+    uint32_t tpr = pow2_at_least((nvec + max_vec - 1) / max_vec);
+    const uint32_t floor = pow2_at_least(nvec < 32 ? nvec : 32);
+    if (tpr < floor) tpr = floor;
+    c.reg = true;
+    c.threads_per_row = tpr;
+    c.rows_per_block = tpr >= 128 ? 1 : 128 / tpr;
+  } else {
+    c.reg = false;
+    c.threads_per_row = kNormLoopThreads;
+    c.rows_per_block = 1;
+  }
+  c.blocks = (items + c.rows_per_block - 1) / c.rows_per_block;
+  return c;
+}
+
+inline RowLaunch forward_launch(int64_t rows, int64_t cols, int vec) {
+  return row_launch(rows, cols, vec, kNormFwdMaxVec);
+}
+inline RowLaunch backward_launch(int64_t walkers, int64_t cols, int vec) {
+  return row_launch(walkers, cols, vec, kNormBwdMaxVec);
+}
+
+}  // namespace khk
+
+// Recommended number of workspace rows W for the norm backward ops on a GPU with `sm_count`
+// multiprocessors: more walkers for short rows (after Quack's rmsnorm config), never more than
+// the rows. Any W >= 1 is correct; this is only about speed.
+inline int64_t kh_norm_workspace_rows(int64_t rows, int64_t cols, int sm_count) {
+  const int64_t per_sm = cols <= 256    ? 16
+                         : cols <= 1024 ? 8
+                         : cols <= 2048 ? 4
+                         : cols <= 4096 ? 2
+                                        : 1;
+  int64_t w = int64_t{sm_count > 0 ? sm_count : 1} * per_sm;
+  if (w > rows) w = rows;
+  return w < 1 ? 1 : w;
+}
