@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Prepares what a run on the GPU machine needs (it has CUDA, PyTorch and Ubuntu 24.04 but not
+# all of our runtime libraries): a Release build of the GPU tests, benchmarks, the C API and the
+# packages, stripped, plus the Debian runtime libraries the GPU machine lacks, all under
+# .devlibs/gpu (ignored by git; carry it with the device tool). Then run tools/bench/gpu_run.sh
+# there. Usage: tools/bench/gpu_bundle.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=.devlibs/gpu
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKH_FUZZ_SECONDS=1 >/dev/null
+cmake --build build-gpu -j "$(nproc)" --target test_gpu_device_code test_kernels_gpu \
+  bench_device_load kernel_hub kernel_packages toy_packages | grep -E "error|FAILED" || true
+rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
+cp build-gpu/tests/test_gpu_device_code build-gpu/tests/test_kernels_gpu \
+   build-gpu/tools/bench/bench_device_load build-gpu/libkernel_hub.so "$out/bin/"
+strip "$out"/bin/*
+cp -r build-gpu/kernels "$out/kernels"
+cp -r build-gpu/tests/packages "$out/packages"
+find "$out/kernels" "$out/packages" -name 'CMakeFiles' -prune -exec rm -rf {} + 2>/dev/null || true
+find "$out/kernels" "$out/packages" \( -name '*.cmake' -o -name 'Makefile' \) -delete
+# Runtime libraries missing on the GPU machine (seen there: libarchive and ICU).
+tmp=$(mktemp -d)
+(cd "$tmp" && apt-get download -qq libarchive13 libicu72 libxml2 >/dev/null)
+for deb in "$tmp"/*.deb; do dpkg -x "$deb" "$tmp/x"; done
+cp -a "$tmp"/x/usr/lib/x86_64-linux-gnu/lib{archive.so.13*,icuuc.so.72*,icudata.so.72*,xml2.so.2*} \
+  "$out/lib/"
+rm -rf "$tmp"
+cp tools/bench/gpu_run.sh tools/bench/bench_kernels.py "$out/" 2>/dev/null || true
+du -sh "$out"

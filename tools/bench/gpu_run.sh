@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root, with .devlibs/gpu carried (see
+# gpu_bundle.sh): GPU tests, the device-load benchmark and the kernel benchmarks against
+# PyTorch. Logs go to $OUT (or /tmp/kh-gpu-out).
+set -uo pipefail
+root=$(pwd); g=$root/.devlibs/gpu; out=${OUT:-/tmp/kh-gpu-out}; mkdir -p "$out"
+mkdir -p /tmp/kh-dl
+for f in "$g"/lib/*; do n=$(basename "$f"); ldconfig -p | grep -qF "$n (" || ln -sf "$f" /tmp/kh-dl/"$n"; done
+export LD_LIBRARY_PATH=/tmp/kh-dl
+export KERNEL_HUB_CACHE=/tmp/kh-cache
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv | tee "$out/gpu.txt"
+# The test binaries look for packages where gpu_bundle.sh built them (build-gpu/ of this
+# checkout, which does not travel): put the bundled ones there.
+build=$root/build-gpu
+mkdir -p "$build/tests"
+rm -rf "$build/kernels" "$build/tests/packages"
+ln -s "$g/kernels" "$build/kernels"
+ln -s "$g/packages" "$build/tests/packages"
+status=0
+for t in test_gpu_device_code test_kernels_gpu; do
+  "$g/bin/$t" 2>&1 | tee "$out/$t.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|rel' | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+done
+"$g/bin/bench_device_load" 2>&1 | tee "$out/bench_device_load.log" | tail -12
+if [ -f "$g/bench_kernels.py" ]; then
+  python3 "$g/bench_kernels.py" --lib "$g/bin/libkernel_hub.so" --packages "$g/kernels" \
+    2>&1 | tee "$out/bench_kernels.log" | tail -40
+fi
+exit $status
