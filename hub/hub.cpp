@@ -62,6 +62,18 @@ HubOptions HubOptions::from_env() {
   o.source.http = http::Options::from_env();
   o.source.http.offline = o.offline;
   o.source.http.allow_plain_http = env_flag("KERNEL_HUB_PLAIN_HTTP");
+  o.ref_ttl_s = HubOptions::kDefaultRefTtl;
+  if (const char* ttl = std::getenv("KERNEL_HUB_REF_TTL"); ttl && *ttl) {
+    char* end = nullptr;
+    long long v = std::strtoll(ttl, &end, 10);
+    if (*end != '\0' || v < 0) {
+      throw Error(ErrorKind::kInvalidInput,
+                  fmt::format("KERNEL_HUB_REF_TTL='{}' is not a number of seconds (0 = always ask "
+                              "the hub)",
+                              ttl));
+    }
+    o.ref_ttl_s = v;
+  }
   return o;
 }
 
@@ -108,6 +120,17 @@ Digest Hub::resolve(const Ref& ref, bool* from_cache, int64_t* resolved_at) {
     if (!rec) offline_miss(ref, "the tag '" + ref.tag + "' from " + address_.text);
     *resolved_at = rec->resolved_at;
     return rec->digest;
+  }
+  if (!ref.digest && options_.ref_ttl_s > 0) {
+    // A fresh enough ref record answers without a request (version channels move slowly).
+    auto rec = store_.read_ref(address_.id(), ref.repo, ref.tag);
+    int64_t now = now_seconds();
+    if (rec && rec->resolved_at <= now && now - rec->resolved_at < options_.ref_ttl_s &&
+        store_.has_blob(rec->digest)) {
+      *from_cache = true;
+      *resolved_at = rec->resolved_at;
+      return rec->digest;
+    }
   }
   *from_cache = false;
   FetchedManifest fm = source().get_manifest(ref.repo, ref.reference());

@@ -20,10 +20,16 @@ namespace kh {
 struct HubOptions {
   bool offline = false;  // no network at all; tags resolve from ref records
   bool progress = true;  // progress bar on a TTY (quiet turns it off)
+  // Version channels online: a tag whose ref record in the cache is younger than this many
+  // seconds resolves from the record without asking the hub (warm loads make no request);
+  // older records are re-resolved. 0: always ask the hub. Digests never ask; offline never.
+  int64_t ref_ttl_s = 0;
+  static constexpr int64_t kDefaultRefTtl = 600;
   SourceOptions source;
 
-  // Offline from KERNEL_HUB_OFFLINE=1, plain HTTP from KERNEL_HUB_PLAIN_HTTP=1, plus the
-  // http::Options environment overrides.
+  // Offline from KERNEL_HUB_OFFLINE=1, plain HTTP from KERNEL_HUB_PLAIN_HTTP=1, the ref TTL from
+  // KERNEL_HUB_REF_TTL (seconds, default kDefaultRefTtl), plus the http::Options environment
+  // overrides.
   static HubOptions from_env();
 };
 

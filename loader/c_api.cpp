@@ -1,13 +1,19 @@
 // The C embedding API over kh::Runtime: exceptions become statuses plus a thread-local message.
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <new>
+#include <optional>
 #include <string>
 
 #include "hub/error.h"
 #include "loader/host_services.h"
 #include "loader/kernel_hub.h"
 #include "loader/kernel_hub.hpp"
+// kernelize lives in the registry (which builds on the loader); only this shared library joins
+// the two, so kh_loader itself never depends on kh_registry.
+#include "registry/kernelize.h"
 
 struct kh_runtime {
   kh::Runtime runtime;
@@ -150,6 +156,51 @@ int32_t kh_runtime_forward(const kh_runtime_t* rt, uint32_t slot, int32_t device
 int32_t kh_runtime_backward(const kh_runtime_t* rt, uint32_t slot, int32_t device,
                             const kh_arg_t* args, int32_t nargs, void* stream) {
   return call(rt, slot, device, args, nargs, stream, true);
+}
+
+int32_t kh_runtime_kernelize(kh_runtime_t* rt, const char* config_json, const char* hub,
+                             const char* device, uint32_t modes, int32_t strict,
+                             const char* lock_path, char** report_json) {
+  if (!rt) return null_argument("runtime");
+  if (!config_json) return null_argument("config_json");
+  if (report_json) *report_json = nullptr;
+  if (modes & ~(KH_KERNELIZE_EVAL | KH_KERNELIZE_TRAIN)) {
+    t_last_error = fmt::format("modes 0x{:x} has bits other than KH_KERNELIZE_EVAL (0x1) and "
+                               "KH_KERNELIZE_TRAIN (0x2)",
+                               modes);
+    return KH_ERR_INVALID_ARGUMENT;
+  }
+  return guarded([&] {
+    kh::KernelConfig config = kh::KernelConfig::parse(config_json, "config_json");
+    kh::Device dev = kh::parse_device_target(device ? device : "cpu");
+    std::optional<kh::LockFile> lock;
+    if (lock_path) lock = kh::LockFile::load(lock_path);
+    kh::Store store(kh::Store::default_root());
+    kh::HubOptions hub_options = kh::HubOptions::from_env();
+    hub_options.progress = false;
+    kh::HubAddress address =
+        hub ? kh::HubAddress::parse(hub, hub_options.source.http.allow_plain_http)
+            : kh::default_hub_address(store, hub_options.source.http.allow_plain_http);
+    kh::Hub h(address, store, hub_options);
+    kh::KernelizeOptions options;
+    options.modes.clear();
+    if (modes == 0 || (modes & KH_KERNELIZE_EVAL)) options.modes.push_back(kh::KernelMode::kEval);
+    if (modes == 0 || (modes & KH_KERNELIZE_TRAIN)) options.modes.push_back(kh::KernelMode::kTrain);
+    options.strict = strict != 0;
+    options.lock = lock ? &*lock : nullptr;
+    kh::KernelizeReport report = kh::kernelize(rt->runtime, config, h, dev, options);
+    if (report_json) {
+      std::string text = report.to_json().dump();
+      char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+      if (!copy) throw std::bad_alloc();
+      std::memcpy(copy, text.c_str(), text.size() + 1);
+      *report_json = copy;
+    }
+  });
+}
+
+void kh_runtime_free_report(char* report_json) {
+  std::free(report_json);
 }
 
 const char* kh_last_error(void) {

@@ -63,6 +63,30 @@ KH_EXPORT int32_t kh_runtime_forward(const kh_runtime_t* rt, uint32_t slot, int3
 KH_EXPORT int32_t kh_runtime_backward(const kh_runtime_t* rt, uint32_t slot, int32_t device,
                                       const kh_arg_t* args, int32_t nargs, void* stream);
 
+/* kernelize: resolves every slot of the runtime (layer name = slot name) against a KernelConfig
+ * for each requested mode, fetches only the chosen variants into the cache ($KERNEL_HUB_CACHE),
+ * verifies their files, and binds them; slots the config does not serve keep their fallback.
+ * After it returns, set_mode and calls do no I/O.
+ *   config_json  the KernelConfig as JSON text (native or Transformers forms)
+ *   hub          hub address (oci://HOST[/NS], http(s)://URL, file://DIR); NULL: $KERNEL_HUB_ENDPOINT,
+ *                else the embedded default hub
+ *   device       NULL or "cpu" (this machine), or "cuda:sm_90:cuda_13.0[:OS/ARCH]" (binds CUDA
+ *                device 0)
+ *   modes        KH_KERNELIZE_EVAL | KH_KERNELIZE_TRAIN (0: both)
+ *   strict       != 0: a mapped layer that falls back, or a train bind without backward, fails
+ *   lock_path    NULL, or a kernels.lock: only its digests are accepted
+ *   report_json  NULL, or receives a malloc'ed JSON report (per layer and mode: package, index
+ *                digest, variant, source, load time, trace); free it with
+ *                kh_runtime_free_report.
+ * KERNEL_HUB_OFFLINE, KERNEL_HUB_LOCAL, KERNEL_HUB_DISABLE and KERNEL_HUB_REF_TTL apply. */
+#define KH_KERNELIZE_EVAL 0x1u
+#define KH_KERNELIZE_TRAIN 0x2u
+KH_EXPORT int32_t kh_runtime_kernelize(kh_runtime_t* rt, const char* config_json, const char* hub,
+                                       const char* device, uint32_t modes, int32_t strict,
+                                       const char* lock_path, char** report_json);
+/* Frees a report kh_runtime_kernelize handed out. NULL is fine. */
+KH_EXPORT void kh_runtime_free_report(char* report_json);
+
 /* This thread's last error message ("" when none). Valid until this thread's next call. */
 KH_EXPORT const char* kh_last_error(void);
 

@@ -47,6 +47,7 @@ using Runner = std::function<int(Context&)>;
 void add_hub_commands(CLI::App& app, Runner& run);    // pull, push, info
 void add_cache_commands(CLI::App& app, Runner& run);  // ls, verify, gc
 void add_check_command(CLI::App& app, Runner& run);   // check
+void add_registry_commands(CLI::App& app, Runner& run);  // resolve, why, lock, pack
 
 std::string human_bytes(uint64_t bytes);
 std::string iso_time(int64_t unix_seconds);

@@ -8,25 +8,58 @@
 
 namespace kh::cli {
 
+// pull --config / --lock: in commands_registry.cpp (it needs the registry).
+int run_pull_resolved(Context& ctx, const std::string& config_path, const std::string& lock_path,
+                      const std::vector<std::string>& targets, const std::string& device_key,
+                      const std::string& sm, const std::string& cuda, bool all_variants);
+
 namespace {
 
+struct PullArgs {
+  std::vector<std::string> refs;
+  bool all_variants = false;
+  std::string config, lock, device, sm, cuda;
+  std::vector<std::string> targets;
+};
+
 nlohmann::json pull_json(const PullReport& r) {
-  return {{"ref", r.ref.str()},          {"digest", r.digest.str()},
-          {"media_type", r.media_type},  {"manifests", r.manifests},
-          {"blobs", r.blobs},            {"blobs_downloaded", r.blobs_downloaded},
-          {"bytes_downloaded", r.bytes_downloaded}, {"total_bytes", r.total_bytes},
+  return {{"ref", r.ref.str()},
+          {"digest", r.digest.str()},
+          {"media_type", r.media_type},
+          {"manifests", r.manifests},
+          {"blobs", r.blobs},
+          {"blobs_downloaded", r.blobs_downloaded},
+          {"bytes_downloaded", r.bytes_downloaded},
+          {"total_bytes", r.total_bytes},
           {"from_cache", r.from_cache}};
 }
 
-int run_pull(Context& ctx, const std::vector<std::string>& refs, bool all_variants) {
-  (void)all_variants;  // every variant is fetched until device filtering exists
+int run_pull(Context& ctx, const PullArgs& a) {
+  if (!a.config.empty() || !a.lock.empty()) {
+    if (!a.refs.empty())
+      throw Error(ErrorKind::kInvalidInput,
+                  "pull: give refs, or --config FILE, or --lock FILE (one of them)");
+    return run_pull_resolved(ctx, a.config, a.lock, a.targets, a.device, a.sm, a.cuda,
+                             a.all_variants);
+  }
+  if (a.refs.empty())
+    throw Error(ErrorKind::kInvalidInput,
+                "pull: nothing to pull; give refs (org/name[@TAG]), --config FILE or --lock FILE");
+  if (!a.targets.empty() || !a.device.empty() || !a.sm.empty() || !a.cuda.empty())
+    throw Error(ErrorKind::kInvalidInput,
+                "pull: --device/--sm/--cuda/--target choose variants for --config; a plain "
+                "`pull REF` fetches every variant");
   std::vector<Ref> parsed;
-  for (auto& text : refs) parsed.push_back(Ref::parse(text));  // all refs valid before any I/O
+  for (auto& text : a.refs) parsed.push_back(Ref::parse(text));  // all valid before any I/O
+  // An explicit pull always asks the hub for tags (it is how a cache is refreshed): no ref TTL.
+  HubOptions options = ctx.hub_options();
+  options.ref_ttl_s = 0;
+  Hub hub(ctx.hub().address(), ctx.store(), options);
   nlohmann::json out = nlohmann::json::array();
   int failures = 0;
   for (auto& ref : parsed) {
     try {
-      PullReport r = ctx.hub().pull(ref);
+      PullReport r = hub.pull(ref);
       out.push_back(pull_json(r));
       ctx.say(fmt::format("{} {} ({} manifest{}, {} blob{}, {}; downloaded {}{})", ref.str(),
                           r.digest.str(), r.manifests, r.manifests == 1 ? "" : "s", r.blobs,
@@ -53,8 +86,8 @@ int run_push(Context& ctx, const std::string& dir, const std::string& ref_text) 
                     {"blobs_skipped", r.blobs_skipped},
                     {"bytes_uploaded", r.bytes_uploaded}});
   } else {
-    ctx.say(fmt::format("pushed {} {} to {} ({} blob{} uploaded, {} already there, {})",
-                        ref.str(), r.digest.str(), ctx.hub().address().text, r.blobs_uploaded,
+    ctx.say(fmt::format("pushed {} {} to {} ({} blob{} uploaded, {} already there, {})", ref.str(),
+                        r.digest.str(), ctx.hub().address().text, r.blobs_uploaded,
                         r.blobs_uploaded == 1 ? "" : "s", r.blobs_skipped,
                         human_bytes(r.bytes_uploaded)));
   }
@@ -115,21 +148,32 @@ int run_info(Context& ctx, const std::string& ref_text) {
 
 void add_hub_commands(CLI::App& app, Runner& run) {
   auto* pull = app.add_subcommand(
-      "pull", "Fetch refs (index, every variant manifest and blob) into the cache and verify them");
-  auto refs = std::make_shared<std::vector<std::string>>();
-  auto all_variants = std::make_shared<bool>(false);
-  pull->add_option("refs", *refs, "org/name[@TAG|@sha256:HEX] (default tag v1)")->required();
-  pull->add_flag("--all-variants", *all_variants,
-                 "Fetch every variant (today every variant is always fetched)");
-  pull->callback([&run, refs, all_variants] {
-    run = [refs, all_variants](Context& ctx) { return run_pull(ctx, *refs, *all_variants); };
-  });
+      "pull",
+      "Fetch into the cache and verify: refs (index, every variant manifest and blob); or what "
+      "a KernelConfig needs on a device (--config FILE, only the matching variants; devices as "
+      "for lock: --device/--sm/--cuda or repeated --target SPEC; --all-variants for mirrors); "
+      "or exactly the digests of a lock file (--lock FILE)");
+  auto a = std::make_shared<PullArgs>();
+  pull->add_option("refs", a->refs, "org/name[@TAG|@sha256:HEX] (default tag v1)");
+  pull->add_option("--config", a->config, "KernelConfig JSON file: pull what it needs");
+  pull->add_option("--lock", a->lock, "Lock file: pull exactly its digests, every target");
+  pull->add_option("--device", a->device, "--config: device key cpu (default) or cuda");
+  pull->add_option("--sm", a->sm, "--config: compute capability, e.g. 90");
+  pull->add_option("--cuda", a->cuda, "--config: driver CUDA version, e.g. 13.0");
+  pull->add_option("--target", a->targets,
+                   "--config: a target device, repeatable (cpu, cuda:sm_90:cuda_13.0[:OS/ARCH])");
+  pull->add_flag("--all-variants", a->all_variants,
+                 "--config: every variant of every ref (mirrors); plain refs always get every "
+                 "variant");
+  pull->callback([&run, a] { run = [a](Context& ctx) { return run_pull(ctx, *a); }; });
 
   auto* push = app.add_subcommand(
       "push", "Upload the index tagged in an OCI layout DIR (or its only one) to REF on the hub");
   auto dir = std::make_shared<std::string>();
   auto push_ref = std::make_shared<std::string>();
-  push->add_option("dir", *dir, "OCI image layout directory")->required()->check(CLI::ExistingDirectory);
+  push->add_option("dir", *dir, "OCI image layout directory")
+      ->required()
+      ->check(CLI::ExistingDirectory);
   push->add_option("ref", *push_ref, "destination org/name[@TAG]")->required();
   push->callback([&run, dir, push_ref] {
     run = [dir, push_ref](Context& ctx) { return run_push(ctx, *dir, *push_ref); };
@@ -138,9 +182,8 @@ void add_hub_commands(CLI::App& app, Runner& run) {
   auto* info = app.add_subcommand("info", "Show a ref's index and variants");
   auto info_ref = std::make_shared<std::string>();
   info->add_option("ref", *info_ref, "org/name[@TAG|@sha256:HEX]")->required();
-  info->callback([&run, info_ref] {
-    run = [info_ref](Context& ctx) { return run_info(ctx, *info_ref); };
-  });
+  info->callback(
+      [&run, info_ref] { run = [info_ref](Context& ctx) { return run_info(ctx, *info_ref); }; });
 }
 
 }  // namespace kh::cli

@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   add_hub_commands(app, run);
   add_cache_commands(app, run);
   add_check_command(app, run);
+  add_registry_commands(app, run);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,157 @@
+// kernelize: one call from a KernelConfig to a runtime whose slots are bound, for every requested
+// mode, to the kernels the config maps them to on this device.
+//
+//   kh::Runtime rt;                           // slots "RMSNorm", "SiluAndMul", ... with fallbacks
+//   kh::Store store(kh::Store::default_root());
+//   kh::Hub hub(kh::default_hub_address(store, false), store, kh::HubOptions::from_env());
+//   auto report = kh::kernelize(rt, config, hub, kh::local_cpu_device(), {});
+//   rt.set_mode(kh::Mode::kTrain);            // no I/O from here on
+//
+// Order: every slot (layer name = slot name) is resolved for every mode up front (registry
+// resolver over the hub's indexes); only the chosen variants are fetched (variant manifest + its
+// blobs, by digest), unpacked and checked against their kernel.json file digests BEFORE anything
+// is loaded; then each (slot, mode) is bound through the loader (ELF preflight, dlopen, module
+// table). When a fetch brought a package whose kernel.json was not known at resolution time, the
+// resolution runs again with it (a train entry without a backward op then falls through the mode
+// chain as the resolver documents).
+//
+// - Slots the config does not map, or maps for no entry that fits, keep the runtime's fallback
+//   (a log line each). A train binding without a backward op keeps the fallback unless strict;
+//   strict also turns "a mapped layer fell back" into an error.
+// - Under a lock (options.lock) only locked digests are accepted: a hub that now serves other
+//   bytes for a ref is a kIntegrity error naming the ref, the expected and the found digest.
+//   Offline, locked refs resolve from the lock's digests (no ref records needed).
+// - Version channels follow the hub's ref TTL (HubOptions::ref_ttl_s, KERNEL_HUB_REF_TTL):
+//   within it, and always offline, the cached ref record is used.
+// - KERNEL_HUB_LOCAL="org/name=/path[,org/other=/path]" serves those repos from local package
+//   directories (kernel authors): no hub, no lock check; still preflighted by the loader, and
+//   file-verified when their kernel.json has a "files" map.
+// - KERNEL_HUB_DISABLE=1 binds nothing: every slot keeps its fallback.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hub/hub.h"
+#include "loader/kernel_hub.hpp"
+#include "registry/device.h"
+#include "registry/kernel_config.h"
+#include "registry/lock_file.h"
+#include "registry/resolver.h"
+
+namespace kh {
+
+struct KernelizeOptions {
+  std::vector<KernelMode> modes = {KernelMode::kEval, KernelMode::kTrain};
+  bool strict = false;
+  const LockFile* lock = nullptr;
+  int cuda_ordinal = 0;  // the CUDA device bound when the Device is cuda
+  int abi_major = KH_ABI_MAJOR;
+  int abi_minor = KH_ABI_MINOR;
+  // Local package overrides (repo -> directory); nullopt: read KERNEL_HUB_LOCAL.
+  std::optional<std::map<std::string, std::filesystem::path>> local;
+  // Bind nothing; nullopt: read KERNEL_HUB_DISABLE.
+  std::optional<bool> disable;
+};
+
+// Where a binding's package came from.
+enum class BindingSource { kCache, kHub, kLocal, kFallback };
+const char* binding_source_name(BindingSource source);
+
+struct KernelizeBinding {
+  std::string layer;  // the slot name
+  KernelMode mode = KernelMode::kEval;
+  BindingSource source = BindingSource::kFallback;
+  std::string package;  // "name@version" from kernel.json; empty for fallback
+  std::string kernel;   // the config's ref "org/name@v1:Layer"
+  Digest index_digest;
+  std::optional<Digest> variant_digest;
+  std::string variant;  // "variant 0 host code"
+  std::filesystem::path package_dir;
+  double load_ms = 0;          // fetch wait excluded: verify + preflight + dlopen + bind
+  std::string note;            // why the fallback serves, when it does
+  LayerResolution resolution;  // with the full trace
+};
+
+struct KernelizeReport {
+  Device device;
+  std::vector<KernelizeBinding> bindings;  // per slot, per requested mode
+  size_t fetched = 0;                      // variants fetched from the hub by this call
+  double total_ms = 0;
+
+  const KernelizeBinding* find(std::string_view layer, KernelMode mode) const;
+  std::string str() const;  // one line per binding
+  nlohmann::json to_json() const;
+};
+
+// A device given as text, the short forms included: "cpu" (this machine's os/arch),
+// "cpu:linux/arm64", "cuda:sm_90:cuda_13.0" (this machine's os/arch), and Device::str()'s full
+// form "cuda:sm_90:cuda_13.0:linux/amd64". kInvalidInput lists the forms.
+Device parse_device_target(std::string_view text);
+
+// Parses KERNEL_HUB_LOCAL's syntax: "org/name=/path[,org/other=/path]". kInvalidInput names the
+// item that is wrong.
+std::map<std::string, std::filesystem::path> parse_local_overrides(std::string_view text);
+
+// See the file comment. Throws kh::Error: kIntegrity (lock or file digests), kOffline (a miss in
+// the cache when offline, naming the command to run), kRefused (preflight, strict), kNotFound,
+// kInvalidInput (unknown mode, bad KERNEL_HUB_LOCAL).
+KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub,
+                          const Device& device, const KernelizeOptions& options = {});
+
+// The resolver's IndexProvider for kernelize and `kernel-hub pull --config/--lock`: indexes and
+// variant manifests through Hub::info (each ref asked once per provider), kernel.json from
+// packages already unpacked in the store, plus:
+// - a tag resolved on the hub is recorded in the store's refs, as a pull records it, so that the
+//   ref TTL and later offline runs find it;
+// - under a lock and offline, locked refs resolve by their locked index digest;
+// - repos added with add_local are served from a local package directory as a one-variant
+//   index that fits the device as far as the package's device code allows.
+class KernelizeIndexProvider : public IndexProvider {
+ public:
+  explicit KernelizeIndexProvider(Hub& hub, const LockFile* lock = nullptr);
+  ~KernelizeIndexProvider() override;
+
+  void set_lock(const LockFile* lock) { lock_ = lock; }
+  // Reads the package directory now (kernel.json; kNotFound / kInvalidInput naming it).
+  void add_local(const std::string& repo, const std::filesystem::path& dir, const Device& device,
+                 const ResolveOptions& options);
+  // The local directory serving ref, or nullptr.
+  const std::filesystem::path* local_dir(const Ref& ref) const;
+  // The local package's kernel.json in registry form (nullopt for the loader's short form).
+  std::optional<PackageManifest> local_manifest(const Ref& ref) const;
+  // A lock entry that accepts the local package for ref on device (locals are not lock-checked).
+  std::optional<LockEntry> local_lock_entry(const Ref& ref, const Device& device) const;
+  // "name@version" of a local package.
+  std::string local_identity(const Ref& ref) const;
+
+  IndexRecord index(const Ref& ref) override;
+  std::optional<oci::Manifest> manifest(const Ref& ref, const oci::Descriptor& variant) override;
+  std::optional<PackageManifest> package(const Ref& ref, const oci::Descriptor& variant) override;
+
+ private:
+  struct LocalPackage;
+  const RefInfo& info(const Ref& ref);
+  Ref effective(const Ref& ref) const;
+  const LocalPackage* local(const Ref& ref) const;
+
+  Hub& hub_;
+  const LockFile* lock_;
+  std::map<std::string, std::shared_ptr<RefInfo>> infos_;
+  std::map<std::string, std::shared_ptr<LocalPackage>> locals_;
+};
+
+// Fetches one variant (its manifest and blobs, by digest) into the hub's store and unpacks its
+// package layer; returns the unpacked directory. Nothing is fetched when the store has it.
+// *fetched (may be null) is set when the hub was asked.
+std::filesystem::path fetch_variant(Hub& hub, const std::string& repo,
+                                    const oci::Descriptor& variant,
+                                    const std::optional<oci::Descriptor>& layer, bool* fetched);
+
+}  // namespace kh

@@ -1,0 +1,285 @@
+// kernelize end to end on cpu against a real docker-registry: the toy package packed by
+// pack_package and pushed with Hub::push; kernelize from a config binds both modes, calls give
+// the right results, set_mode swaps; a lock round trip; a tampered hub under the lock; offline
+// from the cache with the registry stopped; the CLI's resolve, why, lock, pull --config/--lock
+// and pack.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "hub/error.h"
+#include "hub/fs.h"
+#include "registry/kernelize.h"
+#include "registry/lock_file.h"
+#include "tests/fixtures/process.h"
+#include "tests/fixtures/registry_fixture.h"
+#include "tests/unit/test_kernelize_util.h"
+
+namespace kh::test {
+namespace {
+
+class KernelizeE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!registry_.available()) GTEST_SKIP() << registry_.why();
+    push("toy-1.0.0", "test/toy@v1");
+  }
+
+  HubOptions options(bool offline = false) {
+    HubOptions o;
+    o.progress = false;
+    o.offline = offline;
+    o.source.http.allow_plain_http = true;
+    return o;
+  }
+  std::unique_ptr<Hub> hub(Store& store, bool offline = false) {
+    return std::make_unique<Hub>(HubAddress::parse(registry_.oci_url(), true), store,
+                                 options(offline));
+  }
+
+  // Packs a toy variant (cpu, tagged with ref's tag) and pushes it under ref; returns the index
+  // digest.
+  Digest push(const std::string& variant, const std::string& ref_text) {
+    Ref ref = Ref::parse(ref_text);
+    layouts_.push_back(std::make_unique<TempDir>("kh-layout"));
+    PackOptions o;
+    o.package_dir = toy_package(variant);
+    o.output = layouts_.back()->path();
+    o.devices = {"cpu"};
+    o.tags = {ref.tag};
+    PackReport r = pack_package(o);
+    Store push_store(push_cache_.path());
+    hub(push_store)->push(layouts_.back()->path(), ref);
+    return r.index.digest;
+  }
+
+  ProcessResult cli(const std::vector<std::string>& args, const std::filesystem::path& cache,
+                    Env env = {}) {
+    std::vector<std::string> argv = {cli_path(),     "--cache", cache.string(),
+                                     "--plain-http", "--hub",   registry_.oci_url()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    env.emplace("KERNEL_HUB_BACKOFF_S", "0.05");
+    env.emplace("KERNEL_HUB_OFFLINE", "\x01");
+    env.emplace("KERNEL_HUB_ENDPOINT", "\x01");
+    env.emplace("KERNEL_HUB_LOCAL", "\x01");
+    env.emplace("KERNEL_HUB_DISABLE", "\x01");
+    return run_process(argv, env, 120);
+  }
+
+  std::filesystem::path write_config(const TempDir& dir) {
+    auto path = dir / "kernels.json";
+    fs::write_file_atomic(path, toy_config("test/toy"));
+    return path;
+  }
+
+  RegistryFixture registry_;
+  TempDir push_cache_{"kh-push-cache"};
+  std::vector<std::unique_ptr<TempDir>> layouts_;
+  KernelConfig config_ = KernelConfig::parse(toy_config("test/toy"));
+};
+
+TEST_F(KernelizeE2E, BindsCpuOpsInBothModesAndSwaps) {
+  TempDir cache("kh-cache");
+  Store store(cache.path());
+  auto h = hub(store);
+  Runtime rt;
+  add_slots(rt, {"Scale", "ScaleInfer", "Other"});
+  KernelizeReport r = kernelize(rt, config_, *h, local_cpu_device(), {});
+  SCOPED_TRACE(r.str());
+  EXPECT_EQ(r.fetched, 1u);  // one package, one variant, for every slot and mode
+  for (KernelMode m : {KernelMode::kEval, KernelMode::kTrain}) {
+    const KernelizeBinding* b = r.find("Scale", m);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(b->source, BindingSource::kHub);
+    EXPECT_EQ(b->package, "toy@1.0.0");
+    EXPECT_EQ(b->kernel, "test/toy@v1:Scale");
+    EXPECT_FALSE(b->resolution.trace.empty());
+  }
+  EXPECT_EQ(r.find("ScaleInfer", KernelMode::kTrain)->source, BindingSource::kFallback);
+  EXPECT_EQ(r.find("Other", KernelMode::kEval)->source, BindingSource::kFallback);
+
+  Vec x({1, -2, 4}), y({0, 0, 0});
+  rt.set_mode(Mode::kEval);
+  ASSERT_EQ(call_scale(rt, "Scale", x, 0.5, y), KH_OK);
+  EXPECT_EQ(y.data, (std::vector<float>{0.5f, -1, 2}));
+  ASSERT_EQ(call_scale(rt, "ScaleInfer", x, 2, y), KH_OK);
+  EXPECT_EQ(y.data, (std::vector<float>{2, -4, 8}));
+  rt.set_mode(Mode::kTrain);
+  EXPECT_EQ(call_scale(rt, "ScaleInfer", x, 2, y), kFallbackStatus);
+  ASSERT_EQ(call_scale(rt, "Scale", x, 3, y), KH_OK);
+  EXPECT_EQ(y.data, (std::vector<float>{3, -6, 12}));
+  ASSERT_EQ(call_scale(rt, "Scale", x, 3, y, /*backward=*/true), KH_OK);
+  EXPECT_EQ(y.data, (std::vector<float>{3, -6, 12}));
+  rt.set_mode(Mode::kEval);
+  ASSERT_EQ(call_scale(rt, "ScaleInfer", x, 1, y), KH_OK);
+  EXPECT_EQ(y.data, (std::vector<float>{1, -2, 4}));
+}
+
+TEST_F(KernelizeE2E, OfflineFromTheCacheWithTheRegistryStopped) {
+  TempDir cache("kh-cache");
+  Store store(cache.path());
+  {
+    Runtime rt;
+    add_slots(rt, {"Scale"});
+    kernelize(rt, config_, *hub(store), local_cpu_device(), {});
+  }
+  registry_.stop();
+  Runtime rt;
+  add_slots(rt, {"Scale", "ScaleInfer"});
+  KernelizeReport r = kernelize(rt, config_, *hub(store, /*offline=*/true), local_cpu_device(), {});
+  EXPECT_EQ(r.fetched, 0u);
+  EXPECT_EQ(r.find("Scale", KernelMode::kTrain)->source, BindingSource::kCache) << r.str();
+  Vec x({2}), y({0});
+  ASSERT_EQ(call_scale(rt, "Scale", x, 4, y), KH_OK);
+  EXPECT_EQ(y.data[0], 8.0f);
+  // Online with the registry gone, a fresh ref record (TTL) answers without a request.
+  HubOptions ttl = options();
+  ttl.ref_ttl_s = 600;
+  Hub online(HubAddress::parse(registry_.oci_url(), true), store, ttl);
+  Runtime rt2;
+  add_slots(rt2, {"Scale"});
+  EXPECT_EQ(kernelize(rt2, config_, online, local_cpu_device(), {}).fetched, 0u);
+  // A cache that never saw the package names the command to run.
+  TempDir empty("kh-cache");
+  Store empty_store(empty.path());
+  Runtime rt3;
+  add_slots(rt3, {"Scale"});
+  KernelizeReport miss = kernelize(rt3, config_, *hub(empty_store, true), local_cpu_device(), {});
+  const KernelizeBinding* b = miss.find("Scale", KernelMode::kEval);
+  EXPECT_EQ(b->source, BindingSource::kFallback);
+  EXPECT_NE(format_trace(b->resolution).find("kernel-hub pull"), std::string::npos)
+      << format_trace(b->resolution);
+}
+
+TEST_F(KernelizeE2E, LockRoundTripAndATamperedHub) {
+  TempDir work("kh-lock");
+  Store store(work / "cache");
+  auto h = hub(store);
+  KernelizeIndexProvider provider(*h);
+  LockBuild built = build_lock(config_, {local_cpu_device()}, provider);
+  ASSERT_TRUE(built.misses.empty()) << built.misses.front();
+  built.lock.save(work / "kernels.lock");
+  LockFile lock = LockFile::load(work / "kernels.lock");
+  EXPECT_EQ(lock, built.lock);
+  ASSERT_EQ(lock.entries.size(), 1u);  // test/toy@v1 (both spellings name the same ref)
+
+  KernelizeOptions o;
+  o.lock = &lock;
+  Runtime rt;
+  add_slots(rt, {"Scale"});
+  KernelizeReport r = kernelize(rt, config_, *h, local_cpu_device(), o);
+  EXPECT_EQ(r.find("Scale", KernelMode::kEval)->index_digest, lock.entries[0].index_digest);
+  EXPECT_EQ(*r.find("Scale", KernelMode::kEval)->variant_digest,
+            lock.entries[0].targets.begin()->second.manifest_digest);
+
+  // Offline under the lock: resolved from the locked digests.
+  Runtime rt_off;
+  add_slots(rt_off, {"Scale"});
+  EXPECT_EQ(kernelize(rt_off, config_, *hub(store, true), local_cpu_device(), o)
+                .find("Scale", KernelMode::kEval)
+                ->source,
+            BindingSource::kCache);
+
+  // Other bytes under the same tag: a kernelize that asks the hub refuses them.
+  Digest tampered = push("toy-2.0.0", "test/toy@v1");
+  ASSERT_NE(tampered, lock.entries[0].index_digest);
+  Runtime rt2;
+  add_slots(rt2, {"Scale"});
+  try {
+    kernelize(rt2, config_, *h, local_cpu_device(), o);
+    FAIL() << "kernelize accepted bytes the lock does not name";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kIntegrity);
+    EXPECT_NE(msg.find("test/toy@v1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(lock.entries[0].index_digest.str()), std::string::npos) << msg;
+    EXPECT_NE(msg.find(tampered.str()), std::string::npos) << msg;
+  }
+  Vec x({1}), y({0});
+  EXPECT_EQ(call_scale(rt2, "Scale", x, 1, y), kFallbackStatus);  // nothing was bound
+}
+
+TEST_F(KernelizeE2E, CliResolveWhyLockPull) {
+  TempDir work("kh-cli");
+  auto config = write_config(work);
+  auto cache = work / "cache";
+
+  auto resolve = cli({"--json", "resolve", "--config", config.string()}, cache);
+  ASSERT_EQ(resolve.exit_code, 0) << resolve.err;
+  auto rj = nlohmann::json::parse(resolve.out);
+  ASSERT_EQ(rj["modes"].size(), 2u);
+  EXPECT_EQ(rj["modes"][0]["mode"], "eval");
+  bool scale_seen = false;
+  for (auto& l : rj["modes"][0]["layers"])
+    if (l["layer"] == "Scale") {
+      scale_seen = true;
+      EXPECT_FALSE(l["fallback"].get<bool>());
+      EXPECT_EQ(l["kernel"], "test/toy@v1:Scale");
+    }
+  EXPECT_TRUE(scale_seen) << resolve.out;
+
+  auto why = cli({"why", "Scale", "--config", config.string(), "--device", "cuda", "--sm", "90",
+                  "--cuda", "13.0", "--mode", "eval"},
+                 cache);
+  ASSERT_EQ(why.exit_code, 0) << why.err;
+  EXPECT_NE(why.out.find("runtime fallback"), std::string::npos) << why.out;  // no cuda entry
+  auto why_cpu = cli({"why", "Scale", "--config", config.string()}, cache);
+  EXPECT_NE(why_cpu.out.find("[variant] accepted"), std::string::npos) << why_cpu.out;
+
+  auto lock_path = work / "kernels.lock";
+  auto lock = cli(
+      {"lock", "--config", config.string(), "--target", "cpu", "-o", lock_path.string()}, cache);
+  ASSERT_EQ(lock.exit_code, 0) << lock.err;
+  LockFile lf = LockFile::load(lock_path);
+  ASSERT_EQ(lf.entries.size(), 1u);
+  // A target no variant fits: nothing written, the miss named.
+  auto bad = cli({"lock", "--config", config.string(), "--target", "cpu:linux/riscv64", "-o",
+                  (work / "bad.lock").string()},
+                 cache);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("riscv64"), std::string::npos) << bad.err;
+  EXPECT_FALSE(std::filesystem::exists(work / "bad.lock"));
+
+  // pull --config into a fresh cache fetches the cpu variant only; pull --lock the locked one.
+  auto fresh = work / "fresh";
+  auto pull = cli({"--json", "pull", "--config", config.string()}, fresh);
+  ASSERT_EQ(pull.exit_code, 0) << pull.err;
+  auto pj = nlohmann::json::parse(pull.out);
+  ASSERT_EQ(pj.size(), 1u) << pull.out;
+  EXPECT_TRUE(pj[0]["fetched"].get<bool>());
+  EXPECT_EQ(pj[0]["layer_digest"], lf.entries[0].targets.begin()->second.layer_digest.str());
+  auto locked = cli({"--json", "pull", "--lock", lock_path.string()}, work / "fresh2");
+  ASSERT_EQ(locked.exit_code, 0) << locked.err;
+  EXPECT_EQ(nlohmann::json::parse(locked.out)[0]["manifest_digest"],
+            lf.entries[0].targets.begin()->second.manifest_digest.str());
+  // Then kernelize offline from what pull --config fetched.
+  Store store(fresh);
+  Runtime rt;
+  add_slots(rt, {"Scale"});
+  KernelizeReport r = kernelize(rt, config_, *hub(store, true), local_cpu_device(), {});
+  EXPECT_EQ(r.find("Scale", KernelMode::kEval)->source, BindingSource::kCache) << r.str();
+  EXPECT_NE(cli({"pull"}, fresh).exit_code, 0);  // nothing named: a usage error
+}
+
+TEST_F(KernelizeE2E, CliPackThenPush) {
+  TempDir work("kh-pack");
+  auto layout = work / "layout";
+  auto pack = cli({"--json", "pack", toy_package("toy-2.0.0").string(), "-o", layout.string(),
+                   "--devices", "cpu"},
+                  work / "cache");
+  ASSERT_EQ(pack.exit_code, 0) << pack.err;
+  auto pj = nlohmann::json::parse(pack.out);
+  EXPECT_EQ(pj["tags"], nlohmann::json::array({"v2", "2.0.0"}));
+  auto push = cli({"push", layout.string(), "test/toy2@v2"}, work / "cache");
+  ASSERT_EQ(push.exit_code, 0) << push.err;
+  auto info = cli({"--json", "info", "test/toy2@v2"}, work / "cache");
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_EQ(nlohmann::json::parse(info.out)["digest"], pj["index_digest"]);
+  auto refused = cli({"pack", toy_package("toy-cudart").string(), "-o", (work / "x").string()},
+                     work / "cache");
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("needed-libraries"), std::string::npos) << refused.err;
+}
+
+}  // namespace
+}  // namespace kh::test

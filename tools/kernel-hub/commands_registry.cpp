@@ -1,0 +1,474 @@
+// resolve, why, lock, pack, and the registry half of pull (--config, --lock): the commands that
+// join the hub to KernelConfigs, devices and the loader.
+//
+// Devices, everywhere: --device cpu|cuda [--sm 90] [--cuda 13.0] [--os linux] [--arch amd64]
+// describes one device by hand (cuda needs --sm and --cuda; the default is this machine's cpu).
+// lock and pull take several targets: repeat --target SPEC with SPEC = cpu, cpu:OS/ARCH,
+// cuda:sm_90:cuda_13.0 or cuda:sm_90:cuda_13.0:OS/ARCH; a --device group adds one more.
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+
+#include "hub/error.h"
+#include "registry/kernel_config.h"
+#include "registry/kernelize.h"
+#include "registry/lock_file.h"
+#include "registry/pack.h"
+#include "registry/resolver.h"
+#include "tools/kernel-hub/cli.h"
+
+namespace kh::cli {
+
+namespace {
+
+struct DeviceArgs {
+  std::string key, sm, cuda, os, arch;
+  std::vector<std::string> targets;
+
+  void add(CLI::App* cmd, bool with_targets) {
+    cmd->add_option("--device", key, "Device key: cpu (default: this machine) or cuda");
+    cmd->add_option("--sm", sm, "cuda: compute capability, e.g. 90 (H100/H200), 80, 89");
+    cmd->add_option("--cuda", cuda, "cuda: the CUDA version the driver supports, e.g. 13.0");
+    cmd->add_option("--os", os, "OCI platform os (default: this machine's)");
+    cmd->add_option("--arch", arch,
+                    "OCI platform architecture, e.g. amd64, arm64 (default: this "
+                    "machine's)");
+    if (with_targets)
+      cmd->add_option("--target", targets,
+                      "A target device, repeatable: cpu, cpu:OS/ARCH, cuda:sm_90:cuda_13.0 or "
+                      "cuda:sm_90:cuda_13.0:OS/ARCH");
+  }
+
+  bool has_group() const {
+    return !key.empty() || !sm.empty() || !cuda.empty() || !os.empty() || !arch.empty();
+  }
+
+  Device group() const {
+    DeviceFields f;
+    f.key = key.empty() ? (sm.empty() && cuda.empty() ? "cpu" : "cuda") : key;
+    if (!sm.empty()) f.sm = sm;
+    if (!cuda.empty()) f.cuda = cuda;
+    if (!os.empty()) f.os = os;
+    if (!arch.empty()) f.arch = arch;
+    return make_device(f);
+  }
+
+  // One device (resolve, why, pull --config): the group, else the one --target, else local cpu.
+  Device one() const {
+    if (!targets.empty() && !has_group() && targets.size() == 1)
+      return parse_device_target(targets[0]);
+    if (!targets.empty())
+      throw Error(ErrorKind::kInvalidInput,
+                  "give one device: either --device/--sm/--cuda or a single --target");
+    return has_group() ? group() : local_cpu_device();
+  }
+
+  // Every target (lock): --target specs, then the --device group; default local cpu.
+  std::vector<Device> all() const {
+    std::vector<Device> out;
+    for (auto& t : targets) out.push_back(parse_device_target(t));
+    if (has_group() || out.empty()) out.push_back(has_group() ? group() : local_cpu_device());
+    return out;
+  }
+};
+
+std::vector<KernelMode> modes_of(const std::string& mode) {
+  if (mode.empty()) return {KernelMode::kEval, KernelMode::kTrain};
+  auto m = parse_kernel_mode(mode);
+  if (!m || *m == KernelMode::kFallback)
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("--mode '{}': expected eval or train (default: both)", mode));
+  return {*m};
+}
+
+// A hub that asks for every tag (no ref TTL): lock and pull must see what the hub serves now.
+std::unique_ptr<Hub> fresh_hub(Context& ctx) {
+  HubOptions o = ctx.hub_options();
+  o.ref_ttl_s = 0;
+  return std::make_unique<Hub>(ctx.hub().address(), ctx.store(), o);
+}
+
+nlohmann::json trace_json(const std::vector<TraceStep>& trace) {
+  nlohmann::json a = nlohmann::json::array();
+  for (auto& s : trace)
+    a.push_back({{"stage", trace_stage_name(s.stage)},
+                 {"candidate", s.candidate},
+                 {"accepted", s.accepted},
+                 {"reason", s.reason}});
+  return a;
+}
+
+nlohmann::json layer_json(const LayerResolution& r, bool with_trace) {
+  nlohmann::json j = {{"layer", r.layer},
+                      {"mode", kernel_mode_name(r.requested)},
+                      {"fallback", r.fallback},
+                      {"summary", r.summary()}};
+  if (!r.fallback) {
+    j["kernel"] = r.kernel.str();
+    j["entry_mode"] = kernel_mode_name(r.entry_mode);
+    j["entry_path"] = r.entry_path;
+    j["hub"] = r.hub_id;
+    j["index_digest"] = r.index_digest.str();
+    if (r.variant) {
+      j["variant"] = {{"position", r.variant->position},
+                      {"digest", r.variant->descriptor.digest.str()},
+                      {"code", variant_code_name(r.variant->code)},
+                      {"cubin_sm", r.variant->cubin_sm},
+                      {"cuda_version", r.variant->cuda_version}};
+    }
+    if (r.package_layer)
+      j["package_layer"] = {{"digest", r.package_layer->digest.str()},
+                            {"size", r.package_layer->size}};
+  }
+  if (with_trace) j["trace"] = trace_json(r.trace);
+  return j;
+}
+
+int run_resolve(Context& ctx, const std::string& config_path, const DeviceArgs& dev,
+                const std::string& mode, bool json) {
+  KernelConfig config = KernelConfig::load(config_path);
+  Device device = dev.one();
+  KernelizeIndexProvider provider(ctx.hub());
+  nlohmann::json out = {{"config", config_path}, {"device", device.str()}};
+  nlohmann::json modes = nlohmann::json::array();
+  for (KernelMode m : modes_of(mode)) {
+    Resolution r = resolve(config, device, m, provider);
+    nlohmann::json layers = nlohmann::json::array();
+    ctx.say(fmt::format("{} on {}:", kernel_mode_name(m), device.describe()));
+    for (auto& l : r.layers) {
+      layers.push_back(layer_json(l, false));
+      ctx.say("  " + l.summary() + (l.fallback ? "" : "  index " + l.index_digest.str()));
+    }
+    modes.push_back({{"mode", kernel_mode_name(m)}, {"layers", layers}});
+  }
+  out["modes"] = modes;
+  if (json || ctx.options().json) ctx.print_json(out);
+  return 0;
+}
+
+int run_why(Context& ctx, const std::string& layer, const std::string& config_path,
+            const DeviceArgs& dev, const std::string& mode, bool json) {
+  KernelConfig config = KernelConfig::load(config_path);
+  Device device = dev.one();
+  KernelizeIndexProvider provider(ctx.hub());
+  MemoIndexProvider memo(provider);
+  nlohmann::json modes = nlohmann::json::array();
+  for (KernelMode m : modes_of(mode)) {
+    LayerResolution r = resolve_layer(config, layer, device, m, memo);
+    modes.push_back(layer_json(r, true));
+    ctx.say(format_trace(r));
+  }
+  if (json || ctx.options().json)
+    ctx.print_json({{"layer", layer}, {"device", device.str()}, {"modes", modes}});
+  return 0;
+}
+
+int run_lock(Context& ctx, const std::string& config_path, const DeviceArgs& dev,
+             const std::string& out_path, bool json) {
+  KernelConfig config = KernelConfig::load(config_path);
+  std::vector<Device> devices = dev.all();
+  auto hub = fresh_hub(ctx);
+  KernelizeIndexProvider provider(*hub);
+  LockBuild built = build_lock(config, devices, provider);
+  if (!built.misses.empty()) {
+    std::string list;
+    for (auto& m : built.misses) list += "\n  " + m;
+    throw Error(ErrorKind::kNotFound,
+                fmt::format("lock: {} of the config's refs cannot be locked for the given "
+                            "targets (nothing written to {}):{}\nfix the config, publish the "
+                            "missing variants, or lock fewer --target devices",
+                            built.misses.size(), out_path, list));
+  }
+  built.lock.save(out_path);
+  size_t targets = 0;
+  for (auto& e : built.lock.entries) targets += e.targets.size();
+  if (json || ctx.options().json) {
+    ctx.print_json({{"lock", out_path},
+                    {"entries", nlohmann::json::parse(built.lock.serialize())["entries"]},
+                    {"devices", [&] {
+                       nlohmann::json a = nlohmann::json::array();
+                       for (auto& d : devices) a.push_back(d.str());
+                       return a;
+                     }()}});
+  } else {
+    ctx.say(fmt::format("locked {} ref{} ({} variant{} for {} target{}) in {}",
+                        built.lock.entries.size(), built.lock.entries.size() == 1 ? "" : "s",
+                        targets, targets == 1 ? "" : "s", devices.size(),
+                        devices.size() == 1 ? "" : "s", out_path));
+    for (auto& e : built.lock.entries) {
+      ctx.say(fmt::format("  {} {}", e.ref.str(), e.index_digest.str()));
+      for (auto& [d, t] : e.targets)
+        ctx.say(fmt::format("    {}: variant {}", d, t.manifest_digest.str()));
+    }
+  }
+  return 0;
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    std::string item = text.substr(start, comma - start);
+    if (!item.empty()) out.push_back(item);
+    start = comma + 1;
+  }
+  return out;
+}
+
+struct PackArgs {
+  std::string dir, out, repo, sm = "80,86,89,90,90a", devices = "cuda,cpu", cuda_version;
+  std::vector<std::string> tags;
+  bool no_source = false;
+  bool json = false;
+};
+
+int run_pack(Context& ctx, const PackArgs& a) {
+  PackOptions o;
+  o.package_dir = a.dir;
+  o.output = a.out;
+  o.repo = a.repo;
+  o.sms = split_list(a.sm);
+  o.tags = a.tags;
+  o.devices = split_list(a.devices);
+  o.cuda_version = a.cuda_version;
+  o.include_source = !a.no_source;
+  PackReport r = pack_package(o);
+  for (auto& n : r.notes) ctx.note("warning: " + n);
+  if (a.json || ctx.options().json) {
+    nlohmann::json variants = nlohmann::json::array();
+    for (auto& v : r.variants)
+      variants.push_back({{"device", v.device},
+                          {"manifest_digest", v.entry.digest.str()},
+                          {"annotations", v.entry.annotations},
+                          {"layer_digest", v.layer.digest.str()},
+                          {"layer_size", v.layer.size},
+                          {"files", v.files}});
+    ctx.print_json({{"name", r.name},
+                    {"version", r.version},
+                    {"layout", r.layout.string()},
+                    {"index_digest", r.index.digest.str()},
+                    {"tags", r.tags},
+                    {"variants", variants}});
+    return 0;
+  }
+  std::string tags;
+  for (auto& t : r.tags) tags += (tags.empty() ? "" : ", ") + t;
+  ctx.say(fmt::format("packed {} {} into {} (tags {}): index {}", r.name, r.version,
+                      r.layout.string(), tags, r.index.digest.str()));
+  for (auto& v : r.variants) {
+    std::string extra;
+    for (auto& [k, val] : v.entry.annotations) extra += fmt::format(" {}={}", k, val);
+    ctx.say(fmt::format("  {} {} ({}, {} files):{}", v.device, v.entry.digest.str(),
+                        human_bytes(static_cast<uint64_t>(v.layer.size)), v.files.size(), extra));
+  }
+  return 0;
+}
+
+nlohmann::json fetched_json(const std::string& ref, const std::string& target,
+                            const Digest& manifest, const Digest& layer,
+                            const std::filesystem::path& dir, bool fetched) {
+  return {{"ref", ref},
+          {"target", target},
+          {"manifest_digest", manifest.str()},
+          {"layer_digest", layer.str()},
+          {"dir", dir.string()},
+          {"fetched", fetched}};
+}
+
+oci::Descriptor variant_descriptor(const Digest& d) {
+  oci::Descriptor v;
+  v.media_type = std::string(oci::kMediaTypeManifest);
+  v.digest = d;
+  return v;
+}
+
+oci::Descriptor layer_descriptor(const LockTarget& t) {
+  oci::Descriptor l;
+  l.media_type = std::string(oci::kMediaTypeLayerTarZstd);
+  l.digest = t.layer_digest;
+  l.size = t.layer_size;
+  return l;
+}
+
+// Fetches every target of a lock (or of a lock built on the fly for pull --config).
+int fetch_lock_targets(Context& ctx, Hub& hub, const LockFile& lock, nlohmann::json& out) {
+  int failures = 0;
+  for (auto& e : lock.entries) {
+    for (auto& [target, t] : e.targets) {
+      try {
+        bool fetched = false;
+        auto dir = fetch_variant(hub, e.ref.repo, variant_descriptor(t.manifest_digest),
+                                 layer_descriptor(t), &fetched);
+        out.push_back(
+            fetched_json(e.ref.str(), target, t.manifest_digest, t.layer_digest, dir, fetched));
+        ctx.say(fmt::format("{} {}: {} ({})", e.ref.str(), target, t.manifest_digest.str(),
+                            fetched ? "fetched" : "cached"));
+      } catch (const Error& err) {
+        ++failures;
+        out.push_back(
+            {{"ref", e.ref.str()},
+             {"target", target},
+             {"error", {{"kind", error_kind_name(err.kind())}, {"message", err.what()}}}});
+        std::cerr << "error: " << err.what() << "\n";
+      }
+    }
+  }
+  return failures;
+}
+
+}  // namespace
+
+// pull --config / --lock (declared in commands_hub.cpp, which owns the pull command).
+int run_pull_resolved(Context& ctx, const std::string& config_path, const std::string& lock_path,
+                      const std::vector<std::string>& targets, const std::string& device_key,
+                      const std::string& sm, const std::string& cuda, bool all_variants) {
+  nlohmann::json out = nlohmann::json::array();
+  int failures = 0;
+  auto hub = fresh_hub(ctx);
+  if (!lock_path.empty()) {
+    if (!config_path.empty())
+      throw Error(ErrorKind::kInvalidInput, "pull: give --config or --lock, not both");
+    LockFile lock = LockFile::load(lock_path);
+    for (auto& e : lock.entries) {
+      if (e.hub != hub->address().id())
+        throw Error(ErrorKind::kInvalidInput,
+                    fmt::format("pull --lock {}: {} was locked on hub {}, but this pull uses {}; "
+                                "pass --hub for that hub or re-run kernel-hub lock",
+                                lock_path, e.ref.str(), e.hub, hub->address().id()));
+      // The index and its variant manifests, by the locked digest (offline kernelize under the
+      // lock resolves from exactly these).
+      hub->info(Ref{e.ref.repo, "", e.index_digest});
+    }
+    failures = fetch_lock_targets(ctx, *hub, lock, out);
+  } else {
+    KernelConfig config = KernelConfig::load(config_path);
+    if (all_variants) {
+      for (auto& ref : config.refs()) {
+        try {
+          PullReport r = hub->pull(ref);
+          out.push_back({{"ref", ref.str()},
+                         {"digest", r.digest.str()},
+                         {"manifests", r.manifests},
+                         {"blobs_downloaded", r.blobs_downloaded}});
+          ctx.say(fmt::format("{} {} (every variant: {} manifests, downloaded {})", ref.str(),
+                              r.digest.str(), r.manifests, human_bytes(r.bytes_downloaded)));
+        } catch (const Error& err) {
+          ++failures;
+          out.push_back(
+              {{"ref", ref.str()},
+               {"error", {{"kind", error_kind_name(err.kind())}, {"message", err.what()}}}});
+          std::cerr << "error: " << err.what() << "\n";
+        }
+      }
+    } else {
+      DeviceArgs dev;
+      dev.targets = targets;
+      dev.key = device_key;
+      dev.sm = sm;
+      dev.cuda = cuda;
+      KernelizeIndexProvider provider(*hub);
+      LockBuild built = build_lock(config, dev.all(), provider);
+      for (auto& m : built.misses) {
+        ++failures;
+        out.push_back({{"error", {{"kind", "not_found"}, {"message", m}}}});
+        std::cerr << "error: " << m << "\n";
+      }
+      failures += fetch_lock_targets(ctx, *hub, built.lock, out);
+    }
+  }
+  if (ctx.options().json) ctx.print_json(out);
+  return failures == 0 ? 0 : 1;
+}
+
+void add_registry_commands(CLI::App& app, Runner& run) {
+  {
+    auto* cmd = app.add_subcommand(
+        "resolve",
+        "Show which kernel serves each layer of a KernelConfig on a device, per mode (eval, "
+        "train), with the index and variant chosen. Use `why LAYER` for the reasons.");
+    auto config = std::make_shared<std::string>();
+    auto dev = std::make_shared<DeviceArgs>();
+    auto mode = std::make_shared<std::string>();
+    auto json = std::make_shared<bool>(false);
+    cmd->add_option("--config", *config, "KernelConfig JSON file")->required();
+    dev->add(cmd, true);
+    cmd->add_option("--mode", *mode, "eval or train (default: both)");
+    cmd->add_flag("--json", *json, "Machine-readable output on stdout");
+    cmd->callback([&run, config, dev, mode, json] {
+      run = [=](Context& ctx) { return run_resolve(ctx, *config, *dev, *mode, *json); };
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand(
+        "why",
+        "Explain the resolution of one layer: every capability range, mode entry and variant "
+        "considered, accepted or rejected, with the reason.");
+    auto layer = std::make_shared<std::string>();
+    auto config = std::make_shared<std::string>();
+    auto dev = std::make_shared<DeviceArgs>();
+    auto mode = std::make_shared<std::string>();
+    auto json = std::make_shared<bool>(false);
+    cmd->add_option("layer", *layer, "Layer type, e.g. RMSNorm")->required();
+    cmd->add_option("--config", *config, "KernelConfig JSON file")->required();
+    dev->add(cmd, true);
+    cmd->add_option("--mode", *mode, "eval or train (default: both)");
+    cmd->add_flag("--json", *json, "Machine-readable output on stdout");
+    cmd->callback([&run, layer, config, dev, mode, json] {
+      run = [=](Context& ctx) { return run_why(ctx, *layer, *config, *dev, *mode, *json); };
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand(
+        "lock",
+        "Pin every ref of a KernelConfig to its index digest and, per target device, the chosen "
+        "variant manifest and package layer. Targets: repeat --target SPEC (cpu, cpu:OS/ARCH, "
+        "cuda:sm_90:cuda_13.0[:OS/ARCH]); a --device/--sm/--cuda group adds one more; default: "
+        "this machine's cpu. Example: kernel-hub lock --config k.json --target "
+        "cuda:sm_90:cuda_13.0 --target cuda:sm_80:cuda_12.4 --target cpu -o kernels.lock");
+    auto config = std::make_shared<std::string>();
+    auto dev = std::make_shared<DeviceArgs>();
+    auto out = std::make_shared<std::string>();
+    auto json = std::make_shared<bool>(false);
+    cmd->add_option("--config", *config, "KernelConfig JSON file")->required();
+    dev->add(cmd, true);
+    cmd->add_option("-o,--output", *out, "Lock file to write (e.g. kernels.lock)")->required();
+    cmd->add_flag("--json", *json, "Machine-readable output on stdout");
+    cmd->callback([&run, config, dev, out, json] {
+      run = [=](Context& ctx) { return run_lock(ctx, *config, *dev, *out, *json); };
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand(
+        "pack",
+        "Pack a built kernel package directory (host library, kernel.json, .cu source) into an "
+        "OCI image layout: loader preflight of the host library, NVRTC cubin per sm (no GPU "
+        "needed), kernel.json with every file's SHA-256, one tar+zstd variant per device, an "
+        "image index tagged with the channel (v<major>) and the exact version. Reproducible. "
+        "Publish with `kernel-hub push LAYOUT org/name@v1`.");
+    auto a = std::make_shared<PackArgs>();
+    cmd->add_option("dir", a->dir, "Built package directory")->required();
+    cmd->add_option("-o,--output", a->out,
+                    "OCI image layout directory to write (created if needed)")
+        ->required();
+    cmd->add_option("--repo", a->repo,
+                    "Write into a layout hub: the layout goes to OUTPUT/ORG/NAME (as the "
+                    "embedded default hub)");
+    cmd->add_option("--sm", a->sm,
+                    "Comma list of targets to compile cubins for (default 80,86,89,90,90a; '' = "
+                    "source only)");
+    cmd->add_option("--tag", a->tags,
+                    "Channel tag, repeatable (default v<major>); the exact version is always "
+                    "tagged too");
+    cmd->add_option("--devices", a->devices, "Comma list of variants: cuda, cpu (default both)");
+    cmd->add_option("--cuda-version", a->cuda_version,
+                    "CUDA version the cuda variant needs (default: NVRTC's)");
+    cmd->add_flag("--no-source", a->no_source, "Leave the .cu source out of the cuda variant");
+    cmd->add_flag("--json", a->json, "Machine-readable output on stdout");
+    cmd->callback([&run, a] { run = [a](Context& ctx) { return run_pack(ctx, *a); }; });
+  }
+}
+
+}  // namespace kh::cli
