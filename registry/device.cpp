@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 #include <sys/utsname.h>
 
+#include <algorithm>
 #include <cctype>
 #include <vector>
 
 #include "hub/error.h"
+#include "loader/cuda_driver.h"
 
 namespace kh {
 
@@ -79,8 +81,38 @@ Device make_device(const DeviceFields& f) {
   auto fail = [](const std::string& why) {
     throw Error(ErrorKind::kInvalidInput, "device: " + why);
   };
+  // "cuda:N" (or "cuda" with neither --sm nor --cuda): GPU N of this machine, read from the
+  // driver. Given by hand, a cuda device needs no GPU (a build host resolving for a fleet).
+  std::optional<int> ordinal;
+  std::string key = f.key;
+  if (key.starts_with("cuda:")) {
+    const std::string n = key.substr(5);
+    if (n.empty() || n.size() > 3 || !std::all_of(n.begin(), n.end(), ::isdigit)) {
+      fail(fmt::format("'{}' is not a device; expected cpu, cuda or cuda:N (a GPU ordinal)", key));
+    }
+    ordinal = std::stoi(n);
+    key = "cuda";
+  } else if (key == "cuda" && !f.sm && !f.cuda) {
+    ordinal = 0;
+  }
+  if (ordinal) {
+    if (f.sm || f.cuda) fail("give either cuda:N (read from the driver) or --sm and --cuda");
+    try {
+      const cuda::DeviceInfo& info = cuda::device(*ordinal);
+      const int version = cuda::cuda_driver().driver_version;
+      DeviceFields local = f;
+      local.key = "cuda";
+      local.sm = std::to_string(info.sm_major * 10 + info.sm_minor);
+      local.cuda = fmt::format("{}.{}", version / 1000, (version % 1000) / 10);
+      return make_device(local);
+    } catch (const Error& e) {
+      fail(fmt::format("cannot read GPU {} from the driver: {}; to describe a GPU by hand give "
+                       "--device cuda --sm NN --cuda X.Y",
+                       *ordinal, e.what()));
+    }
+  }
   Device d;
-  d.key = f.key;
+  d.key = key;
   if (d.key != "cuda" && d.key != "cpu")
     fail(fmt::format("unknown device '{}'; expected cuda or cpu", f.key));
   d.os = f.os ? lower(*f.os) : local_os();

@@ -7,6 +7,7 @@
 
 #include "hub/error.h"
 #include "hub/fs.h"
+#include "registry/device.h"
 #include "registry/kernel_config.h"
 #include "registry/kernel_mapping.h"
 
@@ -273,4 +274,31 @@ TEST(KernelConfig, ShippedExamplesParse) {
 }
 
 }  // namespace
+}  // namespace kh
+
+namespace kh {
+
+TEST(Device, LocalGpuIsReadFromTheDriverOrFailsClearly) {
+  // Hide any driver: this test is about the message on a machine without one.
+  setenv("KERNEL_HUB_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+  try {
+    make_device(DeviceFields{"cuda:0", std::nullopt, std::nullopt, std::nullopt, std::nullopt});
+    ADD_FAILURE() << "cuda:0 resolved without a driver";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_NE(std::string(e.what()).find("cannot read GPU 0 from the driver"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("--device cuda --sm NN --cuda X.Y"), std::string::npos);
+  }
+  unsetenv("KERNEL_HUB_LIBCUDA");
+  // By hand, a cuda device needs no GPU.
+  Device d = make_device(DeviceFields{"cuda", "90", "13.0", std::nullopt, std::nullopt});
+  EXPECT_EQ(d.sm, 90);
+  EXPECT_THROW(make_device(DeviceFields{"cuda:x", std::nullopt, std::nullopt, std::nullopt,
+                                        std::nullopt}),
+               Error);
+  EXPECT_THROW(make_device(DeviceFields{"cuda:0", "90", std::nullopt, std::nullopt, std::nullopt}),
+               Error);
+}
+
 }  // namespace kh

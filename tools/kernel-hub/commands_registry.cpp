@@ -27,7 +27,9 @@ struct DeviceArgs {
   std::vector<std::string> targets;
 
   void add(CLI::App* cmd, bool with_targets) {
-    cmd->add_option("--device", key, "Device key: cpu (default: this machine) or cuda");
+    cmd->add_option("--device", key,
+                    "cpu (default: this machine), cuda:N (GPU N of this machine, read from the "
+                    "driver) or cuda with --sm and --cuda (any GPU, described by hand)");
     cmd->add_option("--sm", sm, "cuda: compute capability, e.g. 90 (H100/H200), 80, 89");
     cmd->add_option("--cuda", cuda, "cuda: the CUDA version the driver supports, e.g. 13.0");
     cmd->add_option("--os", os, "OCI platform os (default: this machine's)");
