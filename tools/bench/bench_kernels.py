@@ -7,44 +7,26 @@ triton.testing.do_bench (L2 flushed before each call), providers interleaved per
 run twice (rows whose two sweeps differ by more than 3% are flagged).
 
 Usage: bench_kernels.py --lib build/libkernel_hub.so --packages build/kernels [--quick]
+       [--sweep-src DIR]  (variants of the forward kernels from DIR/<pkg>/<pkg>.cu)
 """
 import argparse
 import ctypes as C
 import math
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 import triton.testing
 
-KH_OK, KH_MODE_EVAL, KH_MODE_TRAIN, KH_ARG_TENSOR, KH_ARG_INT, KH_ARG_FLOAT = 0, 0, 1, 1, 2, 3
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loader",
+                                "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bundled beside this script
+from kernel_hub_ctypes import (  # noqa: E402
+    KH_OK, KH_MODE_EVAL, KH_MODE_TRAIN, KH_ARG_TENSOR, KH_ARG_INT, KH_ARG_FLOAT, DLDevice,
+    DLDataType, DLTensor, Arg, OpFn, load)
+
 DL_CUDA, DL_FLOAT, DL_BFLOAT = 2, 2, 4
-
-
-class DLDevice(C.Structure):
-    _fields_ = [("device_type", C.c_int), ("device_id", C.c_int32)]
-
-
-class DLDataType(C.Structure):
-    _fields_ = [("code", C.c_uint8), ("bits", C.c_uint8), ("lanes", C.c_uint16)]
-
-
-class DLTensor(C.Structure):
-    _fields_ = [("data", C.c_void_p), ("device", DLDevice), ("ndim", C.c_int32),
-                ("dtype", DLDataType), ("shape", C.POINTER(C.c_int64)),
-                ("strides", C.POINTER(C.c_int64)), ("byte_offset", C.c_uint64)]
-
-
-class ArgValue(C.Union):
-    _fields_ = [("t", C.POINTER(DLTensor)), ("i", C.c_int64), ("f", C.c_double),
-                ("dt", DLDataType)]
-
-
-class Arg(C.Structure):
-    _fields_ = [("kind", C.c_int32), ("v", ArgValue)]
-
-
-OpFn = C.CFUNCTYPE(C.c_int32, C.POINTER(Arg), C.c_int32, C.c_void_p)
 DTYPES = {torch.bfloat16: (DL_BFLOAT, 16), torch.float16: (DL_FLOAT, 16),
           torch.float32: (DL_FLOAT, 32)}
 
@@ -53,18 +35,7 @@ class Loader:
     """One kh runtime with a slot per layer, bound to the packages for eval and train."""
 
     def __init__(self, lib_path, packages):
-        self.lib = lib = C.CDLL(lib_path)
-        lib.kh_runtime_create.restype = C.c_void_p
-        lib.kh_runtime_create.argtypes = [C.c_int32]
-        lib.kh_runtime_add_slot.argtypes = [C.c_void_p, C.c_char_p, OpFn, OpFn, OpFn, C.c_uint32,
-                                            C.POINTER(C.c_uint32)]
-        lib.kh_runtime_bind.argtypes = [C.c_void_p, C.c_char_p, C.c_char_p, C.c_char_p, C.c_int32,
-                                        C.c_int32, C.POINTER(C.c_int32)]
-        lib.kh_runtime_set_mode.argtypes = [C.c_void_p, C.c_int32]
-        lib.kh_runtime_forward.argtypes = [C.c_void_p, C.c_uint32, C.c_int32, C.POINTER(Arg),
-                                           C.c_int32, C.c_void_p]
-        lib.kh_runtime_backward.argtypes = lib.kh_runtime_forward.argtypes
-        lib.kh_last_error.restype = C.c_char_p
+        self.lib = lib = load(lib_path)
         self.rt = lib.kh_runtime_create(1)
         self.packages = packages
         self.slots = {}
@@ -244,6 +215,94 @@ def cases(kh, quick):
                {"ours": ours_fb, "eager": torch_fb(silu_mul), "compile": torch_fb(csm)}, (), err)
 
 
+def variant_sweep(src_dir, rep):
+    """Variants of the forward kernels at the headline shapes, compiled from the shipped sources
+    with NVRTC (through CuPy) with -D tuning switches and launched with explicit geometry: one
+    GPU call compares several designs. Prints one line per variant (µs, TB/s, rel err)."""
+    import cupy as cp
+    import numpy as np
+    bf = torch.bfloat16
+    bench_v = lambda fn: triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median")
+    mods = {}
+
+    def mod(pkg, defs):
+        key = (pkg, defs)
+        if key not in mods:
+            src = open(f"{src_dir}/{pkg}/{pkg}.cu").read()
+            opts = ("--std=c++17", "-default-device") + tuple(f"-D{d}" for d in defs)
+            try:
+                mods[key] = cp.RawModule(code=src, options=opts, backend="nvrtc")
+                mods[key].get_function("norm_reduce_partials_bf16" if pkg == "norm" else
+                                       "act_silu_fwd_bf16_vec")  # compiles now
+            except Exception as e:  # report and go on with the other variants
+                print(f"  !! {pkg} {defs}: {str(e)[:300]}")
+                mods[key] = None
+        return mods[key]
+
+    P = lambda t: np.uint64(t.data_ptr() if t is not None else 0)
+    m, n = 16384, 8192
+    x = torch.randn(m, n, device="cuda", dtype=bf)
+    r = torch.randn(m, n, device="cuda", dtype=bf)
+    w = torch.randn(n, device="cuda", dtype=bf) * 0.1 + 1
+    b = torch.randn(n, device="cuda", dtype=bf) * 0.1
+    y, ro = torch.empty_like(x), torch.empty_like(x)
+    refs = {"rms": F.rms_norm(x.float(), (n,), w.float(), 1e-6),
+            "add_rms": F.rms_norm(x.float() + r.float(), (n,), w.float(), 1e-6),
+            "ln": F.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)}
+    nbytes = {"rms": 2 * m * n * 2, "add_rms": 4 * m * n * 2, "ln": 2 * m * n * 2}
+    print(f"\n## sweep: norm fwd {m}x{n} bf16 (defs, threads/row, rows/CTA)")
+    for kind in ("rms", "ln", "add_rms"):
+        for defs in ((), ("KH_NORM_PARAMS_LATE=0",), ("KH_STREAM_LOAD=0",)):
+            if mod("norm", defs) is None:
+                continue
+            k = mod("norm", defs).get_function(f"norm_fwd_{kind}_bf16_vec_reg")
+            for tpr, rpb in ((128, 1), (256, 1)):
+                if defs and (tpr, rpb) != (128, 1):
+                    continue
+                eps = 1e-5 if kind == "ln" else 1e-6
+                args = (P(x), np.int64(n), P(r if kind == "add_rms" else None), np.int64(n), P(w),
+                        P(b if kind == "ln" else None), P(y), np.int64(n),
+                        P(ro if kind == "add_rms" else None), np.int64(n), P(None), P(None),
+                        np.int64(m), np.int32(n), np.float32(eps))
+                fn = lambda k=k, args=args, g=(m + rpb - 1) // rpb, blk=(tpr, rpb): k((g,), blk, args)
+                y.fill_(float("nan"))
+                fn()
+                torch.cuda.synchronize()
+                err = rel_err(y, refs[kind])
+                us = bench_v(fn) * 1e3
+                print(f"{kind:8s} {','.join(defs) or 'default':24s} {tpr:4d} {rpb:2d}  {us:7.1f} us "
+                      f"{nbytes[kind] / us / 1e6:5.2f} TB/s  err {err:.1e}")
+    d = 8192
+    xin = torch.randn(m, 2 * d, device="cuda", dtype=bf)
+    out = torch.empty(m, d, device="cuda", dtype=bf)
+    refs = {"silu_and_mul": F.silu(xin[:, :d].float()) * xin[:, d:].float(),
+            "gelu_tanh_and_mul": F.gelu(xin[:, :d].float(), approximate="tanh") * xin[:, d:].float()}
+    print(f"\n## sweep: act fwd {m}x2*{d} bf16 (defs, tx, ty)")
+    for op in ("silu_and_mul", "gelu_tanh_and_mul"):
+        for unroll in (4, 8):
+            for load in (2, 0):
+                mo = mod("activation", (f"KH_ACT_UNROLL={unroll}", f"KH_STREAM_LOAD={load}"))
+                if mo is None:
+                    continue
+                k = mo.get_function(f"act_{op}_fwd_bf16_vec")
+                nvec = d // 8
+                for tx in (256,):
+                    if tx * unroll > nvec * 2:
+                        continue
+                    ty = max(1, 256 // tx) if tx <= 256 else 1
+                    gx, gy = (m + ty - 1) // ty, (nvec + tx * unroll - 1) // (tx * unroll)
+                    args = (P(xin), np.int64(2 * d), P(None), np.int64(0), P(out), np.int64(d),
+                            np.int64(m), np.int32(d))
+                    fn = lambda k=k, args=args, g=(gx, gy), blk=(tx, ty): k(g, blk, args)
+                    out.fill_(float("nan"))
+                    fn()
+                    torch.cuda.synchronize()
+                    err = rel_err(out, refs[op])
+                    us = bench_v(fn) * 1e3
+                    print(f"{op:18s} unroll {unroll} load {load} {tx:4d} {ty:2d}  {us:7.1f} us "
+                          f"{3 * m * d * 2 / us / 1e6:5.2f} TB/s  err {err:.1e}")
+
+
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
@@ -260,6 +319,8 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--packages", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep-src", help="packages directory (<pkg>/<pkg>.cu): run the variant sweep")
+    ap.add_argument("--sweep-rep", type=int, default=60, help="do_bench rep (ms) of the sweep")
     a = ap.parse_args()
     torch.manual_seed(torch.seed())
     kh = Loader(a.lib, a.packages)
@@ -268,6 +329,8 @@ def main():
           f"CUDA {torch.version.cuda}")
     copy = copy_tbps()
     print(f"device copy roofline: {copy:.2f} TB/s (read + write, 1 GiB bf16)")
+    if a.sweep_src:
+        variant_sweep(a.sweep_src, a.sweep_rep)
     rows = []
     all_cases = list(cases(kh, a.quick))
     for sweep in range(2):

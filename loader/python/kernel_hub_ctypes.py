@@ -1,0 +1,64 @@
+"""ctypes declarations of kernel-hub's C API (loader/kernel_hub.h, loader/kernel_hub_abi.h) and
+DLPack's DLTensor, for Python callers: tests, benchmarks, scripts. No dependencies.
+
+    import kernel_hub_ctypes as kh
+    lib = kh.load("build/libkernel_hub.so")
+    rt = lib.kh_runtime_create(0)
+"""
+import ctypes as C
+
+KH_OK, KH_ERR_NOT_FOUND, KH_ERR_REFUSED = 0, 4, 8
+KH_MODE_EVAL, KH_MODE_TRAIN, KH_DEVICE_CPU = 0, 1, -1
+KH_ARG_TENSOR, KH_ARG_INT, KH_ARG_FLOAT = 1, 2, 3
+KH_FLAG_HAS_BACKWARD = 1
+kDLCPU, kDLCUDA = 1, 2
+kDLInt, kDLUInt, kDLFloat, kDLBfloat = 0, 1, 2, 4
+
+
+class DLDevice(C.Structure):
+    _fields_ = [("device_type", C.c_int), ("device_id", C.c_int32)]
+
+
+class DLDataType(C.Structure):
+    _fields_ = [("code", C.c_uint8), ("bits", C.c_uint8), ("lanes", C.c_uint16)]
+
+
+class DLTensor(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("device", DLDevice), ("ndim", C.c_int32),
+                ("dtype", DLDataType), ("shape", C.POINTER(C.c_int64)),
+                ("strides", C.POINTER(C.c_int64)), ("byte_offset", C.c_uint64)]
+
+
+class ArgValue(C.Union):
+    _fields_ = [("t", C.POINTER(DLTensor)), ("i", C.c_int64), ("f", C.c_double),
+                ("dt", DLDataType)]
+
+
+class Arg(C.Structure):
+    """kh_arg_t: a tensor, an integer, a float or a dtype."""
+    _fields_ = [("kind", C.c_int32), ("v", ArgValue)]
+
+
+OpFn = C.CFUNCTYPE(C.c_int32, C.POINTER(Arg), C.c_int32, C.c_void_p)
+
+
+def load(path):
+    """Opens libkernel_hub.so and declares the C API's signatures."""
+    assert C.sizeof(DLTensor) == 48 and C.sizeof(Arg) == 16, "ctypes layout mismatch"
+    lib = C.CDLL(path)
+    lib.kh_runtime_create.restype = C.c_void_p
+    lib.kh_runtime_create.argtypes = [C.c_int32]
+    lib.kh_runtime_destroy.argtypes = [C.c_void_p]
+    lib.kh_runtime_add_slot.argtypes = [C.c_void_p, C.c_char_p, OpFn, OpFn, OpFn, C.c_uint32,
+                                        C.POINTER(C.c_uint32)]
+    lib.kh_runtime_find_slot.argtypes = [C.c_void_p, C.c_char_p, C.POINTER(C.c_uint32)]
+    lib.kh_runtime_bind.argtypes = [C.c_void_p, C.c_char_p, C.c_char_p, C.c_char_p, C.c_int32,
+                                    C.c_int32, C.POINTER(C.c_int32)]
+    lib.kh_runtime_set_mode.argtypes = [C.c_void_p, C.c_int32]
+    lib.kh_runtime_get_mode.argtypes = [C.c_void_p]
+    lib.kh_runtime_set_capturing.argtypes = [C.c_void_p, C.c_int32]
+    lib.kh_runtime_forward.argtypes = [C.c_void_p, C.c_uint32, C.c_int32, C.POINTER(Arg),
+                                       C.c_int32, C.c_void_p]
+    lib.kh_runtime_backward.argtypes = lib.kh_runtime_forward.argtypes
+    lib.kh_last_error.restype = C.c_char_p
+    return lib
