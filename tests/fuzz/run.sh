@@ -9,10 +9,12 @@ command -v clang++ >/dev/null || { echo "clang++ not installed: skipping"; exit 
 mkdir -p "$build"
 (
   flock 9
+  log="$build/build.log"
   if [ ! -f "$build/CMakeCache.txt" ]; then
-    cmake -S "$src" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+    cmake -S "$src" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ >"$log" 2>&1 ||
+      { cat "$log"; exit 1; }
   fi
-  cmake --build "$build" >/dev/null
+  cmake --build "$build" >"$log" 2>&1 || { cat "$log"; exit 1; }
 ) 9>"$build/.lock"
 bin="$build/fuzz_$target"
 if [ -d "$src/regressions/$target" ] && [ -n "$(ls -A "$src/regressions/$target")" ]; then

@@ -23,7 +23,8 @@ for t in test_gpu_device_code test_kernels_gpu; do
 done
 "$g/bin/bench_device_load" 2>&1 | tee "$out/bench_device_load.log" | tail -12
 if [ -f "$g/bench_kernels.py" ]; then
+  # KH_BENCH_ARGS: extra options, e.g. "--sweep-src $g/kernels" for the variant sweep.
   python3 "$g/bench_kernels.py" --lib "$g/bin/libkernel_hub.so" --packages "$g/kernels" \
-    2>&1 | tee "$out/bench_kernels.log" | tail -40
+    ${KH_BENCH_ARGS:-} 2>&1 | tee "$out/bench_kernels.log" | tail -100
 fi
 exit $status
