@@ -5,8 +5,6 @@
 // be redirected through a link, and nothing outside the fresh temp directory is touched.
 #include "hub/archive.h"
 
-#include <archive.h>
-#include <archive_entry.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "hub/archive_api.h"
 #include "hub/error.h"
 #include "hub/fs.h"
 
@@ -34,13 +33,13 @@ namespace {
 constexpr int kZstdLevel = 19;
 
 struct ReadArchiveDeleter {
-  void operator()(struct archive* a) const { archive_read_free(a); }
+  void operator()(struct archive* a) const { archive_api().read_free(a); }
 };
 struct WriteArchiveDeleter {
-  void operator()(struct archive* a) const { archive_write_free(a); }
+  void operator()(struct archive* a) const { archive_api().write_free(a); }
 };
 struct EntryDeleter {
-  void operator()(struct archive_entry* e) const { archive_entry_free(e); }
+  void operator()(struct archive_entry* e) const { archive_api().entry_free(e); }
 };
 
 // Closes a file descriptor when it goes out of scope.
@@ -144,14 +143,15 @@ class Extractor {
   }
 
   void run(struct archive* a) {
+    const ArchiveApi& api = archive_api();
     uint32_t entries = 0;
     for (;;) {
       struct archive_entry* entry = nullptr;
-      int r = archive_read_next_header(a, &entry);
+      int r = api.read_next_header(a, &entry);
       if (r == ARCHIVE_EOF) break;
       if (r < ARCHIVE_WARN) damaged(a);
       if (++entries > limits_.max_entries) {
-        const char* name = archive_entry_pathname(entry);
+        const char* name = api.entry_pathname(entry);
         refuse(name ? name : "?",
                "more than " + std::to_string(limits_.max_entries) + " entries in the archive");
       }
@@ -162,19 +162,21 @@ class Extractor {
 
  private:
   [[noreturn]] void damaged(struct archive* a) {
-    const char* msg = archive_error_string(a);
+    const ArchiveApi& api = archive_api();
+    const char* msg = api.error_string(a);
     throw Error(ErrorKind::kInvalidInput,
                 "damaged or unsupported package archive: " + std::string(msg ? msg : "unknown") +
                     " (expected tar or tar+zstd); pull the package again or ask its publisher");
   }
 
   void extract_entry(struct archive* a, struct archive_entry* entry) {
-    const char* raw_name = archive_entry_pathname(entry);
+    const ArchiveApi& api = archive_api();
+    const char* raw_name = api.entry_pathname(entry);
     if (raw_name == nullptr) refuse("?", "path is not representable");
     std::string name = raw_name;
-    if (archive_entry_hardlink(entry) != nullptr) refuse(name, "hard links are not allowed");
-    if (archive_entry_symlink(entry) != nullptr) refuse(name, "symbolic links are not allowed");
-    mode_t type = archive_entry_filetype(entry);
+    if (api.entry_hardlink(entry) != nullptr) refuse(name, "hard links are not allowed");
+    if (api.entry_symlink(entry) != nullptr) refuse(name, "symbolic links are not allowed");
+    mode_t type = api.entry_filetype(entry);
     if (type != AE_IFREG && type != AE_IFDIR) {
       const char* what = type == AE_IFLNK    ? "symbolic links"
                          : type == AE_IFCHR  ? "character devices"
@@ -184,7 +186,7 @@ class Extractor {
                                              : "entries of this type";
       refuse(name, std::string(what) + " are not allowed (regular files and directories only)");
     }
-    if (archive_entry_sparse_count(entry) > 0) refuse(name, "sparse files are not allowed");
+    if (api.entry_sparse_count(entry) > 0) refuse(name, "sparse files are not allowed");
     std::vector<std::string> parts = split_entry_path(name, limits_);
     if (parts.empty()) {
       if (type != AE_IFDIR) refuse(name, "a file cannot be the archive root");
@@ -196,12 +198,12 @@ class Extractor {
       make_dir(parent.get(), leaf, join(parts, parts.size()), name);
       return;
     }
-    if (archive_entry_size_is_set(entry) &&
-        static_cast<uint64_t>(archive_entry_size(entry)) > limits_.max_entry_bytes) {
+    if (api.entry_size_is_set(entry) &&
+        static_cast<uint64_t>(api.entry_size(entry)) > limits_.max_entry_bytes) {
       refuse(name, "larger than the per-entry limit of " + std::to_string(limits_.max_entry_bytes) +
                        " bytes");
     }
-    bool executable = (archive_entry_perm(entry) & 0111) != 0 || ends_with_so(leaf);
+    bool executable = (api.entry_perm(entry) & 0111) != 0 || ends_with_so(leaf);
     write_file(a, entry, parent.get(), leaf, name, executable ? 0555 : 0444);
   }
 
@@ -236,19 +238,20 @@ class Extractor {
 
   void write_file(struct archive* a, struct archive_entry* entry, int parent,
                   const std::string& leaf, const std::string& name, mode_t mode) {
+    const ArchiveApi& api = archive_api();
     Fd fd(
         ::openat(parent, leaf.c_str(), O_CREAT | O_EXCL | O_NOFOLLOW | O_WRONLY | O_CLOEXEC, 0600));
     if (fd.get() < 0) {
       if (errno == EEXIST) refuse(name, "duplicate entry");
       throw_errno("cannot create " + name + " in " + root_path_.string());
     }
-    const int64_t header_size = archive_entry_size_is_set(entry) ? archive_entry_size(entry) : -1;
+    const int64_t header_size = api.entry_size_is_set(entry) ? api.entry_size(entry) : -1;
     uint64_t written = 0;
     for (;;) {
       const void* buf = nullptr;
       size_t size = 0;
       la_int64_t offset = 0;
-      int r = archive_read_data_block(a, &buf, &size, &offset);
+      int r = api.read_data_block(a, &buf, &size, &offset);
       if (r == ARCHIVE_EOF) break;
       if (r < ARCHIVE_WARN) damaged(a);
       if (offset < 0 || static_cast<uint64_t>(offset) != written) {
@@ -353,7 +356,8 @@ void collect(const stdfs::path& dir, const std::string& prefix, std::vector<Sour
 
 void check_write(struct archive* a, int r, const std::string& what) {
   if (r < ARCHIVE_WARN) {
-    const char* msg = archive_error_string(a);
+    const ArchiveApi& api = archive_api();
+    const char* msg = api.error_string(a);
     throw Error(ErrorKind::kIo, "cannot write package archive (" + what +
                                     "): " + std::string(msg ? msg : "unknown error"));
   }
@@ -363,6 +367,8 @@ void check_write(struct archive* a, int r, const std::string& what) {
 
 void extract_archive(const stdfs::path& archive, const stdfs::path& dest,
                      const ArchiveLimits& limits) {
+  // Loaded before anything is created, so a missing libarchive leaves nothing behind.
+  const ArchiveApi& api = archive_api();
   std::error_code ec;
   if (stdfs::symlink_status(dest, ec).type() != stdfs::file_type::not_found) {
     throw Error(ErrorKind::kIo, "cannot extract " + archive.string() + ": destination " +
@@ -373,13 +379,13 @@ void extract_archive(const stdfs::path& archive, const stdfs::path& dest,
                               "." + fs::random_hex(12) + ".tmp");
   if (::mkdir(tmp.c_str(), 0700) != 0) throw_errno("cannot create " + tmp.string());
   try {
-    std::unique_ptr<struct archive, ReadArchiveDeleter> a(archive_read_new());
+    std::unique_ptr<struct archive, ReadArchiveDeleter> a(api.read_new());
     if (!a) throw Error(ErrorKind::kIo, "libarchive: out of memory");
-    archive_read_support_format_tar(a.get());
-    archive_read_support_filter_zstd(a.get());
-    archive_read_support_filter_none(a.get());
-    if (archive_read_open_filename(a.get(), archive.c_str(), 1 << 16) != ARCHIVE_OK) {
-      const char* msg = archive_error_string(a.get());
+    api.read_support_format_tar(a.get());
+    api.read_support_filter_zstd(a.get());
+    api.read_support_filter_none(a.get());
+    if (api.read_open_filename(a.get(), archive.c_str(), 1 << 16) != ARCHIVE_OK) {
+      const char* msg = api.error_string(a.get());
       std::string why = msg ? msg : "unknown error";
       if (!stdfs::exists(archive, ec)) {
         throw Error(ErrorKind::kNotFound, "package archive not found: " + archive.string());
@@ -399,6 +405,7 @@ void extract_archive(const stdfs::path& archive, const stdfs::path& dest,
 }
 
 void create_archive(const stdfs::path& src_dir, const stdfs::path& out) {
+  const ArchiveApi& api = archive_api();
   struct stat st;
   if (::stat(src_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     throw Error(ErrorKind::kNotFound, "cannot package " + src_dir.string() + ": not a directory");
@@ -430,28 +437,28 @@ void create_archive(const stdfs::path& src_dir, const stdfs::path& out) {
   stdfs::path dir = out.parent_path().empty() ? stdfs::path(".") : out.parent_path();
   fs::TempFile tmp(dir, "." + out.filename().string());
   {
-    std::unique_ptr<struct archive, WriteArchiveDeleter> a(archive_write_new());
+    std::unique_ptr<struct archive, WriteArchiveDeleter> a(api.write_new());
     if (!a) throw Error(ErrorKind::kIo, "libarchive: out of memory");
-    check_write(a.get(), archive_write_set_format_pax_restricted(a.get()), "format");
-    check_write(a.get(), archive_write_add_filter_zstd(a.get()), "zstd filter");
+    check_write(a.get(), api.write_set_format_pax_restricted(a.get()), "format");
+    check_write(a.get(), api.write_add_filter_zstd(a.get()), "zstd filter");
     check_write(a.get(),
-                archive_write_set_filter_option(a.get(), "zstd", "compression-level",
-                                                std::to_string(kZstdLevel).c_str()),
+                api.write_set_filter_option(a.get(), "zstd", "compression-level",
+                                            std::to_string(kZstdLevel).c_str()),
                 "zstd level");
-    check_write(a.get(), archive_write_open_fd(a.get(), tmp.fd()), "open " + tmp.path().string());
+    check_write(a.get(), api.write_open_fd(a.get(), tmp.fd()), "open " + tmp.path().string());
     std::vector<char> buf(1 << 16);
     for (const auto& e : entries) {
-      std::unique_ptr<struct archive_entry, EntryDeleter> entry(archive_entry_new());
-      archive_entry_set_pathname(entry.get(), e.rel.c_str());
-      archive_entry_set_filetype(entry.get(), e.is_dir ? AE_IFDIR : AE_IFREG);
-      archive_entry_set_perm(entry.get(), (e.is_dir || e.executable) ? 0755 : 0644);
-      archive_entry_set_mtime(entry.get(), 0, 0);
-      archive_entry_set_uid(entry.get(), 0);
-      archive_entry_set_gid(entry.get(), 0);
-      archive_entry_set_uname(entry.get(), "");
-      archive_entry_set_gname(entry.get(), "");
-      archive_entry_set_size(entry.get(), e.is_dir ? 0 : static_cast<la_int64_t>(e.size));
-      check_write(a.get(), archive_write_header(a.get(), entry.get()), "header of " + e.rel);
+      std::unique_ptr<struct archive_entry, EntryDeleter> entry(api.entry_new());
+      api.entry_set_pathname(entry.get(), e.rel.c_str());
+      api.entry_set_filetype(entry.get(), e.is_dir ? AE_IFDIR : AE_IFREG);
+      api.entry_set_perm(entry.get(), (e.is_dir || e.executable) ? 0755 : 0644);
+      api.entry_set_mtime(entry.get(), 0, 0);
+      api.entry_set_uid(entry.get(), 0);
+      api.entry_set_gid(entry.get(), 0);
+      api.entry_set_uname(entry.get(), "");
+      api.entry_set_gname(entry.get(), "");
+      api.entry_set_size(entry.get(), e.is_dir ? 0 : static_cast<la_int64_t>(e.size));
+      check_write(a.get(), api.write_header(a.get(), entry.get()), "header of " + e.rel);
       if (e.is_dir) continue;
       Fd fd(::open(e.path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
       if (fd.get() < 0) throw_errno("cannot open " + e.path.string());
@@ -465,7 +472,7 @@ void create_archive(const stdfs::path& src_dir, const stdfs::path& out) {
         if (n == 0) break;
         done += static_cast<uint64_t>(n);
         if (done > e.size) break;
-        la_ssize_t w = archive_write_data(a.get(), buf.data(), static_cast<size_t>(n));
+        la_ssize_t w = api.write_data(a.get(), buf.data(), static_cast<size_t>(n));
         if (w < 0) check_write(a.get(), static_cast<int>(w), "data of " + e.rel);
       }
       if (done != e.size) {
@@ -473,7 +480,7 @@ void create_archive(const stdfs::path& src_dir, const stdfs::path& out) {
                                         ": the file changed while it was being archived");
       }
     }
-    check_write(a.get(), archive_write_close(a.get()), "close");
+    check_write(a.get(), api.write_close(a.get()), "close");
   }
   tmp.commit(out, 0644);
 }

@@ -1,6 +1,5 @@
 #include "hub/http.h"
 
-#include <curl/curl.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "hub/curl_api.h"
 #include "hub/error.h"
 
 namespace kh::http {
@@ -24,13 +24,17 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxErrorBody = 64 << 10;  // kept from failed blob responses for messages
 
-void global_init() {
+// Loads libcurl (on first use only: commands that never touch the network never map it) and
+// initialises it once per process.
+const CurlApi& global_init() {
+  const CurlApi& api = curl_api();
   static std::once_flag once;
-  std::call_once(once, [] {
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+  std::call_once(once, [&api] {
+    if (api.global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
       throw Error(ErrorKind::kNetwork, "libcurl initialisation failed (curl_global_init)");
     }
   });
+  return api;
 }
 
 std::string lower(std::string_view s) {
@@ -119,39 +123,41 @@ std::string excerpt(std::string_view body) {
 
 // Settings shared by small requests and blob downloads (REFERENCE §3.6).
 void apply_common(CURL* h, const Options& o, char* errbuf) {
+  const CurlApi& api = curl_api();
   const char* protocols = o.allow_plain_http ? "https,http" : "https";
-  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, protocols);
-  curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, protocols);
-  curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
-  curl_easy_setopt(h, CURLOPT_MAXREDIRS, 10L);
+  api.easy_setopt(h, CURLOPT_PROTOCOLS_STR, protocols);
+  api.easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, protocols);
+  api.easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
+  api.easy_setopt(h, CURLOPT_MAXREDIRS, 10L);
   // CURLOPT_UNRESTRICTED_AUTH stays off: libcurl drops Authorization on a host change.
-  curl_easy_setopt(h, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_2TLS));
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, o.connect_timeout_ms);
-  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, o.low_speed_limit);
-  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, o.low_speed_time_s);
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h, CURLOPT_USERAGENT, o.user_agent.c_str());
-  if (!o.ca_bundle.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, o.ca_bundle.c_str());
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+  api.easy_setopt(h, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_2TLS));
+  api.easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, o.connect_timeout_ms);
+  api.easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, o.low_speed_limit);
+  api.easy_setopt(h, CURLOPT_LOW_SPEED_TIME, o.low_speed_time_s);
+  api.easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  api.easy_setopt(h, CURLOPT_USERAGENT, o.user_agent.c_str());
+  if (!o.ca_bundle.empty()) api.easy_setopt(h, CURLOPT_CAINFO, o.ca_bundle.c_str());
+  api.easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
   errbuf[0] = 0;
 }
 
 std::string curl_cause(CURLcode rc, const char* errbuf) {
-  std::string s = curl_easy_strerror(rc);
+  std::string s = curl_api().easy_strerror(rc);
   if (errbuf && errbuf[0]) s += " (" + trim(errbuf) + ")";
   return s;
 }
 
 struct SlistDeleter {
-  void operator()(curl_slist* l) const { curl_slist_free_all(l); }
+  void operator()(curl_slist* l) const { curl_api().slist_free_all(l); }
 };
 using Slist = std::unique_ptr<curl_slist, SlistDeleter>;
 
 Slist make_headers(const std::vector<std::string>& headers) {
+  const CurlApi& api = curl_api();
   curl_slist* list = nullptr;
-  for (const auto& h : headers) list = curl_slist_append(list, h.c_str());
+  for (const auto& h : headers) list = api.slist_append(list, h.c_str());
   // No "Expect: 100-continue" round trip before uploads.
-  list = curl_slist_append(list, "Expect:");
+  list = api.slist_append(list, "Expect:");
   return Slist(list);
 }
 
@@ -265,7 +271,7 @@ size_t transfer_write(char* data, size_t size, size_t nmemb, void* user) {
     if (!t->body_started) {
       t->body_started = true;
       long code = 0;
-      curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &code);
+      curl_api().easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &code);
       t->to_sink = code == 200 || code == 206;
       if (code == 200 && t->start_offset > 0) {
         // The server ignored Range and sends the whole blob: start over.
@@ -360,7 +366,9 @@ double backoff_seconds(const Options& o, int attempt, double retry_after_s) {
 // ---- Client ----
 
 struct Client::Impl {
-  // Connections, DNS and TLS sessions shared by all small requests of this client.
+  // Connections, DNS and TLS sessions shared by all small requests of this client. Made on the
+  // first request, so that a client that never sends one (offline mode) never loads libcurl.
+  std::once_flag share_once;
   CURLSH* share = nullptr;
   std::mutex locks[CURL_LOCK_DATA_LAST];
 
@@ -371,22 +379,28 @@ struct Client::Impl {
     static_cast<Impl*>(user)->locks[data].unlock();
   }
 
-  Impl() {
-    share = curl_share_init();
-    curl_share_setopt(share, CURLSHOPT_LOCKFUNC, &Impl::lock);
-    curl_share_setopt(share, CURLSHOPT_UNLOCKFUNC, &Impl::unlock);
-    curl_share_setopt(share, CURLSHOPT_USERDATA, this);
-    curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
-    curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
-    curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
+  CURLSH* shared() {
+    std::call_once(share_once, [this] { make_share(); });
+    return share;
   }
-  ~Impl() { curl_share_cleanup(share); }
+
+  void make_share() {
+    const CurlApi& api = global_init();
+    share = api.share_init();
+    if (!share) throw Error(ErrorKind::kNetwork, "curl_share_init failed");
+    api.share_setopt(share, CURLSHOPT_LOCKFUNC, &Impl::lock);
+    api.share_setopt(share, CURLSHOPT_UNLOCKFUNC, &Impl::unlock);
+    api.share_setopt(share, CURLSHOPT_USERDATA, this);
+    api.share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+    api.share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+    api.share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
+  }
+  ~Impl() {
+    if (share) curl_api().share_cleanup(share);
+  }
 };
 
-Client::Client(Options options) : options_(std::move(options)) {
-  global_init();
-  impl_ = std::make_unique<Impl>();
-}
+Client::Client(Options options) : options_(std::move(options)), impl_(std::make_unique<Impl>()) {}
 
 Client::~Client() = default;
 
@@ -399,6 +413,8 @@ Response Client::send(const Request& request) {
     upload.fd = ::open(request.upload_file.c_str(), O_RDONLY | O_CLOEXEC);
     if (upload.fd < 0) throw_errno("cannot open " + request.upload_file.string() + " to upload");
   }
+  CURLSH* share = impl_->shared();
+  const CurlApi& api = curl_api();
   Slist headers = make_headers(request.headers);
   int max_attempts = request.retry ? std::max(1, options_.max_attempts) : 1;
 
@@ -412,43 +428,43 @@ Response Client::send(const Request& request) {
     st.upload_length = request.upload_length;
     char errbuf[CURL_ERROR_SIZE];
 
-    std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> h(curl_easy_init(), &curl_easy_cleanup);
+    std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> h(api.easy_init(), api.easy_cleanup);
     if (!h) throw Error(ErrorKind::kNetwork, "curl_easy_init failed");
     CURL* c = h.get();
     apply_common(c, options_, errbuf);
-    curl_easy_setopt(c, CURLOPT_SHARE, impl_->share);
-    curl_easy_setopt(c, CURLOPT_URL, request.url.c_str());
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, request.follow_redirects ? 1L : 0L);
+    api.easy_setopt(c, CURLOPT_SHARE, share);
+    api.easy_setopt(c, CURLOPT_URL, request.url.c_str());
+    api.easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
+    api.easy_setopt(c, CURLOPT_FOLLOWLOCATION, request.follow_redirects ? 1L : 0L);
     // Uploads are blobs: no whole-request limit, only the stall (low-speed) check.
-    if (upload.fd < 0) curl_easy_setopt(c, CURLOPT_TIMEOUT, options_.metadata_timeout_s);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &send_write);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &st);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &send_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &st);
+    if (upload.fd < 0) api.easy_setopt(c, CURLOPT_TIMEOUT, options_.metadata_timeout_s);
+    api.easy_setopt(c, CURLOPT_WRITEFUNCTION, &send_write);
+    api.easy_setopt(c, CURLOPT_WRITEDATA, &st);
+    api.easy_setopt(c, CURLOPT_HEADERFUNCTION, &send_header);
+    api.easy_setopt(c, CURLOPT_HEADERDATA, &st);
 
     const std::string& m = request.method;
     if (m == "HEAD") {
-      curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+      api.easy_setopt(c, CURLOPT_NOBODY, 1L);
     } else if (upload.fd >= 0) {
-      curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
-      curl_easy_setopt(c, CURLOPT_READFUNCTION, &send_read);
-      curl_easy_setopt(c, CURLOPT_READDATA, &st);
-      curl_easy_setopt(c, CURLOPT_SEEKFUNCTION, &send_seek);
-      curl_easy_setopt(c, CURLOPT_SEEKDATA, &st);
-      curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.upload_length));
-      if (m != "PUT") curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, m.c_str());
+      api.easy_setopt(c, CURLOPT_UPLOAD, 1L);
+      api.easy_setopt(c, CURLOPT_READFUNCTION, &send_read);
+      api.easy_setopt(c, CURLOPT_READDATA, &st);
+      api.easy_setopt(c, CURLOPT_SEEKFUNCTION, &send_seek);
+      api.easy_setopt(c, CURLOPT_SEEKDATA, &st);
+      api.easy_setopt(c, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.upload_length));
+      if (m != "PUT") api.easy_setopt(c, CURLOPT_CUSTOMREQUEST, m.c_str());
     } else if (m != "GET") {
       if (m == "POST" || m == "PUT" || m == "PATCH" || !request.body.empty()) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
-                         static_cast<curl_off_t>(request.body.size()));
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, request.body.data());
+        api.easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
+                        static_cast<curl_off_t>(request.body.size()));
+        api.easy_setopt(c, CURLOPT_POSTFIELDS, request.body.data());
       }
-      if (m != "POST") curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, m.c_str());
+      if (m != "POST") api.easy_setopt(c, CURLOPT_CUSTOMREQUEST, m.c_str());
     }
 
     ++requests_;
-    CURLcode rc = curl_easy_perform(c);
+    CURLcode rc = api.easy_perform(c);
     if (st.too_large) {
       throw Error(ErrorKind::kRefused, request.method + " " + request.url +
                                            ": response body larger than the limit of " +
@@ -460,11 +476,11 @@ Response Client::send(const Request& request) {
     }
     curl_off_t retry_after = 0;
     if (rc == CURLE_OK) {
-      curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &response.status);
+      api.easy_getinfo(c, CURLINFO_RESPONSE_CODE, &response.status);
       char* eff = nullptr;
-      curl_easy_getinfo(c, CURLINFO_EFFECTIVE_URL, &eff);
+      api.easy_getinfo(c, CURLINFO_EFFECTIVE_URL, &eff);
       if (eff) response.effective_url = eff;
-      curl_easy_getinfo(c, CURLINFO_RETRY_AFTER, &retry_after);
+      api.easy_getinfo(c, CURLINFO_RETRY_AFTER, &retry_after);
       if (!retryable_status(response.status) || attempt >= max_attempts) return response;
     } else if (!transient_error(rc) || attempt >= max_attempts) {
       throw Error(ErrorKind::kNetwork,
@@ -480,6 +496,7 @@ Response Client::send(const Request& request) {
 void Client::download(std::vector<Download>& jobs, Progress* progress) {
   if (jobs.empty()) return;
   if (options_.offline) throw_offline("GET", jobs.front().url);
+  const CurlApi& api = global_init();
 
   std::vector<std::unique_ptr<Transfer>> transfers;
   for (auto& job : jobs) {
@@ -504,14 +521,14 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     transfers.push_back(std::move(t));
   }
 
-  std::unique_ptr<CURLM, decltype(&curl_multi_cleanup)> multi_owner(curl_multi_init(),
-                                                                    &curl_multi_cleanup);
+  std::unique_ptr<CURLM, decltype(&curl_multi_cleanup)> multi_owner(api.multi_init(),
+                                                                    api.multi_cleanup);
   CURLM* multi = multi_owner.get();
   if (!multi) throw Error(ErrorKind::kNetwork, "curl_multi_init failed");
   const long parallel = std::max(1, options_.max_parallel);
-  curl_multi_setopt(multi, CURLMOPT_PIPELINING, static_cast<long>(CURLPIPE_MULTIPLEX));
-  curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, parallel);
-  curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, parallel);
+  api.multi_setopt(multi, CURLMOPT_PIPELINING, static_cast<long>(CURLPIPE_MULTIPLEX));
+  api.multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, parallel);
+  api.multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, parallel);
 
   // A 429/503 with Retry-After slows every transfer to that host, not just the one hit.
   std::map<std::string, Clock::time_point> host_not_before;
@@ -524,36 +541,36 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     t.response_headers.clear();
     t.error_body.clear();
     t.abort_reason.clear();
-    CURL* c = curl_easy_init();
+    CURL* c = api.easy_init();
     if (!c) throw Error(ErrorKind::kNetwork, "curl_easy_init failed");
     t.easy = c;
     apply_common(c, options_, t.errbuf);
-    curl_easy_setopt(c, CURLOPT_URL, t.job->url.c_str());
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, t.headers.get());
-    curl_easy_setopt(c, CURLOPT_PIPEWAIT, 1L);
+    api.easy_setopt(c, CURLOPT_URL, t.job->url.c_str());
+    api.easy_setopt(c, CURLOPT_HTTPHEADER, t.headers.get());
+    api.easy_setopt(c, CURLOPT_PIPEWAIT, 1L);
     // Large receive buffer: blobs are megabytes, and 16 KiB reads cost a recv + write + hash
     // call each (measured: 17k of each for 256 MiB).
-    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &transfer_write);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, &transfer_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &t);
-    curl_easy_setopt(c, CURLOPT_PRIVATE, static_cast<void*>(&t));
+    api.easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024);
+    api.easy_setopt(c, CURLOPT_WRITEFUNCTION, &transfer_write);
+    api.easy_setopt(c, CURLOPT_WRITEDATA, &t);
+    api.easy_setopt(c, CURLOPT_HEADERFUNCTION, &transfer_header);
+    api.easy_setopt(c, CURLOPT_HEADERDATA, &t);
+    api.easy_setopt(c, CURLOPT_PRIVATE, static_cast<void*>(&t));
     // Sends "Range: bytes=<offset>-" when resuming.
-    curl_easy_setopt(c, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(t.start_offset));
+    api.easy_setopt(c, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(t.start_offset));
     t.state = Transfer::State::kRunning;
     ++running;
     ++requests_;
-    curl_multi_add_handle(multi, c);
+    api.multi_add_handle(multi, c);
   };
 
   auto finish = [&](Transfer& t, CURLcode rc) {
     long code = 0;
     curl_off_t retry_after = 0;
-    curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &code);
-    curl_easy_getinfo(t.easy, CURLINFO_RETRY_AFTER, &retry_after);
-    curl_multi_remove_handle(multi, t.easy);
-    curl_easy_cleanup(t.easy);
+    api.easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &code);
+    api.easy_getinfo(t.easy, CURLINFO_RETRY_AFTER, &retry_after);
+    api.multi_remove_handle(multi, t.easy);
+    api.easy_cleanup(t.easy);
     t.easy = nullptr;
     --running;
     Download& job = *t.job;
@@ -645,26 +662,26 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
       if (!pending && running == 0) break;
 
       int still = 0;
-      curl_multi_perform(multi, &still);
+      api.multi_perform(multi, &still);
       int queued = 0;
       bool finished_any = false;
-      while (CURLMsg* msg = curl_multi_info_read(multi, &queued)) {
+      while (CURLMsg* msg = api.multi_info_read(multi, &queued)) {
         if (msg->msg != CURLMSG_DONE) continue;
         char* priv = nullptr;
-        curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv);
+        api.easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, &priv);
         finish(*reinterpret_cast<Transfer*>(priv), msg->data.result);
         finished_any = true;
       }
       if (finished_any) continue;
       auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_wake - Clock::now());
       int timeout_ms = static_cast<int>(std::clamp<int64_t>(wait.count(), 0, 1000));
-      curl_multi_poll(multi, nullptr, 0, timeout_ms, nullptr);
+      api.multi_poll(multi, nullptr, 0, timeout_ms, nullptr);
     }
   } catch (...) {
     for (auto& t : transfers) {
       if (t->easy) {
-        curl_multi_remove_handle(multi, t->easy);
-        curl_easy_cleanup(t->easy);
+        api.multi_remove_handle(multi, t->easy);
+        api.easy_cleanup(t->easy);
         t->easy = nullptr;
       }
     }
