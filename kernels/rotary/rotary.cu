@@ -1,0 +1,106 @@
+// Device code of the rotary package: RotaryEmbedding applied in place to query and key, NeoX
+// (rotate halves) and GPT-J (interleaved) layouts, forward and backward (the inverse rotation),
+// bf16/fp16/fp32 storage with fp32 math (rope_math.h, the expression the cpu code uses).
+//
+// Header-free for NVRTC: the build inlines rope_math.h and kh_prelude.cuh. Kernels are
+// extern "C", named
+//   rope_<neox|gptj>_<bf16|fp16|fp32>_<cache: f32|same>_<vec|scalar>.
+// Tensors: query [tokens, q_heads, head_dim] and key [tokens, k_heads, head_dim] (key may be
+// NULL), each with its own token and head strides (elements) and a contiguous last dimension;
+// positions int64 [tokens]; cos and sin [max_pos, half] (half = rot_dim / 2) with a row stride,
+// fp32 or the tensor's dtype. A token whose position is outside [0, max_pos) is left unchanged.
+// Geometry (host.cpp, launch_config.h): one CTA per token; its threads walk the token's work
+// units (q heads, then k heads), consecutive threads on consecutive units of one head so that
+// the accesses are coalesced and cos/sin are re-read from L1 for every head. vec: 16-byte
+// accesses when every head start is 16-byte aligned and half divides into whole vectors.
+#include "rope_math.h"
+
+namespace {
+
+// One work unit: PV pairs of one head. NeoX vec: x1 = x[j .. j+VEC), x2 = x[j+half ..) (two
+// 16-byte accesses, PV = VEC); GPT-J vec: one 16-byte access of VEC interleaved elements
+// (PV = VEC / 2); scalar (VEC = 1): one pair.
+template <typename T, typename C, int NEOX, int VEC>
+__device__ __forceinline__ void rope_heads(T* x, kh_i64 st, kh_i64 sh, int heads, int half,
+                                           const C* cr, const C* sr, float sign) {
+  constexpr int PV = VEC == 1 ? 1 : (NEOX ? VEC : VEC / 2);
+  const int per_head = half / PV;
+  const int units = heads * per_head;
+  T* xt = x + (kh_i64)blockIdx.x * st;
+  for (int i = threadIdx.x; i < units; i += blockDim.x) {
+    const int h = i / per_head, j = (i - h * per_head) * PV;
+    T* xh = xt + (kh_i64)h * sh;
+    if constexpr (VEC == 1) {
+      const int a = kh_rope_first(NEOX, j), b = kh_rope_second(NEOX, j, half);
+      const float x1 = kh_to_float(xh[a]), x2 = kh_to_float(xh[b]);
+      const float c = kh_to_float(cr[j]), s = sign * kh_to_float(sr[j]);
+      float o1, o2;
+      kh_rope_rotate(x1, x2, c, s, &o1, &o2);
+      xh[a] = kh_convert<T>::from_float(o1);
+      xh[b] = kh_convert<T>::from_float(o2);
+    } else if constexpr (NEOX) {
+      float a[VEC], b[VEC];
+      kh_unpack<T, VEC>(kh_load_raw<T, VEC, KH_LOAD_PLAIN>(xh + j), a);
+      kh_unpack<T, VEC>(kh_load_raw<T, VEC, KH_LOAD_PLAIN>(xh + j + half), b);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        float o1, o2;
+        kh_rope_rotate(a[k], b[k], kh_to_float(cr[j + k]), sign * kh_to_float(sr[j + k]), &o1, &o2);
+        a[k] = o1;
+        b[k] = o2;
+      }
+      kh_store_raw<T, VEC>(xh + j, kh_pack<T, VEC>(a));
+      kh_store_raw<T, VEC>(xh + j + half, kh_pack<T, VEC>(b));
+    } else {
+      float a[VEC];
+      kh_unpack<T, VEC>(kh_load_raw<T, VEC, KH_LOAD_PLAIN>(xh + 2 * j), a);
+#pragma unroll
+      for (int k = 0; k < PV; ++k) {
+        float o1, o2;
+        kh_rope_rotate(a[2 * k], a[2 * k + 1], kh_to_float(cr[j + k]),
+                       sign * kh_to_float(sr[j + k]), &o1, &o2);
+        a[2 * k] = o1;
+        a[2 * k + 1] = o2;
+      }
+      kh_store_raw<T, VEC>(xh + 2 * j, kh_pack<T, VEC>(a));
+    }
+  }
+}
+
+template <typename T, typename C, int NEOX, int VEC>
+__device__ __forceinline__ void rope_kernel(const kh_i64* positions, T* q, kh_i64 sqt, kh_i64 sqh,
+                                            int q_heads, T* k, kh_i64 skt, kh_i64 skh, int k_heads,
+                                            const C* cos, const C* sin, kh_i64 scos, kh_i64 ssin,
+                                            kh_i64 max_pos, int half, float sign) {
+  const kh_i64 pos = positions[blockIdx.x];
+  if (pos < 0 || pos >= max_pos) return;  // no barriers in this kernel
+  const C* cr = cos + pos * scos;
+  const C* sr = sin + pos * ssin;
+  rope_heads<T, C, NEOX, VEC>(q, sqt, sqh, q_heads, half, cr, sr, sign);
+  if (k) rope_heads<T, C, NEOX, VEC>(k, skt, skh, k_heads, half, cr, sr, sign);
+}
+
+}  // namespace
+
+#define KH_ROPE_KERNEL(LNAME, NEOX, TNAME, T, CNAME, C, VEC, VNAME)                               \
+  extern "C" __global__ void __launch_bounds__(256) rope_##LNAME##_##TNAME##_##CNAME##_##VNAME(   \
+      const kh_i64* positions, T* q, kh_i64 sqt, kh_i64 sqh, int q_heads, T* k, kh_i64 skt,       \
+      kh_i64 skh, int k_heads, const C* cos, const C* sin, kh_i64 scos, kh_i64 ssin,              \
+      kh_i64 max_pos, int half, float sign) {                                                     \
+    rope_kernel<T, C, NEOX, VEC>(positions, q, sqt, sqh, q_heads, k, skt, skh, k_heads, cos, sin, \
+                                 scos, ssin, max_pos, half, sign);                                \
+  }
+
+#define KH_ROPE_VARIANTS(LNAME, NEOX, TNAME, T, CNAME, C)              \
+  KH_ROPE_KERNEL(LNAME, NEOX, TNAME, T, CNAME, C, kh_vec16<T>::n, vec) \
+  KH_ROPE_KERNEL(LNAME, NEOX, TNAME, T, CNAME, C, 1, scalar)
+
+#define KH_ROPE_LAYOUT(LNAME, NEOX)                           \
+  KH_ROPE_VARIANTS(LNAME, NEOX, bf16, kh_bf16, f32, float)    \
+  KH_ROPE_VARIANTS(LNAME, NEOX, bf16, kh_bf16, same, kh_bf16) \
+  KH_ROPE_VARIANTS(LNAME, NEOX, fp16, kh_fp16, f32, float)    \
+  KH_ROPE_VARIANTS(LNAME, NEOX, fp16, kh_fp16, same, kh_fp16) \
+  KH_ROPE_VARIANTS(LNAME, NEOX, fp32, float, f32, float)
+
+KH_ROPE_LAYOUT(neox, 1)
+KH_ROPE_LAYOUT(gptj, 0)

@@ -1,0 +1,282 @@
+// Host library of the kernel-hub/softmax package: layers Softmax (last dimension) and
+// CrossEntropy (large vocabularies, ignore_index, fp32 loss per token). Ops check their DLPack
+// arguments, then run cpu.cpp on kDLCPU tensors or launch softmax.cu's kernels through the
+// loader on kDLCUDA tensors.
+//
+// Softmax: x, y, dy, dx are rows (leading dimensions collapsed, last dimension contiguous, any
+// row stride >= the row length), one dtype. forward_train is the forward op (backward needs y,
+// which the caller keeps). y may be x itself, dx may be dy or y (in place).
+// CrossEntropy: logits [tokens, vocab] rows; targets int64 contiguous [tokens]; loss float32
+// contiguous [tokens] (0 for tokens whose target is ignore_index, NaN for a target outside
+// [0, vocab)). forward_train also writes dlogits = (softmax(logits) - onehot(target)) *
+// grad_scale in the logits dtype (zero rows for ignored tokens); dlogits may be logits itself.
+// backward multiplies dlogits in place by the per-token loss gradient dloss (float32 [tokens]);
+// a caller that folds the upstream gradient into grad_scale (e.g. 1 / valid tokens for a mean)
+// can skip it.
+#include <math.h>
+#include <stdio.h>
+
+#include <initializer_list>
+
+#include "kernels/common/package_host.h"
+#include "kernels/common/tensor_args.h"
+#include "kernels/softmax/cpu.h"
+#include "kernels/softmax/launch_config.h"
+
+namespace khk {
+namespace {
+
+constexpr const char* kPackageName = "kernel-hub/softmax";
+constexpr const char* kPackageVersion = "1.0.0";
+
+#define KH_TRY(expr)                            \
+  do {                                          \
+    int32_t kh_status_ = (expr);                \
+    if (kh_status_ != KH_OK) return kh_status_; \
+  } while (0)
+
+const char* dtype_tag(int dtype) {
+  return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
+}
+
+// A row tensor shaped like x (same rows, cols, dtype and device; its own row stride).
+int32_t like_arg(const char* op, const char* name, const DLTensor* t, const RowsView& x,
+                 const char* like, RowsView* out) {
+  KH_TRY(rows_view(op, name, t, out));
+  KH_TRY(expect_shape(op, name, *out, x.rows, x.cols, like));
+  KH_TRY(expect_dtype(op, name, out->dtype, x.dtype, like));
+  KH_TRY(expect_device(op, name, out->device, x.device));
+  return KH_OK;
+}
+
+// A float32 contiguous vector with one value per row of x.
+int32_t per_row_f32(const char* op, const char* name, const DLTensor* t, const RowsView& x,
+                    float** out) {
+  VectorView v;
+  KH_TRY(vector_view(op, name, t, x.rows, &v));
+  KH_TRY(expect_dtype(op, name, v.dtype, kFP32, "per-token values are float32"));
+  KH_TRY(expect_device(op, name, v.device, x.device));
+  *out = reinterpret_cast<float*>(v.data);
+  return KH_OK;
+}
+
+// int64 contiguous targets, one per row of x.
+int32_t targets_arg(const char* op, const DLTensor* t, const RowsView& x, const int64_t** out) {
+  if (t->dtype.code != kDLInt || t->dtype.bits != 64 || t->dtype.lanes != 1)
+    return fail(KH_ERR_UNSUPPORTED,
+                "%s: tensor targets has dtype code %u bits %u; expected int64 (torch.long)", op,
+                t->dtype.code, t->dtype.bits);
+  int64_t count = 1, expect_stride = 1;
+  for (int32_t d = t->ndim - 1; d >= 0; --d) {
+    if (t->shape[d] < 0)
+      return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor targets has a negative extent", op);
+    if (t->strides && t->shape[d] > 1 && t->strides[d] != expect_stride)
+      return fail(KH_ERR_UNSUPPORTED, "%s: tensor targets must be contiguous", op);
+    expect_stride *= t->shape[d];
+    count *= t->shape[d];
+  }
+  if (count != x.rows)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: tensor targets has %lld elements; expected one per row of logits (%lld)", op,
+                static_cast<long long>(count), static_cast<long long>(x.rows));
+  KH_TRY(expect_device(op, "targets", t->device, x.device));
+  if (count > 0 && !t->data)
+    return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor targets has a NULL data pointer", op);
+  *out = reinterpret_cast<const int64_t*>(static_cast<const char*>(t->data) + t->byte_offset);
+  return KH_OK;
+}
+
+// Launches `kernel_base`_<dtype>_<vec|scalar> over the rows of `shape` (all tensors in `rows`
+// must allow the vector path for it to be chosen).
+int32_t launch_rows(const char* op, const char* kernel_base, const RowsView& shape,
+                    std::initializer_list<const RowsView*> rows, void** params, void* stream) {
+  const int vec16 = dtype_vec16(shape.dtype);
+  bool vec = true;
+  for (const RowsView* r : rows) vec = vec && vectorizable(*r, vec16);
+  const SoftmaxLaunch cfg = softmax_launch(shape.rows, vec ? shape.cols / vec16 : shape.cols);
+  if (cfg.blocks > 0x7FFFFFFF)
+    return fail(KH_ERR_UNSUPPORTED, "%s: %lld rows need more than 2^31-1 CTAs", op,
+                static_cast<long long>(shape.rows));
+  char name[64];
+  snprintf(name, sizeof name, "%s_%s_%s", kernel_base, dtype_tag(shape.dtype),
+           vec ? "vec" : "scalar");
+  LaunchDims dims;
+  dims.grid[0] = static_cast<uint32_t>(cfg.blocks);
+  dims.block[0] = cfg.threads_per_row;
+  dims.block[1] = cfg.rows_per_block;
+  return launch_kernel(shape.device.device_id, name, dims, params, stream);
+}
+
+#define KH_SCHEMA_SOFTMAX "softmax(Tensor x, Tensor(a!) y) -> ()"
+#define KH_SCHEMA_SOFTMAX_BWD "softmax_backward(Tensor dy, Tensor y, Tensor(a!) dx) -> ()"
+#define KH_SCHEMA_CE \
+  "cross_entropy(Tensor logits, Tensor targets, int ignore_index, Tensor(a!) loss) -> ()"
+#define KH_SCHEMA_CE_TRAIN                                                                  \
+  "cross_entropy_train(Tensor logits, Tensor targets, int ignore_index, float grad_scale, " \
+  "Tensor(a!) loss, Tensor(b!) dlogits) -> ()"
+#define KH_SCHEMA_CE_BWD "cross_entropy_backward(Tensor dloss, Tensor(a!) dlogits) -> ()"
+
+int32_t softmax(const kh_arg_t* args, int32_t nargs, void* stream) {
+  const char* op = "softmax";
+  OpArgs a{op, args, nargs};
+  KH_TRY(a.expect(2, KH_SCHEMA_SOFTMAX));
+  const DLTensor *xt, *yt;
+  KH_TRY(a.tensor(0, "x", &xt));
+  KH_TRY(a.tensor(1, "y", &yt));
+  RowsView x, y;
+  KH_TRY(rows_view(op, "x", xt, &x));
+  KH_TRY(like_arg(op, "y", yt, x, "x", &y));
+  if (x.rows == 0 || x.cols == 0) return KH_OK;
+  if (is_cpu(x.device)) {
+    softmax_cpu::forward(x.dtype, x.data, x.stride, y.data, y.stride, x.rows, x.cols);
+    return KH_OK;
+  }
+  const void* xp = x.data;
+  void* yp = y.data;
+  long long sx = x.stride, sy = y.stride, rows = x.rows;
+  int cols = static_cast<int>(x.cols);
+  void* params[] = {&xp, &sx, &yp, &sy, &rows, &cols};
+  return launch_rows(op, "softmax_fwd", x, {&x, &y}, params, stream);
+}
+
+int32_t softmax_backward(const kh_arg_t* args, int32_t nargs, void* stream) {
+  const char* op = "softmax_backward";
+  OpArgs a{op, args, nargs};
+  KH_TRY(a.expect(3, KH_SCHEMA_SOFTMAX_BWD));
+  const DLTensor *dyt, *yt, *dxt;
+  KH_TRY(a.tensor(0, "dy", &dyt));
+  KH_TRY(a.tensor(1, "y", &yt));
+  KH_TRY(a.tensor(2, "dx", &dxt));
+  RowsView dy, y, dx;
+  KH_TRY(rows_view(op, "y", yt, &y));
+  KH_TRY(like_arg(op, "dy", dyt, y, "y", &dy));
+  KH_TRY(like_arg(op, "dx", dxt, y, "y", &dx));
+  if (y.rows == 0 || y.cols == 0) return KH_OK;
+  if (is_cpu(y.device)) {
+    softmax_cpu::backward(y.dtype, dy.data, dy.stride, y.data, y.stride, dx.data, dx.stride, y.rows,
+                          y.cols);
+    return KH_OK;
+  }
+  const void* dyp = dy.data;
+  const void* yp = y.data;
+  void* dxp = dx.data;
+  long long sdy = dy.stride, sy = y.stride, sdx = dx.stride, rows = y.rows;
+  int cols = static_cast<int>(y.cols);
+  void* params[] = {&dyp, &sdy, &yp, &sy, &dxp, &sdx, &rows, &cols};
+  return launch_rows(op, "softmax_bwd", y, {&dy, &y, &dx}, params, stream);
+}
+
+int32_t ce_impl(const char* op, bool train, const kh_arg_t* args, int32_t nargs, void* stream) {
+  OpArgs a{op, args, nargs};
+  KH_TRY(a.expect(train ? 6 : 4, train ? KH_SCHEMA_CE_TRAIN : KH_SCHEMA_CE));
+  const DLTensor *xt, *tt, *lt, *dxt = nullptr;
+  KH_TRY(a.tensor(0, "logits", &xt));
+  KH_TRY(a.tensor(1, "targets", &tt));
+  int64_t ignore_index = 0;
+  KH_TRY(a.integer(2, "ignore_index", &ignore_index));
+  double grad_scale = 1.0;
+  if (train) {
+    KH_TRY(a.real(3, "grad_scale", &grad_scale));
+    if (!isfinite(grad_scale))
+      return fail(KH_ERR_INVALID_ARGUMENT, "%s: grad_scale must be finite, got %g", op, grad_scale);
+    KH_TRY(a.tensor(4, "loss", &lt));
+    KH_TRY(a.tensor(5, "dlogits", &dxt));
+  } else {
+    KH_TRY(a.tensor(3, "loss", &lt));
+  }
+  RowsView x, dx;
+  KH_TRY(rows_view(op, "logits", xt, &x));
+  const int64_t* targets = nullptr;
+  KH_TRY(targets_arg(op, tt, x, &targets));
+  float* loss = nullptr;
+  KH_TRY(per_row_f32(op, "loss", lt, x, &loss));
+  if (train) KH_TRY(like_arg(op, "dlogits", dxt, x, "logits", &dx));
+  if (x.rows == 0) return KH_OK;
+  if (x.cols == 0) return fail(KH_ERR_INVALID_ARGUMENT, "%s: logits have 0 classes (vocab 0)", op);
+  const float scale = static_cast<float>(grad_scale);
+  if (is_cpu(x.device)) {
+    softmax_cpu::ce_forward(x.dtype, x.data, x.stride, targets, ignore_index, loss,
+                            train ? dx.data : nullptr, dx.stride, scale, x.rows, x.cols);
+    return KH_OK;
+  }
+  const void* xp = x.data;
+  const int64_t* tp = targets;
+  void* dxp = train ? dx.data : nullptr;
+  long long sx = x.stride, ign = ignore_index, sdx = train ? dx.stride : 0, rows = x.rows;
+  float sc = scale;
+  int cols = static_cast<int>(x.cols);
+  void* params[] = {&xp, &sx, &tp, &ign, &loss, &dxp, &sdx, &sc, &rows, &cols};
+  if (train) return launch_rows(op, "ce_train", x, {&x, &dx}, params, stream);
+  return launch_rows(op, "ce_fwd", x, {&x}, params, stream);
+}
+
+int32_t cross_entropy(const kh_arg_t* a, int32_t n, void* s) {
+  return ce_impl("cross_entropy", false, a, n, s);
+}
+int32_t cross_entropy_train(const kh_arg_t* a, int32_t n, void* s) {
+  return ce_impl("cross_entropy_train", true, a, n, s);
+}
+
+int32_t cross_entropy_backward(const kh_arg_t* args, int32_t nargs, void* stream) {
+  const char* op = "cross_entropy_backward";
+  OpArgs a{op, args, nargs};
+  KH_TRY(a.expect(2, KH_SCHEMA_CE_BWD));
+  const DLTensor *gt, *dxt;
+  KH_TRY(a.tensor(0, "dloss", &gt));
+  KH_TRY(a.tensor(1, "dlogits", &dxt));
+  RowsView dx;
+  KH_TRY(rows_view(op, "dlogits", dxt, &dx));
+  float* dloss = nullptr;
+  KH_TRY(per_row_f32(op, "dloss", gt, dx, &dloss));
+  if (dx.rows == 0 || dx.cols == 0) return KH_OK;
+  if (is_cpu(dx.device)) {
+    softmax_cpu::ce_backward(dx.dtype, dloss, dx.data, dx.stride, dx.rows, dx.cols);
+    return KH_OK;
+  }
+  const float* gp = dloss;
+  void* dxp = dx.data;
+  long long sdx = dx.stride, rows = dx.rows;
+  int cols = static_cast<int>(dx.cols);
+  void* params[] = {&gp, &dxp, &sdx, &rows, &cols};
+  return launch_rows(op, "ce_bwd", dx, {&dx}, params, stream);
+}
+
+constexpr uint32_t kOpFlags = KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
+constexpr uint32_t kLayerFlags = KH_FLAG_HAS_BACKWARD | KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
+constexpr uint32_t kDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16 | KH_DTYPE_FP32;
+
+#define KH_OP(name, schema, fn) \
+  { KH_HEADER_INIT(kh_op_v1_t), name, schema, kOpFlags, fn }
+
+const kh_op_v1_t kOps[] = {
+    KH_OP("softmax", KH_SCHEMA_SOFTMAX, softmax),
+    KH_OP("softmax_backward", KH_SCHEMA_SOFTMAX_BWD, softmax_backward),
+    KH_OP("cross_entropy", KH_SCHEMA_CE, cross_entropy),
+    KH_OP("cross_entropy_train", KH_SCHEMA_CE_TRAIN, cross_entropy_train),
+    KH_OP("cross_entropy_backward", KH_SCHEMA_CE_BWD, cross_entropy_backward),
+};
+
+const kh_layer_v1_t kLayers[] = {
+    {KH_HEADER_INIT(kh_layer_v1_t), "Softmax", "softmax", "softmax", "softmax_backward",
+     kLayerFlags, kDtypes},
+    {KH_HEADER_INIT(kh_layer_v1_t), "CrossEntropy", "cross_entropy", "cross_entropy_train",
+     "cross_entropy_backward", kLayerFlags, kDtypes},
+};
+
+const kh_module_v1_t kModule = {KH_HEADER_INIT(kh_module_v1_t),
+                                kPackageName,
+                                kPackageVersion,
+                                "kernel-hub/softmax " KH_BUILD_ID,
+                                sizeof kLayers / sizeof kLayers[0],
+                                kLayers,
+                                sizeof kOps / sizeof kOps[0],
+                                kOps,
+                                nullptr};
+
+}  // namespace
+}  // namespace khk
+
+KH_MODULE_ENTRY(host) {
+  if (!khk::accept_host(host, khk::kPackageName)) return nullptr;
+  return &khk::kModule;
+}

@@ -1,0 +1,417 @@
+// GPU correctness of the rotary and softmax packages (CTest label gpu; skipped without
+// libcuda.so.1 or a device), the companion of test_kernels_gpu.cpp: the cuda ops through the
+// real loader and its CUDA device backend (NVRTC from the package's .cu, or a packaged cubin) on
+// device copies of the same cases the cpu tests use, plus GPU-sized ones: every op, dtype and
+// layout against float64 references, forward and backward, odd sizes, one row, vocab 128256,
+// rows of 65536+, strided and misaligned rows (scalar path), outputs poisoned before each run.
+// The cubin path and the NVRTC path must give bit-identical results.
+//
+// Device memory comes from the driver API (dlopen of libcuda.so.1); the driver shim and the
+// executor are a copy of test_kernels_gpu.cpp's (which keeps them file-local).
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hub/fs.h"
+#include "loader/device_backend.h"
+#include "tests/fixtures/process.h"
+#include "tests/unit/test_kernels_nvrtc.h"
+#include "tests/unit/test_kernels_rotary_cases.h"
+#include "tests/unit/test_kernels_softmax_cases.h"
+#include "tests/unit/test_kernels_util.h"
+
+namespace kh::kernels_test {
+namespace {
+
+// ---- the driver calls the test needs ------------------------------------------------------
+struct Cuda {
+  typedef int Res;
+  typedef unsigned long long Ptr;
+  Res (*init)(unsigned) = nullptr;
+  Res (*device_count)(int*) = nullptr;
+  Res (*device_get)(int*, int) = nullptr;
+  Res (*attribute)(int*, int, int) = nullptr;
+  Res (*ctx_retain)(void**, int) = nullptr;
+  Res (*ctx_set_current)(void*) = nullptr;
+  Res (*ctx_synchronize)() = nullptr;
+  Res (*mem_alloc)(Ptr*, size_t) = nullptr;
+  Res (*mem_free)(Ptr) = nullptr;
+  Res (*htod)(Ptr, const void*, size_t) = nullptr;
+  Res (*dtoh)(void*, Ptr, size_t) = nullptr;
+  std::string skip;  // why the GPU tests cannot run here
+  int sm_major = 0, sm_minor = 0;
+
+  static Cuda& get() {
+    static Cuda c = load();
+    return c;
+  }
+
+ private:
+  static Cuda load() {
+    Cuda c;
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      c.skip = "no libcuda.so.1 (no NVIDIA driver)";
+      return c;
+    }
+    auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+      if (!fn) c.skip += std::string(name) + " missing from libcuda.so.1; ";
+    };
+    sym(c.init, "cuInit");
+    sym(c.device_count, "cuDeviceGetCount");
+    sym(c.device_get, "cuDeviceGet");
+    sym(c.attribute, "cuDeviceGetAttribute");
+    sym(c.ctx_retain, "cuDevicePrimaryCtxRetain");
+    sym(c.ctx_set_current, "cuCtxSetCurrent");
+    sym(c.ctx_synchronize, "cuCtxSynchronize");
+    sym(c.mem_alloc, "cuMemAlloc_v2");
+    sym(c.mem_free, "cuMemFree_v2");
+    sym(c.htod, "cuMemcpyHtoD_v2");
+    sym(c.dtoh, "cuMemcpyDtoH_v2");
+    if (!c.skip.empty()) return c;
+    int n = 0, dev = 0;
+    if (c.init(0) != 0 || c.device_count(&n) != 0 || n == 0) {
+      c.skip = "no CUDA device";
+      return c;
+    }
+    void* ctx = nullptr;
+    if (c.device_get(&dev, 0) != 0 || c.ctx_retain(&ctx, dev) != 0 || c.ctx_set_current(ctx) != 0) {
+      c.skip = "cannot make device 0's primary context current";
+      return c;
+    }
+    c.attribute(&c.sm_major, 75, dev);  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    c.attribute(&c.sm_minor, 76, dev);
+    return c;
+  }
+};
+
+// Mirrors HostTensors in device memory for one op call each (kernels/common rows semantics:
+// the whole span, gaps between rows included, so untouched gaps can be checked afterwards).
+class GpuExecutor : public Executor {
+ public:
+  const DLTensor* arg(HostTensor& t) override {
+    auto it = mirrors_.find(&t);
+    if (it != mirrors_.end()) return &it->second.dl;
+    Cuda& cu = Cuda::get();
+    Mirror m;
+    m.offset = static_cast<size_t>(t.offset_elems() * dtype_bytes(t.dtype()));
+    m.bytes = t.span_bytes();
+    EXPECT_EQ(cu.mem_alloc(&m.ptr, m.offset + m.bytes), 0);
+    EXPECT_EQ(cu.htod(m.ptr + m.offset, t.data(), m.bytes), 0);
+    m.dl = *t.dl();
+    m.dl.data = reinterpret_cast<void*>(m.ptr + m.offset);
+    m.dl.device = DLDevice{kDLCUDA, 0};
+    return &mirrors_.emplace(&t, m).first->second.dl;
+  }
+  int32_t call(const Package& p, const std::string& op, const std::vector<kh_arg_t>& args,
+               std::string* error) override {
+    Cuda& cu = Cuda::get();
+    int32_t s = p.call(op, args, error, /*stream=*/nullptr);
+    int sync = cu.ctx_synchronize();
+    if (s == KH_OK && sync != 0) {
+      s = KH_ERR_LAUNCH;
+      if (error) *error = op + ": cuCtxSynchronize failed with " + std::to_string(sync);
+    }
+    for (auto& [t, m] : mirrors_) {
+      EXPECT_EQ(cu.dtoh(t->data(), m.ptr + m.offset, m.bytes), 0);
+      cu.mem_free(m.ptr);
+    }
+    mirrors_.clear();
+    return s;
+  }
+
+ private:
+  struct Mirror {
+    Cuda::Ptr ptr = 0;
+    size_t offset = 0, bytes = 0;
+    DLTensor dl{};
+  };
+  std::map<HostTensor*, Mirror> mirrors_;
+};
+
+class KernelsGpuMore : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!Cuda::get().skip.empty()) return;
+    jit_dir_ = new test::TempDir("kh-kernels-more-jit");
+    install_cuda_device_backend();
+    CudaDeviceBackend::instance().set_jit_cache_dir(jit_dir_->path());
+  }
+  void SetUp() override {
+    if (!Cuda::get().skip.empty()) GTEST_SKIP() << Cuda::get().skip;
+  }
+  static std::string sm() {
+    return std::to_string(Cuda::get().sm_major) + std::to_string(Cuda::get().sm_minor);
+  }
+  static test::TempDir* jit_dir_;
+};
+test::TempDir* KernelsGpuMore::jit_dir_ = nullptr;
+
+const rope_cases::Case kGpuRopeCases[] = {
+    {4096, 32, 8, 128, 128, 0, 0, 8192, true},     // Llama-style q and GQA k
+    {1000, 32, 8, 128, 128, 0, 128, 4096, false},  // q and k slices of a fused qkv row
+    {257, 16, 16, 64, 32, 0, 0, 1024, true},       // partial rotary
+    {3, 2, 1, 130, 130, 3, 1, 8, true},            // odd head stride (misaligned heads)
+};
+
+TEST_F(KernelsGpuMore, RotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  Package pkg("rotary");
+  GpuExecutor gpu;
+  for (bool neox : {true, false})
+    for (int dtype : {kBF16, kFP16, kFP32}) {
+      for (const auto& k : rope_cases::kCases) {
+        rope_cases::run_case(gpu, pkg, dtype, neox, k, rng);
+        if (HasFatalFailure()) return;
+      }
+      for (const auto& k : kGpuRopeCases) {
+        rope_cases::run_case(gpu, pkg, dtype, neox, k, rng);
+        if (HasFatalFailure()) return;
+      }
+    }
+}
+
+const softmax_cases::Case kGpuSoftmaxCases[] = {
+    {512, 8192, 0}, {1000, 4096, 0}, {3, 2048, 1}, {2, 300000, 0}, {70000, 16, 0}, {64, 32768, 8},
+};
+const softmax_cases::Case kGpuCeCases[] = {
+    {64, 128256, 0}, {17, 152064, 0}, {5, 128256, 3}, {1000, 1024, 0}, {3, 4097, 1},
+};
+
+TEST_F(KernelsGpuMore, SoftmaxEveryDtypeAndShapeMatchesFloat64) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  Package pkg("softmax");
+  GpuExecutor gpu;
+  for (int dtype : {kBF16, kFP16, kFP32}) {
+    for (const auto& k : softmax_cases::kSoftmaxCases) {
+      softmax_cases::run_softmax_case(gpu, pkg, dtype, k, rng);
+      if (HasFatalFailure()) return;
+    }
+    for (const auto& k : kGpuSoftmaxCases) {
+      softmax_cases::run_softmax_case(gpu, pkg, dtype, k, rng);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_F(KernelsGpuMore, CrossEntropyEveryDtypeAndShapeMatchesFloat64) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  Package pkg("softmax");
+  GpuExecutor gpu;
+  for (int dtype : {kBF16, kFP16, kFP32}) {
+    for (const auto& k : softmax_cases::kCeCases) {
+      softmax_cases::run_ce_case(gpu, pkg, dtype, k, rng);
+      if (HasFatalFailure()) return;
+    }
+    for (const auto& k : kGpuCeCases) {
+      softmax_cases::run_ce_case(gpu, pkg, dtype, k, rng);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// A copy of the built package with a cubin for this GPU's sm listed in kernel.json.
+std::filesystem::path make_cubin_package(const std::string& name, const std::string& sm,
+                                         const std::filesystem::path& dir) {
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path src = package_dir(name);
+  std::filesystem::copy_file(src / ("lib" + name + ".so"), dir / ("lib" + name + ".so"));
+  std::filesystem::copy_file(src / (name + ".cu"), dir / (name + ".cu"));
+  Nvrtc::Output out = compile_for(name, "sm_" + sm, false);
+  EXPECT_TRUE(out.ok) << out.log;
+  const std::string cubin = name + ".sm_" + sm + ".cubin";
+  fs::write_file_atomic(dir / cubin, out.cubin);
+  nlohmann::json j = nlohmann::json::parse(fs::read_file(src / "kernel.json", 1 << 20));
+  j["cubins"] = {{sm, cubin}};
+  j.erase("files");
+  fs::write_file_atomic(dir / "kernel.json", j.dump(2));
+  return dir / ("lib" + name + ".so");
+}
+
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
+  return true;
+}
+
+TEST_F(KernelsGpuMore, CubinAndNvrtcPathsGiveIdenticalResults) {
+  if (!Nvrtc::get().ok()) GTEST_SKIP() << Nvrtc::get().load_error;
+  test::TempDir tmp("kh-kernels-more-cubin");
+  Package rope_src("rotary"), sm_src("softmax");
+  Package rope_bin(make_cubin_package("rotary", sm(), tmp / "rotary"), 0);
+  Package sm_bin(make_cubin_package("softmax", sm(), tmp / "softmax"), 0);
+  auto& backend = CudaDeviceBackend::instance();
+  EXPECT_EQ(backend.prepare_device_code(sm_bin.module().host->package, 0).kind,
+            DeviceCodeKind::kCubin);
+  EXPECT_EQ(backend.prepare_device_code(sm_src.module().host->package, 0).kind,
+            DeviceCodeKind::kSource);
+  std::mt19937_64 rng(fresh_seed());
+  std::normal_distribution<double> n01(0.0, 1.0);
+  GpuExecutor gpu;
+  std::string err;
+  for (int dtype : {kBF16, kFP16, kFP32}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const int64_t R = 9, V = 128256;
+    HostTensor x(dtype, R, V);
+    x.fill([&](int64_t, int64_t) { return 2 * n01(rng); });
+    std::vector<int64_t> tv = {0, 5, -100, 128255, 7, 8, 9, 10, 11};
+    HostTensor q(dtype, 64, 32 * 128), cache(kFP32, 4096, 128);
+    q.fill([&](int64_t, int64_t) { return n01(rng); });
+    cache.fill([&](int64_t, int64_t) { return n01(rng); });
+    std::vector<int64_t> pv(64);
+    for (auto& p : pv) p = static_cast<int64_t>(rng() % 4096);
+    std::vector<std::vector<double>> results[2];
+    const Package* sms[2] = {&sm_src, &sm_bin};
+    const Package* ropes[2] = {&rope_src, &rope_bin};
+    for (int path = 0; path < 2; ++path) {
+      HostTensor y(dtype, R, V), loss = vector_tensor(kFP32, R), g(dtype, R, V);
+      rope_cases::Int64Tensor targets(tv);
+      ASSERT_EQ(gpu.call(*sms[path], "softmax", {targ(gpu.arg(x)), targ(gpu.arg(y))}, &err), KH_OK)
+          << err;
+      ASSERT_EQ(gpu.call(*sms[path], "cross_entropy_train",
+                         {targ(gpu.arg(x)), targ(targets.view(gpu)), iarg(-100), farg(0.25),
+                          targ(gpu.arg(loss)), targ(gpu.arg(g))},
+                         &err),
+                KH_OK)
+          << err;
+      HostTensor qc(dtype, 64, 32 * 128);
+      qc.fill([&](int64_t r, int64_t c) { return q.get(r, c); });
+      rope_cases::Int64Tensor positions(pv);
+      rope_cases::HeadsDl qd(gpu.arg(qc), 32, 128, 128);
+      const DLTensor* cd = gpu.arg(cache);
+      rope_cases::CacheDl cos(cd, 64, 0, kFP32), sin(cd, 64, 64, kFP32);
+      ASSERT_EQ(gpu.call(*ropes[path], "rotary_embedding",
+                         {targ(positions.view(gpu)), targ(&qd.t), targ(nullptr), targ(&cos.t),
+                          targ(&sin.t), iarg(1)},
+                         &err),
+                KH_OK)
+          << err;
+      results[path] = {y.values(), loss.values(), g.values(), qc.values()};
+    }
+    for (size_t i = 0; i < results[0].size(); ++i)
+      EXPECT_TRUE(same_bits(results[0][i], results[1][i])) << "output " << i << " differs";
+  }
+}
+
+// Rough timings of the headline shapes (KH_GPU_TIMINGS=1; skipped otherwise): CUDA events around
+// 20 back-to-back calls on the same buffers (no L2 flush; tools/bench is the real benchmark).
+TEST_F(KernelsGpuMore, ReportsTimingsOfHeadlineShapes) {
+  if (!getenv("KH_GPU_TIMINGS")) GTEST_SKIP() << "set KH_GPU_TIMINGS=1 to time the headline shapes";
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr);
+  typedef int (*EvCreate)(void**, unsigned);
+  typedef int (*EvRecord)(void*, void*);
+  typedef int (*EvSync)(void*);
+  typedef int (*EvElapsed)(float*, void*, void*);
+  auto ev_create = reinterpret_cast<EvCreate>(dlsym(h, "cuEventCreate"));
+  auto ev_record = reinterpret_cast<EvRecord>(dlsym(h, "cuEventRecord"));
+  auto ev_sync = reinterpret_cast<EvSync>(dlsym(h, "cuEventSynchronize"));
+  auto ev_elapsed = reinterpret_cast<EvElapsed>(dlsym(h, "cuEventElapsedTime"));
+  ASSERT_TRUE(ev_create && ev_record && ev_sync && ev_elapsed);
+  Cuda& cu = Cuda::get();
+  auto alloc = [&](size_t bytes) {
+    Cuda::Ptr p = 0;
+    EXPECT_EQ(cu.mem_alloc(&p, bytes), 0);
+    return p;
+  };
+  auto dl = [](Cuda::Ptr p, DLDataType t, int ndim, int64_t* shape) {
+    DLTensor d{};
+    d.data = reinterpret_cast<void*>(p);
+    d.device = DLDevice{kDLCUDA, 0};
+    d.ndim = ndim;
+    d.dtype = t;
+    d.shape = shape;
+    return d;
+  };
+  const DLDataType bf16{kDLBfloat, 16, 1}, f32{kDLFloat, 32, 1}, i64{kDLInt, 64, 1};
+  auto time_it = [&](const char* what, double bytes, const std::function<void()>& call) {
+    void *a = nullptr, *b = nullptr;
+    ev_create(&a, 0);
+    ev_create(&b, 0);
+    call();
+    cu.ctx_synchronize();
+    ev_record(a, nullptr);
+    for (int i = 0; i < 20; ++i) call();
+    ev_record(b, nullptr);
+    ev_sync(b);
+    float ms = 0;
+    ev_elapsed(&ms, a, b);
+    const double us = ms * 1000 / 20;
+    printf("%-40s %9.1f us  %6.2f TB/s\n", what, us, bytes / (us * 1e-6) / 1e12);
+  };
+  std::string err;
+  {
+    Package pkg("softmax");
+    int64_t T = 4096, V = 128256;
+    int64_t xs[2] = {T, V}, ts[1] = {T};
+    Cuda::Ptr x = alloc(T * V * 2), g = alloc(T * V * 2), t = alloc(T * 8), l = alloc(T * 4);
+    std::vector<int64_t> tv(T, 17);
+    cu.htod(t, tv.data(), T * 8);
+    std::vector<uint16_t> zeros(V, 0x3f80);
+    for (int64_t r = 0; r < T; ++r) cu.htod(x + r * V * 2, zeros.data(), V * 2);
+    DLTensor X = dl(x, bf16, 2, xs), G = dl(g, bf16, 2, xs), Tt = dl(t, i64, 1, ts),
+             L = dl(l, f32, 1, ts);
+    time_it("cross_entropy 4096x128256 bf16", double(T) * V * 2, [&] {
+      EXPECT_EQ(pkg.call("cross_entropy", {targ(&X), targ(&Tt), iarg(-100), targ(&L)}, &err),
+                KH_OK);
+    });
+    time_it("cross_entropy_train 4096x128256 bf16", 2.0 * T * V * 2, [&] {
+      EXPECT_EQ(pkg.call("cross_entropy_train",
+                         {targ(&X), targ(&Tt), iarg(-100), farg(1.0), targ(&L), targ(&G)}, &err),
+                KH_OK);
+    });
+    int64_t ss[2] = {16384, 8192};
+    Cuda::Ptr sx = alloc(16384LL * 8192 * 2), sy = alloc(16384LL * 8192 * 2);
+    DLTensor SX = dl(sx, bf16, 2, ss), SY = dl(sy, bf16, 2, ss);
+    time_it("softmax 16384x8192 bf16", 2.0 * 16384 * 8192 * 2, [&] {
+      EXPECT_EQ(pkg.call("softmax", {targ(&SX), targ(&SY)}, &err), KH_OK);
+    });
+    time_it("softmax_backward 16384x8192 bf16", 3.0 * 16384 * 8192 * 2, [&] {
+      EXPECT_EQ(pkg.call("softmax_backward", {targ(&SX), targ(&SY), targ(&SY)}, &err), KH_OK);
+    });
+    for (Cuda::Ptr p : {x, g, t, l, sx, sy}) cu.mem_free(p);
+  }
+  {
+    Package pkg("rotary");
+    const int64_t T = 16384;
+    int64_t qs[3] = {T, 32, 128}, ks[3] = {T, 8, 128}, cs[2] = {8192, 64}, ps[1] = {T};
+    Cuda::Ptr q = alloc(T * 32 * 128 * 2), k = alloc(T * 8 * 128 * 2), c = alloc(8192 * 64 * 4),
+              s = alloc(8192 * 64 * 4), p = alloc(T * 8);
+    std::vector<int64_t> pv(T);
+    for (int64_t i = 0; i < T; ++i) pv[i] = i % 8192;
+    cu.htod(p, pv.data(), T * 8);
+    DLTensor Q = dl(q, bf16, 3, qs), K = dl(k, bf16, 3, ks), C = dl(c, f32, 2, cs),
+             S = dl(s, f32, 2, cs), P = dl(p, i64, 1, ps);
+    for (int neox : {1, 0})
+      time_it(neox ? "rope neox q+k 16384x(32+8)x128 bf16" : "rope gptj q+k 16384x(32+8)x128 bf16",
+              2.0 * T * 40 * 128 * 2, [&] {
+                EXPECT_EQ(
+                    pkg.call("rotary_embedding",
+                             {targ(&P), targ(&Q), targ(&K), targ(&C), targ(&S), iarg(neox)}, &err),
+                    KH_OK);
+              });
+    for (Cuda::Ptr ptr : {q, k, c, s, p}) cu.mem_free(ptr);
+  }
+}
+
+}  // namespace
+}  // namespace kh::kernels_test

@@ -1,0 +1,267 @@
+// The rotary and softmax packages' device code and packaging, without a GPU (the companion of
+// test_kernels_device_code.cpp):
+//  - rotary.cu and softmax.cu compile with NVRTC (no -I path, as the loader compiles them) for
+//    sm_80, 86, 89, 90 and 90a with no warnings and no register spills;
+//  - every kernel the host libraries ask for exists in the compiled code and every launch fits
+//    the kernels' launch bounds (ops called on kDLCUDA tensors with a recording backend);
+//  - `kernel-hub check` accepts both package directories and their kernel.json is a valid
+//    registry package manifest matching the module table.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "loader/host_services.h"
+#include "registry/package_manifest.h"
+#include "tests/fixtures/process.h"
+#include "tests/unit/test_kernels_nvrtc.h"
+#include "tests/unit/test_kernels_rotary_cases.h"
+#include "tests/unit/test_kernels_util.h"
+
+namespace kh::kernels_test {
+namespace {
+
+const char* kPackages[] = {"rotary", "softmax"};
+
+class MoreDeviceSourceCompiles
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(MoreDeviceSourceCompiles, WithNvrtcAndNoSpills) {
+  if (!Nvrtc::get().ok()) GTEST_SKIP() << Nvrtc::get().load_error;
+  const std::string package = std::get<0>(GetParam()), sm = std::get<1>(GetParam());
+  const std::string src = shipped_source(package);
+  EXPECT_EQ(src.find("#include"), std::string::npos) << package << ".cu still has an #include";
+  Nvrtc::Output out = compile_for(package, sm, /*verbose=*/true);
+  ASSERT_TRUE(out.ok) << package << ".cu for " << sm << ":\n" << out.log;
+  EXPECT_FALSE(out.cubin.empty());
+  EXPECT_EQ(out.log.find("warning"), std::string::npos) << out.log;
+  std::regex spill(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
+  int kernels = 0;
+  for (auto it = std::sregex_iterator(out.log.begin(), out.log.end(), spill);
+       it != std::sregex_iterator(); ++it) {
+    ++kernels;
+    EXPECT_EQ((*it)[1].str(), "0") << package << " " << sm << " spills: " << (*it)[0].str();
+    EXPECT_EQ((*it)[2].str(), "0") << package << " " << sm << " spills: " << (*it)[0].str();
+  }
+  EXPECT_GT(kernels, 0) << "no ptxas report in the log:\n" << out.log;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, MoreDeviceSourceCompiles,
+                         ::testing::Combine(::testing::Values("rotary", "softmax"),
+                                            ::testing::Values("sm_80", "sm_86", "sm_89", "sm_90",
+                                                              "sm_90a")),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
+
+struct Launch {
+  std::string kernel;
+  kh_launch_cfg_t cfg;
+};
+
+class RecordingBackend : public DeviceBackend {
+ public:
+  int32_t get_function(const PackageIdentity&, int32_t, const char* kernel_name, void** fn,
+                       std::string&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    names_.push_back(kernel_name);
+    *fn = reinterpret_cast<void*>(names_.size());
+    return KH_OK;
+  }
+  int32_t launch(const PackageIdentity&, void* fn, const kh_launch_cfg_t& cfg, void**, void*,
+                 std::string&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    launches_.push_back({names_[reinterpret_cast<size_t>(fn) - 1], cfg});
+    return KH_OK;
+  }
+  std::vector<Launch> take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Launch> out;
+    out.swap(launches_);
+    names_.clear();
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> names_;
+  std::vector<Launch> launches_;
+};
+
+std::set<std::string> cubin_strings(const std::string& cubin) {
+  std::set<std::string> out;
+  size_t start = 0;
+  for (size_t i = 0; i < cubin.size(); ++i)
+    if (cubin[i] == '\0') {
+      if (i > start) out.insert(cubin.substr(start, i - start));
+      start = i + 1;
+    }
+  return out;
+}
+
+DLTensor on_cuda(const DLTensor* t) {
+  DLTensor d = *t;
+  d.device = DLDevice{kDLCUDA, 0};
+  return d;
+}
+
+class MoreCudaDispatch : public ::testing::Test {
+ protected:
+  void SetUp() override { set_device_backend(&backend_); }
+  void TearDown() override { set_device_backend(nullptr); }
+  RecordingBackend backend_;
+};
+
+TEST_F(MoreCudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsItsBounds) {
+  if (!Nvrtc::get().ok()) GTEST_SKIP() << Nvrtc::get().load_error;
+  Package rotary("rotary"), softmax("softmax");
+  std::map<std::string, std::set<std::string>> names;
+  for (const char* p : kPackages) {
+    Nvrtc::Output out = compile_for(p, "sm_90", false);
+    ASSERT_TRUE(out.ok) << out.log;
+    names[p] = cubin_strings(out.cubin);
+  }
+  std::set<std::string> seen;
+  std::string err;
+  CpuExecutor cpu;
+  auto check = [&](const char* package, uint32_t bound) {
+    for (auto& l : backend_.take()) {
+      SCOPED_TRACE(l.kernel);
+      EXPECT_TRUE(names[package].count(l.kernel)) << l.kernel << " is not in " << package;
+      const auto& c = l.cfg;
+      const uint64_t threads = uint64_t{c.block[0]} * c.block[1] * c.block[2];
+      EXPECT_GE(threads, 32u);
+      EXPECT_LE(threads, bound);
+      EXPECT_EQ(c.block[0] & (c.block[0] - 1), 0u);
+      EXPECT_GE(c.block[0], 32u);  // the row reductions use whole warps
+      EXPECT_GE(c.grid[0], 1u);
+      EXPECT_EQ(c.shared_mem_bytes, 0u);
+      seen.insert(l.kernel);
+    }
+  };
+  for (int dtype : {kBF16, kFP16, kFP32})
+    for (int64_t cols : {1, 7, 8, 64, 4095, 4096, 65536, 128256, 128257})
+      for (int64_t offset : {0, 1}) {
+        SCOPED_TRACE(testing::Message()
+                     << dtype_name(dtype) << " cols " << cols << " offset " << offset);
+        const int64_t R = 3;
+        HostTensor x(dtype, R, cols, cols, offset), y(dtype, R, cols, cols, offset);
+        HostTensor loss = vector_tensor(kFP32, R);
+        rope_cases::Int64Tensor t({0, 1, 2});
+        DLTensor X = on_cuda(x.dl()), Y = on_cuda(y.dl()), L = on_cuda(loss.dl()),
+                 T = on_cuda(t.view(cpu));
+        auto ok = [&](const char* op, std::vector<kh_arg_t> a) {
+          EXPECT_EQ(softmax.call(op, a, &err), KH_OK) << op << ": " << err;
+        };
+        ok("softmax", {targ(&X), targ(&Y)});
+        ok("softmax_backward", {targ(&X), targ(&Y), targ(&Y)});
+        ok("cross_entropy", {targ(&X), targ(&T), iarg(-100), targ(&L)});
+        ok("cross_entropy_train", {targ(&X), targ(&T), iarg(-100), farg(1.0), targ(&L), targ(&Y)});
+        ok("cross_entropy_backward", {targ(&L), targ(&Y)});
+        check("softmax", 1024);
+      }
+  for (int dtype : {kBF16, kFP16, kFP32})
+    for (int64_t hd : {2, 64, 128, 256})
+      for (bool f32 : {true, false}) {
+        HostTensor q(dtype, 4, 32 * hd), k(dtype, 4, 8 * hd), cache(f32 ? kFP32 : dtype, 16, hd);
+        rope_cases::Int64Tensor pos({0, 1, 2, 3});
+        rope_cases::HeadsDl qd(q.dl(), 32, hd, hd), kd(k.dl(), 8, hd, hd);
+        rope_cases::CacheDl cos(cache.dl(), hd / 2, 0, cache.dtype()),
+            sin(cache.dl(), hd / 2, hd / 2, cache.dtype());
+        DLTensor Q = on_cuda(&qd.t), K = on_cuda(&kd.t), C = on_cuda(&cos.t), S = on_cuda(&sin.t),
+                 P = on_cuda(pos.view(cpu));
+        for (int neox : {0, 1}) {
+          EXPECT_EQ(
+              rotary.call("rotary_embedding",
+                          {targ(&P), targ(&Q), targ(&K), targ(&C), targ(&S), iarg(neox)}, &err),
+              KH_OK)
+              << err;
+          EXPECT_EQ(rotary.call("rotary_embedding_backward",
+                                {targ(&P), targ(&Q), targ(nullptr), targ(&C), targ(&S), iarg(neox)},
+                                &err),
+                    KH_OK)
+              << err;
+        }
+        check("rotary", 256);
+      }
+  for (const char* k :
+       {"softmax_fwd_bf16_vec", "softmax_fwd_fp16_scalar", "softmax_bwd_fp32_vec",
+        "ce_fwd_bf16_vec", "ce_train_bf16_vec", "ce_train_fp32_scalar", "ce_bwd_fp16_vec",
+        "rope_neox_bf16_f32_vec", "rope_gptj_fp16_same_vec", "rope_neox_bf16_f32_scalar",
+        "rope_neox_fp32_f32_vec", "rope_gptj_fp32_f32_scalar"})
+    EXPECT_TRUE(seen.count(k)) << k << " was never chosen";
+}
+
+TEST_F(MoreCudaDispatch, HeadlineShapesGetTheIntendedGeometry) {
+  Package softmax("softmax");
+  std::string err;
+  CpuExecutor cpu;
+  // Cross-entropy 4096 x 128256 bf16: one 1024-thread CTA per row.
+  HostTensor x(kBF16, 4096, 128256), loss = vector_tensor(kFP32, 4096);
+  std::vector<int64_t> tv(4096, 0);
+  rope_cases::Int64Tensor t(tv);
+  DLTensor X = on_cuda(x.dl()), L = on_cuda(loss.dl()), T = on_cuda(t.view(cpu));
+  ASSERT_EQ(softmax.call("cross_entropy", {targ(&X), targ(&T), iarg(-100), targ(&L)}, &err), KH_OK)
+      << err;
+  std::vector<Launch> l = backend_.take();
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0].kernel, "ce_fwd_bf16_vec");
+  EXPECT_EQ(l[0].cfg.block[0], 1024u);
+  EXPECT_EQ(l[0].cfg.block[1], 1u);
+  EXPECT_EQ(l[0].cfg.grid[0], 4096u);
+  // Short rows share a CTA.
+  HostTensor s(kBF16, 1000, 64), sy(kBF16, 1000, 64);
+  DLTensor S = on_cuda(s.dl()), SY = on_cuda(sy.dl());
+  ASSERT_EQ(softmax.call("softmax", {targ(&S), targ(&SY)}, &err), KH_OK) << err;
+  l = backend_.take();
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0].cfg.block[0], 32u);
+  EXPECT_EQ(l[0].cfg.block[1], 8u);
+  EXPECT_EQ(l[0].cfg.grid[0], 125u);
+}
+
+TEST(KernelsMorePackage, KernelHubCheckAcceptsEachPackageDirectory) {
+  if (!std::filesystem::exists(test::cli_path()))
+    GTEST_SKIP() << "kernel-hub CLI not built at " << test::cli_path();
+  for (const char* p : kPackages) {
+    test::ProcessResult r =
+        test::run_process({test::cli_path(), "check", package_dir(p).string()}, {}, 60);
+    EXPECT_EQ(r.exit_code, 0) << p << ":\n" << r.out << r.err;
+    r = test::run_process({test::cli_path(), "check", "--json", package_dir(p).string()}, {}, 60);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find(std::string("kernel-hub/") + p), std::string::npos) << r.out;
+  }
+}
+
+TEST(KernelsMorePackage, KernelJsonIsAValidPackageManifestMatchingTheModule) {
+  for (const char* p : kPackages) {
+    SCOPED_TRACE(p);
+    PackageManifest m = read_package_manifest(package_dir(p));
+    EXPECT_EQ(m.name, std::string("kernel-hub/") + p);
+    EXPECT_EQ(m.version, "1.0.0");
+    EXPECT_EQ(m.cuda_source, std::string(p) + ".cu");
+    EXPECT_NO_THROW(verify_package_files(package_dir(p), m));
+    Package pkg(p);
+    const ModuleView& view = pkg.module().view;
+    EXPECT_EQ(m.layers.size(), view.layers.size());
+    for (auto& [name, layer] : m.layers) {
+      const kh_layer_v1_t* l = view.find_layer(name);
+      ASSERT_NE(l, nullptr) << name;
+      EXPECT_EQ(layer.forward, l->forward);
+      EXPECT_EQ(layer.forward_train, l->forward_train ? l->forward_train : "");
+      EXPECT_EQ(layer.backward, l->backward ? l->backward : "");
+      EXPECT_EQ(layer.has_backward, (l->flags & KH_FLAG_HAS_BACKWARD) != 0);
+      EXPECT_EQ(layer.graph_safe, (l->flags & KH_FLAG_GRAPH_SAFE) != 0);
+      EXPECT_EQ(layer.deterministic, (l->flags & KH_FLAG_DETERMINISTIC) != 0);
+      EXPECT_EQ(layer.dtypes.size(), 3u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kh::kernels_test

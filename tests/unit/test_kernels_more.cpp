@@ -1,0 +1,202 @@
+// The rotary and softmax packages' cpu ops through the real loader against float64 references
+// on fresh random inputs: RotaryEmbedding (NeoX and GPT-J, partial rotary, strided heads and
+// tokens, fp32 or same-dtype cache, GQA key, no key) forward and inverse; Softmax forward and
+// backward; CrossEntropy (vocab 128256, ignore_index rows, out-of-range targets) with its fused
+// gradient and backward. bf16/fp16/fp32, odd sizes, one row, outputs poisoned before each call.
+// The float64 gradient formulas are checked by finite differences.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "tests/unit/test_kernels_rotary_cases.h"
+#include "tests/unit/test_kernels_softmax_cases.h"
+#include "tests/unit/test_kernels_util.h"
+
+namespace kh::kernels_test {
+namespace {
+
+TEST(KernelsMoreFloat64, SoftmaxAndCrossEntropyGradientsMatchFiniteDifferences) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> n(0.0, 1.0);
+  const int64_t C = 9;
+  std::vector<double> x(C), dy(C);
+  for (auto& v : x) v = n(rng);
+  for (auto& v : dy) v = n(rng);
+  const std::vector<double> y = softmax_cases::softmax_ref(x, 1, C);
+  double dot = 0;
+  for (int64_t c = 0; c < C; ++c) dot += dy[c] * y[c];
+  const double h = 1e-6;
+  const int64_t target = 4;
+  auto lossf = [&](const std::vector<double>& v) {
+    double m = -INFINITY, s = 0;
+    for (double a : v) m = std::max(m, a);
+    for (double a : v) s += std::exp(a - m);
+    return m + std::log(s) - v[target];
+  };
+  for (int64_t i = 0; i < C; ++i) {
+    std::vector<double> xp = x, xm = x;
+    xp[i] += h;
+    xm[i] -= h;
+    const auto yp = softmax_cases::softmax_ref(xp, 1, C), ym = softmax_cases::softmax_ref(xm, 1, C);
+    double fd = 0;  // d(sum(dy * y)) / dx_i
+    for (int64_t c = 0; c < C; ++c) fd += dy[c] * (yp[c] - ym[c]) / (2 * h);
+    EXPECT_NEAR(y[i] * (dy[i] - dot), fd, 1e-7) << "softmax backward, element " << i;
+    const double fdl = (lossf(xp) - lossf(xm)) / (2 * h);
+    EXPECT_NEAR(y[i] - (i == target ? 1.0 : 0.0), fdl, 1e-7) << "cross-entropy, element " << i;
+  }
+}
+
+class MoreCpu : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    rotary_ = new Package("rotary");
+    softmax_ = new Package("softmax");
+  }
+  static Package* rotary_;
+  static Package* softmax_;
+};
+Package* MoreCpu::rotary_ = nullptr;
+Package* MoreCpu::softmax_ = nullptr;
+
+TEST_F(MoreCpu, RotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  CpuExecutor cpu;
+  for (bool neox : {true, false})
+    for (int dtype : {kBF16, kFP16, kFP32})
+      for (const auto& k : rope_cases::kCases) {
+        rope_cases::run_case(cpu, *rotary_, dtype, neox, k, rng);
+        if (HasFatalFailure()) return;
+      }
+}
+
+TEST_F(MoreCpu, SoftmaxEveryDtypeAndShapeMatchesFloat64) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  CpuExecutor cpu;
+  for (int dtype : {kBF16, kFP16, kFP32})
+    for (const auto& k : softmax_cases::kSoftmaxCases) {
+      softmax_cases::run_softmax_case(cpu, *softmax_, dtype, k, rng);
+      if (HasFatalFailure()) return;
+    }
+}
+
+TEST_F(MoreCpu, CrossEntropyEveryDtypeAndShapeMatchesFloat64) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  CpuExecutor cpu;
+  for (int dtype : {kBF16, kFP16, kFP32})
+    for (const auto& k : softmax_cases::kCeCases) {
+      softmax_cases::run_ce_case(cpu, *softmax_, dtype, k, rng);
+      if (HasFatalFailure()) return;
+    }
+}
+
+TEST_F(MoreCpu, BadArgumentsAreRefusedWithAMessage) {
+  std::string err;
+  // Rotary: rot_dim > head_dim, bad layout attribute, 2-D query, int32 positions.
+  HostTensor q(kBF16, 3, 2 * 8), cache(kFP32, 10, 8), wide(kFP32, 10, 10);
+  rope_cases::HeadsDl qd(q.dl(), 2, 8, 8);
+  rope_cases::CacheDl cos(cache.dl(), 4, 0, kFP32), sin(cache.dl(), 4, 4, kFP32);
+  rope_cases::CacheDl cos5(wide.dl(), 5, 0, kFP32), sin5(wide.dl(), 5, 5, kFP32);
+  CpuExecutor cpu;
+  rope_cases::Int64Tensor pos({0, 1, 2});
+  const DLTensor* p = pos.view(cpu);
+  EXPECT_EQ(rotary_->call(
+                "rotary_embedding",
+                {targ(p), targ(&qd.t), targ(nullptr), targ(&cos5.t), targ(&sin5.t), iarg(1)}, &err),
+            KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("rot_dim"), std::string::npos) << err;
+  EXPECT_EQ(rotary_->call(
+                "rotary_embedding",
+                {targ(p), targ(&qd.t), targ(nullptr), targ(&cos.t), targ(&sin.t), iarg(2)}, &err),
+            KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("is_neox"), std::string::npos) << err;
+  EXPECT_EQ(rotary_->call(
+                "rotary_embedding",
+                {targ(p), targ(q.dl()), targ(nullptr), targ(&cos.t), targ(&sin.t), iarg(1)}, &err),
+            KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("[tokens, heads, head_dim]"), std::string::npos) << err;
+  DLTensor p32 = *p;
+  p32.dtype = DLDataType{kDLInt, 32, 1};
+  EXPECT_EQ(
+      rotary_->call("rotary_embedding",
+                    {targ(&p32), targ(&qd.t), targ(nullptr), targ(&cos.t), targ(&sin.t), iarg(1)},
+                    &err),
+      KH_ERR_UNSUPPORTED);
+  EXPECT_NE(err.find("int64"), std::string::npos) << err;
+  // Overlapping heads (head stride smaller than head_dim).
+  rope_cases::HeadsDl overlap(q.dl(), 2, 8, 4);
+  EXPECT_EQ(
+      rotary_->call("rotary_embedding",
+                    {targ(p), targ(&overlap.t), targ(nullptr), targ(&cos.t), targ(&sin.t), iarg(1)},
+                    &err),
+      KH_ERR_UNSUPPORTED);
+  EXPECT_NE(err.find("overlapping"), std::string::npos) << err;
+
+  // Softmax / cross-entropy: shape and dtype mismatches.
+  HostTensor x(kFP16, 4, 10), y(kFP16, 4, 9), y32(kFP32, 4, 10);
+  EXPECT_EQ(softmax_->call("softmax", {targ(x.dl()), targ(y.dl())}, &err), KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("tensor y"), std::string::npos) << err;
+  EXPECT_EQ(softmax_->call("softmax", {targ(x.dl()), targ(y32.dl())}, &err), KH_ERR_UNSUPPORTED);
+  rope_cases::Int64Tensor t3({0, 1, 2});
+  HostTensor loss = vector_tensor(kFP32, 4), loss16 = vector_tensor(kFP16, 4);
+  EXPECT_EQ(softmax_->call("cross_entropy",
+                           {targ(x.dl()), targ(t3.view(cpu)), iarg(-100), targ(loss.dl())}, &err),
+            KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("targets"), std::string::npos) << err;
+  rope_cases::Int64Tensor t4({0, 1, 2, 3});
+  EXPECT_EQ(softmax_->call("cross_entropy",
+                           {targ(x.dl()), targ(t4.view(cpu)), iarg(-100), targ(loss16.dl())}, &err),
+            KH_ERR_UNSUPPORTED);
+  EXPECT_NE(err.find("float32"), std::string::npos) << err;
+  EXPECT_EQ(softmax_->call("cross_entropy_train",
+                           {targ(x.dl()), targ(t4.view(cpu)), iarg(-100), farg(INFINITY),
+                            targ(loss.dl()), targ(x.dl())},
+                           &err),
+            KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("grad_scale"), std::string::npos) << err;
+}
+
+// In place: softmax y = x and cross_entropy_train dlogits = logits give the same results.
+TEST_F(MoreCpu, InPlaceCallsMatchOutOfPlace) {
+  std::mt19937_64 rng(fresh_seed());
+  std::normal_distribution<double> n(0.0, 2.0);
+  CpuExecutor cpu;
+  for (int dtype : {kBF16, kFP32}) {
+    HostTensor x(dtype, 5, 1001), y(dtype, 5, 1001), x2(dtype, 5, 1001);
+    x.fill([&](int64_t, int64_t) { return n(rng); });
+    x2.fill([&](int64_t r, int64_t c) { return x.get(r, c); });
+    std::string err;
+    ASSERT_EQ(softmax_->call("softmax", {targ(x.dl()), targ(y.dl())}, &err), KH_OK) << err;
+    ASSERT_EQ(softmax_->call("softmax", {targ(x2.dl()), targ(x2.dl())}, &err), KH_OK) << err;
+    EXPECT_EQ(x2.values(), y.values());
+    HostTensor g(dtype, 5, 1001), loss = vector_tensor(kFP32, 5), loss2 = vector_tensor(kFP32, 5);
+    x2.fill([&](int64_t r, int64_t c) { return x.get(r, c); });
+    rope_cases::Int64Tensor t({3, -100, 1000, 0, 7});
+    ASSERT_EQ(softmax_->call("cross_entropy_train",
+                             {targ(x.dl()), targ(t.view(cpu)), iarg(-100), farg(0.5),
+                              targ(loss.dl()), targ(g.dl())},
+                             &err),
+              KH_OK)
+        << err;
+    ASSERT_EQ(softmax_->call("cross_entropy_train",
+                             {targ(x2.dl()), targ(t.view(cpu)), iarg(-100), farg(0.5),
+                              targ(loss2.dl()), targ(x2.dl())},
+                             &err),
+              KH_OK)
+        << err;
+    EXPECT_EQ(x2.values(), g.values());
+    EXPECT_EQ(loss2.values(), loss.values());
+  }
+}
+
+}  // namespace
+}  // namespace kh::kernels_test
