@@ -28,7 +28,7 @@ from kernel_hub_ctypes import (  # noqa: E402
 
 DL_CUDA, DL_FLOAT, DL_BFLOAT = 2, 2, 4
 DTYPES = {torch.bfloat16: (DL_BFLOAT, 16), torch.float16: (DL_FLOAT, 16),
-          torch.float32: (DL_FLOAT, 32)}
+          torch.float32: (DL_FLOAT, 32), torch.int64: (0, 64)}  # kDLInt
 
 
 class Loader:
@@ -215,6 +215,64 @@ def cases(kh, quick):
                {"ours": ours_fb, "eager": torch_fb(silu_mul), "compile": torch_fb(csm)}, (), err)
 
 
+def cases_more(kh):
+    """Softmax, cross-entropy and rotary at the issue's shapes."""
+    bf = torch.bfloat16
+    m, n = 16384, 8192
+    x = torch.randn(m, n, device="cuda", dtype=bf) * 3
+    y = torch.full_like(x, float("nan"))
+    sm = lambda t: torch.softmax(t, dim=-1)
+    ours = kh.call("Softmax", "softmax", KH_MODE_EVAL, False, x, y)
+    ours()
+    torch.cuda.synchronize()
+    err = rel_err(y, sm(x.float()))
+    yield ("softmax fwd", f"{m}x{n}", 2 * m * n * 2,
+           {"ours": ours, "eager": bind(sm, x),
+            "compile": bind(torch.compile(sm, dynamic=False, fullgraph=True), x)}, (), err)
+
+    t, v = 4096, 128256
+    logits = torch.randn(t, v, device="cuda", dtype=bf) * 2
+    targets = torch.randint(0, v, (t,), device="cuda", dtype=torch.int64)
+    targets[::17] = -100
+    loss = torch.full((t,), float("nan"), device="cuda", dtype=torch.float32)
+    ce = lambda l, tg: F.cross_entropy(l.float(), tg, ignore_index=-100, reduction="none")
+    ours = kh.call("CrossEntropy", "softmax", KH_MODE_EVAL, False, logits, targets, -100, loss)
+    ours()
+    torch.cuda.synchronize()
+    err = rel_err(loss, ce(logits, targets))
+    yield ("cross_entropy fwd", f"{t}x{v}", t * v * 2 + 12 * t,
+           {"ours": ours, "eager": bind(ce, logits, targets),
+            "compile": bind(torch.compile(ce, dynamic=False, fullgraph=True), logits, targets)},
+           (), err)
+
+    tokens, hq, hk, hd = 16384, 32, 8, 128
+    q = torch.randn(tokens, hq, hd, device="cuda", dtype=bf)
+    k = torch.randn(tokens, hk, hd, device="cuda", dtype=bf)
+    pos = torch.randint(0, 8192, (tokens,), device="cuda", dtype=torch.int64)
+    inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, device="cuda", dtype=torch.float32) / hd))
+    freqs = torch.outer(torch.arange(8192, device="cuda", dtype=torch.float32), inv)
+    cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()
+
+    def rope(q_, k_, pos_):  # NeoX (rotate halves), out of place as users write it
+        c, s_ = cos[pos_][:, None, :], sin[pos_][:, None, :]
+        def rot(t_):
+            a, b = t_[..., : hd // 2].float(), t_[..., hd // 2:].float()
+            return torch.cat((a * c - b * s_, b * c + a * s_), dim=-1).to(t_.dtype)
+        return rot(q_), rot(k_)
+    q0, k0 = q.clone(), k.clone()
+    once = kh.call("RotaryEmbedding", "rotary", KH_MODE_EVAL, False, pos, q0, k0, cos, sin, 1)
+    once()
+    torch.cuda.synchronize()
+    rq, rk = rope(q.float(), k.float(), pos)
+    err = max(rel_err(q0, rq), rel_err(k0, rk))
+    ours = kh.call("RotaryEmbedding", "rotary", KH_MODE_EVAL, False, pos, q, k, cos, sin, 1)
+    nbytes = 2 * (q.numel() + k.numel()) * 2 + tokens * 8 + 2 * tokens * (hd // 2) * 4
+    yield ("rope neox q+k (in place)", f"{tokens}x({hq}+{hk})x{hd}", nbytes,
+           {"ours": ours, "eager": bind(rope, q, k, pos),
+            "compile": bind(torch.compile(rope, dynamic=False, fullgraph=True), q, k, pos)},
+           (), err)
+
+
 def variant_sweep(src_dir, rep):
     """Variants of the forward kernels at the headline shapes, compiled from the shipped sources
     with NVRTC (through CuPy) with -D tuning switches and launched with explicit geometry: one
@@ -319,6 +377,8 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--packages", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--more-only", action="store_true",
+                    help="only softmax, cross-entropy and rotary")
     ap.add_argument("--sweep-src", help="packages directory (<pkg>/<pkg>.cu): run the variant sweep")
     ap.add_argument("--sweep-rep", type=int, default=60, help="do_bench rep (ms) of the sweep")
     a = ap.parse_args()
@@ -332,7 +392,7 @@ def main():
     if a.sweep_src:
         variant_sweep(a.sweep_src, a.sweep_rep)
     rows = []
-    all_cases = list(cases(kh, a.quick))
+    all_cases = ([] if a.more_only else list(cases(kh, a.quick))) + list(cases_more(kh))
     for sweep in range(2):
         for name, shape, nbytes, providers, _, err in all_cases:
             times = {p: bench(fn) for p, fn in providers.items()}  # interleaved per shape
