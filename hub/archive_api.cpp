@@ -1,41 +1,17 @@
 #include "hub/archive_api.h"
 
-#include <dlfcn.h>
-
-#include <mutex>
-#include <string>
-#include <type_traits>
-
-#include "hub/error.h"
+#include "hub/dynamic_library.h"
 
 namespace kh {
 
 namespace {
 
-constexpr const char* kLibrary = "libarchive.so.13";
-
 ArchiveApi load() {
-  // RTLD_LOCAL: libarchive's symbols stay out of the global namespace.
-  void* lib = ::dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* why = ::dlerror();
-    throw Error(ErrorKind::kUnsupported,
-                std::string(kLibrary) + " not found: install Debian's libarchive13 (reading and " +
-                    "writing package archives needs it)" +
-                    (why ? std::string(" [") + why + "]" : std::string()));
-  }
+  DynamicLibrary lib("libarchive.so.13",
+                     "install Debian's libarchive13 (reading and writing package archives needs "
+                     "it)");
   ArchiveApi api{};
-  auto resolve = [&](const char* name, auto& slot) {
-    void* sym = ::dlsym(lib, name);
-    if (sym == nullptr) {
-      ::dlclose(lib);
-      throw Error(ErrorKind::kUnsupported,
-                  std::string(kLibrary) + " has no " + name +
-                      ": it is too old; install a current Debian libarchive13 (3.6 or newer)");
-    }
-    slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(sym);
-  };
-#define KH_ARCHIVE_RESOLVE(field) resolve("archive_" #field, api.field)
+#define KH_ARCHIVE_RESOLVE(field) lib.resolve("archive_" #field, api.field)
   KH_ARCHIVE_RESOLVE(read_new);
   KH_ARCHIVE_RESOLVE(read_support_format_tar);
   KH_ARCHIVE_RESOLVE(read_support_filter_zstd);
@@ -74,18 +50,11 @@ ArchiveApi load() {
   KH_ARCHIVE_RESOLVE(entry_set_gname);
   KH_ARCHIVE_RESOLVE(entry_set_size);
 #undef KH_ARCHIVE_RESOLVE
-  // The library stays loaded for the life of the process.
   return api;
 }
 
 }  // namespace
 
-const ArchiveApi& archive_api() {
-  static std::once_flag once;
-  static ArchiveApi api{};
-  // A throwing load leaves the flag unset, so a later call tries again.
-  std::call_once(once, [] { api = load(); });
-  return api;
-}
+const ArchiveApi& archive_api() { return load_once<ArchiveApi>(load); }
 
 }  // namespace kh
