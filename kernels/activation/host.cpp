@@ -22,12 +22,6 @@ namespace {
 constexpr const char* kPackageName = "kernel-hub/activation";
 constexpr const char* kPackageVersion = "1.0.0";
 
-#define KH_TRY(expr)                            \
-  do {                                          \
-    int32_t kh_status_ = (expr);                \
-    if (kh_status_ != KH_OK) return kh_status_; \
-  } while (0)
-
 const char* op_kernel_name(int op) {
   switch (op) {
     case KH_ACT_SILU_AND_MUL:
@@ -197,10 +191,6 @@ int32_t silu_backward(const kh_arg_t* a, int32_t n, void* s) {
   return backward_op("silu_backward", KH_SCHEMA_SILU_BWD, KH_ACT_SILU, false, a, n, s);
 }
 
-constexpr uint32_t kOpFlags = KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
-constexpr uint32_t kLayerFlags = KH_FLAG_HAS_BACKWARD | KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
-constexpr uint32_t kDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16 | KH_DTYPE_FP32;
-
 #define KH_OP(name, schema, fn) \
   { KH_HEADER_INIT(kh_op_v1_t), name, schema, kOpFlags, fn }
 
@@ -225,20 +215,10 @@ const kh_layer_v1_t kLayers[] = {
     KH_LAYER("Silu", "silu", "silu_backward"),
 };
 
-const kh_module_v1_t kModule = {KH_HEADER_INIT(kh_module_v1_t),
-                                kPackageName,
-                                kPackageVersion,
-                                "kernel-hub/activation " KH_BUILD_ID,
-                                sizeof kLayers / sizeof kLayers[0],
-                                kLayers,
-                                sizeof kOps / sizeof kOps[0],
-                                kOps,
-                                nullptr};
+constexpr kh_module_v1_t kModule =
+    make_module(kPackageName, kPackageVersion, "kernel-hub/activation " KH_BUILD_ID, kLayers, kOps);
 
 }  // namespace
 }  // namespace khk
 
-KH_MODULE_ENTRY(host) {
-  if (!khk::accept_host(host, khk::kPackageName)) return nullptr;
-  return &khk::kModule;
-}
+KH_PACKAGE_ENTRY(khk::kModule)

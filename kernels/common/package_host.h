@@ -1,11 +1,21 @@
 // Host-library plumbing every kernel package shares: the host table the loader handed us, error
-// reporting through host->set_error, and launching device kernels through the loader.
+// reporting through host->set_error, launching device kernels through the loader, the checks of
+// index arguments, and the module table and kh_module_v1 entry built from a package's arrays of
+// layers and ops.
 // Compiled into each package's host library (hidden visibility; nothing here is exported).
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "loader/kernel_hub_abi.h"
+
+// Returns the status of `expr` from the enclosing function unless it is KH_OK.
+#define KH_TRY(expr)                            \
+  do {                                          \
+    int32_t kh_status_ = (expr);                \
+    if (kh_status_ != KH_OK) return kh_status_; \
+  } while (0)
 
 namespace khk {
 
@@ -31,4 +41,40 @@ struct LaunchDims {
 int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& dims, void** params,
                       void* stream);
 
+// An int64 contiguous tensor holding one index per `per_what` of the op's main tensor
+// (rotary positions per token, cross-entropy targets per row): `expected_count` elements on
+// `device`. Sets *out to its first element.
+int32_t index_vector_arg(const char* op, const char* name, const DLTensor* t,
+                         int64_t expected_count, const char* per_what, DLDevice device,
+                         const int64_t** out);
+
+// Flags and dtypes every package so far declares for its ops and layers.
+constexpr uint32_t kOpFlags = KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
+constexpr uint32_t kLayerFlags = KH_FLAG_HAS_BACKWARD | KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
+constexpr uint32_t kDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16 | KH_DTYPE_FP32;
+
+// The module table the loader reads: the package's identity and its arrays of layers and ops.
+template <size_t NumLayers, size_t NumOps>
+constexpr kh_module_v1_t make_module(const char* name, const char* version, const char* build_id,
+                                     const kh_layer_v1_t (&layers)[NumLayers],
+                                     const kh_op_v1_t (&ops)[NumOps]) {
+  return {KH_HEADER_INIT(kh_module_v1_t),
+          name,
+          version,
+          build_id,
+          static_cast<uint32_t>(NumLayers),
+          layers,
+          static_cast<uint32_t>(NumOps),
+          ops,
+          nullptr};
+}
+
 }  // namespace khk
+
+// Defines the exported kh_module_v1 entry (at global scope) handing the loader `module`, a
+// kh_module_v1_t made by make_module, once the host table is accepted for the package.
+#define KH_PACKAGE_ENTRY(module)                                \
+  KH_MODULE_ENTRY(host) {                                       \
+    if (!khk::accept_host(host, (module).name)) return nullptr; \
+    return &(module);                                           \
+  }

@@ -38,12 +38,6 @@ const char* dtype_tag(int dtype) {
   return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
 }
 
-#define KH_TRY(expr)                            \
-  do {                                          \
-    int32_t kh_status_ = (expr);                \
-    if (kh_status_ != KH_OK) return kh_status_; \
-  } while (0)
-
 // A per-row statistics output (fp32, one per row, same device as x).
 int32_t stats_arg(const char* op, const char* name, const DLTensor* t, const RowsView& x,
                   float** out) {
@@ -449,10 +443,6 @@ int32_t layer_norm_train(const kh_arg_t* a, int32_t n, void* s) {
 
 // ---------------------------------------------------------------------------------------------
 // The module table.
-constexpr uint32_t kOpFlags = KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
-constexpr uint32_t kLayerFlags = KH_FLAG_HAS_BACKWARD | KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
-constexpr uint32_t kDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16 | KH_DTYPE_FP32;
-
 #define KH_OP(name, schema, fn) \
   { KH_HEADER_INIT(kh_op_v1_t), name, schema, kOpFlags, fn }
 
@@ -500,20 +490,10 @@ const kh_layer_v1_t kLayers[] = {
      "layer_norm_backward", kLayerFlags, kDtypes},
 };
 
-const kh_module_v1_t kModule = {KH_HEADER_INIT(kh_module_v1_t),
-                                kPackageName,
-                                kPackageVersion,
-                                "kernel-hub/norm " KH_BUILD_ID,
-                                sizeof kLayers / sizeof kLayers[0],
-                                kLayers,
-                                sizeof kOps / sizeof kOps[0],
-                                kOps,
-                                nullptr};
+constexpr kh_module_v1_t kModule =
+    make_module(kPackageName, kPackageVersion, "kernel-hub/norm " KH_BUILD_ID, kLayers, kOps);
 
 }  // namespace
 }  // namespace khk
 
-KH_MODULE_ENTRY(host) {
-  if (!khk::accept_host(host, khk::kPackageName)) return nullptr;
-  return &khk::kModule;
-}
+KH_PACKAGE_ENTRY(khk::kModule)

@@ -25,12 +25,6 @@ namespace {
 constexpr const char* kPackageName = "kernel-hub/rotary";
 constexpr const char* kPackageVersion = "1.0.0";
 
-#define KH_TRY(expr)                            \
-  do {                                          \
-    int32_t kh_status_ = (expr);                \
-    if (kh_status_ != KH_OK) return kh_status_; \
-  } while (0)
-
 const char* dtype_tag(int dtype) {
   return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
 }
@@ -115,28 +109,7 @@ bool heads_vectorizable(const HeadsView& v) {
 }
 
 int32_t positions_arg(const char* op, const DLTensor* t, const HeadsView& q, const int64_t** out) {
-  if (t->dtype.code != kDLInt || t->dtype.bits != 64 || t->dtype.lanes != 1)
-    return fail(KH_ERR_UNSUPPORTED,
-                "%s: tensor positions has dtype code %u bits %u; expected int64 (torch.long)", op,
-                t->dtype.code, t->dtype.bits);
-  int64_t count = 1, expect_stride = 1;
-  for (int32_t d = t->ndim - 1; d >= 0; --d) {
-    if (t->shape[d] < 0)
-      return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor positions has a negative extent", op);
-    if (t->strides && t->shape[d] > 1 && t->strides[d] != expect_stride)
-      return fail(KH_ERR_UNSUPPORTED, "%s: tensor positions must be contiguous", op);
-    expect_stride *= t->shape[d];
-    count *= t->shape[d];
-  }
-  if (count != q.tokens)
-    return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: tensor positions has %lld elements; expected one per token (%lld)", op,
-                static_cast<long long>(count), static_cast<long long>(q.tokens));
-  KH_TRY(expect_device(op, "positions", t->device, q.device));
-  if (count > 0 && !t->data)
-    return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor positions has a NULL data pointer", op);
-  *out = reinterpret_cast<const int64_t*>(static_cast<const char*>(t->data) + t->byte_offset);
-  return KH_OK;
+  return index_vector_arg(op, "positions", t, q.tokens, "token", q.device, out);
 }
 
 // rotary_embedding[_backward](Tensor positions, Tensor(a!) query, Tensor(b!)? key, Tensor cos,
@@ -236,10 +209,6 @@ int32_t rotary_embedding_backward(const kh_arg_t* a, int32_t n, void* s) {
   return rope_impl("rotary_embedding_backward", KH_SCHEMA_ROPE_BWD, -1.0f, a, n, s);
 }
 
-constexpr uint32_t kOpFlags = KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
-constexpr uint32_t kLayerFlags = KH_FLAG_HAS_BACKWARD | KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
-constexpr uint32_t kDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16 | KH_DTYPE_FP32;
-
 const kh_op_v1_t kOps[] = {
     {KH_HEADER_INIT(kh_op_v1_t), "rotary_embedding", KH_SCHEMA_ROPE, kOpFlags, rotary_embedding},
     {KH_HEADER_INIT(kh_op_v1_t), "rotary_embedding_backward", KH_SCHEMA_ROPE_BWD, kOpFlags,
@@ -251,20 +220,10 @@ const kh_layer_v1_t kLayers[] = {
      "rotary_embedding_backward", kLayerFlags, kDtypes},
 };
 
-const kh_module_v1_t kModule = {KH_HEADER_INIT(kh_module_v1_t),
-                                kPackageName,
-                                kPackageVersion,
-                                "kernel-hub/rotary " KH_BUILD_ID,
-                                sizeof kLayers / sizeof kLayers[0],
-                                kLayers,
-                                sizeof kOps / sizeof kOps[0],
-                                kOps,
-                                nullptr};
+constexpr kh_module_v1_t kModule =
+    make_module(kPackageName, kPackageVersion, "kernel-hub/rotary " KH_BUILD_ID, kLayers, kOps);
 
 }  // namespace
 }  // namespace khk
 
-KH_MODULE_ENTRY(host) {
-  if (!khk::accept_host(host, khk::kPackageName)) return nullptr;
-  return &khk::kModule;
-}
+KH_PACKAGE_ENTRY(khk::kModule)

@@ -29,12 +29,6 @@ namespace {
 constexpr const char* kPackageName = "kernel-hub/softmax";
 constexpr const char* kPackageVersion = "1.0.0";
 
-#define KH_TRY(expr)                            \
-  do {                                          \
-    int32_t kh_status_ = (expr);                \
-    if (kh_status_ != KH_OK) return kh_status_; \
-  } while (0)
-
 const char* dtype_tag(int dtype) {
   return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
 }
@@ -62,28 +56,7 @@ int32_t per_row_f32(const char* op, const char* name, const DLTensor* t, const R
 
 // int64 contiguous targets, one per row of x.
 int32_t targets_arg(const char* op, const DLTensor* t, const RowsView& x, const int64_t** out) {
-  if (t->dtype.code != kDLInt || t->dtype.bits != 64 || t->dtype.lanes != 1)
-    return fail(KH_ERR_UNSUPPORTED,
-                "%s: tensor targets has dtype code %u bits %u; expected int64 (torch.long)", op,
-                t->dtype.code, t->dtype.bits);
-  int64_t count = 1, expect_stride = 1;
-  for (int32_t d = t->ndim - 1; d >= 0; --d) {
-    if (t->shape[d] < 0)
-      return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor targets has a negative extent", op);
-    if (t->strides && t->shape[d] > 1 && t->strides[d] != expect_stride)
-      return fail(KH_ERR_UNSUPPORTED, "%s: tensor targets must be contiguous", op);
-    expect_stride *= t->shape[d];
-    count *= t->shape[d];
-  }
-  if (count != x.rows)
-    return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: tensor targets has %lld elements; expected one per row of logits (%lld)", op,
-                static_cast<long long>(count), static_cast<long long>(x.rows));
-  KH_TRY(expect_device(op, "targets", t->device, x.device));
-  if (count > 0 && !t->data)
-    return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor targets has a NULL data pointer", op);
-  *out = reinterpret_cast<const int64_t*>(static_cast<const char*>(t->data) + t->byte_offset);
-  return KH_OK;
+  return index_vector_arg(op, "targets", t, x.rows, "row of logits", x.device, out);
 }
 
 // Launches `kernel_base`_<dtype>_<vec|scalar> over the rows of `shape` (all tensors in `rows`
@@ -241,10 +214,6 @@ int32_t cross_entropy_backward(const kh_arg_t* args, int32_t nargs, void* stream
   return launch_rows(op, "ce_bwd", dx, {&dx}, params, stream);
 }
 
-constexpr uint32_t kOpFlags = KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
-constexpr uint32_t kLayerFlags = KH_FLAG_HAS_BACKWARD | KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
-constexpr uint32_t kDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16 | KH_DTYPE_FP32;
-
 #define KH_OP(name, schema, fn) \
   { KH_HEADER_INIT(kh_op_v1_t), name, schema, kOpFlags, fn }
 
@@ -263,20 +232,10 @@ const kh_layer_v1_t kLayers[] = {
      "cross_entropy_backward", kLayerFlags, kDtypes},
 };
 
-const kh_module_v1_t kModule = {KH_HEADER_INIT(kh_module_v1_t),
-                                kPackageName,
-                                kPackageVersion,
-                                "kernel-hub/softmax " KH_BUILD_ID,
-                                sizeof kLayers / sizeof kLayers[0],
-                                kLayers,
-                                sizeof kOps / sizeof kOps[0],
-                                kOps,
-                                nullptr};
+constexpr kh_module_v1_t kModule =
+    make_module(kPackageName, kPackageVersion, "kernel-hub/softmax " KH_BUILD_ID, kLayers, kOps);
 
 }  // namespace
 }  // namespace khk
 
-KH_MODULE_ENTRY(host) {
-  if (!khk::accept_host(host, khk::kPackageName)) return nullptr;
-  return &khk::kModule;
-}
+KH_PACKAGE_ENTRY(khk::kModule)

@@ -8,21 +8,18 @@
 //    dereferenced on the host);
 //  - `kernel-hub check` accepts each built package directory, and its kernel.json is a valid
 //    registry package manifest whose file digests match.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <map>
-#include <mutex>
-#include <regex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "hub/fs.h"
 #include "loader/host_services.h"
-#include "registry/package_manifest.h"
 #include "tests/fixtures/process.h"
+#include "tests/unit/test_kernels_device_util.h"
 #include "tests/unit/test_kernels_nvrtc.h"
 #include "tests/unit/test_kernels_util.h"
 
@@ -38,82 +35,16 @@ class DeviceSourceCompiles : public ::testing::TestWithParam<std::tuple<std::str
 TEST_P(DeviceSourceCompiles, WithNvrtcAndNoSpills) {
   if (!Nvrtc::get().ok()) GTEST_SKIP() << Nvrtc::get().load_error;
   const std::string package = std::get<0>(GetParam()), sm = std::get<1>(GetParam());
-  const std::string src = shipped_source(package);
-  // Header-free: nothing left for NVRTC to look up.
-  EXPECT_EQ(src.find("#include"), std::string::npos) << package << ".cu still has an #include";
-  Nvrtc::Output out = compile_for(package, sm, /*verbose=*/true);
-  ASSERT_TRUE(out.ok) << package << ".cu for " << sm << ":\n" << out.log;
-  EXPECT_FALSE(out.cubin.empty());
-  EXPECT_EQ(out.log.find("warning"), std::string::npos) << out.log;
-  // ptxas -v: "N bytes stack frame, N bytes spill stores, N bytes spill loads" per kernel.
-  std::regex spill(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
-  int kernels = 0;
-  for (auto it = std::sregex_iterator(out.log.begin(), out.log.end(), spill);
-       it != std::sregex_iterator(); ++it) {
-    ++kernels;
-    EXPECT_EQ((*it)[1].str(), "0") << package << " " << sm << " spills: " << (*it)[0].str();
-    EXPECT_EQ((*it)[2].str(), "0") << package << " " << sm << " spills: " << (*it)[0].str();
-  }
-  EXPECT_GT(kernels, 0) << "no ptxas report in the log:\n" << out.log;
+  expect_compiles_without_spills(package, sm);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, DeviceSourceCompiles,
                          ::testing::Combine(::testing::Values("norm", "activation"),
                                             ::testing::Values("sm_80", "sm_86", "sm_89", "sm_90",
                                                               "sm_90a")),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param)) + "_" +
-                                  std::get<1>(info.param);
-                         });
+                         package_sm_name);
 
 // ---- dispatch on kDLCUDA tensors with a recording backend -----------------------------------
-struct Launch {
-  std::string kernel;
-  kh_launch_cfg_t cfg;
-  std::vector<int64_t> ints;  // 8-byte parameters decoded by the test when it knows the layout
-};
-
-class RecordingBackend : public DeviceBackend {
- public:
-  int32_t get_function(const PackageIdentity&, int32_t, const char* kernel_name, void** fn,
-                       std::string&) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    names_.push_back(kernel_name);
-    *fn = reinterpret_cast<void*>(names_.size());  // 1-based index into names_
-    return KH_OK;
-  }
-  int32_t launch(const PackageIdentity&, void* fn, const kh_launch_cfg_t& cfg, void**, void*,
-                 std::string&) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    launches_.push_back({names_[reinterpret_cast<size_t>(fn) - 1], cfg, {}});
-    return KH_OK;
-  }
-  std::vector<Launch> take() {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<Launch> out;
-    out.swap(launches_);
-    names_.clear();
-    return out;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::string> names_;
-  std::vector<Launch> launches_;
-};
-
-// Kernel names in a cubin: its symbol strings.
-std::set<std::string> cubin_strings(const std::string& cubin) {
-  std::set<std::string> out;
-  size_t start = 0;
-  for (size_t i = 0; i < cubin.size(); ++i)
-    if (cubin[i] == '\0') {
-      if (i > start) out.insert(cubin.substr(start, i - start));
-      start = i + 1;
-    }
-  return out;
-}
-
 class CudaDispatch : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -146,13 +77,6 @@ class CudaDispatch : public ::testing::Test {
   RecordingBackend backend_;
   std::unique_ptr<Package> norm_, act_;
 };
-
-// A kDLCUDA view of a HostTensor (the device pointer is the host address; never dereferenced).
-DLTensor on_cuda(HostTensor& t) {
-  DLTensor d = *t.dl();
-  d.device = DLDevice{kDLCUDA, 0};
-  return d;
-}
 
 TEST_F(CudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsItsBounds) {
   if (!Nvrtc::get().ok()) GTEST_SKIP() << Nvrtc::get().load_error;
@@ -293,40 +217,11 @@ TEST_F(CudaDispatch, HeadlineShapesGetTheIntendedGeometry) {
 TEST(KernelsPackage, KernelHubCheckAcceptsEachPackageDirectory) {
   if (!std::filesystem::exists(test::cli_path()))
     GTEST_SKIP() << "kernel-hub CLI not built at " << test::cli_path();
-  for (const char* p : kPackages) {
-    test::ProcessResult r =
-        test::run_process({test::cli_path(), "check", package_dir(p).string()}, {}, 60);
-    EXPECT_EQ(r.exit_code, 0) << p << ":\n" << r.out << r.err;
-    r = test::run_process({test::cli_path(), "check", "--json", package_dir(p).string()}, {}, 60);
-    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-    EXPECT_NE(r.out.find(std::string("kernel-hub/") + p), std::string::npos) << r.out;
-  }
+  expect_kernel_hub_check_accepts(kPackages);
 }
 
 TEST(KernelsPackage, KernelJsonIsAValidPackageManifestMatchingTheModule) {
-  for (const char* p : kPackages) {
-    SCOPED_TRACE(p);
-    PackageManifest m = read_package_manifest(package_dir(p));
-    EXPECT_EQ(m.name, std::string("kernel-hub/") + p);
-    EXPECT_EQ(m.version, "1.0.0");
-    EXPECT_EQ(m.cuda_source, std::string(p) + ".cu");
-    EXPECT_NO_THROW(verify_package_files(package_dir(p), m));
-    // Every manifest layer is a module layer with the same ops, flags and dtypes.
-    Package pkg(p);
-    const ModuleView& view = pkg.module().view;
-    EXPECT_EQ(m.layers.size(), view.layers.size());
-    for (auto& [name, layer] : m.layers) {
-      const kh_layer_v1_t* l = view.find_layer(name);
-      ASSERT_NE(l, nullptr) << name;
-      EXPECT_EQ(layer.forward, l->forward);
-      EXPECT_EQ(layer.forward_train, l->forward_train ? l->forward_train : "");
-      EXPECT_EQ(layer.backward, l->backward ? l->backward : "");
-      EXPECT_EQ(layer.has_backward, (l->flags & KH_FLAG_HAS_BACKWARD) != 0);
-      EXPECT_EQ(layer.graph_safe, (l->flags & KH_FLAG_GRAPH_SAFE) != 0);
-      EXPECT_EQ(layer.deterministic, (l->flags & KH_FLAG_DETERMINISTIC) != 0);
-      EXPECT_EQ(layer.dtypes.size(), 3u);
-    }
-  }
+  expect_manifest_matches_module(kPackages);
 }
 
 }  // namespace

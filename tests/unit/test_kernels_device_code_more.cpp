@@ -9,15 +9,13 @@
 #include <gtest/gtest.h>
 
 #include <map>
-#include <mutex>
-#include <regex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "loader/host_services.h"
-#include "registry/package_manifest.h"
 #include "tests/fixtures/process.h"
+#include "tests/unit/test_kernels_device_util.h"
 #include "tests/unit/test_kernels_nvrtc.h"
 #include "tests/unit/test_kernels_rotary_cases.h"
 #include "tests/unit/test_kernels_util.h"
@@ -33,82 +31,14 @@ class MoreDeviceSourceCompiles
 TEST_P(MoreDeviceSourceCompiles, WithNvrtcAndNoSpills) {
   if (!Nvrtc::get().ok()) GTEST_SKIP() << Nvrtc::get().load_error;
   const std::string package = std::get<0>(GetParam()), sm = std::get<1>(GetParam());
-  const std::string src = shipped_source(package);
-  EXPECT_EQ(src.find("#include"), std::string::npos) << package << ".cu still has an #include";
-  Nvrtc::Output out = compile_for(package, sm, /*verbose=*/true);
-  ASSERT_TRUE(out.ok) << package << ".cu for " << sm << ":\n" << out.log;
-  EXPECT_FALSE(out.cubin.empty());
-  EXPECT_EQ(out.log.find("warning"), std::string::npos) << out.log;
-  std::regex spill(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
-  int kernels = 0;
-  for (auto it = std::sregex_iterator(out.log.begin(), out.log.end(), spill);
-       it != std::sregex_iterator(); ++it) {
-    ++kernels;
-    EXPECT_EQ((*it)[1].str(), "0") << package << " " << sm << " spills: " << (*it)[0].str();
-    EXPECT_EQ((*it)[2].str(), "0") << package << " " << sm << " spills: " << (*it)[0].str();
-  }
-  EXPECT_GT(kernels, 0) << "no ptxas report in the log:\n" << out.log;
+  expect_compiles_without_spills(package, sm);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, MoreDeviceSourceCompiles,
                          ::testing::Combine(::testing::Values("rotary", "softmax"),
                                             ::testing::Values("sm_80", "sm_86", "sm_89", "sm_90",
                                                               "sm_90a")),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param)) + "_" +
-                                  std::get<1>(info.param);
-                         });
-
-struct Launch {
-  std::string kernel;
-  kh_launch_cfg_t cfg;
-};
-
-class RecordingBackend : public DeviceBackend {
- public:
-  int32_t get_function(const PackageIdentity&, int32_t, const char* kernel_name, void** fn,
-                       std::string&) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    names_.push_back(kernel_name);
-    *fn = reinterpret_cast<void*>(names_.size());
-    return KH_OK;
-  }
-  int32_t launch(const PackageIdentity&, void* fn, const kh_launch_cfg_t& cfg, void**, void*,
-                 std::string&) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    launches_.push_back({names_[reinterpret_cast<size_t>(fn) - 1], cfg});
-    return KH_OK;
-  }
-  std::vector<Launch> take() {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<Launch> out;
-    out.swap(launches_);
-    names_.clear();
-    return out;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::string> names_;
-  std::vector<Launch> launches_;
-};
-
-std::set<std::string> cubin_strings(const std::string& cubin) {
-  std::set<std::string> out;
-  size_t start = 0;
-  for (size_t i = 0; i < cubin.size(); ++i)
-    if (cubin[i] == '\0') {
-      if (i > start) out.insert(cubin.substr(start, i - start));
-      start = i + 1;
-    }
-  return out;
-}
-
-DLTensor on_cuda(const DLTensor* t) {
-  DLTensor d = *t;
-  d.device = DLDevice{kDLCUDA, 0};
-  return d;
-}
+                         package_sm_name);
 
 class MoreCudaDispatch : public ::testing::Test {
  protected:
@@ -228,39 +158,11 @@ TEST_F(MoreCudaDispatch, HeadlineShapesGetTheIntendedGeometry) {
 TEST(KernelsMorePackage, KernelHubCheckAcceptsEachPackageDirectory) {
   if (!std::filesystem::exists(test::cli_path()))
     GTEST_SKIP() << "kernel-hub CLI not built at " << test::cli_path();
-  for (const char* p : kPackages) {
-    test::ProcessResult r =
-        test::run_process({test::cli_path(), "check", package_dir(p).string()}, {}, 60);
-    EXPECT_EQ(r.exit_code, 0) << p << ":\n" << r.out << r.err;
-    r = test::run_process({test::cli_path(), "check", "--json", package_dir(p).string()}, {}, 60);
-    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-    EXPECT_NE(r.out.find(std::string("kernel-hub/") + p), std::string::npos) << r.out;
-  }
+  expect_kernel_hub_check_accepts(kPackages);
 }
 
 TEST(KernelsMorePackage, KernelJsonIsAValidPackageManifestMatchingTheModule) {
-  for (const char* p : kPackages) {
-    SCOPED_TRACE(p);
-    PackageManifest m = read_package_manifest(package_dir(p));
-    EXPECT_EQ(m.name, std::string("kernel-hub/") + p);
-    EXPECT_EQ(m.version, "1.0.0");
-    EXPECT_EQ(m.cuda_source, std::string(p) + ".cu");
-    EXPECT_NO_THROW(verify_package_files(package_dir(p), m));
-    Package pkg(p);
-    const ModuleView& view = pkg.module().view;
-    EXPECT_EQ(m.layers.size(), view.layers.size());
-    for (auto& [name, layer] : m.layers) {
-      const kh_layer_v1_t* l = view.find_layer(name);
-      ASSERT_NE(l, nullptr) << name;
-      EXPECT_EQ(layer.forward, l->forward);
-      EXPECT_EQ(layer.forward_train, l->forward_train ? l->forward_train : "");
-      EXPECT_EQ(layer.backward, l->backward ? l->backward : "");
-      EXPECT_EQ(layer.has_backward, (l->flags & KH_FLAG_HAS_BACKWARD) != 0);
-      EXPECT_EQ(layer.graph_safe, (l->flags & KH_FLAG_GRAPH_SAFE) != 0);
-      EXPECT_EQ(layer.deterministic, (l->flags & KH_FLAG_DETERMINISTIC) != 0);
-      EXPECT_EQ(layer.dtypes.size(), 3u);
-    }
-  }
+  expect_manifest_matches_module(kPackages);
 }
 
 }  // namespace

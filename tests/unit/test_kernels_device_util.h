@@ -1,0 +1,153 @@
+// Helpers shared by the device-code tests of the kernel packages (test_kernels_device_code.cpp,
+// test_kernels_device_code_more.cpp): the NVRTC compile check of a shipped .cu, a device backend
+// that records the launches a host library asks for, and the packaging checks (`kernel-hub
+// check`, kernel.json against the module table).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "loader/host_services.h"
+#include "registry/package_manifest.h"
+#include "tests/fixtures/process.h"
+#include "tests/unit/test_kernels_nvrtc.h"
+#include "tests/unit/test_kernels_util.h"
+
+namespace kh::kernels_test {
+
+// `package`.cu compiles with NVRTC for `sm` with no #include left, no warnings and, as ptxas
+// reports, no register spills.
+inline void expect_compiles_without_spills(const std::string& package, const std::string& sm) {
+  const std::string src = shipped_source(package);
+  // Header-free: nothing left for NVRTC to look up.
+  EXPECT_EQ(src.find("#include"), std::string::npos) << package << ".cu still has an #include";
+  Nvrtc::Output out = compile_for(package, sm, /*verbose=*/true);
+  ASSERT_TRUE(out.ok) << package << ".cu for " << sm << ":\n" << out.log;
+  EXPECT_FALSE(out.cubin.empty());
+  EXPECT_EQ(out.log.find("warning"), std::string::npos) << out.log;
+  // ptxas -v: "N bytes stack frame, N bytes spill stores, N bytes spill loads" per kernel.
+  std::regex spill(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
+  int kernels = 0;
+  for (auto it = std::sregex_iterator(out.log.begin(), out.log.end(), spill);
+       it != std::sregex_iterator(); ++it) {
+    ++kernels;
+    EXPECT_EQ((*it)[1].str(), "0") << package << " " << sm << " spills: " << (*it)[0].str();
+    EXPECT_EQ((*it)[2].str(), "0") << package << " " << sm << " spills: " << (*it)[0].str();
+  }
+  EXPECT_GT(kernels, 0) << "no ptxas report in the log:\n" << out.log;
+}
+
+// Test names "<package>_<sm>" for suites parameterized by (package, sm).
+inline std::string package_sm_name(
+    const ::testing::TestParamInfo<std::tuple<std::string, std::string>>& info) {
+  return std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+}
+
+// ---- dispatch on kDLCUDA tensors with a recording backend -----------------------------------
+struct Launch {
+  std::string kernel;
+  kh_launch_cfg_t cfg;
+  std::vector<int64_t> ints;  // 8-byte parameters decoded by the test when it knows the layout
+};
+
+class RecordingBackend : public DeviceBackend {
+ public:
+  int32_t get_function(const PackageIdentity&, int32_t, const char* kernel_name, void** fn,
+                       std::string&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    names_.push_back(kernel_name);
+    *fn = reinterpret_cast<void*>(names_.size());  // 1-based index into names_
+    return KH_OK;
+  }
+  int32_t launch(const PackageIdentity&, void* fn, const kh_launch_cfg_t& cfg, void**, void*,
+                 std::string&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    launches_.push_back({names_[reinterpret_cast<size_t>(fn) - 1], cfg, {}});
+    return KH_OK;
+  }
+  std::vector<Launch> take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Launch> out;
+    out.swap(launches_);
+    names_.clear();
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> names_;
+  std::vector<Launch> launches_;
+};
+
+// Kernel names in a cubin: its symbol strings.
+inline std::set<std::string> cubin_strings(const std::string& cubin) {
+  std::set<std::string> out;
+  size_t start = 0;
+  for (size_t i = 0; i < cubin.size(); ++i)
+    if (cubin[i] == '\0') {
+      if (i > start) out.insert(cubin.substr(start, i - start));
+      start = i + 1;
+    }
+  return out;
+}
+
+// A kDLCUDA view of a tensor (the device pointer is the host address; never dereferenced).
+inline DLTensor on_cuda(const DLTensor* t) {
+  DLTensor d = *t;
+  d.device = DLDevice{kDLCUDA, 0};
+  return d;
+}
+inline DLTensor on_cuda(HostTensor& t) {
+  return on_cuda(t.dl());
+}
+
+// ---- packaging -------------------------------------------------------------------------------
+// `kernel-hub check`, plain and --json, accepts each built package directory.
+inline void expect_kernel_hub_check_accepts(std::span<const char* const> packages) {
+  for (const char* p : packages) {
+    test::ProcessResult r =
+        test::run_process({test::cli_path(), "check", package_dir(p).string()}, {}, 60);
+    EXPECT_EQ(r.exit_code, 0) << p << ":\n" << r.out << r.err;
+    r = test::run_process({test::cli_path(), "check", "--json", package_dir(p).string()}, {}, 60);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find(std::string("kernel-hub/") + p), std::string::npos) << r.out;
+  }
+}
+
+// Each package's kernel.json is a valid registry package manifest whose file digests match and
+// whose layers are the module table's, with the same ops, flags and dtypes.
+inline void expect_manifest_matches_module(std::span<const char* const> packages) {
+  for (const char* p : packages) {
+    SCOPED_TRACE(p);
+    PackageManifest m = read_package_manifest(package_dir(p));
+    EXPECT_EQ(m.name, std::string("kernel-hub/") + p);
+    EXPECT_EQ(m.version, "1.0.0");
+    EXPECT_EQ(m.cuda_source, std::string(p) + ".cu");
+    EXPECT_NO_THROW(verify_package_files(package_dir(p), m));
+    // Every manifest layer is a module layer with the same ops, flags and dtypes.
+    Package pkg(p);
+    const ModuleView& view = pkg.module().view;
+    EXPECT_EQ(m.layers.size(), view.layers.size());
+    for (auto& [name, layer] : m.layers) {
+      const kh_layer_v1_t* l = view.find_layer(name);
+      ASSERT_NE(l, nullptr) << name;
+      EXPECT_EQ(layer.forward, l->forward);
+      EXPECT_EQ(layer.forward_train, l->forward_train ? l->forward_train : "");
+      EXPECT_EQ(layer.backward, l->backward ? l->backward : "");
+      EXPECT_EQ(layer.has_backward, (l->flags & KH_FLAG_HAS_BACKWARD) != 0);
+      EXPECT_EQ(layer.graph_safe, (l->flags & KH_FLAG_GRAPH_SAFE) != 0);
+      EXPECT_EQ(layer.deterministic, (l->flags & KH_FLAG_DETERMINISTIC) != 0);
+      EXPECT_EQ(layer.dtypes.size(), 3u);
+    }
+  }
+}
+
+}  // namespace kh::kernels_test
