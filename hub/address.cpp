@@ -80,13 +80,15 @@ HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
 
 std::string HubAddress::id() const {
   switch (kind) {
-    case Kind::kRegistry: return "registry/" + sanitize(host + (ns.empty() ? "" : "/" + ns));
+    case Kind::kRegistry:
+      return "registry/" + sanitize(host + (ns.empty() ? "" : "/" + ns));
     case Kind::kHttpLayout: {
       std::string_view u = base_url;
       u = u.substr(u.find("://") + 3);
       return "http/" + sanitize(u);
     }
-    case Kind::kDirLayout: return "dir/" + sanitize(dir.string());
+    case Kind::kDirLayout:
+      return "dir/" + sanitize(dir.string());
   }
   return "unknown";
 }

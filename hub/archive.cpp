@@ -131,7 +131,6 @@ bool ends_with_so(const std::string& name) {
   return name.size() > 3 && name.ends_with(".so");
 }
 
-
 // Creates entries of one archive inside a root directory, by file descriptor only.
 class Extractor {
  public:

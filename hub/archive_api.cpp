@@ -55,6 +55,8 @@ ArchiveApi load() {
 
 }  // namespace
 
-const ArchiveApi& archive_api() { return load_once<ArchiveApi>(load); }
+const ArchiveApi& archive_api() {
+  return load_once<ArchiveApi>(load);
+}
 
 }  // namespace kh

@@ -37,6 +37,8 @@ CurlApi load() {
 
 }  // namespace
 
-const CurlApi& curl_api() { return load_once<CurlApi>(load); }
+const CurlApi& curl_api() {
+  return load_once<CurlApi>(load);
+}
 
 }  // namespace kh::http

@@ -35,8 +35,8 @@ Digest Digest::parse(std::string_view text) {
 
 Digest Digest::from_hex(std::string_view hex) {
   if (hex.size() != 64 || !is_lower_hex(hex)) {
-    throw Error(ErrorKind::kInvalidInput,
-                "invalid sha256 hex '" + std::string(hex) + "': expected 64 lowercase hex characters");
+    throw Error(ErrorKind::kInvalidInput, "invalid sha256 hex '" + std::string(hex) +
+                                              "': expected 64 lowercase hex characters");
   }
   return Digest{std::string(hex)};
 }
@@ -61,7 +61,9 @@ Sha256::Sha256() : impl_(std::make_unique<Impl>()) {
   reset();
 }
 
-Sha256::~Sha256() { EVP_MD_CTX_free(impl_->ctx); }
+Sha256::~Sha256() {
+  EVP_MD_CTX_free(impl_->ctx);
+}
 
 void Sha256::reset() {
   if (EVP_DigestInit_ex(impl_->ctx, EVP_sha256(), nullptr) != 1) {

@@ -73,7 +73,8 @@ std::string read_file(const stdfs::path& path, uint64_t max_size) {
 void make_dirs(const stdfs::path& dir) {
   std::error_code ec;
   stdfs::create_directories(dir, ec);
-  if (ec) throw Error(ErrorKind::kIo, "cannot create directory " + dir.string() + ": " + ec.message());
+  if (ec)
+    throw Error(ErrorKind::kIo, "cannot create directory " + dir.string() + ": " + ec.message());
 }
 
 void remove_tree(const stdfs::path& p) {
@@ -120,8 +121,8 @@ std::string random_hex(size_t n) {
 TempFile::TempFile(const stdfs::path& dir, std::string_view stem) {
   make_dirs(dir);
   for (int attempt = 0; attempt < 16; ++attempt) {
-    path_ = dir / (std::string(stem) + "." + std::to_string(::getpid()) + "." + random_hex(12) +
-                   ".part");
+    path_ = dir /
+            (std::string(stem) + "." + std::to_string(::getpid()) + "." + random_hex(12) + ".part");
     fd_ = ::open(path_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd_ >= 0) return;
     if (errno != EEXIST) throw_errno("cannot create temp file " + path_.string());
@@ -132,7 +133,9 @@ TempFile::TempFile(const stdfs::path& dir, std::string_view stem) {
 TempFile::TempFile(TempFile&& other) noexcept
     : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), size_(other.size_) {}
 
-TempFile::~TempFile() { discard(); }
+TempFile::~TempFile() {
+  discard();
+}
 
 void TempFile::discard() {
   if (fd_ >= 0) {

@@ -2,13 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <atomic>
 #include <functional>
-#include <thread>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "hub/error.h"
 
@@ -33,7 +33,9 @@ bool is_index(std::string_view media_type) {
 }
 
 // Tag under which a pull is recorded: the tag, or the digest for pinned refs.
-std::string record_name(const Ref& ref) { return ref.digest ? ref.digest->str() : ref.tag; }
+std::string record_name(const Ref& ref) {
+  return ref.digest ? ref.digest->str() : ref.tag;
+}
 
 // Runs fn(0..n-1) on up to max_threads threads. fn must not throw.
 void run_parallel(size_t n, size_t max_threads, const std::function<void(size_t)>& fn) {
@@ -83,7 +85,8 @@ HubAddress default_hub_address(const Store& store, bool plain_http) {
   // The embedded default hub: the layout hub packed at build time. Without one (a binary
   // moved away from its build tree), an empty layout hub in the cache.
   std::filesystem::path embedded = KH_DEFAULT_HUB_DIR;
-  if (std::filesystem::is_directory(embedded)) return HubAddress::parse(embedded.string(), plain_http);
+  if (std::filesystem::is_directory(embedded))
+    return HubAddress::parse(embedded.string(), plain_http);
   auto dir = store.root() / "default-hub";
   fs::make_dirs(dir);
   return HubAddress::parse(dir.string(), plain_http);
@@ -143,9 +146,9 @@ Digest Hub::resolve(const Ref& ref, bool* from_cache, int64_t* resolved_at) {
 // Returns the bytes of a manifest referenced by an index entry, from the store or the hub.
 std::string Hub::ensure_manifest(const Ref& ref, const oci::Descriptor& desc) {
   if (desc.size > static_cast<int64_t>(oci::kMaxManifestBytes)) {
-    throw Error(ErrorKind::kRefused, fmt::format("{}: manifest {} is {} bytes, over the {} limit",
-                                                 ref.str(), desc.digest.str(), desc.size,
-                                                 oci::kMaxManifestBytes));
+    throw Error(ErrorKind::kRefused,
+                fmt::format("{}: manifest {} is {} bytes, over the {} limit", ref.str(),
+                            desc.digest.str(), desc.size, oci::kMaxManifestBytes));
   }
   if (auto bytes = store_.read_blob(desc.digest, oci::kMaxManifestBytes)) {
     oci::verify_bytes(desc, *bytes, ref.str() + ": manifest");
@@ -315,8 +318,8 @@ PullReport Hub::pull(const Ref& ref) {
     for (auto& l : package_layers) store_.unpack(l.digest);
   }
   if (!report.from_cache) {
-    store_.write_ref(RefRecord{address_.id(), ref.repo, record_name(ref), report.digest,
-                               resolved_at});
+    store_.write_ref(
+        RefRecord{address_.id(), ref.repo, record_name(ref), report.digest, resolved_at});
   }
   return report;
 }
@@ -368,11 +371,11 @@ PushReport Hub::push(const std::filesystem::path& layout_dir, const Ref& ref) {
     if (tags.size() != 1) {
       std::string list;
       for (auto& t : tags) list += (list.empty() ? "" : ", ") + t;
-      throw Error(ErrorKind::kInvalidInput,
-                  fmt::format("push: layout {} has {} tags ({}) and none is '{}'; name one with "
-                              "REF@TAG",
-                              layout_dir.string(), tags.size(), list.empty() ? "none" : list,
-                              ref.tag));
+      throw Error(
+          ErrorKind::kInvalidInput,
+          fmt::format("push: layout {} has {} tags ({}) and none is '{}'; name one with "
+                      "REF@TAG",
+                      layout_dir.string(), tags.size(), list.empty() ? "none" : list, ref.tag));
     }
     tag = tags.front();
   }
@@ -405,7 +408,8 @@ PushReport Hub::push(const std::filesystem::path& layout_dir, const Ref& ref) {
         }
         docs.push_back(Doc{bytes, media_type, digest});
       };
-  std::string root_mt = root.media_type.empty() ? oci::peek_media_type(root.bytes) : root.media_type;
+  std::string root_mt =
+      root.media_type.empty() ? oci::peek_media_type(root.bytes) : root.media_type;
   walk(root.bytes, root_mt, root.digest, 0);
 
   std::vector<std::unique_ptr<BlobWriter>> writers;
@@ -418,9 +422,9 @@ PushReport Hub::push(const std::filesystem::path& layout_dir, const Ref& ref) {
   layout->fetch_blobs("", fetches, nullptr);
   for (size_t i = 0; i < fetches.size(); ++i) {
     if (!fetches[i].ok) {
-      throw Error(ErrorKind::kIntegrity, fmt::format("push: layout {}: blob {}: {}",
-                                                     layout_dir.string(),
-                                                     fetches[i].desc.digest.str(), fetches[i].error));
+      throw Error(ErrorKind::kIntegrity,
+                  fmt::format("push: layout {}: blob {}: {}", layout_dir.string(),
+                              fetches[i].desc.digest.str(), fetches[i].error));
     }
     writers[i]->commit();
   }

@@ -35,14 +35,14 @@ struct HubOptions {
 
 struct PullReport {
   Ref ref;
-  Digest digest;               // what the ref resolved to (index or manifest)
+  Digest digest;  // what the ref resolved to (index or manifest)
   std::string media_type;
-  size_t manifests = 0;        // variant manifests
-  size_t blobs = 0;            // distinct config/layer blobs referenced
-  size_t blobs_downloaded = 0; // fetched by this process
+  size_t manifests = 0;         // variant manifests
+  size_t blobs = 0;             // distinct config/layer blobs referenced
+  size_t blobs_downloaded = 0;  // fetched by this process
   uint64_t bytes_downloaded = 0;
-  uint64_t total_bytes = 0;    // size of every referenced blob
-  bool from_cache = false;     // resolved without the network (offline)
+  uint64_t total_bytes = 0;  // size of every referenced blob
+  bool from_cache = false;   // resolved without the network (offline)
 };
 
 struct VariantInfo {

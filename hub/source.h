@@ -68,8 +68,7 @@ class Source {
 
 std::unique_ptr<Source> open_registry_source(const HubAddress& address,
                                              const SourceOptions& options);
-std::unique_ptr<Source> open_layout_source(const HubAddress& address,
-                                           const SourceOptions& options);
+std::unique_ptr<Source> open_layout_source(const HubAddress& address, const SourceOptions& options);
 // One OCI image layout directory (what `skopeo copy ... oci:DIR:TAG` writes), read as a source
 // whose repo argument is ignored. Used by `push DIR REF`.
 std::unique_ptr<Source> open_single_layout_source(const std::filesystem::path& layout_dir,

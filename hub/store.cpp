@@ -65,7 +65,6 @@ std::optional<int64_t> touched_at(const stdfs::path& p) {
   return static_cast<int64_t>(st.st_mtim.tv_sec);
 }
 
-
 uint64_t tree_size(const stdfs::path& p) {
   struct stat st;
   if (::lstat(p.c_str(), &st) != 0) return 0;

@@ -48,9 +48,9 @@ struct StoreEntryDamage {
 };
 
 struct GcOptions {
-  std::optional<uint64_t> max_size;       // shrink the cache to at most this many bytes
-  std::optional<int64_t> older_than_s;    // remove entries unused for this long
-  int64_t grace_s = 3600;                 // never remove anything younger (in-flight pulls)
+  std::optional<uint64_t> max_size;     // shrink the cache to at most this many bytes
+  std::optional<int64_t> older_than_s;  // remove entries unused for this long
+  int64_t grace_s = 3600;               // never remove anything younger (in-flight pulls)
   bool dry_run = false;
 };
 

@@ -165,9 +165,10 @@ int32_t kh_runtime_kernelize(kh_runtime_t* rt, const char* config_json, const ch
   if (!config_json) return null_argument("config_json");
   if (report_json) *report_json = nullptr;
   if (modes & ~(KH_KERNELIZE_EVAL | KH_KERNELIZE_TRAIN)) {
-    t_last_error = fmt::format("modes 0x{:x} has bits other than KH_KERNELIZE_EVAL (0x1) and "
-                               "KH_KERNELIZE_TRAIN (0x2)",
-                               modes);
+    t_last_error = fmt::format(
+        "modes 0x{:x} has bits other than KH_KERNELIZE_EVAL (0x1) and "
+        "KH_KERNELIZE_TRAIN (0x2)",
+        modes);
     return KH_ERR_INVALID_ARGUMENT;
   }
   return guarded([&] {

@@ -68,13 +68,11 @@ KH_EXPORT int32_t kh_runtime_backward(const kh_runtime_t* rt, uint32_t slot, int
  * verifies their files, and binds them; slots the config does not serve keep their fallback.
  * After it returns, set_mode and calls do no I/O.
  *   config_json  the KernelConfig as JSON text (native or Transformers forms)
- *   hub          hub address (oci://HOST[/NS], http(s)://URL, file://DIR); NULL: $KERNEL_HUB_ENDPOINT,
- *                else the embedded default hub
- *   device       NULL or "cpu" (this machine), or "cuda:sm_90:cuda_13.0[:OS/ARCH]" (binds CUDA
- *                device 0)
- *   modes        KH_KERNELIZE_EVAL | KH_KERNELIZE_TRAIN (0: both)
- *   strict       != 0: a mapped layer that falls back, or a train bind without backward, fails
- *   lock_path    NULL, or a kernels.lock: only its digests are accepted
+ *   hub          hub address (oci://HOST[/NS], http(s)://URL, file://DIR); NULL:
+ * $KERNEL_HUB_ENDPOINT, else the embedded default hub device       NULL or "cpu" (this machine), or
+ * "cuda:sm_90:cuda_13.0[:OS/ARCH]" (binds CUDA device 0) modes        KH_KERNELIZE_EVAL |
+ * KH_KERNELIZE_TRAIN (0: both) strict       != 0: a mapped layer that falls back, or a train bind
+ * without backward, fails lock_path    NULL, or a kernels.lock: only its digests are accepted
  *   report_json  NULL, or receives a malloc'ed JSON report (per layer and mode: package, index
  *                digest, variant, source, load time, trace); free it with
  *                kh_runtime_free_report.

@@ -34,8 +34,7 @@ std::filesystem::path file_in_package(const std::filesystem::path& dir, const st
   return dir / p;
 }
 
-void read_device_code(const nlohmann::json& j, const std::filesystem::path& file,
-                      PackageDir& p) {
+void read_device_code(const nlohmann::json& j, const std::filesystem::path& file, PackageDir& p) {
   if (auto it = j.find("cubins"); it != j.end()) {
     if (!it->is_object())
       throw Error(ErrorKind::kInvalidInput,

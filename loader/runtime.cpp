@@ -18,13 +18,13 @@ void Runtime::set_mode(Mode mode, const std::vector<void*>& streams) {
   for (void* stream : streams) {
     auto status = cuda::stream_capture_status(static_cast<cuda::CUstream>(stream));
     if (status != cuda::CU_STREAM_CAPTURE_STATUS_NONE)
-      throw Error(ErrorKind::kRefused,
-                  fmt::format("set_mode({}) refused: stream {} is {} a CUDA graph capture; switch "
-                              "modes between captures",
-                              mode_name(mode), stream,
-                              status == cuda::CU_STREAM_CAPTURE_STATUS_ACTIVE
-                                  ? "in"
-                                  : "in an invalidated"));
+      throw Error(
+          ErrorKind::kRefused,
+          fmt::format(
+              "set_mode({}) refused: stream {} is {} a CUDA graph capture; switch "
+              "modes between captures",
+              mode_name(mode), stream,
+              status == cuda::CU_STREAM_CAPTURE_STATUS_ACTIVE ? "in" : "in an invalidated"));
   }
   table_.set_mode(mode);
 }

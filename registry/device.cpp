@@ -106,9 +106,10 @@ Device make_device(const DeviceFields& f) {
       local.cuda = fmt::format("{}.{}", version / 1000, (version % 1000) / 10);
       return make_device(local);
     } catch (const Error& e) {
-      fail(fmt::format("cannot read GPU {} from the driver: {}; to describe a GPU by hand give "
-                       "--device cuda --sm NN --cuda X.Y",
-                       *ordinal, e.what()));
+      fail(
+          fmt::format("cannot read GPU {} from the driver: {}; to describe a GPU by hand give "
+                      "--device cuda --sm NN --cuda X.Y",
+                      *ordinal, e.what()));
     }
   }
   Device d;

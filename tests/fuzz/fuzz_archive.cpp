@@ -42,8 +42,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (ok) {
     for (auto it = std::filesystem::recursive_directory_iterator(dest, ec);
          it != std::filesystem::recursive_directory_iterator(); ++it) {
-      if (it->is_directory()) std::filesystem::permissions(it->path(), std::filesystem::perms::owner_all,
-                                                           std::filesystem::perm_options::add);
+      if (it->is_directory())
+        std::filesystem::permissions(it->path(), std::filesystem::perms::owner_all,
+                                     std::filesystem::perm_options::add);
     }
     std::filesystem::permissions(dest, std::filesystem::perms::owner_all,
                                  std::filesystem::perm_options::add, ec);

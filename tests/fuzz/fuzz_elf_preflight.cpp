@@ -1,7 +1,7 @@
 // libFuzzer target for the ELF preflight: it parses untrusted package host libraries, so any
 // byte string must yield a report, never a crash or an out-of-bounds read. Built with clang by
-// tests/fuzz/run.sh (fuzz.elf_preflight in CTest); the GoogleTest test_loader_elf runs this same entry
-// over a corpus of mutated ELF files so that CI exercises it with g++ too.
+// tests/fuzz/run.sh (fuzz.elf_preflight in CTest); the GoogleTest test_loader_elf runs this same
+// entry over a corpus of mutated ELF files so that CI exercises it with g++ too.
 #include <cstddef>
 #include <cstdint>
 #include <span>

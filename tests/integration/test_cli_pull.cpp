@@ -93,8 +93,8 @@ TEST_F(CliPull, PushThenPullVerifiesAndRecords) {
   EXPECT_EQ(nlohmann::json::parse(again.out)[0]["blobs_downloaded"], 0);
 
   // A pull by digest works too.
-  auto by_digest = cli({"pull", "test/pkg@" + b.index.digest.str()}, registry_.oci_url(),
-                       cache.path());
+  auto by_digest =
+      cli({"pull", "test/pkg@" + b.index.digest.str()}, registry_.oci_url(), cache.path());
   EXPECT_EQ(by_digest.exit_code, 0) << by_digest.err;
 }
 
@@ -159,14 +159,14 @@ TEST_F(CliPull, EightProcessesDownloadEachBlobOnce) {
   BuiltLayout b = push_layout("test/conc@v1", spec);
   FaultProxy proxy(registry_.port());
   // Slow the first blob response down a little so that the processes overlap.
-  proxy.add_rule({"GET", "/blobs/" + b.layers[0].digest.str(), FaultProxy::Action::kStall, 1,
-                  1 << 20, 1, 0});
+  proxy.add_rule(
+      {"GET", "/blobs/" + b.layers[0].digest.str(), FaultProxy::Action::kStall, 1, 1 << 20, 1, 0});
   TempDir cache;
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
   for (int i = 0; i < 8; ++i) {
-    auto log = cache.path().parent_path() / (cache.path().filename().string() + ".log" +
-                                             std::to_string(i));
+    auto log = cache.path().parent_path() /
+               (cache.path().filename().string() + ".log" + std::to_string(i));
     logs.push_back(log.string());
     pids.push_back(spawn_process({cli_path(), "--cache", cache.path().string(), "--plain-http",
                                   "--hub", proxy.oci_url(), "-q", "pull", "test/conc@v1"},
@@ -199,12 +199,12 @@ TEST_F(CliPull, KilledMidBlobThenPulledAgain) {
   spec.layer_bytes = 8 << 20;
   BuiltLayout b = push_layout("test/crash@v1", spec);
   FaultProxy proxy(registry_.port());
-  proxy.add_rule({"GET", "/blobs/" + b.layers[0].digest.str(), FaultProxy::Action::kStall, 1,
-                  2 << 20, 30, 0});
+  proxy.add_rule(
+      {"GET", "/blobs/" + b.layers[0].digest.str(), FaultProxy::Action::kStall, 1, 2 << 20, 30, 0});
   TempDir cache;
   auto log = cache.path().string() + ".crash.log";
-  pid_t pid = spawn_process({cli_path(), "--cache", cache.path().string(), "--plain-http",
-                             "--hub", proxy.oci_url(), "-q", "pull", "test/crash@v1"},
+  pid_t pid = spawn_process({cli_path(), "--cache", cache.path().string(), "--plain-http", "--hub",
+                             proxy.oci_url(), "-q", "pull", "test/crash@v1"},
                             {}, log);
   // Wait until the blob transfer is under way, then kill the puller outright.
   for (int i = 0; i < 200 && proxy.count("GET", "/blobs/" + b.layers[0].digest.str()) == 0; ++i) {
@@ -216,7 +216,7 @@ TEST_F(CliPull, KilledMidBlobThenPulledAgain) {
   EXPECT_EQ(killed.term_signal, SIGKILL);
   std::filesystem::remove(log);
   EXPECT_FALSE(std::filesystem::exists(cache.path() / "blobs/sha256" / b.layers[0].digest.hex));
-  EXPECT_FALSE(std::filesystem::exists(cache.path() / "refs"/ "registry"));
+  EXPECT_FALSE(std::filesystem::exists(cache.path() / "refs" / "registry"));
 
   auto r = cli({"pull", "test/crash@v1"}, registry_.oci_url(), cache.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;

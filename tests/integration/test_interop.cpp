@@ -20,8 +20,8 @@ class SkopeoInterop : public ::testing::Test {
     if (!registry_.available()) GTEST_SKIP() << registry_.why();
   }
   ProcessResult cli(std::vector<std::string> args, const std::string& hub) {
-    std::vector<std::string> argv = {cli_path(), "--cache", cache_.path().string(),
-                                     "--plain-http", "--hub", hub};
+    std::vector<std::string> argv = {cli_path(),     "--cache", cache_.path().string(),
+                                     "--plain-http", "--hub",   hub};
     argv.insert(argv.end(), args.begin(), args.end());
     return run_process(argv, {{"KERNEL_HUB_OFFLINE", "\x01"}});
   }

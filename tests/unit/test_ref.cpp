@@ -26,9 +26,9 @@ TEST(Ref, TagsAndDigests) {
 }
 
 TEST(Ref, Rejections) {
-  for (const char* bad : {"", "name", "Org/name", "org/name@", "org/name:v1", "org//name",
-                          "org/name@sha256:xyz", "org/name@md5:abc", "org/name@-bad",
-                          "/org/name", "org/name/"}) {
+  for (const char* bad :
+       {"", "name", "Org/name", "org/name@", "org/name:v1", "org//name", "org/name@sha256:xyz",
+        "org/name@md5:abc", "org/name@-bad", "/org/name", "org/name/"}) {
     try {
       Ref::parse(bad);
       ADD_FAILURE() << "accepted " << bad;

@@ -294,9 +294,9 @@ TEST(Device, LocalGpuIsReadFromTheDriverOrFailsClearly) {
   // By hand, a cuda device needs no GPU.
   Device d = make_device(DeviceFields{"cuda", "90", "13.0", std::nullopt, std::nullopt});
   EXPECT_EQ(d.sm, 90);
-  EXPECT_THROW(make_device(DeviceFields{"cuda:x", std::nullopt, std::nullopt, std::nullopt,
-                                        std::nullopt}),
-               Error);
+  EXPECT_THROW(
+      make_device(DeviceFields{"cuda:x", std::nullopt, std::nullopt, std::nullopt, std::nullopt}),
+      Error);
   EXPECT_THROW(make_device(DeviceFields{"cuda:0", "90", std::nullopt, std::nullopt, std::nullopt}),
                Error);
 }

@@ -110,15 +110,18 @@ int main(int argc, char** argv) {
   double ours_s = median(ours), curl_s = median(curl);
   std::printf("| measurement | kernel-hub | baseline (same run) | ratio | target |\n");
   std::printf("| --- | --- | --- | --- | --- |\n");
-  std::printf("| pull %.0f MiB (16 blobs) from loopback docker-registry, MiB/s | %.0f | curl "
-              "--parallel: %.0f | %.2fx | >= 0.8x |\n",
-              mib, mib / ours_s, mib / curl_s, curl_s / ours_s);
-  std::printf("| warm offline `pull` of a cached ref, whole process, ms | %.2f | - | - | <= 5 ms |\n",
-              median(proc_ms));
+  std::printf(
+      "| pull %.0f MiB (16 blobs) from loopback docker-registry, MiB/s | %.0f | curl "
+      "--parallel: %.0f | %.2fx | >= 0.8x |\n",
+      mib, mib / ours_s, mib / curl_s, curl_s / ours_s);
+  std::printf(
+      "| warm offline `pull` of a cached ref, whole process, ms | %.2f | - | - | <= 5 ms |\n",
+      median(proc_ms));
   std::printf("| warm offline pull, library call (`Hub::pull`), ms | %.3f | - | - | <= 5 ms |\n",
               median(lib_ms));
-  std::printf("\nmedian of %d runs each; kernel-hub times include process start, sha256 "
-              "verification and fsync of every blob; curl writes without verifying.\n",
-              runs);
+  std::printf(
+      "\nmedian of %d runs each; kernel-hub times include process start, sha256 "
+      "verification and fsync of every blob; curl writes without verifying.\n",
+      runs);
   return 0;
 }

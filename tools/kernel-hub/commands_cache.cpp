@@ -30,9 +30,9 @@ int run_ls(Context& ctx) {
                    {"size", c.bytes},
                    {"complete", c.missing.empty()},
                    {"resolved_at", iso_time(r.resolved_at)}});
-    ctx.say(fmt::format("{:<40} {:<19} {:>10}  {:<20}  {}{}", name,
-                        r.digest.str().substr(0, 19), human_bytes(c.bytes),
-                        iso_time(r.resolved_at), r.hub_id, c.missing.empty() ? "" : " (incomplete)"));
+    ctx.say(fmt::format("{:<40} {:<19} {:>10}  {:<20}  {}{}", name, r.digest.str().substr(0, 19),
+                        human_bytes(c.bytes), iso_time(r.resolved_at), r.hub_id,
+                        c.missing.empty() ? "" : " (incomplete)"));
   }
   if (ctx.options().json) ctx.print_json(out);
   if (refs.empty()) ctx.note("the cache at " + ctx.store().root().string() + " holds no refs");
@@ -49,15 +49,13 @@ int run_verify(Context& ctx) {
     ctx.say("cache " + ctx.store().root().string() + ": every blob verified");
   } else {
     for (auto& d : damage) std::cerr << "damaged: " << d.path.string() << ": " << d.problem << "\n";
-    std::cerr << damage.size()
-              << " damaged entr" << (damage.size() == 1 ? "y" : "ies")
+    std::cerr << damage.size() << " damaged entr" << (damage.size() == 1 ? "y" : "ies")
               << "; run `kernel-hub gc` to drop them and pull the refs again\n";
   }
   return damage.empty() ? 0 : 1;
 }
 
-int run_gc(Context& ctx, const std::string& max_size, const std::string& older_than,
-           bool dry_run) {
+int run_gc(Context& ctx, const std::string& max_size, const std::string& older_than, bool dry_run) {
   GcOptions o;
   if (!max_size.empty()) o.max_size = parse_size(max_size);
   if (!older_than.empty()) o.older_than_s = parse_duration(older_than);
@@ -84,8 +82,8 @@ void add_cache_commands(CLI::App& app, Runner& run) {
   app.add_subcommand("verify", "Re-hash the whole cache; exit 1 and list any damage")
       ->callback([&run] { run = run_verify; });
 
-  auto* gc = app.add_subcommand(
-      "gc", "Remove cached entries no kept ref needs, by age or down to a size");
+  auto* gc =
+      app.add_subcommand("gc", "Remove cached entries no kept ref needs, by age or down to a size");
   auto max_size = std::make_shared<std::string>();
   auto older_than = std::make_shared<std::string>();
   auto dry_run = std::make_shared<bool>(false);

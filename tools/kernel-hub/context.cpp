@@ -46,7 +46,9 @@ void Context::note(const std::string& line) const {
   if (!options_.quiet) std::cerr << line << "\n";
 }
 
-void Context::print_json(const nlohmann::json& j) const { std::cout << j.dump(2) << "\n"; }
+void Context::print_json(const nlohmann::json& j) const {
+  std::cout << j.dump(2) << "\n";
+}
 
 std::string human_bytes(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

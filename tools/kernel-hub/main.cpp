@@ -1,8 +1,8 @@
 // kernel-hub: the command-line front end. Each command lives in its own file; this one parses
 // global options, builds the context and maps errors to exit codes (0 ok, 1 failure,
 // 2 bad usage or input).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdlib>
 #include <iostream>
@@ -35,8 +35,9 @@ int main(int argc, char** argv) {
   app.add_option("--hub", g.hub,
                  "Hub address: oci://HOST[:PORT][/NS], http(s)://URL or file://DIR "
                  "(default: $KERNEL_HUB_ENDPOINT, else the embedded default hub)");
-  app.add_option("--cache", g.cache, "Cache directory (default: $KERNEL_HUB_CACHE, else "
-                                     "$XDG_CACHE_HOME/kernel-hub or ~/.cache/kernel-hub)");
+  app.add_option("--cache", g.cache,
+                 "Cache directory (default: $KERNEL_HUB_CACHE, else "
+                 "$XDG_CACHE_HOME/kernel-hub or ~/.cache/kernel-hub)");
   app.add_flag("--offline", g.offline, "No network access; resolve from the cache only");
   app.add_flag("--plain-http", g.plain_http, "Talk plain HTTP to oci:// registries");
   app.add_flag("--json", g.json, "Machine-readable output on stdout");
