@@ -157,7 +157,9 @@ void add_hub_commands(CLI::App& app, Runner& run) {
   pull->add_option("refs", a->refs, "org/name[@TAG|@sha256:HEX] (default tag v1)");
   pull->add_option("--config", a->config, "KernelConfig JSON file: pull what it needs");
   pull->add_option("--lock", a->lock, "Lock file: pull exactly its digests, every target");
-  pull->add_option("--device", a->device, "--config: device key cpu (default) or cuda");
+  pull->add_option(
+      "--device", a->device,
+      "--config: cpu (default), cuda:N (GPU N, read from the driver) or cuda with --sm and --cuda");
   pull->add_option("--sm", a->sm, "--config: compute capability, e.g. 90");
   pull->add_option("--cuda", a->cuda, "--config: driver CUDA version, e.g. 13.0");
   pull->add_option("--target", a->targets,
