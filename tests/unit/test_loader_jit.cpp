@@ -29,6 +29,8 @@
 #include "tests/fixtures/process.h"
 
 namespace kh {
+
+using test::loaded_matching;
 namespace {
 
 namespace stdfs = std::filesystem;
@@ -40,19 +42,6 @@ std::string pkg(const std::string& variant) {
 
 std::string toy_source() {
   return fs::read_file(std::string(KH_SOURCE_DIR) + "/tests/packages/toy/toy.cu");
-}
-
-std::vector<std::string> loaded_matching(const std::string& needle) {
-  std::pair<std::string, std::vector<std::string>> q{needle, {}};
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* data) {
-        auto* q = static_cast<std::pair<std::string, std::vector<std::string>>*>(data);
-        std::string name = info->dlpi_name ? info->dlpi_name : "";
-        if (name.find(q->first) != std::string::npos) q->second.push_back(name);
-        return 0;
-      },
-      &q);
-  return q.second;
 }
 
 // NVRTC, or a skip saying why not.

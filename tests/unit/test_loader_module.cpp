@@ -17,6 +17,9 @@
 #include "tests/fixtures/process.h"
 
 namespace kh {
+
+using test::is_loaded;
+using test::loaded_matching;
 namespace {
 
 namespace stdfs = std::filesystem;
@@ -27,34 +30,6 @@ std::string pkg(const std::string& variant) {
 }
 std::string toy(const std::string& variant) {
   return pkg(variant) + "/libtoy.so";
-}
-
-bool is_loaded(const std::string& path) {
-  struct Q {
-    std::string path;
-    bool found = false;
-  } q{stdfs::weakly_canonical(path).string()};
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* data) {
-        auto* q = static_cast<Q*>(data);
-        if (info->dlpi_name && q->path == info->dlpi_name) q->found = true;
-        return 0;
-      },
-      &q);
-  return q.found;
-}
-
-std::vector<std::string> loaded_matching(const std::string& needle) {
-  std::pair<std::string, std::vector<std::string>> q{needle, {}};
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* data) {
-        auto* q = static_cast<std::pair<std::string, std::vector<std::string>>*>(data);
-        std::string name = info->dlpi_name ? info->dlpi_name : "";
-        if (name.find(q->first) != std::string::npos) q->second.push_back(name);
-        return 0;
-      },
-      &q);
-  return q.second;
 }
 
 const Check* find_check(const PreflightReport& r, const std::string& name) {
