@@ -59,14 +59,18 @@ inline RowLaunch backward_launch(int64_t walkers, int64_t cols, int vec) {
 }  // namespace khk
 
 // Recommended number of workspace rows W for the norm backward ops on a GPU with `sm_count`
-// multiprocessors: more walkers for short rows (after Quack's rmsnorm config), never more than
-// the rows. Any W >= 1 is correct; this is only about speed.
+// multiprocessors: walkers for about 512 threads per multiprocessor (16-byte bf16/fp16 vectors
+// assumed; at most 16 walkers per multiprocessor), never more than the rows. A walker loads its
+// row, reduces it and stores dx in series: with one walker CTA per multiprocessor nothing hides
+// those phases; with two, one walker's loads overlap the other's reduction and stores. That is
+// twice Quack's rmsnorm config (which pipelines rows inside a CTA instead). The partials the
+// reduce kernel reads grow with W: 2 x 132 x 8192 fp32 is 8.7 MB, against 805 MB for dy, x and
+// dx at 16384 x 8192 bf16. Any W >= 1 is correct; this is only about speed.
 inline int64_t kh_norm_workspace_rows(int64_t rows, int64_t cols, int sm_count) {
-  const int64_t per_sm = cols <= 256    ? 16
-                         : cols <= 1024 ? 8
-                         : cols <= 2048 ? 4
-                         : cols <= 4096 ? 2
-                                        : 1;
+  const khk::RowLaunch c = khk::backward_launch(1, cols, 8);
+  const int64_t threads = int64_t{c.threads_per_row} * c.rows_per_block;
+  int64_t per_sm = c.reg && threads < 512 ? 512 / threads * c.rows_per_block : 1;
+  if (per_sm > 16) per_sm = 16;  // bounded partials (REFERENCE 6.3 item 5)
   int64_t w = int64_t{sm_count > 0 ? sm_count : 1} * per_sm;
   if (w > rows) w = rows;
   return w < 1 ? 1 : w;

@@ -14,6 +14,38 @@
 
 namespace {
 
+// exp(x - m) as 2^(x * log2(e) - m * log2(e)): one FFMA and one MUFU.EX2 per element instead
+// of expf's ~9 instructions (the stats loop was issue-bound next to its loads). The FFMA keeps
+// x * log2(e) unrounded; the rounding of m * log2(e) is one factor common to every term of a
+// row, which cancels in softmax and moves a log-sum-exp by about 1e-7 |m|. ex2.approx is within
+// 2 ulp; -inf gives 0.
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float exp_shifted(float x, float m_log2e) {
+  return ex2_approx(fmaf(x, kLog2e, -m_log2e));
+}
+
+// kh_sm_accumulate with exp_shifted: adds VEC values to this thread's partial (m, s).
+template <int VEC>
+__device__ __forceinline__ void sm_accumulate(float& m, float& s, const float (&a)[VEC]) {
+  float lm = a[0];
+#pragma unroll
+  for (int i = 1; i < VEC; ++i) lm = lm > a[i] ? lm : a[i];
+  if (lm > m) {
+    s = m == KH_SM_NEG_INF ? 0.f : s * ex2_approx((m - lm) * kLog2e);
+    m = lm;
+  }
+  if (m != KH_SM_NEG_INF) {
+    const float ml = m * kLog2e;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) s += exp_shifted(a[i], ml);
+  }
+}
+
 // Merges every thread's (m, s) of one row; every thread of the row gets the same bits. All
 // threads of the CTA must call it. red: __shared__ float[64].
 __device__ __forceinline__ void row_merge(float& m, float& s, float* red) {
@@ -39,18 +71,19 @@ __device__ __forceinline__ void row_merge(float& m, float& s, float* red) {
   }
 }
 
-// The row's (max, sum of exp(x - max)) over n vectors. kStatsUnroll loads are issued before
-// their math so that each thread keeps several 16-byte loads in flight (REFERENCE 6.3 item 9);
-// the accumulation order is still v, v + blockDim.x, ... On the H200 (4096 x 128256 bf16
-// cross-entropy) 4 was 12% slower than 2: it took the 1024-thread kernels past 32 registers, so
-// one CTA per SM instead of two; 2 matched the plain loop there and gained 2-5% on softmax.
+// This thread's (max, sum of exp(x - max)) over the row's vectors first + threadIdx.x,
+// first + threadIdx.x + blockDim.x, ... < n. kStatsUnroll loads are issued before their math so
+// that each thread keeps several 16-byte loads in flight (REFERENCE 6.3 item 9). On the H200
+// (4096 x 128256 bf16 cross-entropy) 4 was 12% slower than 2: it took the 1024-thread kernels
+// past 32 registers, so one CTA per SM instead of two; 2 matched the plain loop there and
+// gained 2-5% on softmax.
 constexpr int kStatsUnroll = 2;
 template <typename T, int VEC>
-__device__ __forceinline__ void row_stats(const T* xr, int n, float& m, float& s, float* red) {
+__device__ __forceinline__ void thread_stats(const T* xr, int first, int n, float& m, float& s) {
   typedef kh_raw<T, VEC> Raw;
   m = KH_SM_NEG_INF;
   s = 0.f;
-  for (int v0 = threadIdx.x; v0 < n; v0 += kStatsUnroll * blockDim.x) {
+  for (int v0 = first + threadIdx.x; v0 < n; v0 += kStatsUnroll * blockDim.x) {
     Raw r[kStatsUnroll];
 #pragma unroll
     for (int u = 0; u < kStatsUnroll; ++u) {
@@ -63,10 +96,16 @@ __device__ __forceinline__ void row_stats(const T* xr, int n, float& m, float& s
       if (v < n) {
         float a[VEC];
         kh_unpack<T, VEC>(r[u], a);
-        kh_sm_accumulate<VEC>(m, s, a);
+        sm_accumulate<VEC>(m, s, a);
       }
     }
   }
+}
+
+// The row's (max, sum of exp(x - max)) over n vectors, in every thread of the row.
+template <typename T, int VEC>
+__device__ __forceinline__ void row_stats(const T* xr, int n, float& m, float& s, float* red) {
+  thread_stats<T, VEC>(xr, 0, n, m, s);
   row_merge(m, s, red);
 }
 
@@ -80,13 +119,13 @@ __device__ __forceinline__ void softmax_fwd(const T* x, kh_i64 sx, T* y, kh_i64 
   const T* xr = x + (valid ? row : 0) * sx;
   float m, s;
   row_stats<T, VEC>(xr, nvec, m, s, red);
-  const float inv = 1.f / s;
+  const float inv = 1.f / s, ml = m * kLog2e;
   T* yr = y + (valid ? row : 0) * sy;
   for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
     float a[VEC];
     kh_unpack<T, VEC>(kh_load_raw<T, VEC, KH_LOAD_PLAIN>(xr + (kh_i64)v * VEC), a);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) a[i] = expf(a[i] - m) * inv;
+    for (int i = 0; i < VEC; ++i) a[i] = exp_shifted(a[i], ml) * inv;
     kh_store_raw<T, VEC>(yr + (kh_i64)v * VEC, kh_pack<T, VEC>(a));
   }
 }
@@ -121,12 +160,82 @@ __device__ __forceinline__ void softmax_bwd(const T* dy, kh_i64 sdy, const T* y,
   }
 }
 
+// Vectors per thread of a cross-entropy row kept in registers from the statistics to the
+// gradient pass (RES; -D switches for tuning sweeps). The resident part is read from memory once
+// and takes one exp per element (its maximum first, no rescaling); the rest of the row is
+// streamed (and re-read by the gradient pass). Measured on the H200 at 4096 x 128256 bf16, one
+// 1024-thread CTA per row: eval 409.7 us with 0, 467.6 with 4; train 826.2 us with 0, 890.6 with
+// 4, 866.7 with 6. Resident vectors take the kernels past 32 registers, so one CTA per SM instead
+// of two, and the second CTA hides more than the saved L2 re-reads (7 and 8 also spill under the
+// 64-register bound). So none by default; the scalar (misaligned) kernels never keep any.
+#ifndef KH_CE_FWD_RES
+#define KH_CE_FWD_RES 0
+#endif
+#ifndef KH_CE_TRAIN_RES
+#define KH_CE_TRAIN_RES 0
+#endif
+template <int VEC>
+struct CeRes {
+  static constexpr int fwd = VEC == 1 ? 0 : KH_CE_FWD_RES;
+  static constexpr int train = VEC == 1 ? 0 : KH_CE_TRAIN_RES;
+};
+
+// Adds the resident vectors (v = threadIdx.x + k * blockDim.x < n) to this thread's (m, s).
+template <typename T, int VEC, int RES>
+__device__ __forceinline__ void resident_stats(const kh_raw<T, VEC> (&keep)[RES], int n, float& m,
+                                               float& s) {
+  float lm = KH_SM_NEG_INF;
+#pragma unroll
+  for (int k = 0; k < RES; ++k) {
+    if ((int)threadIdx.x + k * (int)blockDim.x < n) {
+      float a[VEC];
+      kh_unpack<T, VEC>(keep[k], a);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) lm = lm > a[i] ? lm : a[i];
+    }
+  }
+  if (!(lm <= m)) {  // lm > m, or a NaN (which then reaches s below)
+    s = m == KH_SM_NEG_INF ? 0.f : s * ex2_approx((m - lm) * kLog2e);
+    m = lm;
+  }
+  if (m == KH_SM_NEG_INF) return;
+  const float ml = m * kLog2e;
+#pragma unroll
+  for (int k = 0; k < RES; ++k) {
+    if ((int)threadIdx.x + k * (int)blockDim.x < n) {
+      float a[VEC];
+      kh_unpack<T, VEC>(keep[k], a);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s += exp_shifted(a[i], ml);
+    }
+  }
+}
+
+// One gradient vector: (softmax(x) - onehot(target)) * scale, zeros for an ignored row.
+template <typename T, int VEC>
+__device__ __forceinline__ kh_raw<T, VEC> ce_grad(const kh_raw<T, VEC>& x, kh_i64 col0,
+                                                  kh_i64 target, bool ignored, float ml, float inv,
+                                                  float scale) {
+  float a[VEC];
+  if (ignored) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) a[i] = 0.f;
+  } else {
+    kh_unpack<T, VEC>(x, a);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i)
+      a[i] = (exp_shifted(a[i], ml) * inv - (col0 + i == target ? 1.f : 0.f)) * scale;
+  }
+  return kh_pack<T, VEC>(a);
+}
+
 // loss = logsumexp(x) - x[target] (0 for ignored tokens, NaN for a target outside [0, cols));
 // TRAIN also writes dx = (softmax(x) - onehot(target)) * scale (zero rows for ignored tokens).
-template <typename T, int VEC, bool TRAIN>
+template <typename T, int VEC, bool TRAIN, int RES>
 __device__ __forceinline__ void ce_fwd(const T* x, kh_i64 sx, const kh_i64* targets,
                                        kh_i64 ignore_index, float* loss, T* dx, kh_i64 sdx,
                                        float scale, kh_i64 rows, int cols) {
+  typedef kh_raw<T, VEC> Raw;
   __shared__ float red[64];
   const kh_i64 row = (kh_i64)blockIdx.x * blockDim.y + threadIdx.y;
   const bool valid = row < rows;
@@ -139,8 +248,18 @@ __device__ __forceinline__ void ce_fwd(const T* x, kh_i64 sx, const kh_i64* targ
   // orders this read before the gradient pass).
   const float xt =
       valid && !ignored && in_range && threadIdx.x == 0 ? kh_to_float(xr[target]) : 0.f;
+  // The resident vectors' loads go out first, then the streamed rest's.
+  Raw keep[RES > 0 ? RES : 1];
+#pragma unroll
+  for (int k = 0; k < RES; ++k) {
+    const int v = threadIdx.x + k * blockDim.x;
+    if (v < nvec) keep[k] = kh_load_raw<T, VEC, KH_LOAD_PLAIN>(xr + (kh_i64)v * VEC);
+  }
+  const int first = RES * blockDim.x;  // the first streamed vector
   float m, s;
-  row_stats<T, VEC>(xr, nvec, m, s, red);
+  thread_stats<T, VEC>(xr, first, nvec, m, s);
+  if constexpr (RES > 0) resident_stats<T, VEC, RES>(keep, nvec, m, s);
+  row_merge(m, s, red);
   if (valid && threadIdx.x == 0)
     loss[row] = ignored ? 0.f : in_range ? (m + logf(s)) - xt : __int_as_float(0x7fc00000);
   if constexpr (TRAIN) {
@@ -148,21 +267,20 @@ __device__ __forceinline__ void ce_fwd(const T* x, kh_i64 sx, const kh_i64* targ
     if (!valid) return;  // no barriers below
     T* dxr = dx + row * sdx;
     const int n = cols / VEC;
-    const float inv = 1.f / s;
-    for (int v = threadIdx.x; v < n; v += blockDim.x) {
-      float a[VEC];
-      if (ignored) {
+    const float inv = 1.f / s, ml = m * kLog2e;
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) a[i] = 0.f;
-      } else {
-        kh_unpack<T, VEC>(kh_load_raw<T, VEC, KH_LOAD_PLAIN>(xr + (kh_i64)v * VEC), a);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float p = expf(a[i] - m) * inv;
-          a[i] = (p - ((kh_i64)v * VEC + i == target ? 1.f : 0.f)) * scale;
-        }
-      }
-      kh_store_raw<T, VEC>(dxr + (kh_i64)v * VEC, kh_pack<T, VEC>(a));
+    for (int k = 0; k < RES; ++k) {
+      const int v = threadIdx.x + k * blockDim.x;
+      if (v < n)
+        kh_store_raw<T, VEC>(
+            dxr + (kh_i64)v * VEC,
+            ce_grad<T, VEC>(keep[k], (kh_i64)v * VEC, target, ignored, ml, inv, scale));
+    }
+    for (int v = first + threadIdx.x; v < n; v += blockDim.x) {
+      Raw r = {};
+      if (!ignored) r = kh_load_raw<T, VEC, KH_LOAD_PLAIN>(xr + (kh_i64)v * VEC);
+      kh_store_raw<T, VEC>(dxr + (kh_i64)v * VEC,
+                           ce_grad<T, VEC>(r, (kh_i64)v * VEC, target, ignored, ml, inv, scale));
     }
   }
 }
@@ -199,12 +317,14 @@ __device__ __forceinline__ void ce_bwd(const float* dloss, T* dx, kh_i64 sdx, kh
   extern "C" __global__ void __launch_bounds__(1024) ce_fwd_##TNAME##_##VNAME(                    \
       const T* x, kh_i64 sx, const kh_i64* targets, kh_i64 ignore_index, float* loss, T* dx,      \
       kh_i64 sdx, float scale, kh_i64 rows, int cols) {                                           \
-    ce_fwd<T, VEC, false>(x, sx, targets, ignore_index, loss, dx, sdx, scale, rows, cols);        \
+    ce_fwd<T, VEC, false, CeRes<VEC>::fwd>(x, sx, targets, ignore_index, loss, dx, sdx, scale,    \
+                                           rows, cols);                                           \
   }                                                                                               \
   extern "C" __global__ void __launch_bounds__(1024) ce_train_##TNAME##_##VNAME(                  \
       const T* x, kh_i64 sx, const kh_i64* targets, kh_i64 ignore_index, float* loss, T* dx,      \
       kh_i64 sdx, float scale, kh_i64 rows, int cols) {                                           \
-    ce_fwd<T, VEC, true>(x, sx, targets, ignore_index, loss, dx, sdx, scale, rows, cols);         \
+    ce_fwd<T, VEC, true, CeRes<VEC>::train>(x, sx, targets, ignore_index, loss, dx, sdx, scale,   \
+                                            rows, cols);                                          \
   }                                                                                               \
   extern "C" __global__ void __launch_bounds__(1024)                                              \
       ce_bwd_##TNAME##_##VNAME(const float* dloss, T* dx, kh_i64 sdx, kh_i64 rows, int cols) {    \

@@ -7,7 +7,8 @@ triton.testing.do_bench (L2 flushed before each call), providers interleaved per
 run twice (rows whose two sweeps differ by more than 3% are flagged).
 
 Usage: bench_kernels.py --lib build/libkernel_hub.so --packages build/kernels [--quick]
-       [--sweep-src DIR]  (variants of the forward kernels from DIR/<pkg>/<pkg>.cu)
+       [--more-only] [--sweep-src DIR [--sweep-what ce,normbwd,normfwd,act]]
+       (--sweep-src: variants compiled from DIR/<pkg>/<pkg>.cu, timed before the main table)
 """
 import argparse
 import ctypes as C
@@ -100,8 +101,22 @@ def rel_err(out, ref):
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def pow2_at_least(n):
+    p = 1
+    while p < n and p < 1024:
+        p <<= 1
+    return p
+
+
 def ws_rows(cols, sms):
-    per_sm = 16 if cols <= 256 else 8 if cols <= 1024 else 4 if cols <= 2048 else 2 if cols <= 4096 else 1
+    """kh_norm_workspace_rows (kernels/norm/launch_config.h) for bf16: walkers for ~512 threads
+    per SM (threads per row for 4 vectors of 8 each, 32..512; 128-thread CTAs for short rows)."""
+    nvec = cols // 8
+    if nvec > 512 * 4:
+        return sms
+    tpr = max(pow2_at_least((nvec + 3) // 4), pow2_at_least(min(nvec, 32)))
+    rpb = 1 if tpr >= 128 else 128 // tpr
+    per_sm = min(16, 512 // (tpr * rpb) * rpb) if tpr * rpb < 512 else 1
     return sms * per_sm
 
 
@@ -173,6 +188,29 @@ def cases(kh, quick):
         yield ("rmsnorm fwd+bwd", shape, 5 * m * n * 2,
                {"ours": ours_fb, "eager": torch_fb(rms), "compile": torch_fb(crms)}, (), err)
 
+        # LayerNorm: train forward (saves mean, rstd), backward (dx, dweight, dbias). Bytes: x
+        # read and y written by the forward, x and dy read and dx written by the backward.
+        mean = torch.empty(m, device="cuda", dtype=torch.float32)
+        db = torch.empty_like(b)
+        ws2 = torch.empty(ws_rows(n, sms), 2 * n, device="cuda", dtype=torch.float32)
+        fwd = kh.call("LayerNorm", "norm", KH_MODE_TRAIN, False, x, w, b, 1e-5, y, mean, rstd)
+        bwd = kh.call("LayerNorm", "norm", KH_MODE_TRAIN, True, dy, x, w, mean, rstd, dx, dw, db,
+                      ws2)
+        def ours_lfb(fwd=fwd, bwd=bwd):
+            fwd()
+            bwd()
+        ours_lfb()
+        torch.cuda.synchronize()
+        xr, wr, br = (t.float().requires_grad_() for t in (x, w, b))
+        gx, gw, gb = torch.autograd.grad(ln(xr, wr, br), (xr, wr, br), dy.float())
+        err = max(rel_err(dx, gx), rel_err(dw, gw), rel_err(db, gb))
+        xg, wg, bg = (t.detach().clone().requires_grad_() for t in (x, w, b))
+        def torch_lfb(f, xg=xg, wg=wg, bg=bg, dy=dy):
+            return lambda: torch.autograd.grad(f(xg, wg, bg), (xg, wg, bg), dy)
+        cln = torch.compile(ln, dynamic=False, fullgraph=True)
+        yield ("layernorm fwd+bwd", shape, 5 * m * n * 2,
+               {"ours": ours_lfb, "eager": torch_lfb(ln), "compile": torch_lfb(cln)}, (), err)
+
     for m, d in ([(4096, 4096), (16384, 8192)] if not quick else [(4096, 4096)]):
         xin = torch.randn(m, 2 * d, device="cuda", dtype=bf)
         out = torch.full((m, d), float("nan"), device="cuda", dtype=bf)
@@ -216,19 +254,35 @@ def cases(kh, quick):
 
 
 def cases_more(kh):
-    """Softmax, cross-entropy and rotary at the issue's shapes."""
+    """Softmax (forward, backward), cross-entropy (forward; forward fused with the gradient) and
+    rotary (forward, backward) at the issue's shapes."""
     bf = torch.bfloat16
-    m, n = 16384, 8192
-    x = torch.randn(m, n, device="cuda", dtype=bf) * 3
-    y = torch.full_like(x, float("nan"))
-    sm = lambda t: torch.softmax(t, dim=-1)
-    ours = kh.call("Softmax", "softmax", KH_MODE_EVAL, False, x, y)
-    ours()
-    torch.cuda.synchronize()
-    err = rel_err(y, sm(x.float()))
-    yield ("softmax fwd", f"{m}x{n}", 2 * m * n * 2,
-           {"ours": ours, "eager": bind(sm, x),
-            "compile": bind(torch.compile(sm, dynamic=False, fullgraph=True), x)}, (), err)
+    for m, n in ((4096, 4096), (16384, 8192)):
+        x = torch.randn(m, n, device="cuda", dtype=bf) * 3
+        y = torch.full_like(x, float("nan"))
+        sm = lambda t: torch.softmax(t, dim=-1)
+        ours = kh.call("Softmax", "softmax", KH_MODE_EVAL, False, x, y)
+        ours()
+        torch.cuda.synchronize()
+        err = rel_err(y, sm(x.float()))
+        yield ("softmax fwd", f"{m}x{n}", 2 * m * n * 2,
+               {"ours": ours, "eager": bind(sm, x),
+                "compile": bind(torch.compile(sm, dynamic=False, fullgraph=True), x)}, (), err)
+
+        # Backward alone, from the saved y: dx = y * (dy - sum(dy * y)). Eager is the kernel
+        # autograd runs (_softmax_backward_data); compile fuses the same op. Bytes: dy and y read,
+        # dx written.
+        dy = torch.randn_like(x)
+        dx = torch.full_like(x, float("nan"))
+        ours = kh.call("Softmax", "softmax", KH_MODE_TRAIN, True, dy, y, dx)
+        ours()
+        torch.cuda.synchronize()
+        yf = y.float()
+        err = rel_err(dx, yf * (dy.float() - (dy.float() * yf).sum(-1, keepdim=True)))
+        smb = lambda g, t: torch._softmax_backward_data(g, t, -1, t.dtype)
+        yield ("softmax bwd", f"{m}x{n}", 3 * m * n * 2,
+               {"ours": ours, "eager": bind(smb, dy, y),
+                "compile": bind(torch.compile(smb, dynamic=False, fullgraph=True), dy, y)}, (), err)
 
     t, v = 4096, 128256
     logits = torch.randn(t, v, device="cuda", dtype=bf) * 2
@@ -245,38 +299,77 @@ def cases_more(kh):
             "compile": bind(torch.compile(ce, dynamic=False, fullgraph=True), logits, targets)},
            (), err)
 
-    tokens, hq, hk, hd = 16384, 32, 8, 128
-    q = torch.randn(tokens, hq, hd, device="cuda", dtype=bf)
-    k = torch.randn(tokens, hk, hd, device="cuda", dtype=bf)
-    pos = torch.randint(0, 8192, (tokens,), device="cuda", dtype=torch.int64)
+    # Loss and gradient, as training runs it: torch's mean loss then autograd for dlogits
+    # (bf16, like the logits); ours is the fused train op with grad_scale = 1 / valid tokens,
+    # which writes the per-token loss and dlogits in one launch, then the mean of the loss.
+    # Bytes: logits read once, dlogits written once, targets and loss.
+    valid = int((targets != -100).sum())
+    dlogits = torch.full_like(logits, float("nan"))
+    train = kh.call("CrossEntropy", "softmax", KH_MODE_TRAIN, False, logits, targets, -100,
+                    1.0 / valid, loss, dlogits)
+    def ours_fg(train=train, loss=loss, valid=valid):
+        train()
+        return loss.sum() / valid
+    ours_fg()
+    torch.cuda.synchronize()
+    lr = logits.float().requires_grad_()
+    ref_loss = F.cross_entropy(lr, targets, ignore_index=-100)
+    (gref,) = torch.autograd.grad(ref_loss, (lr,))
+    err = max(rel_err(dlogits, gref), rel_err(ours_fg(), ref_loss.detach()))
+    del lr, gref
+    lg = logits.detach().clone().requires_grad_()
+    cem = lambda l, tg: F.cross_entropy(l.float(), tg, ignore_index=-100)
+    ccem = torch.compile(cem, dynamic=False, fullgraph=True)
+    def torch_fg(f, lg=lg, tg=targets):
+        return lambda: torch.autograd.grad(f(lg, tg), (lg,))
+    yield ("cross_entropy fwd+grad", f"{t}x{v}", 2 * t * v * 2 + 12 * t,
+           {"ours": ours_fg, "eager": torch_fg(cem), "compile": torch_fg(ccem)}, (), err)
+    del lg
+
+    hq, hk, hd = 32, 8, 128
     inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, device="cuda", dtype=torch.float32) / hd))
     freqs = torch.outer(torch.arange(8192, device="cuda", dtype=torch.float32), inv)
     cos, sin = freqs.cos().contiguous(), freqs.sin().contiguous()
+    for tokens in (4096, 16384):
+        q = torch.randn(tokens, hq, hd, device="cuda", dtype=bf)
+        k = torch.randn(tokens, hk, hd, device="cuda", dtype=bf)
+        pos = torch.randint(0, 8192, (tokens,), device="cuda", dtype=torch.int64)
 
-    def rope(q_, k_, pos_):  # NeoX (rotate halves), out of place as users write it
-        c, s_ = cos[pos_][:, None, :], sin[pos_][:, None, :]
-        def rot(t_):
-            a, b = t_[..., : hd // 2].float(), t_[..., hd // 2:].float()
-            return torch.cat((a * c - b * s_, b * c + a * s_), dim=-1).to(t_.dtype)
-        return rot(q_), rot(k_)
-    q0, k0 = q.clone(), k.clone()
-    once = kh.call("RotaryEmbedding", "rotary", KH_MODE_EVAL, False, pos, q0, k0, cos, sin, 1)
-    once()
-    torch.cuda.synchronize()
-    rq, rk = rope(q.float(), k.float(), pos)
-    err = max(rel_err(q0, rq), rel_err(k0, rk))
-    ours = kh.call("RotaryEmbedding", "rotary", KH_MODE_EVAL, False, pos, q, k, cos, sin, 1)
-    nbytes = 2 * (q.numel() + k.numel()) * 2 + tokens * 8 + 2 * tokens * (hd // 2) * 4
-    yield ("rope neox q+k (in place)", f"{tokens}x({hq}+{hk})x{hd}", nbytes,
-           {"ours": ours, "eager": bind(rope, q, k, pos),
-            "compile": bind(torch.compile(rope, dynamic=False, fullgraph=True), q, k, pos)},
-           (), err)
+        def rope(q_, k_, pos_, sign=1.0):  # NeoX (rotate halves), out of place as users write it
+            c, s_ = cos[pos_][:, None, :], sign * sin[pos_][:, None, :]
+            def rot(t_):
+                a, b = t_[..., : hd // 2].float(), t_[..., hd // 2:].float()
+                return torch.cat((a * c - b * s_, b * c + a * s_), dim=-1).to(t_.dtype)
+            return rot(q_), rot(k_)
+        # The backward of RoPE is the inverse rotation (sin negated), what autograd computes
+        # through the rotate-half ops; ours applies it in place to dq, dk.
+        rope_bwd = lambda q_, k_, pos_: rope(q_, k_, pos_, -1.0)
+        nbytes = 2 * (q.numel() + k.numel()) * 2 + tokens * 8 + 2 * tokens * (hd // 2) * 4
+        shape = f"{tokens}x({hq}+{hk})x{hd}"
+        for name, layer_bwd, ref in (("rope neox q+k (in place)", False, rope),
+                                     ("rope neox bwd dq+dk (in place)", True, rope_bwd)):
+            q0, k0 = q.clone(), k.clone()
+            once = kh.call("RotaryEmbedding", "rotary", KH_MODE_TRAIN if layer_bwd else KH_MODE_EVAL,
+                           layer_bwd, pos, q0, k0, cos, sin, 1)
+            once()
+            torch.cuda.synchronize()
+            rq, rk = ref(q.float(), k.float(), pos)
+            err = max(rel_err(q0, rq), rel_err(k0, rk))
+            # In place on q, k: repeated calls keep rotating them, which changes no timing.
+            ours = kh.call("RotaryEmbedding", "rotary", KH_MODE_TRAIN if layer_bwd else KH_MODE_EVAL,
+                           layer_bwd, pos, q, k, cos, sin, 1)
+            yield (name, shape, nbytes,
+                   {"ours": ours, "eager": bind(ref, q, k, pos),
+                    "compile": bind(torch.compile(ref, dynamic=False, fullgraph=True), q, k, pos)},
+                   (), err)
 
 
-def variant_sweep(src_dir, rep):
-    """Variants of the forward kernels at the headline shapes, compiled from the shipped sources
-    with NVRTC (through CuPy) with -D tuning switches and launched with explicit geometry: one
-    GPU call compares several designs. Prints one line per variant (µs, TB/s, rel err)."""
+def variant_sweep(src_dir, rep, what, kh):
+    """Variants at the headline shapes, compiled from the shipped sources with NVRTC (through
+    CuPy) with -D tuning switches and launched with explicit geometry (or, for the norm backward,
+    called through the loader with several workspace sizes): one GPU call compares several
+    designs. `what`: parts to run (normfwd, act, ce, normbwd). Prints one line per variant (µs,
+    TB/s, rel err)."""
     import cupy as cp
     import numpy as np
     bf = torch.bfloat16
@@ -290,15 +383,21 @@ def variant_sweep(src_dir, rep):
             opts = ("--std=c++17", "-default-device") + tuple(f"-D{d}" for d in defs)
             try:
                 mods[key] = cp.RawModule(code=src, options=opts, backend="nvrtc")
-                mods[key].get_function("norm_reduce_partials_bf16" if pkg == "norm" else
-                                       "act_silu_fwd_bf16_vec")  # compiles now
+                probe = {"norm": "norm_reduce_partials_bf16", "softmax": "ce_bwd_bf16_vec"}
+                mods[key].get_function(probe.get(pkg, "act_silu_fwd_bf16_vec"))  # compiles now
             except Exception as e:  # report and go on with the other variants
                 print(f"  !! {pkg} {defs}: {str(e)[:300]}")
                 mods[key] = None
         return mods[key]
 
     P = lambda t: np.uint64(t.data_ptr() if t is not None else 0)
+    if "ce" in what:
+        sweep_ce(mod, P, bench_v)
+    if "normbwd" in what:
+        sweep_norm_bwd(kh, bench_v)
     m, n = 16384, 8192
+    if "normfwd" not in what and "act" not in what:
+        return
     x = torch.randn(m, n, device="cuda", dtype=bf)
     r = torch.randn(m, n, device="cuda", dtype=bf)
     w = torch.randn(n, device="cuda", dtype=bf) * 0.1 + 1
@@ -309,7 +408,7 @@ def variant_sweep(src_dir, rep):
             "ln": F.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)}
     nbytes = {"rms": 2 * m * n * 2, "add_rms": 4 * m * n * 2, "ln": 2 * m * n * 2}
     print(f"\n## sweep: norm fwd {m}x{n} bf16 (defs, threads/row, rows/CTA)")
-    for kind in ("rms", "ln", "add_rms"):
+    for kind in (("rms", "ln", "add_rms") if "normfwd" in what else ()):
         for defs in ((), ("KH_NORM_PARAMS_LATE=0",), ("KH_STREAM_LOAD=0",)):
             if mod("norm", defs) is None:
                 continue
@@ -336,7 +435,7 @@ def variant_sweep(src_dir, rep):
     refs = {"silu_and_mul": F.silu(xin[:, :d].float()) * xin[:, d:].float(),
             "gelu_tanh_and_mul": F.gelu(xin[:, :d].float(), approximate="tanh") * xin[:, d:].float()}
     print(f"\n## sweep: act fwd {m}x2*{d} bf16 (defs, tx, ty)")
-    for op in ("silu_and_mul", "gelu_tanh_and_mul"):
+    for op in (("silu_and_mul", "gelu_tanh_and_mul") if "act" in what else ()):
         for unroll in (4,):  # kUnroll of activation.cu
             for load in (2, 0):
                 mo = mod("activation", (f"KH_STREAM_LOAD={load}",))
@@ -361,6 +460,66 @@ def variant_sweep(src_dir, rep):
                           f"{3 * m * d * 2 / us / 1e6:5.2f} TB/s  err {err:.1e}")
 
 
+def sweep_ce(mod, P, bench_v):
+    """Cross-entropy 4096 x 128256 bf16, eval and train kernels, with 0..6 resident vectors per
+    thread (KH_CE_FWD_RES, KH_CE_TRAIN_RES), at the shipped geometry (1024 threads per row)."""
+    import numpy as np
+    t, v = 4096, 128256
+    x = torch.randn(t, v, device="cuda", dtype=torch.bfloat16) * 2
+    tg = torch.randint(0, v, (t,), device="cuda", dtype=torch.int64)
+    tg[::17] = -100
+    loss = torch.empty(t, device="cuda", dtype=torch.float32)
+    dx = torch.empty_like(x)
+    ref = F.cross_entropy(x.float(), tg, ignore_index=-100, reduction="none")
+    print(f"\n## sweep: cross-entropy {t}x{v} bf16 (kernel, resident vectors per thread)")
+    for kernel, switch, res in (("ce_fwd", "KH_CE_FWD_RES", 0), ("ce_fwd", "KH_CE_FWD_RES", 4),
+                                ("ce_train", "KH_CE_TRAIN_RES", 0),
+                                ("ce_train", "KH_CE_TRAIN_RES", 4),
+                                ("ce_train", "KH_CE_TRAIN_RES", 6)):
+        mo = mod("softmax", (f"{switch}={res}",))
+        if mo is None:
+            continue
+        k = mo.get_function(f"{kernel}_bf16_vec")
+        args = (P(x), np.int64(v), P(tg), np.int64(-100), P(loss), P(dx), np.int64(v),
+                np.float32(1.0), np.int64(t), np.int32(v))
+        fn = lambda k=k, args=args: k((t,), (1024, 1), args)
+        loss.fill_(float("nan"))
+        fn()
+        torch.cuda.synchronize()
+        err = rel_err(loss, ref)
+        us = bench_v(fn) * 1e3
+        nbytes = t * v * 2 * (2 if kernel == "ce_train" else 1)
+        print(f"{kernel:9s} {switch}={res}  {us:7.1f} us {nbytes / us / 1e6:5.2f} TB/s  "
+              f"loss err {err:.1e}")
+
+
+def sweep_norm_bwd(kh, bench_v):
+    """RMSNorm and LayerNorm backward at 16384 x 8192 bf16 with 1, 2 and 3 walkers per SM."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    m, n = 16384, 8192
+    bf = torch.bfloat16
+    x, dy = torch.randn(m, n, device="cuda", dtype=bf), torch.randn(m, n, device="cuda", dtype=bf)
+    w = torch.randn(n, device="cuda", dtype=bf) * 0.1 + 1
+    b = torch.randn(n, device="cuda", dtype=bf) * 0.1
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    dw, db = torch.empty_like(w), torch.empty_like(b)
+    mean = torch.empty(m, device="cuda", dtype=torch.float32)
+    rstd = torch.empty_like(mean)
+    print(f"\n## sweep: norm bwd {m}x{n} bf16 (layer, walkers = workspace rows), backward only")
+    for layer in ("RMSNorm", "LayerNorm"):
+        ln = layer == "LayerNorm"
+        fwd = (kh.call(layer, "norm", KH_MODE_TRAIN, False, x, w, b, 1e-5, y, mean, rstd) if ln
+               else kh.call(layer, "norm", KH_MODE_TRAIN, False, x, w, 1e-6, y, rstd))
+        fwd()
+        for per_sm in (1, 2, 3):
+            ws = torch.empty(sms * per_sm, (2 if ln else 1) * n, device="cuda", dtype=torch.float32)
+            bwd = (kh.call(layer, "norm", KH_MODE_TRAIN, True, dy, x, w, mean, rstd, dx, dw, db, ws)
+                   if ln else kh.call(layer, "norm", KH_MODE_TRAIN, True, dy, x, w, rstd, dx, dw, ws))
+            us = bench_v(bwd) * 1e3
+            print(f"{layer:9s} walkers {sms * per_sm:4d}  {us:7.1f} us "
+                  f"{3 * m * n * 2 / us / 1e6:5.2f} TB/s")
+
+
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
@@ -381,6 +540,8 @@ def main():
                     help="only softmax, cross-entropy and rotary")
     ap.add_argument("--sweep-src", help="packages directory (<pkg>/<pkg>.cu): run the variant sweep")
     ap.add_argument("--sweep-rep", type=int, default=60, help="do_bench rep (ms) of the sweep")
+    ap.add_argument("--sweep-what", default="ce,normbwd",
+                    help="sweep parts: comma-separated normfwd, act, ce, normbwd")
     a = ap.parse_args()
     torch.manual_seed(torch.seed())
     kh = Loader(a.lib, a.packages)
@@ -390,7 +551,7 @@ def main():
     copy = copy_tbps()
     print(f"device copy roofline: {copy:.2f} TB/s (read + write, 1 GiB bf16)")
     if a.sweep_src:
-        variant_sweep(a.sweep_src, a.sweep_rep)
+        variant_sweep(a.sweep_src, a.sweep_rep, a.sweep_what.split(","), kh)
     rows = []
     all_cases = ([] if a.more_only else list(cases(kh, a.quick))) + list(cases_more(kh))
     for sweep in range(2):

@@ -9,10 +9,12 @@ cd "$(dirname "$0")/../.."
 out=.devlibs/gpu
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKH_FUZZ_SECONDS=1 >/dev/null
 cmake --build build-gpu -j "$(nproc)" --target test_gpu_device_code test_kernels_gpu \
-  bench_device_load kernel_hub kernel_packages toy_packages | grep -E "error|FAILED" || true
+  test_kernels_gpu_more bench_device_load kernel_hub kernel_packages toy_packages \
+  | grep -E "error|FAILED" || true
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
 cp build-gpu/tests/test_gpu_device_code build-gpu/tests/test_kernels_gpu \
-   build-gpu/tools/bench/bench_device_load build-gpu/libkernel_hub.so "$out/bin/"
+   build-gpu/tests/test_kernels_gpu_more build-gpu/tools/bench/bench_device_load \
+   build-gpu/libkernel_hub.so "$out/bin/"
 strip "$out"/bin/*
 cp -r build-gpu/kernels "$out/kernels"
 cp -r build-gpu/tests/packages "$out/packages"

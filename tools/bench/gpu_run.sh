@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root, with .devlibs/gpu carried (see
 # gpu_bundle.sh): GPU tests, the device-load benchmark and the kernel benchmarks against
-# PyTorch. Logs go to $OUT (or /tmp/kh-gpu-out).
+# PyTorch. Logs go to $OUT (or /tmp/kh-gpu-out). KH_GTEST_FILTER: a --gtest_filter for the test
+# binaries (e.g. "-*Activation*" to leave out the 65 s activation sweep when only norm or softmax
+# code changed); KH_BENCH_ARGS: extra options of bench_kernels.py.
 set -uo pipefail
 root=$(pwd); g=$root/.devlibs/gpu; out=${OUT:-/tmp/kh-gpu-out}; mkdir -p "$out"
 mkdir -p /tmp/kh-dl
@@ -17,13 +19,13 @@ rm -rf "$build/kernels" "$build/tests/packages"
 ln -s "$g/kernels" "$build/kernels"
 ln -s "$g/packages" "$build/tests/packages"
 status=0
-for t in test_gpu_device_code test_kernels_gpu; do
-  "$g/bin/$t" 2>&1 | tee "$out/$t.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|rel' | tail -40
+for t in test_gpu_device_code test_kernels_gpu test_kernels_gpu_more; do
+  "$g/bin/$t" --gtest_filter="${KH_GTEST_FILTER:-*}" 2>&1 | tee "$out/$t.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|rel' | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done
 "$g/bin/bench_device_load" 2>&1 | tee "$out/bench_device_load.log" | tail -12
 if [ -f "$g/bench_kernels.py" ]; then
-  # KH_BENCH_ARGS: extra options, e.g. "--sweep-src $g/kernels" for the variant sweep.
+  # KH_BENCH_ARGS: extra options, e.g. "--sweep-src .devlibs/gpu/kernels" for the variant sweep.
   python3 "$g/bench_kernels.py" --lib "$g/bin/libkernel_hub.so" --packages "$g/kernels" \
     ${KH_BENCH_ARGS:-} 2>&1 | tee "$out/bench_kernels.log" | tail -100
 fi
