@@ -65,6 +65,7 @@ HubOptions HubOptions::from_env() {
   o.source.http.offline = o.offline;
   o.source.http.allow_plain_http = env_flag("KERNEL_HUB_PLAIN_HTTP");
   o.ref_ttl_s = HubOptions::kDefaultRefTtl;
+  o.trust = trust::TrustPolicy::from_env();
   if (const char* ttl = std::getenv("KERNEL_HUB_REF_TTL"); ttl && *ttl) {
     char* end = nullptr;
     long long v = std::strtoll(ttl, &end, 10);
@@ -317,6 +318,9 @@ PullReport Hub::pull(const Ref& ref) {
   if (kernel_artifact) {
     for (auto& l : package_layers) store_.unpack(l.digest);
   }
+  // The index's signatures travel into the cache with it, so that offline loads can verify.
+  report.kernel_index = kernel_artifact && is_index(report.media_type);
+  if (report.kernel_index && !options_.offline) signatures(ref.repo, report.digest, true);
   if (!report.from_cache) {
     store_.write_ref(
         RefRecord{address_.id(), ref.repo, record_name(ref), report.digest, resolved_at});
@@ -440,6 +444,25 @@ PushReport Hub::push(const std::filesystem::path& layout_dir, const Ref& ref) {
   }
   for (auto& doc : docs) {
     source().push_manifest(ref.repo, doc.digest.str(), doc.bytes, doc.media_type);
+  }
+  // Signatures before the tag moves, so that no reader sees the new tag unsigned. Envelopes
+  // signed for another repo stay behind: a statement binds its repo and could never verify.
+  oci::Descriptor subject;
+  subject.media_type = root_mt;
+  subject.digest = root.digest;
+  subject.size = static_cast<int64_t>(root.bytes.size());
+  for (const auto& envelope : layout->get_signatures("", subject).envelopes) {
+    std::string repo;
+    try {
+      repo = trust::Statement::parse(envelope.statement, "signature").repo;
+    } catch (const Error&) {
+    }
+    if (repo != ref.repo) {
+      ++report.signatures_skipped;
+      continue;
+    }
+    source().push_signature(ref.repo, subject, envelope);
+    ++report.signatures_pushed;
   }
   source().push_manifest(ref.repo, ref.tag, root.bytes, root_mt);
   return report;

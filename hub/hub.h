@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,6 +15,7 @@
 #include "hub/ref.h"
 #include "hub/source.h"
 #include "hub/store.h"
+#include "hub/trust_verify.h"
 
 namespace kh {
 
@@ -26,6 +28,9 @@ struct HubOptions {
   int64_t ref_ttl_s = 0;
   static constexpr int64_t kDefaultRefTtl = 600;
   SourceOptions source;
+  // Who may sign what, and the unsigned / expiry rules (KERNEL_HUB_ALLOW_UNSIGNED,
+  // KERNEL_HUB_OFFLINE_GRACE).
+  trust::TrustPolicy trust;
 
   // Offline from KERNEL_HUB_OFFLINE=1, plain HTTP from KERNEL_HUB_PLAIN_HTTP=1, the ref TTL from
   // KERNEL_HUB_REF_TTL (seconds, default kDefaultRefTtl), plus the http::Options environment
@@ -43,6 +48,7 @@ struct PullReport {
   uint64_t bytes_downloaded = 0;
   uint64_t total_bytes = 0;  // size of every referenced blob
   bool from_cache = false;   // resolved without the network (offline)
+  bool kernel_index = false;  // an image index of kernel variants (signatures apply)
 };
 
 struct VariantInfo {
@@ -67,6 +73,20 @@ struct PushReport {
   size_t blobs_uploaded = 0;
   size_t blobs_skipped = 0;  // already on the hub
   uint64_t bytes_uploaded = 0;
+  size_t signatures_pushed = 0;   // envelopes of the layout for this repo, attached on the hub
+  size_t signatures_skipped = 0;  // envelopes signed for another repo (they could not verify)
+};
+
+struct SignOptions {
+  std::string hub_id;    // the statement's hub id; empty: derived from the hub address
+  int64_t expires = 0;   // unix seconds; 0: now + kDefaultValidity
+  uint64_t serial = 0;   // 0: max(now in seconds, the highest serial on the hub + 1)
+  static constexpr int64_t kDefaultValidity = 90 * 24 * 3600;
+};
+
+struct SignReport {
+  trust::Statement statement;
+  std::string key_id;
 };
 
 class Hub {
@@ -93,6 +113,21 @@ class Hub {
 
   std::vector<std::string> tags(const std::string& repo);
 
+  // Signature envelopes of an index: the store's copy, merged with (and refreshed from) the
+  // hub's when ask_hub is set and the hub is online.
+  trust::SignatureSet signatures(const std::string& repo, const Digest& index, bool ask_hub);
+  // The trust decision for `ref` resolved to `index` (REFERENCE 4.3) with these keys: cached
+  // signatures first; online, when they do not verify, the hub's current ones. Throws kRefused
+  // naming the ref and the failed check; with options().trust.allow_unsigned an unsigned ref is
+  // allowed with a warning. Decisions are memoized per (index, tag, keys) in this Hub.
+  trust::TrustDecision check_trust(const Ref& ref, const Digest& index,
+                                   const trust::TrustStore& keys);
+  // Signs the index ref's tag names on this hub and attaches the envelope there.
+  SignReport sign(const Ref& ref, const trust::PrivateKey& key, const SignOptions& options);
+  // The hub id statements signed for this hub carry by default: a stable name from the
+  // address ([A-Za-z0-9._-]).
+  std::string default_hub_id() const;
+
  private:
   Source& source();
   Digest resolve(const Ref& ref, bool* from_cache, int64_t* resolved_at);
@@ -104,7 +139,18 @@ class Hub {
   Store& store_;
   HubOptions options_;
   std::unique_ptr<Source> source_;
+  std::map<std::string, trust::TrustDecision> trust_memo_;
 };
+
+// The keys kernelize and pull check against: the user's trust store (TrustStore::default_dir())
+// plus, when this build made one, the embedded default hub's public key, built in and trusted for
+// kernel-hub/* (its private half signed the default hub at build time and never leaves the build
+// tree).
+trust::TrustStore default_trust_store();
+// Where the build keeps that key pair (KH_DEFAULT_HUB_KEY_DIR): signing.pem (0600), signing.pub.
+std::filesystem::path default_hub_key_dir();
+// The hub id the embedded default hub's statements carry.
+inline constexpr std::string_view kDefaultHubId = "kernel-hub-default";
 
 // KERNEL_HUB_ENDPOINT when set, else the embedded default hub (a layout directory).
 HubAddress default_hub_address(const Store& store, bool plain_http);

@@ -19,6 +19,7 @@
 #include "hub/error.h"
 #include "hub/fs.h"
 #include "hub/ref.h"
+#include "hub/signature.h"
 #include "hub/source.h"
 
 namespace kh {
@@ -452,6 +453,34 @@ class LayoutSource final : public Source {
 
   std::vector<std::string> list_tags(const std::string& repo) override {
     return tags_of(read_index(repo, layout_rel(repo)));
+  }
+
+  trust::SignatureSet get_signatures(const std::string& repo,
+                                     const oci::Descriptor& index) override {
+    std::string rel = layout_rel(repo) + signature_sidecar_rel(index.digest);
+    auto bytes = reader_->read(rel, trust::kMaxSignatureSetBytes);
+    if (!bytes) return {};
+    try {
+      return trust::SignatureSet::parse(*bytes, reader_->where(rel));
+    } catch (const Error&) {
+      return {};  // a damaged sidecar verifies nothing; the index then counts as unsigned
+    }
+  }
+
+  void push_signature(const std::string& repo, const oci::Descriptor& index,
+                      const trust::Envelope& envelope) override {
+    stdfs::path layout = prepare_layout(repo);
+    if (!dir_->has(layout_rel(repo) + blob_rel(index.digest), index.size))
+      throw Error(ErrorKind::kNotFound, label(repo) + ": cannot sign " + index.digest.str() +
+                                            ": the layout does not hold that index; push it first");
+    fs::FileLock lock = fs::FileLock::acquire(layout / kLockName);
+    stdfs::path path = layout / signature_sidecar_rel(index.digest);
+    trust::SignatureSet set;
+    if (auto bytes = fs::read_file_if_exists(path, trust::kMaxSignatureSetBytes))
+      set = trust::SignatureSet::parse(*bytes, path.string());
+    set.add(envelope);
+    fs::make_dirs(path.parent_path());
+    fs::write_file_atomic(path, set.serialize(), 0644);
   }
 
  private:

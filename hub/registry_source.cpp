@@ -16,6 +16,7 @@
 
 #include "hub/digest.h"
 #include "hub/error.h"
+#include "hub/signature.h"
 #include "hub/source.h"
 
 namespace kh {
@@ -455,11 +456,104 @@ class RegistrySource : public Source {
     return tags;
   }
 
+  trust::SignatureSet get_signatures(const std::string& repo,
+                                     const oci::Descriptor& index) override {
+    trust::SignatureSet set;
+    for (const oci::Descriptor& d : referrers(repo, index.digest)) {
+      if (d.artifact_type != oci::kArtifactTypeSignature) continue;
+      std::string what = repo + " signature " + d.digest.str() + " of " + index.digest.str();
+      try {
+        FetchedManifest m = get_manifest(repo, d.digest.str());
+        oci::Manifest sig = oci::parse_manifest(m.bytes, what);
+        if (sig.layers.size() != 1 || !sig.subject || sig.subject->digest != index.digest)
+          continue;
+        std::string bytes = fetch_small_blob(*this, repo, sig.layers[0], trust::kMaxEnvelopeBytes);
+        set.add(trust::Envelope::parse(bytes, what));
+      } catch (const Error& e) {
+        // A broken or superseded referrer cannot make anything verify; the others still count.
+        if (e.kind() == ErrorKind::kNetwork || e.kind() == ErrorKind::kAuth ||
+            e.kind() == ErrorKind::kOffline)
+          throw;
+      }
+    }
+    return set;
+  }
+
+  void push_signature(const std::string& repo, const oci::Descriptor& index,
+                      const trust::Envelope& envelope) override {
+    std::string bytes = envelope.serialize();
+    oci::Descriptor layer = oci::describe(bytes, oci::kArtifactTypeSignature);
+    push_small_blob(*this, repo, layer, bytes);
+    oci::Descriptor config = oci::empty_descriptor();
+    config.data.reset();
+    push_small_blob(*this, repo, config, "{}");
+    oci::Manifest m;
+    m.artifact_type = std::string(oci::kArtifactTypeSignature);
+    m.config = config;
+    m.layers.push_back(layer);
+    oci::Descriptor subject;
+    subject.media_type = index.media_type;
+    subject.digest = index.digest;
+    subject.size = index.size;
+    m.subject = subject;
+    std::string manifest = oci::serialize(m);
+    oci::Descriptor self = oci::describe(manifest, oci::kMediaTypeManifest);
+    self.artifact_type = m.artifact_type;
+    push_manifest(repo, self.digest.str(), manifest, oci::kMediaTypeManifest);
+    if (referrers_api(repo, index.digest)) return;  // the registry indexes subjects itself
+    // No referrers API: maintain the referrers tag (pull, append, push). Two concurrent
+    // signers can lose an update; the re-read below tells the loser.
+    std::string tag = referrers_tag(index.digest);
+    oci::Index list = referrers_tag_index(repo, index.digest);
+    for (auto& d : list.manifests)
+      if (d.digest == self.digest) return;
+    list.manifests.push_back(self);
+    push_manifest(repo, tag, oci::serialize(list), oci::kMediaTypeIndex);
+    bool present = false;
+    for (auto& d : referrers_tag_index(repo, index.digest).manifests)
+      present = present || d.digest == self.digest;
+    if (!present)
+      throw Error(ErrorKind::kNetwork,
+                  "signing " + repo + "@" + index.digest.str() + ": another publisher replaced the "
+                  "referrers tag " + tag + " at the same time; run the command again");
+  }
+
  private:
   static http::Options client_options(const HubAddress& a, const SourceOptions& o) {
     http::Options h = o.http;
     if (a.plain_http) h.allow_plain_http = true;
     return h;
+  }
+
+  // GET /v2/<name>/referrers/<digest>: the referrer descriptors, or nullopt when the registry
+  // has no referrers API (404: docker-registry 2.8). A supporting registry never 404s here.
+  std::optional<std::vector<oci::Descriptor>> referrers_api(const std::string& repo,
+                                                            const Digest& subject) {
+    http::Request req;
+    req.url = repo_url(repo) + "/referrers/" + subject.str() + "?artifactType=" +
+              percent_encode(oci::kArtifactTypeSignature);
+    req.headers.push_back("Accept: " + std::string(oci::kMediaTypeIndex));
+    req.max_body = oci::kMaxManifestBytes;
+    http::Response resp = request(req, pull_scope(repo));
+    if (resp.status == 404 || resp.status == 405) return std::nullopt;
+    if (resp.status != 200) fail_status(resp, "GET", "referrers of " + subject.str() + " in " + repo);
+    // Filtering is optional for the registry (OCI-Filters-Applied): callers filter again.
+    return oci::parse_index(resp.body, "referrers of " + subject.str() + " in " + repo).manifests;
+  }
+
+  oci::Index referrers_tag_index(const std::string& repo, const Digest& subject) {
+    try {
+      FetchedManifest m = get_manifest(repo, referrers_tag(subject));
+      return oci::parse_index(m.bytes, repo + ":" + referrers_tag(subject));
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kNotFound) throw;
+      return oci::Index{};
+    }
+  }
+
+  std::vector<oci::Descriptor> referrers(const std::string& repo, const Digest& subject) {
+    if (auto api = referrers_api(repo, subject)) return *api;
+    return referrers_tag_index(repo, subject).manifests;
   }
 
   std::string repo_url(const std::string& repo) const {

@@ -17,6 +17,11 @@
 
 namespace kh {
 
+namespace trust {
+struct Envelope;
+struct SignatureSet;
+}  // namespace trust
+
 struct FetchedManifest {
   std::string bytes;       // exactly as served; hash these, never re-serialize
   std::string media_type;  // from Content-Type or the document
@@ -64,7 +69,29 @@ class Source {
   virtual void push_manifest(const std::string& repo, const std::string& reference,
                              std::string_view bytes, std::string_view media_type) = 0;
   virtual std::vector<std::string> list_tags(const std::string& repo) = 0;
+
+  // Signature envelopes attached to an index (unverified: trust_verify.h decides). Registries
+  // keep each as an OCI artifact whose subject is the index, found through the referrers API or,
+  // where the registry lacks it (docker-registry 2.8), the referrers tag sha256-<hex>; layouts
+  // keep them in the sidecar signatures/sha256-<hex>.json. An index without any gives an empty
+  // set; malformed envelopes are skipped (they could never verify).
+  virtual trust::SignatureSet get_signatures(const std::string& repo,
+                                             const oci::Descriptor& index) = 0;
+  // Attaches an envelope to an index the hub already has.
+  virtual void push_signature(const std::string& repo, const oci::Descriptor& index,
+                              const trust::Envelope& envelope) = 0;
 };
+
+// The referrers tag of a digest when a registry has no referrers API: "sha256-<hex>".
+std::string referrers_tag(const Digest& digest);
+// Where a layout keeps the signatures of an index, relative to the layout: signatures/sha256-<hex>.json.
+std::string signature_sidecar_rel(const Digest& index);
+// Reads a blob of at most `cap` bytes into memory through fetch_blobs (verified).
+std::string fetch_small_blob(Source& source, const std::string& repo, const oci::Descriptor& desc,
+                             uint64_t cap);
+// Uploads bytes as a blob (through a temp file: push_blob streams files).
+void push_small_blob(Source& source, const std::string& repo, const oci::Descriptor& desc,
+                     std::string_view bytes);
 
 std::unique_ptr<Source> open_registry_source(const HubAddress& address,
                                              const SourceOptions& options);

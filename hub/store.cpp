@@ -450,6 +450,21 @@ std::optional<RefRecord> Store::read_ref(const std::string& hub_id, const std::s
   return r;
 }
 
+std::optional<std::string> Store::read_signatures(const Digest& index) const {
+  checked_hex(index);
+  try {
+    return fs::read_file_if_exists(root_ / "signatures" / (index.hex + ".json"), 1 << 20);
+  } catch (const Error&) {
+    return std::nullopt;  // unreadable or oversized: as if absent (unsigned), never trusted
+  }
+}
+
+void Store::write_signatures(const Digest& index, std::string_view set_json) {
+  checked_hex(index);
+  fs::make_dirs(root_ / "signatures");
+  fs::write_file_atomic(root_ / "signatures" / (index.hex + ".json"), set_json, 0644);
+}
+
 std::vector<RefRecord> Store::list_refs() const {
   std::vector<RefRecord> out;
   for (auto& [record, path] : scan_ref_records(root_)) out.push_back(std::move(record));

@@ -4,6 +4,8 @@
 //   tmp/<hex>.<pid>.<rand>.part in-flight downloads (swept when stale)
 //   refs/<hub-id>/<repo>/<tag>  {"digest", "resolved_at"} JSON, replaced by rename
 //   unpacked/<layer-hex>/       extracted package, read-only
+//   signatures/<index-hex>.json signature envelopes seen for an index (each verified on use)
+//   trust/<hub-id>/<repo>/<tag>.json  highest signature serial accepted (rollback protection)
 //   locks/<name>.lock           single-flight locks (bandwidth only, never correctness)
 //   CACHEDIR.TAG
 // Every write is temp -> fsync -> rename. A killed process leaves at most a temp file,
@@ -87,6 +89,12 @@ class Store {
   std::optional<RefRecord> read_ref(const std::string& hub_id, const std::string& repo,
                                     const std::string& tag) const;
   std::vector<RefRecord> list_refs() const;
+
+  // The signature set (trust::SignatureSet JSON) kept for an index. Not content-addressed and
+  // not trusted: every envelope in it is verified whenever it is used, so a damaged or forged
+  // file can only make a package count as unsigned.
+  std::optional<std::string> read_signatures(const Digest& index) const;
+  void write_signatures(const Digest& index, std::string_view set_json);
 
   // Extracts a stored tar+zstd layer into unpacked/<hex>/ (once; safe across processes)
   // and returns that directory.

@@ -397,6 +397,27 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
     }
   }
 
+  // Trust before anything is loaded, online or offline: each hub package's index must carry a
+  // valid signature by a key trusted for its repo (hub/trust_verify.h). Under a lock the digest
+  // is the user's pin, so any statement for that digest counts and rollback is not checked.
+  std::optional<trust::TrustStore> default_keys;
+  const trust::TrustStore* keys = options.trust_keys;
+  if (!keys) keys = &default_keys.emplace(default_trust_store());
+  std::map<std::string, std::string> trust_of;  // ref + index -> summary
+  for (auto& p : plan) {
+    if (p.resolution.fallback || p.source == BindingSource::kLocal) continue;
+    const LayerResolution& r = p.resolution;
+    Ref ref = r.kernel.ref;
+    if (options.lock) ref = Ref{ref.repo, "", r.index_digest};
+    std::string key = ref.str() + "|" + r.index_digest.str();
+    if (trust_of.count(key)) continue;
+    trust::TrustDecision d = hub.check_trust(ref, r.index_digest, *keys);
+    if (!d.warning.empty()) log_line(KH_LOG_WARN, "kernelize: " + d.warning);
+    trust_of[key] = d.signed_ok ? fmt::format("signed by {} serial {}{}", d.key_id.substr(0, 16),
+                                              d.serial, d.in_grace ? " (expired, grace)" : "")
+                                : "UNSIGNED (allowed)";
+  }
+
   // Verify every package's files against its kernel.json before anything is loaded.
   std::map<stdfs::path, std::string> identity;  // dir -> "name@version"
   for (auto& p : plan) {
@@ -448,6 +469,13 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
         b.variant += " sm_" + p.resolution.variant->cubin_sm;
       b.package = identity[p.dir];
       b.package_dir = p.dir;
+      if (p.source == BindingSource::kLocal) {
+        b.trust = "local (not signature-checked)";
+      } else {
+        Ref ref = p.resolution.kernel.ref;
+        if (options.lock) ref = Ref{ref.repo, "", p.resolution.index_digest};
+        b.trust = trust_of[ref.str() + "|" + p.resolution.index_digest.str()];
+      }
       BindOutcome outcome = runtime.bind(b.layer, p.dir, loader_mode(b.mode), device_index,
                                          p.resolution.kernel.layer, options.strict);
       b.load_ms = ms_since(tb);
@@ -481,9 +509,9 @@ std::string KernelizeReport::str() const {
     if (b.source == BindingSource::kFallback) {
       out += fmt::format("{} {}: fallback ({})\n", b.layer, kernel_mode_name(b.mode), b.note);
     } else {
-      out += fmt::format("{} {}: {} {} index {} {} [{}] {:.3f} ms\n", b.layer,
+      out += fmt::format("{} {}: {} {} index {} {} [{}] {} {:.3f} ms\n", b.layer,
                          kernel_mode_name(b.mode), b.kernel, b.package, b.index_digest.str(),
-                         b.variant, binding_source_name(b.source), b.load_ms);
+                         b.variant, binding_source_name(b.source), b.trust, b.load_ms);
     }
   }
   return out;
@@ -517,6 +545,7 @@ nlohmann::json KernelizeReport::to_json() const {
       j["variant_digest"] = b.variant_digest ? b.variant_digest->str() : "";
       j["variant"] = b.variant;
       j["package_dir"] = b.package_dir.string();
+      j["trust"] = b.trust;
     }
     list.push_back(std::move(j));
   }

@@ -58,6 +58,9 @@ struct KernelizeOptions {
   std::optional<std::map<std::string, std::filesystem::path>> local;
   // Bind nothing; nullopt: read KERNEL_HUB_DISABLE.
   std::optional<bool> disable;
+  // The keys packages from the hub must be signed by; null: default_trust_store(). The policy
+  // (unsigned, offline grace) is the hub's (HubOptions::trust).
+  const trust::TrustStore* trust_keys = nullptr;
 };
 
 // Where a binding's package came from.
@@ -76,6 +79,7 @@ struct KernelizeBinding {
   std::filesystem::path package_dir;
   double load_ms = 0;          // fetch wait excluded: verify + preflight + dlopen + bind
   std::string note;            // why the fallback serves, when it does
+  std::string trust;           // "signed by <keyid> serial N", "UNSIGNED (allowed)", "local"
   LayerResolution resolution;  // with the full trace
 };
 

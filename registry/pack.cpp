@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include "hub/archive.h"
 #include "hub/error.h"
 #include "hub/fs.h"
+#include "hub/hub.h"
 #include "hub/ref.h"
 #include "hub/source.h"
 #include "loader/cuda_arch.h"
@@ -190,6 +192,27 @@ std::string title_stem(const std::string& name) {
   for (auto& c : stem)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
   return stem;
+}
+
+}  // namespace
+
+namespace {
+
+// Default serial of a new statement: now in unix seconds, or one above the serial the layout's
+// current index for that tag was signed with (two packs within a second must still grow).
+uint64_t next_serial(Source& out, const std::string& repo, const trust::Statement& st,
+                     int64_t now) {
+  std::vector<std::string> tags;
+  try {
+    tags = out.list_tags(repo);
+  } catch (const Error&) {
+    tags.clear();  // a new layout
+  }
+  if (std::find(tags.begin(), tags.end(), st.tag) == tags.end())
+    return trust::next_serial({}, st, now);
+  oci::Descriptor current;
+  current.digest = out.get_manifest(repo, st.tag).digest;
+  return trust::next_serial(out.get_signatures(repo, current), st, now);
 }
 
 }  // namespace
@@ -408,6 +431,30 @@ PackReport pack_package(const PackOptions& o) {
     out->push_blob(repo, s.layer, s.archive);
     out->push_manifest(repo, s.entry.digest.str(), s.manifest_bytes, oci::kMediaTypeManifest);
     report.variants.push_back(PackedVariant{s.device, s.entry, s.layer, s.files});
+  }
+  // The index by digest, its signatures, and only then the tags: a reader never sees a tag
+  // whose signature is still missing.
+  out->push_manifest(repo, report.index.digest.str(), index_bytes, oci::kMediaTypeIndex);
+  if (o.sign_key) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+    for (auto& t : unique_tags) {
+      trust::Statement st;
+      st.hub_id = o.sign_hub_id;
+      st.repo = !o.sign_repo.empty() ? o.sign_repo : !o.repo.empty() ? o.repo : src.name;
+      if (!is_valid_repo_name(st.repo))
+        throw Error(ErrorKind::kInvalidInput,
+                    fmt::format("pack --sign: the package name '{}' is not a repository name like "
+                                "org/name; name the repo the statements bind",
+                                st.repo));
+      st.tag = t;
+      st.index = report.index.digest;
+      st.serial = o.sign_serial ? o.sign_serial : next_serial(*out, repo, st, now);
+      st.expires = o.sign_expires ? o.sign_expires : now + SignOptions::kDefaultValidity;
+      out->push_signature(repo, report.index, trust::sign_statement(st, *o.sign_key));
+      report.signed_statements.push_back(st);
+    }
   }
   for (auto& t : unique_tags) out->push_manifest(repo, t, index_bytes, oci::kMediaTypeIndex);
   return report;

@@ -26,6 +26,7 @@
 
 #include "hub/digest.h"
 #include "hub/oci.h"
+#include "hub/signature.h"
 
 namespace kh {
 
@@ -48,6 +49,14 @@ struct PackOptions {
   bool include_source = true;  // ship the .cu (NVRTC fallback) in the cuda variant
   std::string os;              // OCI platform; empty: this machine's
   std::string arch;
+
+  // pack --sign: one signed statement per tag, kept beside the layout's index
+  // (signatures/sha256-<hex>.json) and carried along by `kernel-hub push`.
+  const trust::PrivateKey* sign_key = nullptr;
+  std::string sign_repo;                 // the repo statements name; empty: repo, else kernel.json's name
+  std::string sign_hub_id = "kernel-hub";
+  int64_t sign_expires = 0;              // unix seconds; 0: now + SignOptions::kDefaultValidity
+  uint64_t sign_serial = 0;              // 0: now in unix seconds
 };
 
 struct PackedVariant {
@@ -65,6 +74,7 @@ struct PackReport {
   std::vector<std::string> tags;
   std::vector<PackedVariant> variants;
   std::vector<std::string> notes;  // preflight warnings and the like
+  std::vector<trust::Statement> signed_statements;
 };
 
 // Packs and writes. Throws kh::Error: kRefused with every failed check when the host library

@@ -47,6 +47,7 @@ class KernelizeE2E : public ::testing::Test {
     o.output = layouts_.back()->path();
     o.devices = {"cpu"};
     o.tags = {ref.tag};
+    sign_as_test_publisher(o, ref.repo);
     PackReport r = pack_package(o);
     Store push_store(push_cache_.path());
     hub(push_store)->push(layouts_.back()->path(), ref);

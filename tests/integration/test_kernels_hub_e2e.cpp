@@ -117,6 +117,7 @@ TEST_F(KernelsHubE2E, PackPushKernelizeCpuGivesFloat64ReferenceResults) {
   Store push_store(push_cache.path());
   auto pusher = hub(push_store);
   std::vector<std::unique_ptr<TempDir>> layouts;
+  const trust::PrivateKey key = trust::PrivateKey::generate();  // the packages' publisher
   nlohmann::json config = nlohmann::json::object();
   std::vector<std::string> layers;
   for (auto& pkg : kPackages) {
@@ -126,6 +127,8 @@ TEST_F(KernelsHubE2E, PackPushKernelizeCpuGivesFloat64ReferenceResults) {
     o.output = layouts.back()->path();
     o.devices = {"cpu"};
     o.tags = {"v1"};
+    o.sign_key = &key;
+    o.sign_repo = "kernel-hub/" + pkg;
     PackReport packed = pack_package(o);
     PushReport pushed =
         pusher->push(layouts.back()->path(), Ref::parse("kernel-hub/" + pkg + "@v1"));
@@ -144,7 +147,11 @@ TEST_F(KernelsHubE2E, PackPushKernelizeCpuGivesFloat64ReferenceResults) {
   auto h = hub(store);
   Runtime rt;
   for (auto& l : layers) rt.add_slot(l, {fallback, fallback, fallback, KH_FLAG_HAS_BACKWARD});
-  KernelizeReport r = kernelize(rt, KernelConfig::parse(config.dump()), *h, local_cpu_device(), {});
+  trust::TrustStore keys;
+  keys.add_builtin(key.public_key(), {"kernel-hub/*"});
+  KernelizeOptions ko;
+  ko.trust_keys = &keys;
+  KernelizeReport r = kernelize(rt, KernelConfig::parse(config.dump()), *h, local_cpu_device(), ko);
   SCOPED_TRACE(r.str());
   EXPECT_EQ(r.fetched, kPackages.size());
   for (auto& l : layers)
@@ -153,6 +160,8 @@ TEST_F(KernelsHubE2E, PackPushKernelizeCpuGivesFloat64ReferenceResults) {
       ASSERT_NE(b, nullptr) << l;
       EXPECT_EQ(b->source, BindingSource::kHub) << l << " " << kernel_mode_name(mode);
       EXPECT_TRUE(b->package_dir.string().starts_with(cache.path().string())) << l;
+      EXPECT_TRUE(b->trust.starts_with("signed by " + key.public_key().key_id().substr(0, 16)))
+          << b->trust;
     }
 
   // The bound code, called through the slots, against float64 references. The packages' own

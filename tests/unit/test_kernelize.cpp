@@ -159,6 +159,7 @@ class KernelizeLayout : public ::testing::Test {
     o.output = hub_dir_.path();
     o.repo = "test/toy";
     o.devices = {"cpu"};
+    sign_as_test_publisher(o);
     pack_package(o);
   }
   Hub hub(HubOptions o = {}) {
@@ -309,6 +310,7 @@ TEST_F(KernelizeLayout, RefTtlServesTagsFromTheRecordUntilItExpires) {
   p.repo = "test/toy";
   p.devices = {"cpu"};
   p.tags = {"v1"};
+  sign_as_test_publisher(p);
   PackReport two = pack_package(p);
   Vec x({1}), y({0});
   {

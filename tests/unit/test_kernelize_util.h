@@ -3,9 +3,16 @@
 // whose fallbacks answer a status the packages never return, and tensors.
 #pragma once
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include "hub/fs.h"
+#include "hub/signature.h"
+#include "hub/trust_store.h"
 
 #include "loader/kernel_hub.hpp"
 #include "registry/pack.h"
@@ -59,6 +66,31 @@ inline int32_t call_scale(const Runtime& rt, const std::string& slot, const Vec&
                   : rt.forward(s, kCpuDevice, a, 3, nullptr);
 }
 
+// The publisher of the test packages: one Ed25519 key per test process, trusted for every repo
+// through a private trust dir that KERNEL_HUB_TRUST_DIR names (CLI child processes inherit it).
+// Packages packed with sign_as_test_publisher() then load under the default policy, as signed
+// packages from a real publisher do.
+inline const trust::PrivateKey& test_publisher() {
+  struct Publisher {
+    trust::PrivateKey key = trust::PrivateKey::generate();
+    std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                ("kh-test-trust-" + std::to_string(::getpid()));
+    Publisher() {
+      trust::TrustStore::open(dir).add(key.public_key(), {"*"});
+      ::setenv("KERNEL_HUB_TRUST_DIR", dir.c_str(), 1);
+    }
+    ~Publisher() { fs::remove_tree(dir); }
+  };
+  static const Publisher publisher;
+  return publisher.key;
+}
+
+// Signs every tag of a pack with test_publisher(), for `repo` (empty: the pack's repo).
+inline void sign_as_test_publisher(PackOptions& o, const std::string& repo = "") {
+  o.sign_key = &test_publisher();
+  o.sign_repo = repo;
+}
+
 // Packs a toy variant into a single OCI layout: cpu only unless sms are given (cuda needs NVRTC).
 inline PackReport pack_toy(const std::string& variant, const std::filesystem::path& out,
                            std::vector<std::string> devices = {"cpu"},
@@ -68,6 +100,7 @@ inline PackReport pack_toy(const std::string& variant, const std::filesystem::pa
   o.output = out;
   o.devices = std::move(devices);
   o.sms = std::move(sms);
+  sign_as_test_publisher(o, "test/toy");
   return pack_package(o);
 }
 

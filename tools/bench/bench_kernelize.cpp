@@ -38,6 +38,11 @@ int main(int argc, char** argv) {
     p.output = hub_dir;
     p.repo = "bench/toy";
     p.devices = {"cpu"};
+    // Signed, and the key trusted: warm kernelize includes the signature check, as in use.
+    const kh::trust::PrivateKey key = kh::trust::PrivateKey::generate();
+    p.sign_key = &key;
+    kh::trust::TrustStore keys;
+    keys.add_builtin(key.public_key(), {"bench/*"});
     kh::pack_package(p);
 
     std::vector<std::string> layers;
@@ -59,6 +64,7 @@ int main(int argc, char** argv) {
       for (auto& n : names) rt.add_slot(n, {});
     };
     kh::KernelizeOptions options;
+    options.trust_keys = &keys;
     options.local = std::map<std::string, std::filesystem::path>{};
     options.disable = false;
     {  // Online once: fetch and record the ref.

@@ -18,6 +18,7 @@ struct GlobalOptions {
   std::string cache;        // --cache, else KERNEL_HUB_CACHE, else XDG cache
   bool offline = false;     // --offline or KERNEL_HUB_OFFLINE=1
   bool plain_http = false;  // --plain-http or KERNEL_HUB_PLAIN_HTTP=1
+  bool allow_unsigned = false;  // --allow-unsigned or KERNEL_HUB_ALLOW_UNSIGNED=1
   bool json = false;
   bool quiet = false;
   bool verbose = false;
@@ -48,6 +49,7 @@ void add_hub_commands(CLI::App& app, Runner& run);       // pull, push, info
 void add_cache_commands(CLI::App& app, Runner& run);     // ls, verify, gc
 void add_check_command(CLI::App& app, Runner& run);      // check
 void add_registry_commands(CLI::App& app, Runner& run);  // resolve, why, lock, pack
+void add_trust_commands(CLI::App& app, Runner& run);     // keygen, sign, trust
 
 std::string human_bytes(uint64_t bytes);
 std::string iso_time(int64_t unix_seconds);

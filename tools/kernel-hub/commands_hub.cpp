@@ -34,6 +34,25 @@ nlohmann::json pull_json(const PullReport& r) {
           {"from_cache", r.from_cache}};
 }
 
+// Pull only caches: it never runs package code, so an untrusted ref is reported, not refused.
+// kernelize refuses it before anything is loaded.
+nlohmann::json trust_summary(Hub& hub, const Ref& ref, const Digest& index) {
+  try {
+    trust::TrustDecision d = hub.check_trust(ref, index, default_trust_store());
+    if (!d.signed_ok) return {{"status", "unsigned-allowed"}, {"message", d.warning}};
+    return {{"status", "signed"},
+            {"keyid", d.key_id},
+            {"serial", d.serial},
+            {"expires", trust::format_time_rfc3339(d.expires)},
+            {"message", fmt::format("signed by key {} (serial {}, expires {}){}", d.key_id,
+                                    d.serial, trust::format_time_rfc3339(d.expires),
+                                    d.in_grace ? ": " + d.warning : "")}};
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kRefused) throw;
+    return {{"status", "refused"}, {"message", e.what()}};
+  }
+}
+
 int run_pull(Context& ctx, const PullArgs& a) {
   if (!a.config.empty() || !a.lock.empty()) {
     if (!a.refs.empty())
@@ -60,11 +79,19 @@ int run_pull(Context& ctx, const PullArgs& a) {
   for (auto& ref : parsed) {
     try {
       PullReport r = hub.pull(ref);
-      out.push_back(pull_json(r));
+      nlohmann::json j = pull_json(r);
+      if (r.kernel_index) j["trust"] = trust_summary(hub, ref, r.digest);
+      out.push_back(j);
       ctx.say(fmt::format("{} {} ({} manifest{}, {} blob{}, {}; downloaded {}{})", ref.str(),
                           r.digest.str(), r.manifests, r.manifests == 1 ? "" : "s", r.blobs,
                           r.blobs == 1 ? "" : "s", human_bytes(r.total_bytes),
                           human_bytes(r.bytes_downloaded), r.from_cache ? ", offline" : ""));
+      if (!r.kernel_index) {
+      } else if (j["trust"]["status"] == "refused")
+        ctx.note("warning: " + j["trust"]["message"].get<std::string>() +
+                 " (pulled into the cache; loading it will be refused)");
+      else if (!ctx.options().json)
+        ctx.say("  " + j["trust"]["message"].get<std::string>());
     } catch (const Error& e) {
       ++failures;
       out.push_back({{"ref", ref.str()},

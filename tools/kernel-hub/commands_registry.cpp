@@ -7,6 +7,8 @@
 // cuda:sm_90:cuda_13.0 or cuda:sm_90:cuda_13.0:OS/ARCH; a --device group adds one more.
 #include <fmt/format.h>
 
+#include <ctime>
+
 #include <iostream>
 #include <memory>
 
@@ -225,6 +227,7 @@ struct PackArgs {
   std::vector<std::string> tags;
   bool no_source = false;
   bool json = false;
+  std::string sign_key, sign_repo, hub_id = "kernel-hub", expires_in = "90d";
 };
 
 int run_pack(Context& ctx, const PackArgs& a) {
@@ -237,6 +240,14 @@ int run_pack(Context& ctx, const PackArgs& a) {
   o.devices = split_list(a.devices);
   o.cuda_version = a.cuda_version;
   o.include_source = !a.no_source;
+  std::optional<trust::PrivateKey> key;
+  if (!a.sign_key.empty()) {
+    key = trust::PrivateKey::load(a.sign_key);
+    o.sign_key = &*key;
+    o.sign_repo = a.sign_repo;
+    o.sign_hub_id = a.hub_id;
+    o.sign_expires = static_cast<int64_t>(std::time(nullptr)) + parse_duration(a.expires_in);
+  }
   PackReport r = pack_package(o);
   for (auto& n : r.notes) ctx.note("warning: " + n);
   if (a.json || ctx.options().json) {
@@ -253,6 +264,7 @@ int run_pack(Context& ctx, const PackArgs& a) {
                     {"layout", r.layout.string()},
                     {"index_digest", r.index.digest.str()},
                     {"tags", r.tags},
+                    {"signed", r.signed_statements.size()},
                     {"variants", variants}});
     return 0;
   }
@@ -266,6 +278,9 @@ int run_pack(Context& ctx, const PackArgs& a) {
     ctx.say(fmt::format("  {} {} ({}, {} files):{}", v.device, v.entry.digest.str(),
                         human_bytes(static_cast<uint64_t>(v.layer.size)), v.files.size(), extra));
   }
+  for (auto& st : r.signed_statements)
+    ctx.say(fmt::format("  signed {}@{} (hub id {}, serial {}, expires {})", st.repo, st.tag,
+                        st.hub_id, st.serial, trust::format_time_rfc3339(st.expires)));
   return 0;
 }
 
@@ -299,6 +314,8 @@ oci::Descriptor layer_descriptor(const LockTarget& t) {
 int fetch_lock_targets(Context& ctx, Hub& hub, const LockFile& lock, nlohmann::json& out) {
   int failures = 0;
   for (auto& e : lock.entries) {
+    // The index's signatures come along, so that an offline load can check them.
+    if (!hub.options().offline) hub.signatures(e.ref.repo, e.index_digest, true);
     for (auto& [target, t] : e.targets) {
       try {
         bool fetched = false;
@@ -468,6 +485,14 @@ void add_registry_commands(CLI::App& app, Runner& run) {
     cmd->add_option("--cuda-version", a->cuda_version,
                     "CUDA version the cuda variant needs (default: NVRTC's)");
     cmd->add_flag("--no-source", a->no_source, "Leave the .cu source out of the cuda variant");
+    cmd->add_option("--sign", a->sign_key,
+                    "Sign every tag with this private key (kernel-hub keygen); the envelopes go "
+                    "to signatures/ in the layout and travel with `kernel-hub push`");
+    cmd->add_option("--sign-repo", a->sign_repo,
+                    "Repo the statements bind (default: --repo, else kernel.json's name)");
+    cmd->add_option("--hub-id", a->hub_id, "Hub id the statements name")->capture_default_str();
+    cmd->add_option("--expires-in", a->expires_in, "Signature validity (e.g. 90d)")
+        ->capture_default_str();
     cmd->add_flag("--json", a->json, "Machine-readable output on stdout");
     cmd->callback([&run, a] { run = [a](Context& ctx) { return run_pack(ctx, *a); }; });
   }

@@ -24,6 +24,7 @@ HubOptions Context::hub_options() const {
   o.source.http.offline = o.offline;
   o.source.http.allow_plain_http = o.source.http.allow_plain_http || options_.plain_http;
   o.progress = !options_.quiet && !options_.json;
+  o.trust.allow_unsigned = o.trust.allow_unsigned || options_.allow_unsigned;
   return o;
 }
 

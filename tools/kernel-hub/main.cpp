@@ -27,7 +27,9 @@ int main(int argc, char** argv) {
       "KERNEL_HUB_OFFLINE=1, KERNEL_HUB_PLAIN_HTTP=1, KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD,\n"
       "KERNEL_HUB_CREDENTIALS (credentials file), KERNEL_HUB_CA_BUNDLE, KERNEL_HUB_REF_TTL\n"
       "(seconds a tag record is trusted, default 600), KERNEL_HUB_LOCAL (org/name=/dir,...),\n"
-      "KERNEL_HUB_DISABLE=1 (every layer keeps its fallback), KERNEL_HUB_NVRTC (NVRTC library).",
+      "KERNEL_HUB_DISABLE=1 (every layer keeps its fallback), KERNEL_HUB_NVRTC (NVRTC library),\n"
+      "KERNEL_HUB_TRUST_DIR (trusted keys), KERNEL_HUB_ALLOW_UNSIGNED=1, KERNEL_HUB_OFFLINE_GRACE\n"
+      "(seconds past expiry offline loads still accept, default 604800).",
       "kernel-hub"};
   app.require_subcommand(1);
   app.fallthrough();  // global options may follow the command name too
@@ -40,6 +42,9 @@ int main(int argc, char** argv) {
                  "$XDG_CACHE_HOME/kernel-hub or ~/.cache/kernel-hub)");
   app.add_flag("--offline", g.offline, "No network access; resolve from the cache only");
   app.add_flag("--plain-http", g.plain_http, "Talk plain HTTP to oci:// registries");
+  app.add_flag("--allow-unsigned", g.allow_unsigned,
+               "Load packages without a valid trusted signature (development only; warns on "
+               "every load)");
   app.add_flag("--json", g.json, "Machine-readable output on stdout");
   app.add_flag("-q,--quiet", g.quiet, "No progress bar or notes");
   app.add_flag("-v,--verbose", g.verbose, "More detail on stderr");
@@ -50,6 +55,7 @@ int main(int argc, char** argv) {
   add_cache_commands(app, run);
   add_check_command(app, run);
   add_registry_commands(app, run);
+  add_trust_commands(app, run);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,140 @@
+// Hub's side of trust: where signatures come from (the store's copy, the hub's referrers or
+// sidecar), the one decision before anything is loaded, and signing an index on a hub.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "hub/error.h"
+#include "hub/hub.h"
+
+namespace kh {
+
+namespace {
+
+int64_t now_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Adds every envelope of `from` that set.add accepts. An envelope older than one already held
+// for the same (hub, repo, tag, key) is dropped: the newer one supersedes it.
+void merge_into(trust::SignatureSet& set, const trust::SignatureSet& from) {
+  for (const auto& e : from.envelopes) {
+    try {
+      set.add(e);
+    } catch (const Error&) {
+    }
+  }
+}
+
+trust::SignatureSet cached_signatures(const Store& store, const Digest& index) {
+  auto bytes = store.read_signatures(index);
+  if (!bytes) return {};
+  try {
+    return trust::SignatureSet::parse(*bytes, (store.root() / "signatures").string());
+  } catch (const Error&) {
+    return {};  // a damaged copy verifies nothing; online, the hub's copy replaces it
+  }
+}
+
+}  // namespace
+
+std::filesystem::path default_hub_key_dir() {
+  return KH_DEFAULT_HUB_KEY_DIR;
+}
+
+trust::TrustStore default_trust_store() {
+  trust::TrustStore store = trust::TrustStore::open(trust::TrustStore::default_dir());
+  auto pub = default_hub_key_dir() / "signing.pub";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(pub, ec))
+    store.add_builtin(trust::PublicKey::load(pub), {"kernel-hub/*"});
+  return store;
+}
+
+std::string Hub::default_hub_id() const {
+  std::string id = address_.id();
+  std::replace(id.begin(), id.end(), '/', '_');
+  while (!id.empty() && id.front() == '.') id.erase(id.begin());
+  if (id.size() > 128) id.resize(128);
+  return id.empty() ? "hub" : id;
+}
+
+trust::SignatureSet Hub::signatures(const std::string& repo, const Digest& index, bool ask_hub) {
+  trust::SignatureSet set = cached_signatures(store_, index);
+  if (!ask_hub || options_.offline) return set;
+  oci::Descriptor subject;
+  subject.digest = index;
+  trust::SignatureSet remote = source().get_signatures(repo, subject);
+  trust::SignatureSet merged = remote;
+  merge_into(merged, set);
+  if (!(merged == set)) store_.write_signatures(index, merged.serialize());
+  return merged;
+}
+
+trust::TrustDecision Hub::check_trust(const Ref& ref, const Digest& index,
+                                      const trust::TrustStore& keys) {
+  const std::string tag = ref.digest ? "" : ref.tag;
+  const std::string memo_key =
+      fmt::format("{}|{}|{}|{}", index.str(), ref.repo, tag, static_cast<const void*>(&keys));
+  if (auto it = trust_memo_.find(memo_key); it != trust_memo_.end()) return it->second;
+
+  trust::TrustRequest request;
+  request.ref_text = ref.str();
+  request.repo = ref.repo;
+  request.tag = tag;
+  request.index = index;
+  request.offline = options_.offline;
+  trust::TrustState state(store_.root());
+  // Cached signatures first: a warm load asks nothing of the hub. Online, when they do not
+  // verify (none yet, expired, re-signed since), the hub's current set decides.
+  trust::TrustPolicy strict = options_.trust;
+  strict.allow_unsigned = false;
+  trust::TrustDecision decision;
+  try {
+    decision = trust::verify_trust(request, cached_signatures(store_, index), keys, state, strict,
+                                   now_seconds());
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kRefused) throw;
+    if (options_.offline && !options_.trust.allow_unsigned) throw;
+    decision = trust::verify_trust(request, signatures(ref.repo, index, !options_.offline), keys,
+                                   state, options_.trust, now_seconds());
+  }
+  trust_memo_.emplace(memo_key, decision);
+  return decision;
+}
+
+SignReport Hub::sign(const Ref& ref, const trust::PrivateKey& key, const SignOptions& options) {
+  if (options_.offline)
+    throw Error(ErrorKind::kOffline, "sign " + ref.str() + " needs the hub; offline mode is on");
+  if (ref.digest)
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("sign {}: name a tag (org/name@TAG): a statement binds repo, tag and "
+                            "index digest",
+                            ref.str()));
+  FetchedManifest index = source().get_manifest(ref.repo, ref.tag);
+  oci::Descriptor subject;
+  subject.media_type = index.media_type.empty() ? oci::peek_media_type(index.bytes)
+                                                : index.media_type;
+  subject.digest = index.digest;
+  subject.size = static_cast<int64_t>(index.bytes.size());
+
+  const int64_t now = now_seconds();
+  SignReport report;
+  trust::Statement& st = report.statement;
+  st.hub_id = options.hub_id.empty() ? default_hub_id() : options.hub_id;
+  st.repo = ref.repo;
+  st.tag = ref.tag;
+  st.index = index.digest;
+  st.expires = options.expires ? options.expires : now + SignOptions::kDefaultValidity;
+  st.serial = options.serial ? options.serial
+                             : trust::next_serial(source().get_signatures(ref.repo, subject), st, now);
+  trust::Envelope envelope = trust::sign_statement(st, key);
+  source().push_signature(ref.repo, subject, envelope);
+  report.key_id = key.public_key().key_id();
+  return report;
+}
+
+}  // namespace kh
