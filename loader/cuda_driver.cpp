@@ -146,7 +146,6 @@ void load(State& s) {
   optional(get, "cuStreamCreate", v, d.cuStreamCreate);
   optional(get, "cuStreamSynchronize", v, d.cuStreamSynchronize);
   optional(get, "cuStreamDestroy", v, d.cuStreamDestroy);
-  optional(get, "cuCtxSynchronize", v, d.cuCtxSynchronize);
 
   r = d.cuInit(0);
   if (r == CUDA_ERROR_NO_DEVICE)

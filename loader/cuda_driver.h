@@ -112,7 +112,6 @@ struct Driver {
   CUresult (*cuStreamCreate)(CUstream* stream, unsigned flags) = nullptr;
   CUresult (*cuStreamSynchronize)(CUstream stream) = nullptr;
   CUresult (*cuStreamDestroy)(CUstream stream) = nullptr;
-  CUresult (*cuCtxSynchronize)() = nullptr;
 };
 
 // A CUDA device as the loader sees it.

@@ -49,6 +49,7 @@ void add_hub_commands(CLI::App& app, Runner& run);       // pull, push, info
 void add_cache_commands(CLI::App& app, Runner& run);     // ls, verify, gc
 void add_check_command(CLI::App& app, Runner& run);      // check
 void add_registry_commands(CLI::App& app, Runner& run);  // resolve, why, lock, pack
+void add_demo_command(CLI::App& app, Runner& run);       // demo
 void add_trust_commands(CLI::App& app, Runner& run);     // keygen, sign, trust
 
 std::string human_bytes(uint64_t bytes);

@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   add_cache_commands(app, run);
   add_check_command(app, run);
   add_registry_commands(app, run);
+  add_demo_command(app, run);
   add_trust_commands(app, run);
 
   try {

@@ -1,0 +1,105 @@
+#include "tools/demo/demo.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "hub/error.h"
+#include "tools/demo/data.h"
+
+namespace kh::demo {
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Entropy of the generator's next-token distribution (nats).
+float generator_entropy(int vocab, double follow) {
+  const double noise = (1.0 - follow) / vocab;
+  const double top = follow + noise;
+  return static_cast<float>(-top * std::log(top) - (vocab - 1) * noise * std::log(noise));
+}
+
+}  // namespace
+
+DemoRun run_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& o) {
+  if (o.steps < 1 || o.batch < 1 || o.eval_batches < 1 || o.prompt_tokens < 1 ||
+      o.prompt_tokens >= o.model.seq)
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("demo: steps, batch and eval batches must be >= 1 and the prompt "
+                            "1..{} tokens",
+                            o.model.seq - 1));
+  DemoRun run;
+  TinyLM model(o.model, slots, o.seed);
+  SlotCaller call(rt, o.cuda_ordinal);
+  run.parameters = model.num_parameters();
+  run.floor_loss = generator_entropy(o.model.vocab, o.follow);
+  const int S = o.model.seq;
+
+  // Train: every slot serves its train binding (forward_train + backward).
+  rt.set_mode(Mode::kTrain);
+  BigramData train(o.model.vocab, o.follow, o.data_seed, o.seed);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int step = 1; step <= o.steps; ++step) {
+    BigramData::Batch b = train.next(o.batch, S);
+    model.zero_grad();
+    const float loss = model.forward(call, rt, b.inputs.data(), b.targets.data(), o.batch, S);
+    if (!std::isfinite(loss))
+      throw Error(ErrorKind::kUnsupported,
+                  fmt::format("demo: training diverged at step {} (loss {}); rerun with "
+                              "--fallback to compare with the runtime's own layers",
+                              step, loss));
+    model.backward(call);
+    model.adam_step(o.adam);
+    run.train_loss.push_back(loss);
+    if (o.on_step) o.on_step(step, o.steps, loss);
+  }
+  run.train_ms = ms_since(t0);
+
+  // Eval: one atomic store publishes the eval table; no I/O, nothing reloaded.
+  auto ts = std::chrono::steady_clock::now();
+  rt.set_mode(Mode::kEval);
+  run.mode_switch_us = ms_since(ts) * 1000.0;
+
+  // Held-out batches: the same language (successor table), another stream.
+  BigramData held_out(o.model.vocab, o.follow, o.data_seed, o.seed ^ 0x5eed5eed5eedULL);
+  t0 = std::chrono::steady_clock::now();
+  double sum = 0;
+  for (int i = 0; i < o.eval_batches; ++i) {
+    BigramData::Batch b = held_out.next(o.batch, S);
+    sum += model.forward(call, rt, b.inputs.data(), b.targets.data(), o.batch, S);
+  }
+  run.eval_loss = static_cast<float>(sum / o.eval_batches);
+  run.eval_tokens = static_cast<int64_t>(o.eval_batches) * o.batch * S;
+  run.eval_ms = ms_since(t0);
+
+  // Greedy continuation of a held-out prompt, one full forward per new token (no KV cache).
+  t0 = std::chrono::steady_clock::now();
+  BigramData::Batch p = held_out.next(1, S);
+  run.prompt.assign(p.inputs.begin(), p.inputs.begin() + o.prompt_tokens);
+  std::vector<int64_t> seq = run.prompt;
+  const int n_new = std::min(o.generate_tokens, S - o.prompt_tokens);
+  int matches = 0;
+  for (int i = 0; i < n_new; ++i) {
+    const int len = static_cast<int>(seq.size());
+    model.forward(call, rt, seq.data(), nullptr, 1, len);
+    const float* last = model.logits().data() + static_cast<size_t>(len - 1) * o.model.vocab;
+    const int64_t next = std::max_element(last, last + o.model.vocab) - last;
+    if (next == held_out.successor(seq.back())) ++matches;
+    seq.push_back(next);
+    run.generated.push_back(next);
+  }
+  run.pattern_match = n_new > 0 ? static_cast<double>(matches) / n_new : 0.0;
+  run.generate_ms = ms_since(t0);
+
+  run.staging = call.stats();
+  for (uint32_t s : {slots.rms_norm, slots.rotary, slots.silu_and_mul, slots.cross_entropy})
+    if (call.staged(s)) run.staged_slots.push_back(rt.table().slot_name(s));
+  return run;
+}
+
+}  // namespace kh::demo

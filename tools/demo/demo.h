@@ -1,0 +1,50 @@
+// The demo run: train the tiny model in train mode, switch the runtime to eval (one atomic
+// store), measure the eval loss on held-out batches and continue a prompt greedily. The runtime
+// must already hold the demo slots (add_demo_slots) and be kernelized, or not (fallbacks only):
+// run_demo does not care which implementation serves a slot.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "loader/kernel_hub.hpp"
+#include "tools/demo/fallback_ops.h"
+#include "tools/demo/model.h"
+#include "tools/demo/staging.h"
+
+namespace kh::demo {
+
+struct DemoOptions {
+  ModelConfig model;
+  AdamConfig adam;
+  int batch = 8;
+  int steps = 200;
+  uint64_t seed = 1;       // model initialization and the training stream
+  uint64_t data_seed = 7;  // the successor table: the "language" the model learns
+  double follow = 0.8;     // how often the next token is the successor
+  int eval_batches = 4;
+  int prompt_tokens = 4;
+  int generate_tokens = 16;
+  int cuda_ordinal = -1;  // < 0: cpu; else slots bound for this CUDA device are staged to it
+  // Called after every training step (progress display); step counts from 1.
+  std::function<void(int step, int steps, float loss)> on_step;
+};
+
+struct DemoRun {
+  size_t parameters = 0;
+  std::vector<float> train_loss;  // per step
+  float eval_loss = 0;            // mean over eval_batches held-out batches, eval mode
+  int64_t eval_tokens = 0;
+  float floor_loss = 0;  // the generator's entropy: the best any model can reach
+  std::vector<int64_t> prompt, generated;
+  double pattern_match = 0;  // share of generated tokens that are the successor of the previous
+  double train_ms = 0, eval_ms = 0, generate_ms = 0;
+  double mode_switch_us = 0;  // set_mode(eval)
+  StagingStats staging;
+  std::vector<std::string> staged_slots;  // slots whose calls ran on the CUDA device
+};
+
+DemoRun run_demo(Runtime& runtime, const DemoSlots& slots, const DemoOptions& options);
+
+}  // namespace kh::demo

@@ -1,0 +1,373 @@
+#include "tools/demo/fallback_ops.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <string>
+
+#include "loader/host_services.h"
+
+namespace kh::demo {
+
+namespace {
+
+// Thrown by argument checks, turned into a status and last_op_error() at the C boundary: a
+// fallback is called through a C function pointer from noexcept code, so nothing may escape.
+struct ArgError {
+  int32_t status;
+  std::string message;
+};
+
+// A contiguous fp32 host tensor viewed as rows x cols (cols = last dimension).
+struct Rows {
+  float* p = nullptr;
+  int64_t rows = 0, cols = 0;
+};
+
+class Args {
+ public:
+  Args(const char* op, const char* schema, const kh_arg_t* a, int32_t n, int32_t expect)
+      : op_(op), a_(a) {
+    if (n != expect)
+      fail(KH_ERR_INVALID_ARGUMENT, fmt::format("got {} arguments; expected {}", n, schema));
+  }
+
+  [[noreturn]] void fail(int32_t status, const std::string& why) const {
+    throw ArgError{status, fmt::format("{} (runtime fallback): {}", op_, why)};
+  }
+
+  // The tensor at i: on the host, contiguous; nullptr only when optional.
+  const DLTensor* tensor(int32_t i, const char* name, bool optional = false) const {
+    if (a_[i].kind != KH_ARG_TENSOR)
+      fail(KH_ERR_INVALID_ARGUMENT, fmt::format("argument {} ({}) is not a tensor", i, name));
+    const DLTensor* t = a_[i].v.t;
+    if (!t) {
+      if (optional) return nullptr;
+      fail(KH_ERR_INVALID_ARGUMENT, fmt::format("tensor {} is NULL", name));
+    }
+    if (t->device.device_type != kDLCPU)
+      fail(KH_ERR_UNSUPPORTED,
+           fmt::format("tensor {} is not in host memory; the fallback runs on the cpu only", name));
+    if (t->strides) {
+      int64_t expect = 1;
+      for (int d = t->ndim - 1; d >= 0; --d) {
+        if (t->shape[d] > 1 && t->strides[d] != expect)
+          fail(KH_ERR_UNSUPPORTED, fmt::format("tensor {} is not contiguous", name));
+        expect *= t->shape[d];
+      }
+    }
+    return t;
+  }
+
+  Rows rows(int32_t i, const char* name) const {
+    const DLTensor* t = tensor(i, name);
+    if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1)
+      fail(KH_ERR_UNSUPPORTED, fmt::format("tensor {} is not float32", name));
+    if (t->ndim < 1) fail(KH_ERR_INVALID_ARGUMENT, fmt::format("tensor {} is a scalar", name));
+    Rows r;
+    r.p = reinterpret_cast<float*>(static_cast<char*>(t->data) + t->byte_offset);
+    r.cols = t->shape[t->ndim - 1];
+    r.rows = 1;
+    for (int d = 0; d + 1 < t->ndim; ++d) r.rows *= t->shape[d];
+    return r;
+  }
+
+  Rows rows_like(int32_t i, const char* name, int64_t rows_, int64_t cols) const {
+    Rows r = rows(i, name);
+    if (r.rows != rows_ || r.cols != cols)
+      fail(KH_ERR_INVALID_ARGUMENT, fmt::format("tensor {} is {} x {}; expected {} x {}", name,
+                                                r.rows, r.cols, rows_, cols));
+    return r;
+  }
+
+  float* vector(int32_t i, const char* name, int64_t n) const {
+    Rows r = rows(i, name);
+    if (r.rows * r.cols != n)
+      fail(KH_ERR_INVALID_ARGUMENT,
+           fmt::format("tensor {} has {} elements; expected {}", name, r.rows * r.cols, n));
+    return r.p;
+  }
+
+  const int64_t* indices(int32_t i, const char* name, int64_t n) const {
+    const DLTensor* t = tensor(i, name);
+    if (t->dtype.code != kDLInt || t->dtype.bits != 64 || t->ndim != 1 || t->shape[0] != n)
+      fail(KH_ERR_INVALID_ARGUMENT, fmt::format("tensor {} must be int64 [{}]", name, n));
+    return reinterpret_cast<const int64_t*>(static_cast<const char*>(t->data) + t->byte_offset);
+  }
+
+  int64_t integer(int32_t i, const char* name) const {
+    if (a_[i].kind != KH_ARG_INT)
+      fail(KH_ERR_INVALID_ARGUMENT, fmt::format("argument {} ({}) is not an int", i, name));
+    return a_[i].v.i;
+  }
+  double real(int32_t i, const char* name) const {
+    if (a_[i].kind != KH_ARG_FLOAT)
+      fail(KH_ERR_INVALID_ARGUMENT, fmt::format("argument {} ({}) is not a float", i, name));
+    return a_[i].v.f;
+  }
+
+ private:
+  const char* op_;
+  const kh_arg_t* a_;
+};
+
+template <typename F>
+int32_t guarded(F&& body) noexcept {
+  try {
+    body();
+    return KH_OK;
+  } catch (const ArgError& e) {
+    set_last_op_error(e.message);
+    return e.status;
+  } catch (const std::exception& e) {
+    set_last_op_error(std::string("runtime fallback: ") + e.what());
+    return KH_ERR_INTERNAL;
+  }
+}
+
+// ---- RMSNorm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) -----------------------------
+
+int32_t rms_norm_impl(const kh_arg_t* a, int32_t n, bool train) {
+  return guarded([&] {
+    Args g(train ? "rms_norm_train" : "rms_norm",
+           train ? "rms_norm_train(Tensor x, Tensor weight, float eps, Tensor(a!) y, Tensor(b!) "
+                   "rstd)"
+                 : "rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!) y)",
+           a, n, train ? 5 : 4);
+    Rows x = g.rows(0, "x");
+    const float* w = g.vector(1, "weight", x.cols);
+    const float eps = static_cast<float>(g.real(2, "eps"));
+    Rows y = g.rows_like(3, "y", x.rows, x.cols);
+    float* rstd = train ? g.vector(4, "rstd", x.rows) : nullptr;
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float* xr = x.p + r * x.cols;
+      float ss = 0.f;
+      for (int64_t c = 0; c < x.cols; ++c) ss += xr[c] * xr[c];
+      const float rs = 1.0f / std::sqrt(ss / static_cast<float>(x.cols) + eps);
+      if (rstd) rstd[r] = rs;
+      float* yr = y.p + r * x.cols;
+      for (int64_t c = 0; c < x.cols; ++c) yr[c] = xr[c] * rs * w[c];
+    }
+  });
+}
+
+int32_t rms_norm(const kh_arg_t* a, int32_t n, void*) {
+  return rms_norm_impl(a, n, false);
+}
+int32_t rms_norm_train(const kh_arg_t* a, int32_t n, void*) {
+  return rms_norm_impl(a, n, true);
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w; dweight = sum over rows of dy * xhat
+// (overwritten, as the package does). The workspace (the package's per-walker partials) is
+// accepted for schema compatibility and not needed here.
+int32_t rms_norm_backward(const kh_arg_t* a, int32_t n, void*) {
+  return guarded([&] {
+    Args g("rms_norm_backward",
+           "rms_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor rstd, Tensor(a!) dx, "
+           "Tensor(b!) dweight, Tensor(c!) workspace)",
+           a, n, 7);
+    Rows x = g.rows(1, "x");
+    Rows dy = g.rows_like(0, "dy", x.rows, x.cols);
+    const float* w = g.vector(2, "weight", x.cols);
+    const float* rstd = g.vector(3, "rstd", x.rows);
+    Rows dx = g.rows_like(4, "dx", x.rows, x.cols);
+    float* dw = g.vector(5, "dweight", x.cols);
+    g.tensor(6, "workspace");
+    for (int64_t c = 0; c < x.cols; ++c) dw[c] = 0.f;
+    const float inv_n = 1.0f / static_cast<float>(x.cols);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float* xr = x.p + r * x.cols;
+      const float* dyr = dy.p + r * x.cols;
+      float* dxr = dx.p + r * x.cols;
+      const float rs = rstd[r];
+      float sum_gx = 0.f;
+      for (int64_t c = 0; c < x.cols; ++c) sum_gx += dyr[c] * w[c] * (xr[c] * rs);
+      const float c1 = sum_gx * inv_n;
+      for (int64_t c = 0; c < x.cols; ++c) {
+        const float xhat = xr[c] * rs;
+        dxr[c] = rs * (dyr[c] * w[c] - xhat * c1);
+        dw[c] += dyr[c] * xhat;
+      }
+    }
+  });
+}
+
+// ---- RotaryEmbedding (NeoX: pairs (j, j + half); GPT-J: (2j, 2j + 1)), in place -------------
+
+void rotate_heads(float* base, int64_t heads, int64_t head_dim, const float* c, const float* s,
+                  int64_t half, bool neox, float sign) {
+  for (int64_t h = 0; h < heads; ++h) {
+    float* v = base + h * head_dim;
+    for (int64_t j = 0; j < half; ++j) {
+      const int64_t i1 = neox ? j : 2 * j, i2 = neox ? j + half : 2 * j + 1;
+      const float x1 = v[i1], x2 = v[i2], sn = sign * s[j];
+      v[i1] = x1 * c[j] - x2 * sn;
+      v[i2] = x2 * c[j] + x1 * sn;
+    }
+  }
+}
+
+int32_t rotary_impl(const char* op, const kh_arg_t* a, int32_t n, float sign) {
+  return guarded([&] {
+    Args g(op,
+           "(Tensor positions, Tensor(a!) query, Tensor(b!)? key, Tensor cos, Tensor sin, int "
+           "is_neox)",
+           a, n, 6);
+    const DLTensor* q = g.tensor(1, "query");
+    const DLTensor* k = g.tensor(2, "key", /*optional=*/true);
+    if (q->ndim != 3 || (k && (k->ndim != 3 || k->shape[0] != q->shape[0])))
+      g.fail(KH_ERR_INVALID_ARGUMENT, "query and key must be [tokens, heads, head_dim]");
+    Rows qr = g.rows(1, "query");
+    Rows kr = k ? g.rows(2, "key") : Rows{};
+    const int64_t tokens = q->shape[0];
+    const int64_t* pos = g.indices(0, "positions", tokens);
+    Rows cs = g.rows(3, "cos");
+    Rows sn = g.rows_like(4, "sin", cs.rows, cs.cols);
+    const bool neox = g.integer(5, "is_neox") != 0;
+    const int64_t half = cs.cols;
+    if (2 * half > q->shape[2] || (k && 2 * half > k->shape[2]))
+      g.fail(KH_ERR_INVALID_ARGUMENT, "rot_dim (2 * cos columns) exceeds head_dim");
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (pos[t] < 0 || pos[t] >= cs.rows) continue;  // as the package: left unchanged
+      const float* c = cs.p + pos[t] * half;
+      const float* s = sn.p + pos[t] * half;
+      rotate_heads(qr.p + t * q->shape[1] * q->shape[2], q->shape[1], q->shape[2], c, s, half, neox,
+                   sign);
+      if (k)
+        rotate_heads(kr.p + t * k->shape[1] * k->shape[2], k->shape[1], k->shape[2], c, s, half,
+                     neox, sign);
+    }
+  });
+}
+
+int32_t rotary_embedding(const kh_arg_t* a, int32_t n, void*) {
+  return rotary_impl("rotary_embedding", a, n, 1.0f);
+}
+// The inverse rotation (sin negated) maps output gradients to input gradients.
+int32_t rotary_embedding_backward(const kh_arg_t* a, int32_t n, void*) {
+  return rotary_impl("rotary_embedding_backward", a, n, -1.0f);
+}
+
+// ---- SiluAndMul: y = silu(gate) * up, x = [gate | up] ----------------------------------------
+
+float silu(float g) {
+  return g / (1.0f + std::exp(-g));
+}
+float dsilu(float g) {
+  const float s = 1.0f / (1.0f + std::exp(-g));
+  return s * (1.0f + g * (1.0f - s));
+}
+
+int32_t silu_and_mul(const kh_arg_t* a, int32_t n, void*) {
+  return guarded([&] {
+    Args g("silu_and_mul", "silu_and_mul(Tensor x, Tensor(a!) y)", a, n, 2);
+    Rows x = g.rows(0, "x");
+    if (x.cols % 2) g.fail(KH_ERR_INVALID_ARGUMENT, "x needs an even number of columns");
+    const int64_t d = x.cols / 2;
+    Rows y = g.rows_like(1, "y", x.rows, d);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float* xr = x.p + r * x.cols;
+      float* yr = y.p + r * d;
+      for (int64_t c = 0; c < d; ++c) yr[c] = silu(xr[c]) * xr[d + c];
+    }
+  });
+}
+
+int32_t silu_and_mul_backward(const kh_arg_t* a, int32_t n, void*) {
+  return guarded([&] {
+    Args g("silu_and_mul_backward", "silu_and_mul_backward(Tensor dy, Tensor x, Tensor(a!) dx)", a,
+           n, 3);
+    Rows x = g.rows(1, "x");
+    if (x.cols % 2) g.fail(KH_ERR_INVALID_ARGUMENT, "x needs an even number of columns");
+    const int64_t d = x.cols / 2;
+    Rows dy = g.rows_like(0, "dy", x.rows, d);
+    Rows dx = g.rows_like(2, "dx", x.rows, x.cols);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float* xr = x.p + r * x.cols;
+      const float* dyr = dy.p + r * d;
+      float* dxr = dx.p + r * x.cols;
+      for (int64_t c = 0; c < d; ++c) {
+        const float gate = xr[c], up = xr[d + c];
+        dxr[c] = dyr[c] * up * dsilu(gate);
+        dxr[d + c] = dyr[c] * silu(gate);
+      }
+    }
+  });
+}
+
+// ---- CrossEntropy: loss = logsumexp(logits) - logits[target]; dlogits = (p - onehot) * scale --
+
+int32_t ce_impl(const char* op, const kh_arg_t* a, int32_t n, bool train) {
+  return guarded([&] {
+    Args g(op,
+           train ? "cross_entropy_train(Tensor logits, Tensor targets, int ignore_index, float "
+                   "grad_scale, Tensor(a!) loss, Tensor(b!) dlogits)"
+                 : "cross_entropy(Tensor logits, Tensor targets, int ignore_index, Tensor(a!) "
+                   "loss)",
+           a, n, train ? 6 : 4);
+    Rows x = g.rows(0, "logits");
+    const int64_t* targets = g.indices(1, "targets", x.rows);
+    const int64_t ignore = g.integer(2, "ignore_index");
+    const float scale = train ? static_cast<float>(g.real(3, "grad_scale")) : 1.0f;
+    float* loss = g.vector(train ? 4 : 3, "loss", x.rows);
+    Rows dx = train ? g.rows_like(5, "dlogits", x.rows, x.cols) : Rows{};
+    if (x.rows > 0 && x.cols == 0) g.fail(KH_ERR_INVALID_ARGUMENT, "logits have 0 classes");
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const float* xr = x.p + r * x.cols;
+      float* dxr = train ? dx.p + r * x.cols : nullptr;
+      const int64_t t = targets[r];
+      if (t == ignore) {
+        loss[r] = 0.f;
+        if (dxr)
+          for (int64_t c = 0; c < x.cols; ++c) dxr[c] = 0.f;
+        continue;
+      }
+      float m = xr[0];
+      for (int64_t c = 1; c < x.cols; ++c) m = std::fmax(m, xr[c]);
+      float s = 0.f;
+      for (int64_t c = 0; c < x.cols; ++c) s += std::exp(xr[c] - m);
+      const bool in_range = t >= 0 && t < x.cols;
+      loss[r] = in_range ? (m + std::log(s)) - xr[t] : std::nanf("");
+      if (!dxr) continue;
+      const float inv = 1.f / s;
+      for (int64_t c = 0; c < x.cols; ++c)
+        dxr[c] = (std::exp(xr[c] - m) * inv - (c == t ? 1.f : 0.f)) * scale;
+    }
+  });
+}
+
+int32_t cross_entropy(const kh_arg_t* a, int32_t n, void*) {
+  return ce_impl("cross_entropy", a, n, false);
+}
+int32_t cross_entropy_train(const kh_arg_t* a, int32_t n, void*) {
+  return ce_impl("cross_entropy_train", a, n, true);
+}
+
+int32_t cross_entropy_backward(const kh_arg_t* a, int32_t n, void*) {
+  return guarded([&] {
+    Args g("cross_entropy_backward", "cross_entropy_backward(Tensor dloss, Tensor(a!) dlogits)", a,
+           n, 2);
+    Rows dx = g.rows(1, "dlogits");
+    const float* dloss = g.vector(0, "dloss", dx.rows);
+    for (int64_t r = 0; r < dx.rows; ++r)
+      for (int64_t c = 0; c < dx.cols; ++c) dx.p[r * dx.cols + c] *= dloss[r];
+  });
+}
+
+}  // namespace
+
+DemoSlots add_demo_slots(Runtime& rt) {
+  // Every fallback has a backward, so the runtime trains with no package at all.
+  const uint32_t f = KH_FLAG_HAS_BACKWARD | KH_FLAG_DETERMINISTIC;
+  DemoSlots s;
+  s.rms_norm = rt.add_slot(kRMSNorm, {rms_norm, rms_norm_train, rms_norm_backward, f});
+  s.rotary = rt.add_slot(kRotaryEmbedding,
+                         {rotary_embedding, rotary_embedding, rotary_embedding_backward, f});
+  s.silu_and_mul = rt.add_slot(kSiluAndMul, {silu_and_mul, silu_and_mul, silu_and_mul_backward, f});
+  s.cross_entropy =
+      rt.add_slot(kCrossEntropy, {cross_entropy, cross_entropy_train, cross_entropy_backward, f});
+  return s;
+}
+
+}  // namespace kh::demo

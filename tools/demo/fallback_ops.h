@@ -1,0 +1,45 @@
+// The demo runtime's layer slots and their built-in implementations (the fallback of each slot).
+//
+// Each fallback takes exactly the argument list of the shipped package op it stands in for
+// (kernels/*/host.cpp), so the model calls a slot the same way whether a package or the
+// fallback serves it:
+//
+//   RMSNorm          rms_norm(x, weight, eps, y)                      [kernel-hub/norm]
+//                    rms_norm_train(x, weight, eps, y, rstd)
+//                    rms_norm_backward(dy, x, weight, rstd, dx, dweight, workspace)
+//   RotaryEmbedding  rotary_embedding(positions, query, key?, cos, sin, is_neox)   (in place)
+//                    rotary_embedding_backward(positions, dquery, dkey?, cos, sin, is_neox)
+//   SiluAndMul       silu_and_mul(x, y), x = [gate | up]               [kernel-hub/activation]
+//                    silu_and_mul_backward(dy, x, dx)
+//   CrossEntropy     cross_entropy(logits, targets, ignore_index, loss)  [kernel-hub/softmax]
+//                    cross_entropy_train(logits, targets, ignore_index, grad_scale, loss,
+//                                        dlogits)
+//                    cross_entropy_backward(dloss, dlogits)              (scales in place)
+//
+// They are plain fp32 loops on host tensors (contiguous, kDLCPU) with the packages' formulas;
+// anything else is refused with KH_ERR_UNSUPPORTED and a message in kh::last_op_error().
+#pragma once
+
+#include <cstdint>
+
+#include "loader/kernel_hub.hpp"
+
+namespace kh::demo {
+
+// Layer names exactly as the packages export them: the slot name is what kernelize resolves.
+inline constexpr const char* kRMSNorm = "RMSNorm";
+inline constexpr const char* kRotaryEmbedding = "RotaryEmbedding";
+inline constexpr const char* kSiluAndMul = "SiluAndMul";
+inline constexpr const char* kCrossEntropy = "CrossEntropy";
+
+struct DemoSlots {
+  uint32_t rms_norm = 0;
+  uint32_t rotary = 0;
+  uint32_t silu_and_mul = 0;
+  uint32_t cross_entropy = 0;
+};
+
+// Adds the four slots, each with its fallback (forward, forward_train, backward).
+DemoSlots add_demo_slots(Runtime& runtime);
+
+}  // namespace kh::demo

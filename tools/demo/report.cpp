@@ -1,0 +1,144 @@
+#include "tools/demo/report.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace kh::demo {
+
+namespace {
+
+std::string short_digest(const Digest& d) {
+  return d.empty() ? "-" : "sha256:" + d.hex.substr(0, 12);
+}
+
+}  // namespace
+
+std::string binding_source_text(const KernelizeBinding& b) {
+  std::string s = binding_source_name(b.source);
+  if (b.source == BindingSource::kFallback || !b.resolution.variant) return s;
+  const VariantChoice& v = *b.resolution.variant;
+  switch (v.code) {
+    case VariantCode::kHost:
+      break;
+    case VariantCode::kCubinExact:
+    case VariantCode::kCubinCompatible:
+      s += ", cubin sm_" + v.cubin_sm;
+      break;
+    case VariantCode::kNvrtcSource:
+      s += ", NVRTC";
+      break;
+  }
+  return s;
+}
+
+std::string binding_table(const KernelizeReport& report) {
+  std::vector<std::vector<std::string>> rows = {
+      {"LAYER", "MODE", "PACKAGE", "DIGEST", "VARIANT", "SOURCE", "LOAD"}};
+  for (const KernelizeBinding& b : report.bindings) {
+    if (b.source == BindingSource::kFallback) {
+      rows.push_back(
+          {b.layer, kernel_mode_name(b.mode), "runtime fallback", "-", "-", "fallback", "-"});
+    } else {
+      rows.push_back({b.layer, kernel_mode_name(b.mode), b.package, short_digest(b.index_digest),
+                      b.variant, binding_source_text(b), fmt::format("{:.1f} ms", b.load_ms)});
+    }
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (auto& r : rows)
+    for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  std::string out;
+  for (auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < r.size(); ++c)
+      line += c + 1 < r.size() ? fmt::format("{:<{}}  ", r[c], width[c]) : r[c];
+    out += line + "\n";
+  }
+  // Why each fallback serves, one line per distinct reason (KERNEL_HUB_DISABLE gives all one).
+  std::vector<std::pair<std::string, std::vector<std::string>>> notes;
+  for (const KernelizeBinding& b : report.bindings) {
+    if (b.source != BindingSource::kFallback || b.note.empty()) continue;
+    auto it = std::find_if(notes.begin(), notes.end(), [&](auto& n) { return n.first == b.note; });
+    if (it == notes.end()) it = notes.insert(notes.end(), {b.note, {}});
+    it->second.push_back(fmt::format("{} {}", b.layer, kernel_mode_name(b.mode)));
+  }
+  for (auto& [note, who] : notes)
+    out += fmt::format("  {}: {}\n",
+                       who.size() == report.bindings.size() && who.size() > 1
+                           ? std::string("every slot")
+                           : fmt::format("{}", fmt::join(who, ", ")),
+                       note);
+  return out;
+}
+
+nlohmann::json demo_json(const DemoSummary& summary, const DemoOptions& o,
+                         const KernelizeReport& report, const DemoRun& run) {
+  nlohmann::json bindings = nlohmann::json::array();
+  for (const KernelizeBinding& b : report.bindings) {
+    nlohmann::json j = {{"layer", b.layer},
+                        {"mode", kernel_mode_name(b.mode)},
+                        {"source", binding_source_name(b.source)},
+                        {"load_ms", b.load_ms}};
+    if (b.source == BindingSource::kFallback) {
+      j["note"] = b.note;
+    } else {
+      j["package"] = b.package;
+      j["kernel"] = b.kernel;
+      j["index_digest"] = b.index_digest.str();
+      j["variant_digest"] = b.variant_digest ? b.variant_digest->str() : "";
+      j["variant"] = b.variant;
+      j["source_detail"] = binding_source_text(b);
+    }
+    bindings.push_back(std::move(j));
+  }
+  const ModelConfig& m = o.model;
+  return {
+      {"device", summary.device},
+      {"kernelize_device", report.device.str()},
+      {"fallback_only", summary.fallback_only},
+      {"model",
+       {{"vocab", m.vocab},
+        {"hidden", m.hidden},
+        {"layers", m.layers},
+        {"heads", m.heads},
+        {"head_dim", m.head_dim()},
+        {"ffn", m.ffn},
+        {"seq", m.seq},
+        {"batch", o.batch},
+        {"parameters", run.parameters},
+        {"optimizer", fmt::format("adam lr {}", o.adam.lr)},
+        {"seed", o.seed}}},
+      {"bindings", std::move(bindings)},
+      {"fetched", report.fetched},
+      {"train",
+       {{"steps", run.train_loss.size()},
+        {"first_loss", run.train_loss.empty() ? 0.f : run.train_loss.front()},
+        {"last_loss", run.train_loss.empty() ? 0.f : run.train_loss.back()},
+        {"losses", run.train_loss}}},
+      {"eval",
+       {{"loss", run.eval_loss},
+        {"tokens", run.eval_tokens},
+        {"floor_loss", run.floor_loss},
+        {"mode_switch_us", run.mode_switch_us}}},
+      {"generation",
+       {{"prompt", run.prompt}, {"tokens", run.generated}, {"pattern_match", run.pattern_match}}},
+      {"staging",
+       {{"staged_slots", run.staged_slots},
+        {"staged_calls", run.staging.staged_calls},
+        {"host_calls", run.staging.host_calls},
+        {"bytes_to_device", run.staging.bytes_to_device},
+        {"bytes_to_host", run.staging.bytes_to_host},
+        {"device_bytes", run.staging.device_bytes}}},
+      {"timings_ms",
+       {{"kernelize", summary.kernelize_ms},
+        {"train", run.train_ms},
+        {"per_step", run.train_loss.empty() ? 0.0 : run.train_ms / run.train_loss.size()},
+        {"eval", run.eval_ms},
+        {"generate", run.generate_ms},
+        {"total", summary.total_ms}}},
+  };
+}
+
+}  // namespace kh::demo

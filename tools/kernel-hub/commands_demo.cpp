@@ -1,0 +1,227 @@
+// demo: the demo model runtime (tools/demo) end to end: declare the layer slots, kernelize them
+// from a KernelConfig through this CLI's hub and cache, train a tiny transformer in train mode,
+// switch to eval, evaluate and generate, and show which kernel served each slot.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+
+#include "hub/error.h"
+#include "loader/cuda_driver.h"
+#include "registry/device.h"
+#include "registry/kernel_config.h"
+#include "registry/kernelize.h"
+#include "tools/demo/default_config.h"
+#include "tools/demo/demo.h"
+#include "tools/demo/report.h"
+#include "tools/kernel-hub/cli.h"
+
+namespace kh::cli {
+
+namespace {
+
+struct DemoArgs {
+  std::string device;  // empty: cuda:0 when a CUDA device is present, else cpu
+  std::string config;  // empty: the embedded manifests/examples/demo-config.json
+  int steps = 200;
+  uint64_t seed = 1;
+  float lr = 1e-2f;
+  bool fallback = false;
+};
+
+bool cuda_present() {
+  try {
+    return cuda::device_count() > 0;
+  } catch (const Error&) {  // no driver, no device: the cpu it is
+    return false;
+  }
+}
+
+// "cpu" -> -1; "cuda" / "cuda:N" -> N.
+int parse_ordinal(const std::string& text) {
+  if (text == "cpu") return kCpuDevice;
+  if (text == "cuda") return 0;
+  if (text.starts_with("cuda:")) {
+    const std::string n = text.substr(5);
+    if (!n.empty() && n.size() <= 3 && std::all_of(n.begin(), n.end(), ::isdigit))
+      return std::stoi(n);
+  }
+  throw Error(ErrorKind::kInvalidInput,
+              fmt::format("demo: --device '{}': expected cpu or cuda:N (a GPU ordinal)", text));
+}
+
+// The device kernelize resolves for; a CUDA device must really be there.
+Device demo_device(const std::string& text, int ordinal) {
+  if (ordinal == kCpuDevice) return local_cpu_device();
+  try {
+    cuda::device(ordinal);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kNotFound,
+                fmt::format("demo: --device {} is not usable: {}\nTo run the demo without "
+                            "a GPU: kernel-hub demo --device cpu",
+                            text, e.what()));
+  }
+  DeviceFields f;
+  f.key = fmt::format("cuda:{}", ordinal);
+  return make_device(f);
+}
+
+// A progress bar on a terminal; otherwise a few loss lines.
+class StepReporter {
+ public:
+  StepReporter(Context& ctx, int steps)
+      : ctx_(ctx),
+        bar_(!ctx.options().quiet && !ctx.options().json && ::isatty(STDERR_FILENO)),
+        every_(std::max(1, steps / 4)),
+        start_(std::chrono::steady_clock::now()) {}
+
+  void operator()(int step, int steps, float loss) {
+    if (!bar_) {
+      if (step == 1 || step % every_ == 0 || step == steps)
+        ctx_.say(fmt::format("  step {:>4}/{}  loss {:.4f}", step, steps, loss));
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (step != steps && now - last_ < std::chrono::milliseconds(80)) return;
+    last_ = now;
+    const double secs = std::chrono::duration<double>(now - start_).count();
+    constexpr int kWidth = 30;
+    const int filled = step * kWidth / steps;
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar.resize(kWidth, '.');
+    std::fprintf(stderr, "\rtrain [%s] %4d/%d  loss %.4f  %.0f steps/s ", bar.c_str(), step, steps,
+                 loss, secs > 0 ? step / secs : 0.0);
+    if (step == steps) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  Context& ctx_;
+  bool bar_;
+  int every_;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
+std::string tokens_text(const std::vector<int64_t>& tokens) {
+  return fmt::format("[{}]", fmt::join(tokens, " "));
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int run_demo_command(Context& ctx, const DemoArgs& a) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string device_text = a.device.empty() ? (cuda_present() ? "cuda:0" : "cpu") : a.device;
+  const int ordinal = parse_ordinal(device_text);
+  const Device device = demo_device(device_text, ordinal);
+  const KernelConfig config =
+      a.config.empty()
+          ? KernelConfig::parse(demo::default_demo_config_json(), "demo-config.json (built in)")
+          : KernelConfig::load(a.config);
+  if (ctx.options().verbose)
+    set_log_sink([](int, const std::string& line) { std::cerr << "kernel-hub: " << line << "\n"; });
+
+  demo::DemoOptions o;
+  o.steps = a.steps;
+  o.seed = a.seed;
+  o.adam.lr = a.lr;
+  o.cuda_ordinal = ordinal;
+  const demo::ModelConfig& m = o.model;
+
+  // The runtime: slots with the runtime's own implementations, then kernelize binds every mode
+  // up front (resolve, fetch into the cache, verify, load) for this device.
+  RuntimeOptions ro;
+  ro.jit_cache_dir = ctx.store().root() / "jit";
+  Runtime rt(ro);
+  const demo::DemoSlots slots = demo::add_demo_slots(rt);
+  KernelizeOptions ko;
+  ko.cuda_ordinal = ordinal < 0 ? 0 : ordinal;
+  if (a.fallback) ko.disable = true;  // else KERNEL_HUB_DISABLE decides
+  const auto tk = std::chrono::steady_clock::now();
+  const KernelizeReport report = kernelize(rt, config, ctx.hub(), device, ko);
+  const double kernelize_ms = ms_since(tk);
+
+  ctx.say(fmt::format(
+      "kernel-hub demo: tiny transformer LM, fp32 (vocab {}, hidden {}, {} layers, {} heads x {}, "
+      "ffn {}, seq {}, batch {}) on {}",
+      m.vocab, m.hidden, m.layers, m.heads, m.head_dim(), m.ffn, m.seq, o.batch, device_text));
+  size_t bound = 0;
+  for (auto& b : report.bindings) bound += b.source != BindingSource::kFallback;
+  ctx.say(
+      fmt::format("kernelize: {} of {} slot bindings from packages ({} variants fetched) in "
+                  "{:.1f} ms",
+                  bound, report.bindings.size(), report.fetched, kernelize_ms));
+  ctx.say(fmt::format("train: {} steps, adam lr {}, synthetic successor language (seed {})",
+                      a.steps, a.lr, a.seed));
+  StepReporter reporter(ctx, a.steps);
+  o.on_step = [&reporter](int step, int steps, float loss) { reporter(step, steps, loss); };
+
+  const demo::DemoRun run = demo::run_demo(rt, slots, o);
+
+  demo::DemoSummary summary;
+  summary.device = device_text;
+  summary.fallback_only = bound == 0;
+  summary.kernelize_ms = kernelize_ms;
+  summary.total_ms = ms_since(t0);
+  if (ctx.options().json) {
+    ctx.print_json(demo::demo_json(summary, o, report, run));
+    return 0;
+  }
+  ctx.say(fmt::format("train: loss {:.4f} -> {:.4f} in {:.2f} s ({:.1f} ms/step, {} parameters)",
+                      run.train_loss.front(), run.train_loss.back(), run.train_ms / 1000,
+                      run.train_ms / run.train_loss.size(), run.parameters));
+  ctx.say(
+      fmt::format("eval: set_mode(eval) in {:.2f} us; held-out loss {:.4f} over {} tokens "
+                  "(the generator's entropy, the best possible, is {:.4f})",
+                  run.mode_switch_us, run.eval_loss, run.eval_tokens, run.floor_loss));
+  ctx.say(fmt::format("generate: prompt {} -> {} ({:.0f}% follow the pattern)",
+                      tokens_text(run.prompt), tokens_text(run.generated),
+                      run.pattern_match * 100));
+  if (ordinal >= 0)
+    ctx.say(fmt::format(
+        "staging: slots on cuda:{}: {}; {} staged calls, {} to the device, {} "
+        "back ({} of device buffers)",
+        ordinal,
+        run.staged_slots.empty() ? "none" : fmt::format("{}", fmt::join(run.staged_slots, ", ")),
+        run.staging.staged_calls, human_bytes(run.staging.bytes_to_device),
+        human_bytes(run.staging.bytes_to_host), human_bytes(run.staging.device_bytes)));
+  ctx.say("bindings:");
+  std::cout << demo::binding_table(report);
+  ctx.say(fmt::format("total {:.2f} s", summary.total_ms / 1000));
+  return 0;
+}
+
+}  // namespace
+
+void add_demo_command(CLI::App& app, Runner& run) {
+  auto a = std::make_shared<DemoArgs>();
+  auto* cmd = app.add_subcommand(
+      "demo",
+      "Train and run a tiny transformer language model (fp32) whose RMSNorm, RotaryEmbedding, "
+      "SiluAndMul and CrossEntropy layers are slots of a kernel-hub layer table, kernelized from "
+      "a KernelConfig (default: manifests/examples/demo-config.json, built in) through the hub "
+      "and cache: trains in train mode, switches to eval, evaluates on held-out batches, "
+      "generates greedily and prints which kernel served each slot. --json for a summary. "
+      "With --device cuda:N the model state stays in host memory and each slot bound to a CUDA "
+      "kernel has its tensors copied to device buffers (allocated once) and back around every "
+      "call: a demo simplification, not how a runtime should use GPU kernels.");
+  cmd->add_option("--device", a->device,
+                  "cpu or cuda:N (default: cuda:0 when a CUDA device is present, else cpu)");
+  cmd->add_option("--config", a->config,
+                  "KernelConfig JSON file (default: the built-in demo-config.json)");
+  cmd->add_option("--steps", a->steps, "Training steps (default 200)")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--seed", a->seed, "Seed of the model and the training data (default 1)");
+  cmd->add_option("--lr", a->lr, "Adam learning rate (default 0.01)")->check(CLI::PositiveNumber);
+  cmd->add_flag("--fallback", a->fallback,
+                "Bind no package: every slot runs the runtime's own implementation (as "
+                "KERNEL_HUB_DISABLE=1)");
+  cmd->callback([&run, a] { run = [a](Context& ctx) { return run_demo_command(ctx, *a); }; });
+}
+
+}  // namespace kh::cli
