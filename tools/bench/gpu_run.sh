@@ -15,16 +15,29 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gp
 # checkout, which does not travel): put the bundled ones there.
 build=$root/build-gpu
 mkdir -p "$build/tests"
-rm -rf "$build/kernels" "$build/tests/packages"
+rm -rf "$build/kernels" "$build/tests/packages" "$build/default-hub" "$build/default-hub-key" \
+  "$build/kernel-hub"
 ln -s "$g/kernels" "$build/kernels"
 ln -s "$g/packages" "$build/tests/packages"
+# The embedded default hub, its public key (trusted by the build) and the CLI, where the binaries
+# look for them.
+ln -s "$g/default-hub" "$build/default-hub"
+ln -s "$g/default-hub-key" "$build/default-hub-key"
+ln -s "$g/bin/kernel-hub" "$build/kernel-hub"
 status=0
 for t in test_gpu_device_code test_kernels_gpu test_kernels_gpu_more; do
   "$g/bin/$t" --gtest_filter="${KH_GTEST_FILTER:-*}" 2>&1 | tee "$out/$t.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|rel' | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done
 "$g/bin/bench_device_load" 2>&1 | tee "$out/bench_device_load.log" | tail -12
-if [ -f "$g/bench_kernels.py" ]; then
+# The demo on the GPU (test and a plain run) and warm kernelize on this machine's CPU.
+if [ -x "$g/bin/test_demo" ]; then
+  "$g/bin/test_demo" 2>&1 | tee "$out/test_demo.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran' | tail -10
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  "$build/kernel-hub" demo --device cuda:0 2>&1 | tee "$out/demo_cuda.log" | tail -14
+  "$g/bin/bench_kernelize" 2>&1 | tee "$out/bench_kernelize.log" | tail -6
+fi
+if [ -f "$g/bench_kernels.py" ] && [ -z "${KH_SKIP_KERNEL_BENCH:-}" ]; then
   # KH_BENCH_ARGS: extra options, e.g. "--sweep-src .devlibs/gpu/kernels" for the variant sweep.
   python3 "$g/bench_kernels.py" --lib "$g/bin/libkernel_hub.so" --packages "$g/kernels" \
     ${KH_BENCH_ARGS:-} 2>&1 | tee "$out/bench_kernels.log" | tail -100
