@@ -1,9 +1,9 @@
+#include "hub/clock.h"
 #include "hub/hub.h"
 
 #include <fmt/format.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -15,12 +15,6 @@
 namespace kh {
 
 namespace {
-
-int64_t now_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
@@ -128,7 +122,7 @@ Digest Hub::resolve(const Ref& ref, bool* from_cache, int64_t* resolved_at) {
   if (!ref.digest && options_.ref_ttl_s > 0) {
     // A fresh enough ref record answers without a request (version channels move slowly).
     auto rec = store_.read_ref(address_.id(), ref.repo, ref.tag);
-    int64_t now = now_seconds();
+    int64_t now = unix_now();
     if (rec && rec->resolved_at <= now && now - rec->resolved_at < options_.ref_ttl_s &&
         store_.has_blob(rec->digest)) {
       *from_cache = true;
@@ -140,7 +134,7 @@ Digest Hub::resolve(const Ref& ref, bool* from_cache, int64_t* resolved_at) {
   FetchedManifest fm = source().get_manifest(ref.repo, ref.reference());
   std::string mt = fm.media_type.empty() ? oci::peek_media_type(fm.bytes) : fm.media_type;
   if (!store_.has_blob(fm.digest)) store_.put_blob(oci::describe(fm.bytes, mt), fm.bytes);
-  *resolved_at = now_seconds();
+  *resolved_at = unix_now();
   return fm.digest;
 }
 
@@ -224,7 +218,7 @@ void Hub::fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blob
     source().fetch_blobs(ref.repo, fetches, &progress);
     progress.finish();
     // Commits (digest check, fsync, rename) in parallel: the fsyncs overlap on the device.
-    std::vector<char> committed(fetches.size(), 0);
+    std::vector<char> committed(fetches.size(), 0), damaged(fetches.size(), 0);
     run_parallel(fetches.size(), 8, [&](size_t i) {
       if (!fetches[i].ok) return;
       try {
@@ -232,16 +226,25 @@ void Hub::fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blob
         committed[i] = 1;
       } catch (const Error& e) {
         fetches[i].error = e.what();
+        damaged[i] = e.kind() == ErrorKind::kIntegrity;
       }
     });
     std::string errors;
+    bool integrity = false;  // bytes arrived but were not the ones named: not worth a retry
     for (size_t i = 0; i < fetches.size(); ++i) {
+      integrity = integrity || damaged[i];
       if (committed[i]) {
         ++report.blobs_downloaded;
         report.bytes_downloaded += static_cast<uint64_t>(fetches[i].desc.size);
       } else {
         errors += fmt::format("\n  {}: {}", fetches[i].desc.digest.str(), fetches[i].error);
       }
+    }
+    if (!errors.empty() && integrity) {
+      throw Error(ErrorKind::kIntegrity,
+                  fmt::format("{}: {} served a blob whose bytes do not match its digest; nothing "
+                              "was kept (tell the hub operator if it persists):{}",
+                              ref.str(), address_.text, errors));
     }
     if (!errors.empty()) {
       throw Error(ErrorKind::kNetwork,

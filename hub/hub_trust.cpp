@@ -3,20 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 
+#include "hub/clock.h"
 #include "hub/error.h"
 #include "hub/hub.h"
 
 namespace kh {
 
 namespace {
-
-int64_t now_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Adds every envelope of `from` that set.add accepts. An envelope older than one already held
 // for the same (hub, repo, tag, key) is dropped: the newer one supersedes it.
@@ -77,8 +71,11 @@ trust::SignatureSet Hub::signatures(const std::string& repo, const Digest& index
 trust::TrustDecision Hub::check_trust(const Ref& ref, const Digest& index,
                                       const trust::TrustStore& keys) {
   const std::string tag = ref.digest ? "" : ref.tag;
-  const std::string memo_key =
-      fmt::format("{}|{}|{}|{}", index.str(), ref.repo, tag, static_cast<const void*>(&keys));
+  // Keyed by what the store holds, not where it lives: another store at the same address (a
+  // store rebuilt after `trust rm`) must not be answered with this one's decision.
+  std::string memo_key = fmt::format("{}|{}|{}", index.str(), ref.repo, tag);
+  for (const auto& k : keys.list())
+    memo_key += fmt::format("|{}{}={}", k.builtin ? "*" : "", k.key_id(), k.repos_text());
   if (auto it = trust_memo_.find(memo_key); it != trust_memo_.end()) return it->second;
 
   trust::TrustRequest request;
@@ -95,12 +92,12 @@ trust::TrustDecision Hub::check_trust(const Ref& ref, const Digest& index,
   trust::TrustDecision decision;
   try {
     decision = trust::verify_trust(request, cached_signatures(store_, index), keys, state, strict,
-                                   now_seconds());
+                                   unix_now());
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kRefused) throw;
     if (options_.offline && !options_.trust.allow_unsigned) throw;
     decision = trust::verify_trust(request, signatures(ref.repo, index, !options_.offline), keys,
-                                   state, options_.trust, now_seconds());
+                                   state, options_.trust, unix_now());
   }
   trust_memo_.emplace(memo_key, decision);
   return decision;
@@ -121,7 +118,7 @@ SignReport Hub::sign(const Ref& ref, const trust::PrivateKey& key, const SignOpt
   subject.digest = index.digest;
   subject.size = static_cast<int64_t>(index.bytes.size());
 
-  const int64_t now = now_seconds();
+  const int64_t now = unix_now();
   SignReport report;
   trust::Statement& st = report.statement;
   st.hub_id = options.hub_id.empty() ? default_hub_id() : options.hub_id;

@@ -372,7 +372,12 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
       }
       const oci::Descriptor& variant = r.variant->descriptor;
       bool fetched = false;
-      p.dir = fetch_variant(hub, r.kernel.ref.repo, variant, r.package_layer, &fetched);
+      try {
+        p.dir = fetch_variant(hub, r.kernel.ref.repo, variant, r.package_layer, &fetched);
+      } catch (const Error& e) {
+        // The variant is fetched by digest: name the ref the config asked for too.
+        throw Error(e.kind(), fmt::format("{}: {}", r.kernel.ref.str(), e.what()));
+      }
       std::string key = r.kernel.ref.repo + "@" + variant.digest.str();
       if (fetched && fetched_variants.insert(key).second) {
         pulled = true;
@@ -444,7 +449,12 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
                               "with kernel-hub pack",
                               p.resolution.kernel.ref.str(), hub.address().text, e.what()));
     }
-    verify_package_files(p.dir, m);
+    try {
+      verify_package_files(p.dir, m);
+    } catch (const Error& e) {
+      // Name the ref, as every other refusal before a load does.
+      throw Error(e.kind(), fmt::format("{}: {}", p.resolution.kernel.ref.str(), e.what()));
+    }
     identity[p.dir] = m.name + "@" + m.version;
   }
 

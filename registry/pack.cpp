@@ -3,13 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "hub/archive.h"
+#include "hub/clock.h"
 #include "hub/error.h"
 #include "hub/fs.h"
 #include "hub/hub.h"
@@ -436,9 +436,7 @@ PackReport pack_package(const PackOptions& o) {
   // whose signature is still missing.
   out->push_manifest(repo, report.index.digest.str(), index_bytes, oci::kMediaTypeIndex);
   if (o.sign_key) {
-    const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count();
+    const int64_t now = unix_now();
     for (auto& t : unique_tags) {
       trust::Statement st;
       st.hub_id = o.sign_hub_id;

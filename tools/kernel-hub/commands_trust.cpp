@@ -2,9 +2,9 @@
 // machine trusts (hub/trust_store.h). Loads check signatures in kernelize (registry/kernelize.cpp).
 #include <fmt/format.h>
 
-#include <chrono>
 #include <iostream>
 
+#include "hub/clock.h"
 #include "hub/error.h"
 #include "hub/fs.h"
 #include "hub/signature.h"
@@ -14,12 +14,6 @@
 namespace kh::cli {
 
 namespace {
-
-int64_t now_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 nlohmann::json key_json(const trust::TrustedKey& k) {
   return {{"keyid", k.key_id()},
@@ -57,7 +51,7 @@ int run_sign(Context& ctx, const SignArgs& a) {
   SignOptions o;
   o.hub_id = a.hub_id;
   o.serial = a.serial;
-  o.expires = now_seconds() + parse_duration(a.expires_in);
+  o.expires = unix_now() + parse_duration(a.expires_in);
   SignReport r = ctx.hub().sign(ref, key, o);
   const trust::Statement& st = r.statement;
   if (ctx.options().json) {
