@@ -1,5 +1,5 @@
-#include "hub/clock.h"
 #include "hub/hub.h"
+#include "hub/clock.h"
 
 #include <fmt/format.h>
 

@@ -113,8 +113,8 @@ SignReport Hub::sign(const Ref& ref, const trust::PrivateKey& key, const SignOpt
                             ref.str()));
   FetchedManifest index = source().get_manifest(ref.repo, ref.tag);
   oci::Descriptor subject;
-  subject.media_type = index.media_type.empty() ? oci::peek_media_type(index.bytes)
-                                                : index.media_type;
+  subject.media_type =
+      index.media_type.empty() ? oci::peek_media_type(index.bytes) : index.media_type;
   subject.digest = index.digest;
   subject.size = static_cast<int64_t>(index.bytes.size());
 
@@ -126,8 +126,9 @@ SignReport Hub::sign(const Ref& ref, const trust::PrivateKey& key, const SignOpt
   st.tag = ref.tag;
   st.index = index.digest;
   st.expires = options.expires ? options.expires : now + SignOptions::kDefaultValidity;
-  st.serial = options.serial ? options.serial
-                             : trust::next_serial(source().get_signatures(ref.repo, subject), st, now);
+  st.serial = options.serial
+                  ? options.serial
+                  : trust::next_serial(source().get_signatures(ref.repo, subject), st, now);
   trust::Envelope envelope = trust::sign_statement(st, key);
   source().push_signature(ref.repo, subject, envelope);
   report.key_id = key.public_key().key_id();

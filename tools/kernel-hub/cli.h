@@ -51,6 +51,7 @@ void add_check_command(CLI::App& app, Runner& run);      // check
 void add_registry_commands(CLI::App& app, Runner& run);  // resolve, why, lock, pack
 void add_demo_command(CLI::App& app, Runner& run);       // demo
 void add_trust_commands(CLI::App& app, Runner& run);     // keygen, sign, trust
+void add_mirror_commands(CLI::App& app, Runner& run);    // export, import
 
 std::string human_bytes(uint64_t bytes);
 std::string iso_time(int64_t unix_seconds);

@@ -81,8 +81,7 @@ int run_trust_add(Context& ctx, const std::string& file, std::vector<std::string
   if (ctx.options().json) {
     ctx.print_json(key_json(k));
   } else {
-    ctx.say(fmt::format("trusted key {} for {} ({})", k.key_id(), k.repos_text(),
-                        k.path.string()));
+    ctx.say(fmt::format("trusted key {} for {} ({})", k.key_id(), k.repos_text(), k.path.string()));
   }
   return 0;
 }
@@ -157,11 +156,9 @@ void add_trust_commands(CLI::App& app, Runner& run) {
       ->callback([&run] { run = run_trust_ls; });
   auto keyid = std::make_shared<std::string>();
   auto* rm = trust_cmd->add_subcommand("rm", "Stop trusting a key");
-  rm->add_option("keyid", *keyid, "Key id or a unique prefix of at least 8 hex digits")
-      ->required();
-  rm->callback([&run, keyid] {
-    run = [keyid](Context& ctx) { return run_trust_rm(ctx, *keyid); };
-  });
+  rm->add_option("keyid", *keyid, "Key id or a unique prefix of at least 8 hex digits")->required();
+  rm->callback(
+      [&run, keyid] { run = [keyid](Context& ctx) { return run_trust_rm(ctx, *keyid); }; });
 }
 
 }  // namespace kh::cli

@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   add_registry_commands(app, run);
   add_demo_command(app, run);
   add_trust_commands(app, run);
+  add_mirror_commands(app, run);
 
   try {
     app.parse(argc, argv);
