@@ -2,6 +2,8 @@
 
 #include <openssl/evp.h>
 
+#include <cstdint>
+
 #include <nlohmann/json.hpp>
 
 #include "hub/error.h"
@@ -263,7 +265,9 @@ std::string serialize(const Index& x) {
   return j.dump();
 }
 
-std::string serialize(const Descriptor& d) { return to_json(d).dump(); }
+std::string serialize(const Descriptor& d) {
+  return to_json(d).dump();
+}
 
 std::string base64_encode(std::string_view bytes) {
   std::string out(4 * ((bytes.size() + 2) / 3) + 1, '\0');
@@ -275,21 +279,30 @@ std::string base64_encode(std::string_view bytes) {
 }
 
 std::optional<std::string> base64_decode(std::string_view text) {
-  if (text.size() % 4 != 0) return std::nullopt;
-  for (char c : text) {
-    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-              c == '+' || c == '/' || c == '=';
-    if (!ok) return std::nullopt;
+  // EVP_DecodeBlock skips whitespace and does not report the padding, so check the form
+  // ourselves first: groups of four alphabet characters, '=' only as the last one or two.
+  if (text.size() % 4 != 0 || text.size() > INT32_MAX / 2) return std::nullopt;
+  size_t pad = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    bool alpha = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                 c == '+' || c == '/';
+    if (c == '=') {
+      if (i + 2 < text.size()) return std::nullopt;  // '=' only in the last two places
+      ++pad;
+    } else if (!alpha || pad > 0) {
+      return std::nullopt;
+    }
   }
-  std::string out(3 * text.size() / 4 + 1, '\0');
+  if (text.empty()) return std::string();
+  std::string out(3 * (text.size() / 4), '\0');
   int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
                           reinterpret_cast<const unsigned char*>(text.data()),
                           static_cast<int>(text.size()));
-  if (n < 0) return std::nullopt;
-  size_t pad = 0;
-  if (!text.empty() && text.back() == '=') ++pad;
-  if (text.size() > 1 && text[text.size() - 2] == '=') ++pad;
-  out.resize(static_cast<size_t>(n) - pad);
+  if (n < 0 || static_cast<size_t>(n) != out.size()) return std::nullopt;
+  out.resize(out.size() - pad);
+  // Non-zero unused bits ("QQ==" vs "QR==") would give two texts for one value.
+  if (base64_encode(out) != text) return std::nullopt;
   return out;
 }
 

@@ -92,6 +92,9 @@ std::string serialize(const Manifest& m);
 std::string serialize(const Index& i);
 std::string serialize(const Descriptor& d);
 
+// Base64 (RFC 4648 alphabet, '=' padding, no line breaks). decode is strict: nullopt for any
+// other character, missing or extra padding, or non-zero unused bits (non-canonical text), so
+// that one value has one text (inline descriptor data, signature envelopes).
 std::string base64_encode(std::string_view bytes);
 std::optional<std::string> base64_decode(std::string_view text);
 

@@ -15,6 +15,7 @@
 
 #include "hub/error.h"
 #include "hub/fs.h"
+#include "hub/oci.h"
 #include "hub/ref.h"
 
 namespace kh::trust {
@@ -207,9 +208,9 @@ json envelope_to_json(const Envelope& e, const std::string& what) {
   check_envelope(e, what);
   json sigs = json::array();
   for (const auto& [keyid, sig] : e.sigs) {
-    sigs.push_back({{"keyid", keyid}, {"sig", base64_encode(sig)}});
+    sigs.push_back({{"keyid", keyid}, {"sig", oci::base64_encode(sig)}});
   }
-  return {{"statement", base64_encode(e.statement)}, {"sigs", std::move(sigs)}};
+  return {{"statement", oci::base64_encode(e.statement)}, {"sigs", std::move(sigs)}};
 }
 
 Envelope envelope_from_json(const json& j, const std::string& what) {
@@ -223,7 +224,7 @@ Envelope envelope_from_json(const json& j, const std::string& what) {
   auto st = j.find("statement");
   if (st == j.end()) bad_envelope(what, "field \"statement\" is missing");
   if (!st->is_string()) bad_envelope(what, "field \"statement\" is not a string");
-  auto raw = base64_decode(st->get_ref<const std::string&>());
+  auto raw = oci::base64_decode(st->get_ref<const std::string&>());
   if (!raw) bad_envelope(what, "field \"statement\" is not valid padded base64");
   e.statement = std::move(*raw);
   auto sigs = j.find("sigs");
@@ -249,7 +250,7 @@ Envelope envelope_from_json(const json& j, const std::string& what) {
     if (sig == s.end() || !sig->is_string()) {
       bad_envelope(what, fmt::format("sigs[{}].sig is missing or not a string", i));
     }
-    auto raw_sig = base64_decode(sig->get_ref<const std::string&>());
+    auto raw_sig = oci::base64_decode(sig->get_ref<const std::string&>());
     if (!raw_sig) bad_envelope(what, fmt::format("sigs[{}].sig is not valid padded base64", i));
     e.sigs.emplace_back(keyid->get<std::string>(), std::move(*raw_sig));
   }
@@ -595,45 +596,6 @@ std::string PrivateKey::sign(std::string_view message) const {
     throw Error(ErrorKind::kIo, "OpenSSL: Ed25519 signing failed: " + openssl_error());
   }
   return sig;
-}
-
-// --- base64 ------------------------------------------------------------------------------
-
-std::string base64_encode(std::string_view bytes) {
-  std::string out(4 * ((bytes.size() + 2) / 3) + 1, '\0');
-  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(bytes.data()),
-                          static_cast<int>(bytes.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
-
-std::optional<std::string> base64_decode(std::string_view text) {
-  // EVP_DecodeBlock skips whitespace and does not report the padding, so check the form
-  // ourselves first: groups of four alphabet characters, '=' only as the last one or two.
-  if (text.size() % 4 != 0 || text.size() > INT32_MAX / 2) return std::nullopt;
-  size_t pad = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    bool alpha = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                 c == '+' || c == '/';
-    if (c == '=') {
-      if (i + 2 < text.size()) return std::nullopt;  // '=' only in the last two places
-      ++pad;
-    } else if (!alpha || pad > 0) {
-      return std::nullopt;
-    }
-  }
-  if (text.empty()) return std::string();
-  std::string out(3 * (text.size() / 4), '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(text.data()),
-                          static_cast<int>(text.size()));
-  if (n < 0 || static_cast<size_t>(n) != out.size()) return std::nullopt;
-  out.resize(out.size() - pad);
-  // Non-zero unused bits ("QQ==" vs "QR==") would give two texts for one value.
-  if (base64_encode(out) != text) return std::nullopt;
-  return out;
 }
 
 // --- envelopes ---------------------------------------------------------------------------

@@ -103,11 +103,6 @@ class PrivateKey {
   std::shared_ptr<evp_pkey_st> pkey_;
 };
 
-// Base64 (RFC 4648 alphabet, '=' padding, no line breaks). decode is strict: nullopt for any
-// other character, missing or extra padding, or non-zero unused bits (non-canonical text).
-std::string base64_encode(std::string_view bytes);
-std::optional<std::string> base64_decode(std::string_view text);
-
 // {"statement":"<base64>","sigs":[{"keyid":"<hex>","sig":"<base64>"}]}, at most 64 KiB.
 // The statement stays raw bytes here: verifiers check signatures before parsing it.
 struct Envelope {

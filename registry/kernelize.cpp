@@ -287,6 +287,18 @@ stdfs::path fetch_variant(Hub& hub, const std::string& repo, const oci::Descript
   return store.unpack(pkg->digest);
 }
 
+stdfs::path fetch_lock_target(Hub& hub, const std::string& repo, const LockTarget& target,
+                              bool* fetched) {
+  oci::Descriptor variant;
+  variant.media_type = std::string(oci::kMediaTypeManifest);
+  variant.digest = target.manifest_digest;
+  oci::Descriptor layer;
+  layer.media_type = std::string(oci::kMediaTypeLayerTarZstd);
+  layer.digest = target.layer_digest;
+  layer.size = target.layer_size;
+  return fetch_variant(hub, repo, variant, layer, fetched);
+}
+
 KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub,
                           const Device& device, const KernelizeOptions& options) {
   auto t0 = std::chrono::steady_clock::now();

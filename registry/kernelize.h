@@ -157,5 +157,8 @@ class KernelizeIndexProvider : public IndexProvider {
 std::filesystem::path fetch_variant(Hub& hub, const std::string& repo,
                                     const oci::Descriptor& variant,
                                     const std::optional<oci::Descriptor>& layer, bool* fetched);
+// fetch_variant for a lock file's pinned variant and layer.
+std::filesystem::path fetch_lock_target(Hub& hub, const std::string& repo, const LockTarget& target,
+                                        bool* fetched = nullptr);
 
 }  // namespace kh

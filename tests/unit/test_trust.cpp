@@ -16,6 +16,7 @@
 #include "hub/digest.h"
 #include "hub/error.h"
 #include "hub/fs.h"
+#include "hub/oci.h"
 #include "hub/signature.h"
 #include "hub/trust_state.h"
 #include "hub/trust_store.h"
@@ -24,6 +25,9 @@
 
 namespace kh::trust {
 namespace {
+
+using oci::base64_decode;
+using oci::base64_encode;
 
 namespace stdfs = std::filesystem;
 using test::TempDir;

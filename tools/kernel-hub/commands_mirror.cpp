@@ -68,21 +68,6 @@ struct ExportArgs {
   bool json = false;
 };
 
-oci::Descriptor variant_desc(const Digest& d) {
-  oci::Descriptor v;
-  v.media_type = std::string(oci::kMediaTypeManifest);
-  v.digest = d;
-  return v;
-}
-
-oci::Descriptor layer_desc(const LockTarget& t) {
-  oci::Descriptor l;
-  l.media_type = std::string(oci::kMediaTypeLayerTarZstd);
-  l.digest = t.layer_digest;
-  l.size = t.layer_size;
-  return l;
-}
-
 int run_export(Context& ctx, const ExportArgs& a) {
   const bool json = a.json || ctx.options().json;
   auto note = [&](const std::string& line) { ctx.note(line); };
@@ -104,7 +89,7 @@ int run_export(Context& ctx, const ExportArgs& a) {
   auto fetch_targets = [&](const LockEntry& e, mirror::MirrorRef& mr) {
     for (auto& [target, t] : e.targets) {
       bool fetched = false;
-      fetch_variant(hub, e.ref.repo, variant_desc(t.manifest_digest), layer_desc(t), &fetched);
+      fetch_lock_target(hub, e.ref.repo, t, &fetched);
       mr.variants.insert(t.manifest_digest);
       note(fmt::format("{} {}: {} ({})", e.ref.str(), target, t.manifest_digest.str(),
                        fetched ? "fetched" : "cached"));

@@ -295,21 +295,6 @@ nlohmann::json fetched_json(const std::string& ref, const std::string& target,
           {"fetched", fetched}};
 }
 
-oci::Descriptor variant_descriptor(const Digest& d) {
-  oci::Descriptor v;
-  v.media_type = std::string(oci::kMediaTypeManifest);
-  v.digest = d;
-  return v;
-}
-
-oci::Descriptor layer_descriptor(const LockTarget& t) {
-  oci::Descriptor l;
-  l.media_type = std::string(oci::kMediaTypeLayerTarZstd);
-  l.digest = t.layer_digest;
-  l.size = t.layer_size;
-  return l;
-}
-
 // Fetches every target of a lock (or of a lock built on the fly for pull --config).
 int fetch_lock_targets(Context& ctx, Hub& hub, const LockFile& lock, nlohmann::json& out) {
   int failures = 0;
@@ -319,8 +304,7 @@ int fetch_lock_targets(Context& ctx, Hub& hub, const LockFile& lock, nlohmann::j
     for (auto& [target, t] : e.targets) {
       try {
         bool fetched = false;
-        auto dir = fetch_variant(hub, e.ref.repo, variant_descriptor(t.manifest_digest),
-                                 layer_descriptor(t), &fetched);
+        auto dir = fetch_lock_target(hub, e.ref.repo, t, &fetched);
         out.push_back(
             fetched_json(e.ref.str(), target, t.manifest_digest, t.layer_digest, dir, fetched));
         ctx.say(fmt::format("{} {}: {} ({})", e.ref.str(), target, t.manifest_digest.str(),
