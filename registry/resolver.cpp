@@ -575,6 +575,17 @@ std::string format_trace(const LayerResolution& r) {
   return out;
 }
 
+void LockBuild::require_complete(std::string_view what, std::string_view out) const {
+  if (misses.empty()) return;
+  std::string list;
+  for (auto& m : misses) list += "\n  " + m;
+  throw Error(ErrorKind::kNotFound,
+              fmt::format("{}: {} of the config's refs cannot be served on the given targets "
+                          "(nothing written to {}):{}\nfix the config, publish the missing "
+                          "variants, or pass fewer --target devices",
+                          what, misses.size(), out, list));
+}
+
 LockBuild build_lock(const KernelConfig& config, const std::vector<Device>& devices,
                      IndexProvider& provider, const ResolveOptions& options) {
   LockBuild out;

@@ -178,6 +178,10 @@ class MemoIndexProvider : public IndexProvider {
 struct LockBuild {
   LockFile lock;
   std::vector<std::string> misses;  // "org/n@v1 for cuda:sm_90:...: no variant fits (...)"
+
+  // Throws kNotFound listing every miss, for `what` ("lock", "export") that writes nothing to
+  // `out` when a ref cannot be served on every target.
+  void require_complete(std::string_view what, std::string_view out) const;
 };
 
 // For every ref of the config and every device whose key uses it: the index digest and the

@@ -131,15 +131,7 @@ int run_export(Context& ctx, const ExportArgs& a) {
       std::vector<Device> devices = a.dev.all();
       KernelizeIndexProvider provider(hub);
       LockBuild built = build_lock(config, devices, provider);
-      if (!built.misses.empty()) {
-        std::string list;
-        for (auto& m : built.misses) list += "\n  " + m;
-        throw Error(ErrorKind::kNotFound,
-                    fmt::format("export: {} of the config's refs cannot be resolved for the given "
-                                "devices (nothing written to {}):{}\nfix the config, publish the "
-                                "missing variants, or export fewer --target devices",
-                                built.misses.size(), a.out, list));
-      }
+      built.require_complete("export", a.out);
       for (auto& e : built.lock.entries) {
         mirror::MirrorRef mr{e.ref.repo, e.ref.tag, e.index_digest, false, {}, resolved_at(e.ref)};
         fetch_targets(e, mr);

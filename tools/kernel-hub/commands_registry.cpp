@@ -175,15 +175,7 @@ int run_lock(Context& ctx, const std::string& config_path, const DeviceArgs& dev
   auto hub = fresh_hub(ctx);
   KernelizeIndexProvider provider(*hub);
   LockBuild built = build_lock(config, devices, provider);
-  if (!built.misses.empty()) {
-    std::string list;
-    for (auto& m : built.misses) list += "\n  " + m;
-    throw Error(ErrorKind::kNotFound,
-                fmt::format("lock: {} of the config's refs cannot be locked for the given "
-                            "targets (nothing written to {}):{}\nfix the config, publish the "
-                            "missing variants, or lock fewer --target devices",
-                            built.misses.size(), out_path, list));
-  }
+  built.require_complete("lock", out_path);
   built.lock.save(out_path);
   size_t targets = 0;
   for (auto& e : built.lock.entries) targets += e.targets.size();
