@@ -46,8 +46,8 @@ struct PullReport {
   size_t blobs = 0;             // distinct config/layer blobs referenced
   size_t blobs_downloaded = 0;  // fetched by this process
   uint64_t bytes_downloaded = 0;
-  uint64_t total_bytes = 0;  // size of every referenced blob
-  bool from_cache = false;   // resolved without the network (offline)
+  uint64_t total_bytes = 0;   // size of every referenced blob
+  bool from_cache = false;    // resolved without the network (offline)
   bool kernel_index = false;  // an image index of kernel variants (signatures apply)
 };
 
@@ -78,9 +78,9 @@ struct PushReport {
 };
 
 struct SignOptions {
-  std::string hub_id;    // the statement's hub id; empty: derived from the hub address
-  int64_t expires = 0;   // unix seconds; 0: now + kDefaultValidity
-  uint64_t serial = 0;   // 0: max(now in seconds, the highest serial on the hub + 1)
+  std::string hub_id;   // the statement's hub id; empty: derived from the hub address
+  int64_t expires = 0;  // unix seconds; 0: now + kDefaultValidity
+  uint64_t serial = 0;  // 0: max(now in seconds, the highest serial on the hub + 1)
   static constexpr int64_t kDefaultValidity = 90 * 24 * 3600;
 };
 

@@ -465,8 +465,7 @@ class RegistrySource : public Source {
       try {
         FetchedManifest m = get_manifest(repo, d.digest.str());
         oci::Manifest sig = oci::parse_manifest(m.bytes, what);
-        if (sig.layers.size() != 1 || !sig.subject || sig.subject->digest != index.digest)
-          continue;
+        if (sig.layers.size() != 1 || !sig.subject || sig.subject->digest != index.digest) continue;
         std::string bytes = fetch_small_blob(*this, repo, sig.layers[0], trust::kMaxEnvelopeBytes);
         set.add(trust::Envelope::parse(bytes, what));
       } catch (const Error& e) {
@@ -513,9 +512,10 @@ class RegistrySource : public Source {
     for (auto& d : referrers_tag_index(repo, index.digest).manifests)
       present = present || d.digest == self.digest;
     if (!present)
-      throw Error(ErrorKind::kNetwork,
-                  "signing " + repo + "@" + index.digest.str() + ": another publisher replaced the "
-                  "referrers tag " + tag + " at the same time; run the command again");
+      throw Error(ErrorKind::kNetwork, "signing " + repo + "@" + index.digest.str() +
+                                           ": another publisher replaced the "
+                                           "referrers tag " +
+                                           tag + " at the same time; run the command again");
   }
 
  private:
@@ -530,13 +530,14 @@ class RegistrySource : public Source {
   std::optional<std::vector<oci::Descriptor>> referrers_api(const std::string& repo,
                                                             const Digest& subject) {
     http::Request req;
-    req.url = repo_url(repo) + "/referrers/" + subject.str() + "?artifactType=" +
-              percent_encode(oci::kArtifactTypeSignature);
+    req.url = repo_url(repo) + "/referrers/" + subject.str() +
+              "?artifactType=" + percent_encode(oci::kArtifactTypeSignature);
     req.headers.push_back("Accept: " + std::string(oci::kMediaTypeIndex));
     req.max_body = oci::kMaxManifestBytes;
     http::Response resp = request(req, pull_scope(repo));
     if (resp.status == 404 || resp.status == 405) return std::nullopt;
-    if (resp.status != 200) fail_status(resp, "GET", "referrers of " + subject.str() + " in " + repo);
+    if (resp.status != 200)
+      fail_status(resp, "GET", "referrers of " + subject.str() + " in " + repo);
     // Filtering is optional for the registry (OCI-Filters-Applied): callers filter again.
     return oci::parse_index(resp.body, "referrers of " + subject.str() + " in " + repo).manifests;
   }

@@ -84,7 +84,8 @@ class Source {
 
 // The referrers tag of a digest when a registry has no referrers API: "sha256-<hex>".
 std::string referrers_tag(const Digest& digest);
-// Where a layout keeps the signatures of an index, relative to the layout: signatures/sha256-<hex>.json.
+// Where a layout keeps the signatures of an index, relative to the layout:
+// signatures/sha256-<hex>.json.
 std::string signature_sidecar_rel(const Digest& index);
 // Reads a blob of at most `cap` bytes into memory through fetch_blobs (verified).
 std::string fetch_small_blob(Source& source, const std::string& repo, const oci::Descriptor& desc,

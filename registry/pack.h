@@ -53,10 +53,10 @@ struct PackOptions {
   // pack --sign: one signed statement per tag, kept beside the layout's index
   // (signatures/sha256-<hex>.json) and carried along by `kernel-hub push`.
   const trust::PrivateKey* sign_key = nullptr;
-  std::string sign_repo;                 // the repo statements name; empty: repo, else kernel.json's name
+  std::string sign_repo;  // the repo statements name; empty: repo, else kernel.json's name
   std::string sign_hub_id = "kernel-hub";
-  int64_t sign_expires = 0;              // unix seconds; 0: now + SignOptions::kDefaultValidity
-  uint64_t sign_serial = 0;              // 0: now in unix seconds
+  int64_t sign_expires = 0;  // unix seconds; 0: now + SignOptions::kDefaultValidity
+  uint64_t sign_serial = 0;  // 0: now in unix seconds
 };
 
 struct PackedVariant {

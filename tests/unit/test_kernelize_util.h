@@ -73,8 +73,8 @@ inline int32_t call_scale(const Runtime& rt, const std::string& slot, const Vec&
 inline const trust::PrivateKey& test_publisher() {
   struct Publisher {
     trust::PrivateKey key = trust::PrivateKey::generate();
-    std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                ("kh-test-trust-" + std::to_string(::getpid()));
+    std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("kh-test-trust-" + std::to_string(::getpid()));
     Publisher() {
       trust::TrustStore::open(dir).add(key.public_key(), {"*"});
       ::setenv("KERNEL_HUB_TRUST_DIR", dir.c_str(), 1);

@@ -14,10 +14,10 @@
 namespace kh::cli {
 
 struct GlobalOptions {
-  std::string hub;          // --hub, else KERNEL_HUB_ENDPOINT, else the embedded default hub
-  std::string cache;        // --cache, else KERNEL_HUB_CACHE, else XDG cache
-  bool offline = false;     // --offline or KERNEL_HUB_OFFLINE=1
-  bool plain_http = false;  // --plain-http or KERNEL_HUB_PLAIN_HTTP=1
+  std::string hub;              // --hub, else KERNEL_HUB_ENDPOINT, else the embedded default hub
+  std::string cache;            // --cache, else KERNEL_HUB_CACHE, else XDG cache
+  bool offline = false;         // --offline or KERNEL_HUB_OFFLINE=1
+  bool plain_http = false;      // --plain-http or KERNEL_HUB_PLAIN_HTTP=1
   bool allow_unsigned = false;  // --allow-unsigned or KERNEL_HUB_ALLOW_UNSIGNED=1
   bool json = false;
   bool quiet = false;
