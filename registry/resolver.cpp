@@ -355,6 +355,10 @@ bool try_entry(const ModeEntry& entry, KernelMode entry_mode, const Device& devi
   try {
     rec = provider.index(k.ref);
   } catch (const Error& e) {
+    // Content that fails its digest is tampering or damage, not absence: refuse, naming the
+    // ref, rather than quietly serve the fallback. Missing, offline or unreachable falls back.
+    if (e.kind() == ErrorKind::kIntegrity)
+      throw Error(e.kind(), fmt::format("{}: {}", k.ref.str(), e.what()));
     trace.push_back({TraceStage::kIndex, k.ref.str(), false, e.what()});
     trace.push_back({TraceStage::kMode, cand, false, "index unavailable"});
     return false;
