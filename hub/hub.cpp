@@ -1,5 +1,5 @@
 #include "hub/hub.h"
-#include "hub/clock.h"
+#include "hub/base/clock.h"
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 #include <set>
 #include <thread>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 
 namespace kh {
 
@@ -181,7 +181,7 @@ void Hub::fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blob
   for (auto& d : blobs) {
     if (store_.has_blob(d.digest)) continue;
     if (d.data) {  // inline content (the empty config): no request needed
-      auto raw = oci::base64_decode(*d.data);
+      auto raw = base64_decode(*d.data);
       if (raw) {
         store_.put_blob(d, *raw);
         continue;

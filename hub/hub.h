@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "hub/address.h"
-#include "hub/oci.h"
-#include "hub/ref.h"
-#include "hub/source.h"
-#include "hub/store.h"
-#include "hub/trust_verify.h"
+#include "hub/oci/address.h"
+#include "hub/oci/oci.h"
+#include "hub/oci/ref.h"
+#include "hub/transport/source.h"
+#include "hub/store/store.h"
+#include "hub/trust/trust_verify.h"
 
 namespace kh {
 

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "hub/clock.h"
-#include "hub/error.h"
+#include "hub/base/clock.h"
+#include "hub/base/error.h"
 #include "hub/hub.h"
 
 namespace kh {

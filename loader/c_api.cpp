@@ -7,10 +7,10 @@
 #include <optional>
 #include <string>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "loader/host_services.h"
-#include "loader/kernel_hub.h"
-#include "loader/kernel_hub.hpp"
+#include "kernel_hub/kernel_hub.h"
+#include "kernel_hub/kernel_hub.hpp"
 // kernelize lives in the registry (which builds on the loader); only this shared library joins
 // the two, so kh_loader itself never depends on kh_registry.
 #include "registry/kernelize.h"

@@ -7,9 +7,9 @@
 
 #include <fmt/format.h>
 
-#include "hub/error.h"
-#include "hub/fs.h"
-#include "hub/store.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
+#include "hub/base/cache_layout.h"
 #include "loader/cuda_driver.h"
 #include "loader/jit_cache.h"
 #include "loader/log.h"
@@ -95,7 +95,7 @@ std::filesystem::path CudaDeviceBackend::jit_cache_dir() const {
     std::lock_guard lock(mutex_);
     if (!jit_dir_.empty()) return jit_dir_;
   }
-  return Store::default_root() / "jit";
+  return cache_layout::default_root() / cache_layout::kJit;
 }
 
 CudaDeviceBackend::Entry& CudaDeviceBackend::entry(const PackageIdentity& package, int device) {

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "hub/fs.h"
+#include "hub/base/fs.h"
 #include "loader/elf_reader.h"
 
 namespace kh {

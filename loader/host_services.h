@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "loader/kernel_hub_abi.h"
+#include "kernel_hub/kernel_hub_abi.h"
 
 namespace kh {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string_view>
 
-#include "hub/fs.h"
+#include "hub/base/fs.h"
 #include "loader/elf_reader.h"
 
 namespace kh {

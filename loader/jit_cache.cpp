@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "loader/log.h"
 
 namespace kh {

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "hub/digest.h"
+#include "hub/base/digest.h"
 
 namespace kh {
 

@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "loader/kernel_hub_abi.h"
+#include "kernel_hub/kernel_hub_abi.h"
 
 namespace kh {
 

@@ -5,7 +5,7 @@
 #include <functional>
 #include <string>
 
-#include "loader/kernel_hub_abi.h"
+#include "kernel_hub/kernel_hub_abi.h"
 
 namespace kh {
 

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "loader/log.h"
 
 namespace kh {

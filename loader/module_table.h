@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "loader/elf_preflight.h"
-#include "loader/kernel_hub_abi.h"
+#include "kernel_hub/kernel_hub_abi.h"
 
 namespace kh {
 

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "loader/package_dir.h"
 
 namespace kh {

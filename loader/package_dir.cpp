@@ -4,8 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "loader/cuda_arch.h"
 
 namespace kh {

@@ -1,10 +1,10 @@
 #include <fmt/format.h>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "loader/cuda_driver.h"
 #include "loader/device_backend.h"
 #include "loader/host_services.h"
-#include "loader/kernel_hub.hpp"
+#include "kernel_hub/kernel_hub.hpp"
 
 namespace kh {
 

@@ -7,7 +7,7 @@
 #include <cctype>
 #include <vector>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "loader/cuda_driver.h"
 
 namespace kh {

@@ -4,8 +4,8 @@
 
 #include <set>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "registry/json_path.h"
 
 namespace kh {

@@ -34,7 +34,7 @@
 #include <string_view>
 #include <vector>
 
-#include "hub/ref.h"
+#include "hub/oci/ref.h"
 
 namespace kh {
 

@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <set>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "loader/log.h"
 #include "loader/package_dir.h"
 #include "registry/package_manifest.h"
@@ -415,7 +415,7 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
   }
 
   // Trust before anything is loaded, online or offline: each hub package's index must carry a
-  // valid signature by a key trusted for its repo (hub/trust_verify.h). Under a lock the digest
+  // valid signature by a key trusted for its repo (hub/trust/trust_verify.h). Under a lock the digest
   // is the user's pin, so any statement for that digest counts and rollback is not checked.
   std::optional<trust::TrustStore> default_keys;
   const trust::TrustStore* keys = options.trust_keys;

@@ -39,7 +39,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hub/hub.h"
-#include "loader/kernel_hub.hpp"
+#include "kernel_hub/kernel_hub.hpp"
 #include "registry/device.h"
 #include "registry/kernel_config.h"
 #include "registry/lock_file.h"

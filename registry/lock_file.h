@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "hub/digest.h"
-#include "hub/ref.h"
+#include "hub/base/digest.h"
+#include "hub/oci/ref.h"
 
 namespace kh {
 

@@ -8,15 +8,15 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "hub/archive.h"
-#include "hub/clock.h"
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/store/archive.h"
+#include "hub/base/clock.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "hub/hub.h"
-#include "hub/ref.h"
-#include "hub/source.h"
+#include "hub/oci/ref.h"
+#include "hub/transport/source.h"
 #include "loader/cuda_arch.h"
-#include "loader/kernel_hub_abi.h"
+#include "kernel_hub/kernel_hub_abi.h"
 #include "loader/nvrtc.h"
 #include "loader/package_check.h"
 #include "registry/device.h"

@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "hub/digest.h"
-#include "hub/oci.h"
-#include "hub/signature.h"
+#include "hub/base/digest.h"
+#include "hub/oci/oci.h"
+#include "hub/trust/signature.h"
 
 namespace kh {
 

@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "registry/device.h"
 #include "registry/json_path.h"
 #include "registry/kernel_config.h"

@@ -33,7 +33,7 @@
 #include <string_view>
 #include <vector>
 
-#include "hub/digest.h"
+#include "hub/base/digest.h"
 
 namespace kh {
 

@@ -7,7 +7,7 @@
 #include <set>
 #include <tuple>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 
 namespace kh {
 

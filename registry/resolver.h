@@ -36,9 +36,9 @@
 #include <string_view>
 #include <vector>
 
-#include "hub/error.h"
-#include "hub/oci.h"
-#include "hub/ref.h"
+#include "hub/base/error.h"
+#include "hub/oci/oci.h"
+#include "hub/oci/ref.h"
 #include "registry/device.h"
 #include "registry/kernel_config.h"
 #include "registry/lock_file.h"
@@ -54,7 +54,7 @@ inline constexpr std::string_view kAnnotationAbi = "kernelhub.abi";
 inline constexpr std::string_view kAnnotationSource = "kernelhub.source";
 
 struct ResolveOptions {
-  int abi_major = 1;  // the host's KH_ABI_MAJOR / KH_ABI_MINOR (loader/kernel_hub_abi.h)
+  int abi_major = 1;  // the host's KH_ABI_MAJOR / KH_ABI_MINOR (include/kernel_hub/kernel_hub_abi.h)
   int abi_minor = 0;
   const LockFile* lock = nullptr;  // when set, only locked digests are accepted
 };

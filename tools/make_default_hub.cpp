@@ -13,10 +13,10 @@
 #include <ctime>
 #include <string>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "hub/hub.h"
-#include "hub/signature.h"
+#include "hub/trust/signature.h"
 #include "loader/nvrtc.h"
 #include "loader/package_dir.h"
 #include "registry/pack.h"

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "loader/kernel_hub_abi.h"
+#include "kernel_hub/kernel_hub_abi.h"
 
 // Returns the status of `expr` from the enclosing function unless it is KH_OK.
 #define KH_TRY(expr)                            \

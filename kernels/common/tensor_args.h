@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "loader/kernel_hub_abi.h"
+#include "kernel_hub/kernel_hub_abi.h"
 
 namespace khk {
 

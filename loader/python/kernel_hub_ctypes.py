@@ -1,4 +1,4 @@
-"""ctypes declarations of kernel-hub's C API (loader/kernel_hub.h, loader/kernel_hub_abi.h) and
+"""ctypes declarations of kernel-hub's C API (include/kernel_hub/kernel_hub.h, include/kernel_hub/kernel_hub_abi.h) and
 DLPack's DLTensor, for Python callers: tests, benchmarks, scripts. No dependencies.
 
     import kernel_hub_ctypes as kh

@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "loader/kernel_hub_abi.h"
+#include "kernel_hub/kernel_hub_abi.h"
 
 static const kh_host_v1_t* g_host;
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "registry/lock_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

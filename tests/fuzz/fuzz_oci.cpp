@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <string_view>
 
-#include "hub/error.h"
-#include "hub/oci.h"
+#include "hub/base/error.h"
+#include "hub/oci/oci.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view bytes(reinterpret_cast<const char*>(data), size);
@@ -27,6 +27,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const kh::Error&) {
   }
   kh::oci::peek_media_type(bytes);
-  kh::oci::base64_decode(bytes);
+  kh::base64_decode(bytes);
   return 0;
 }

@@ -3,9 +3,9 @@
 #include <cstdint>
 #include <string>
 
-#include "hub/address.h"
-#include "hub/error.h"
-#include "hub/ref.h"
+#include "hub/oci/address.h"
+#include "hub/base/error.h"
+#include "hub/oci/ref.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string text(reinterpret_cast<const char*>(data), size);

@@ -5,9 +5,9 @@
 #include <string>
 #include <string_view>
 
-#include "hub/error.h"
-#include "hub/oci.h"
-#include "hub/signature.h"
+#include "hub/base/error.h"
+#include "hub/oci/oci.h"
+#include "hub/trust/signature.h"
 
 namespace {
 
@@ -45,8 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   // Strict base64 and RFC 3339 are canonical too.
-  if (auto decoded = kh::oci::base64_decode(bytes)) {
-    if (kh::oci::base64_encode(*decoded) != bytes) __builtin_trap();
+  if (auto decoded = kh::base64_decode(bytes)) {
+    if (kh::base64_encode(*decoded) != bytes) __builtin_trap();
   }
   if (auto t = kh::trust::parse_time_rfc3339(bytes)) {
     if (kh::trust::format_time_rfc3339(*t) != bytes) __builtin_trap();

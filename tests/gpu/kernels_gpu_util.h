@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "hub/fs.h"
+#include "hub/base/fs.h"
 #include "loader/device_backend.h"
 #include "tests/fixtures/process.h"
 #include "tests/unit/test_kernels_nvrtc.h"

@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "loader/cuda_driver.h"
 #include "loader/device_backend.h"
 #include "loader/jit_cache.h"
-#include "loader/kernel_hub.hpp"
+#include "kernel_hub/kernel_hub.hpp"
 
 namespace kh {
 namespace {

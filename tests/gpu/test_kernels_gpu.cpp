@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "hub/fs.h"
+#include "hub/base/fs.h"
 #include "loader/device_backend.h"
 #include "tests/fixtures/process.h"
 #include "tests/gpu/kernels_gpu_util.h"

@@ -22,7 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "hub/fs.h"
+#include "hub/base/fs.h"
 #include "loader/device_backend.h"
 #include "tests/fixtures/process.h"
 #include "tests/gpu/kernels_gpu_util.h"

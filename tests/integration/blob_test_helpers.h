@@ -8,11 +8,11 @@
 #include <random>
 #include <string>
 
-#include "hub/digest.h"
-#include "hub/error.h"
-#include "hub/fs.h"
-#include "hub/oci.h"
-#include "hub/source.h"
+#include "hub/base/digest.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
+#include "hub/oci/oci.h"
+#include "hub/transport/source.h"
 
 namespace kh::test {
 

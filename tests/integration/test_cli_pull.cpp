@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "hub/fs.h"
+#include "hub/base/fs.h"
 #include "tests/fixtures/fault_proxy.h"
 #include "tests/fixtures/layout_builder.h"
 #include "tests/fixtures/process.h"

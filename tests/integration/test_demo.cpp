@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hub/hub.h"
-#include "hub/store.h"
+#include "hub/store/store.h"
 #include "loader/cuda_driver.h"
 #include "registry/kernelize.h"
 #include "tests/fixtures/process.h"

@@ -3,8 +3,8 @@
 
 #include <chrono>
 
-#include "hub/error.h"
-#include "hub/source.h"
+#include "hub/base/error.h"
+#include "hub/transport/source.h"
 #include "tests/fixtures/fault_proxy.h"
 #include "tests/fixtures/registry_fixture.h"
 #include "tests/integration/blob_test_helpers.h"

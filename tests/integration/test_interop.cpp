@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "hub/digest.h"
+#include "hub/base/digest.h"
 #include "tests/fixtures/layout_builder.h"
 #include "tests/fixtures/process.h"
 #include "tests/fixtures/registry_fixture.h"

@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "registry/kernelize.h"
 #include "registry/lock_file.h"
 #include "tests/fixtures/process.h"

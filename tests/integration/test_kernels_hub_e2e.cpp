@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "hub/fs.h"
+#include "hub/base/fs.h"
 #include "loader/package_dir.h"
 #include "registry/kernelize.h"
 #include "registry/pack.h"

@@ -9,10 +9,10 @@
 #include <set>
 #include <thread>
 
-#include "hub/error.h"
-#include "hub/fs.h"
-#include "hub/oci.h"
-#include "hub/source.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
+#include "hub/oci/oci.h"
+#include "hub/transport/source.h"
 #include "tests/fixtures/layout_builder.h"
 #include "tests/fixtures/nginx_fixture.h"
 #include "tests/fixtures/process.h"

@@ -1,4 +1,4 @@
-// Offline mirrors (hub/mirror.h, `kernel-hub export` / `import`), end to end:
+// Offline mirrors (hub/mirror/mirror.h, `kernel-hub export` / `import`), end to end:
 // - the signed toy package (a cuda and a cpu variant) pushed to a real docker-registry, exported
 //   for cpu by the CLI from cache A; the registry stopped; `KERNEL_HUB_OFFLINE=1 import` into an
 //   empty cache B; kernelize offline against the ORIGINAL registry address from cache B (every
@@ -15,9 +15,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "hub/error.h"
-#include "hub/fs.h"
-#include "hub/mirror.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
+#include "hub/mirror/mirror.h"
 #include "registry/kernelize.h"
 #include "registry/lock_file.h"
 #include "tests/fixtures/process.h"

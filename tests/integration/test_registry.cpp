@@ -3,10 +3,10 @@
 
 #include <cstdlib>
 
-#include "hub/error.h"
-#include "hub/fs.h"
-#include "hub/http.h"
-#include "hub/source.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
+#include "hub/transport/http.h"
+#include "hub/transport/source.h"
 #include "tests/fixtures/fault_proxy.h"
 #include "tests/fixtures/registry_fixture.h"
 #include "tests/integration/blob_test_helpers.h"

@@ -26,13 +26,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "hub/hub.h"
-#include "hub/oci.h"
-#include "hub/signature.h"
-#include "hub/source.h"
-#include "hub/trust_store.h"
+#include "hub/oci/oci.h"
+#include "hub/trust/signature.h"
+#include "hub/transport/source.h"
+#include "hub/trust/trust_store.h"
 #include "loader/log.h"
 #include "registry/kernelize.h"
 #include "tests/fixtures/process.h"

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "hub/archive.h"
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/store/archive.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "tests/fixtures/process.h"
 
 namespace kh {

@@ -1,9 +1,9 @@
 #include <gtest/gtest.h>
 
-#include "hub/digest.h"
-#include "hub/error.h"
+#include "hub/base/digest.h"
+#include "hub/base/error.h"
 #include "tests/fixtures/process.h"
-#include "hub/fs.h"
+#include "hub/base/fs.h"
 
 namespace kh {
 

@@ -3,8 +3,8 @@
 
 #include <cstdlib>
 
-#include "hub/error.h"
-#include "hub/http.h"
+#include "hub/base/error.h"
+#include "hub/transport/http.h"
 
 namespace kh::http {
 namespace {

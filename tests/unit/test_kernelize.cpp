@@ -5,9 +5,9 @@
 
 #include <cstdlib>
 
-#include "hub/error.h"
-#include "hub/fs.h"
-#include "hub/source.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
+#include "hub/transport/source.h"
 #include "loader/nvrtc.h"
 #include "registry/kernelize.h"
 #include "registry/package_manifest.h"
@@ -342,7 +342,7 @@ TEST_F(KernelizeLayout, RefTtlServesTagsFromTheRecordUntilItExpires) {
 // The C API's kh_runtime_kernelize, through libkernel_hub.so as a C program would use it.
 #include <dlfcn.h>
 
-#include "loader/kernel_hub.h"
+#include "kernel_hub/kernel_hub.h"
 
 namespace kh::test {
 namespace {

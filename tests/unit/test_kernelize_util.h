@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "hub/fs.h"
-#include "hub/signature.h"
-#include "hub/trust_store.h"
+#include "hub/base/fs.h"
+#include "hub/trust/signature.h"
+#include "hub/trust/trust_store.h"
 
-#include "loader/kernel_hub.hpp"
+#include "kernel_hub/kernel_hub.hpp"
 #include "registry/pack.h"
 
 namespace kh::test {

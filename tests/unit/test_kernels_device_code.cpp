@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "hub/fs.h"
+#include "hub/base/fs.h"
 #include "loader/host_services.h"
 #include "tests/fixtures/process.h"
 #include "tests/unit/test_kernels_device_util.h"

@@ -9,7 +9,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "hub/fs.h"
+#include "hub/base/fs.h"
 #include "tests/unit/test_kernels_util.h"
 
 namespace kh::kernels_test {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "hub/fs.h"
+#include "hub/base/fs.h"
 #include "loader/elf_preflight.h"
 #include "loader/host_versions.h"
 

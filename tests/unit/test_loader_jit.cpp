@@ -16,14 +16,14 @@
 #include <thread>
 #include <vector>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "loader/cuda_arch.h"
 #include "loader/cuda_driver.h"
 #include "loader/device_backend.h"
 #include "loader/device_code.h"
 #include "loader/jit_cache.h"
-#include "loader/kernel_hub.hpp"
+#include "kernel_hub/kernel_hub.hpp"
 #include "loader/nvrtc.h"
 #include "loader/package_dir.h"
 #include "tests/fixtures/process.h"

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "loader/layer_table.h"
 #include "loader/log.h"
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "hub/error.h"
-#include "hub/fs.h"
-#include "loader/kernel_hub.hpp"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
+#include "kernel_hub/kernel_hub.hpp"
 #include "loader/package_check.h"
 #include "tests/fixtures/process.h"
 

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "hub/error.h"
-#include "hub/oci.h"
+#include "hub/base/error.h"
+#include "hub/oci/oci.h"
 
 namespace kh::oci {
 

@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
-#include "hub/address.h"
-#include "hub/error.h"
-#include "hub/ref.h"
+#include "hub/oci/address.h"
+#include "hub/base/error.h"
+#include "hub/oci/ref.h"
 
 namespace kh {
 

@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "registry/device.h"
 #include "registry/kernel_config.h"
 #include "registry/kernel_mapping.h"

@@ -3,8 +3,8 @@
 
 #include <filesystem>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "registry/lock_file.h"
 #include "tests/fixtures/process.h"
 

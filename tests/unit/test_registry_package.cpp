@@ -6,8 +6,8 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "registry/device.h"
 #include "registry/package_manifest.h"
 #include "tests/fixtures/process.h"

@@ -4,9 +4,9 @@
 
 #include <filesystem>
 
-#include "hub/archive.h"
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/store/archive.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "hub/hub.h"
 #include "registry/hub_index_provider.h"
 #include "registry/resolver.h"

@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "hub/archive.h"
-#include "hub/digest.h"
-#include "hub/error.h"
-#include "hub/fs.h"
-#include "hub/oci.h"
-#include "hub/store.h"
+#include "hub/store/archive.h"
+#include "hub/base/digest.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
+#include "hub/oci/oci.h"
+#include "hub/store/store.h"
 #include "tests/fixtures/process.h"
 
 namespace kh {

@@ -13,21 +13,20 @@
 #include <string>
 #include <vector>
 
-#include "hub/digest.h"
-#include "hub/error.h"
-#include "hub/fs.h"
-#include "hub/oci.h"
-#include "hub/signature.h"
-#include "hub/trust_state.h"
-#include "hub/trust_store.h"
-#include "hub/trust_verify.h"
+#include "hub/base/digest.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
+#include "hub/oci/oci.h"
+#include "hub/base/base64.h"
+#include "hub/trust/signature.h"
+#include "hub/trust/trust_state.h"
+#include "hub/trust/trust_store.h"
+#include "hub/trust/trust_verify.h"
 #include "tests/fixtures/process.h"
 
 namespace kh::trust {
 namespace {
 
-using oci::base64_decode;
-using oci::base64_encode;
 
 namespace stdfs = std::filesystem;
 using test::TempDir;

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "hub/digest.h"
-#include "hub/error.h"
-#include "hub/fs.h"
+#include "hub/base/digest.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "loader/cuda_arch.h"
 #include "loader/cuda_driver.h"
 #include "loader/jit_cache.h"

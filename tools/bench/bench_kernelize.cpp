@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "hub/fs.h"
+#include "hub/base/fs.h"
 #include "registry/kernelize.h"
 #include "registry/pack.h"
 

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "loader/kernel_hub.hpp"
+#include "kernel_hub/kernel_hub.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cmath>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "tools/demo/data.h"
 
 namespace kh::demo {

@@ -8,7 +8,7 @@
 #include <functional>
 #include <vector>
 
-#include "loader/kernel_hub.hpp"
+#include "kernel_hub/kernel_hub.hpp"
 #include "tools/demo/fallback_ops.h"
 #include "tools/demo/model.h"
 #include "tools/demo/staging.h"

@@ -22,7 +22,7 @@
 
 #include <cstdint>
 
-#include "loader/kernel_hub.hpp"
+#include "kernel_hub/kernel_hub.hpp"
 
 namespace kh::demo {
 

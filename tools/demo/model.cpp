@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "tools/demo/layers.h"
 
 namespace kh::demo {

@@ -17,7 +17,7 @@
 #include <random>
 #include <vector>
 
-#include "loader/kernel_hub.hpp"
+#include "kernel_hub/kernel_hub.hpp"
 #include "tools/demo/fallback_ops.h"
 #include "tools/demo/staging.h"
 

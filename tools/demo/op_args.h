@@ -11,7 +11,7 @@
 #include <initializer_list>
 #include <vector>
 
-#include "loader/kernel_hub_abi.h"
+#include "kernel_hub/kernel_hub_abi.h"
 
 namespace kh::demo {
 

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "loader/cuda_driver.h"
 #include "loader/host_services.h"
 

@@ -16,7 +16,7 @@
 #include <map>
 #include <tuple>
 
-#include "loader/kernel_hub.hpp"
+#include "kernel_hub/kernel_hub.hpp"
 #include "tools/demo/op_args.h"
 
 namespace kh::demo {

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "loader/kernel_hub.h"
+#include "kernel_hub/kernel_hub.h"
 
 /* out[r, c] = silu(in[r, c]) * in[r, d + c] for fp32 rows of 2d: the runtime's own SiluAndMul.
  * Arguments as the package op: (Tensor input [rows, 2d], Tensor out [rows, d]). */

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "hub/hub.h"
-#include "loader/kernel_hub.hpp"
+#include "kernel_hub/kernel_hub.hpp"
 #include "registry/kernelize.h"
 
 namespace {

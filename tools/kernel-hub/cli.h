@@ -9,7 +9,7 @@
 #include <string>
 
 #include "hub/hub.h"
-#include "hub/store.h"
+#include "hub/store/store.h"
 
 namespace kh::cli {
 

@@ -10,7 +10,7 @@
 #include <iostream>
 #include <memory>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "loader/cuda_driver.h"
 #include "registry/device.h"
 #include "registry/kernel_config.h"

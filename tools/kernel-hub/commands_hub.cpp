@@ -3,7 +3,7 @@
 
 #include <iostream>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "tools/kernel-hub/cli.h"
 
 namespace kh::cli {

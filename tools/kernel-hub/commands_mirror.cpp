@@ -1,4 +1,4 @@
-// export and import: offline mirrors (hub/mirror.h). `export` resolves what a KernelConfig (or a
+// export and import: offline mirrors (hub/mirror/mirror.h). `export` resolves what a KernelConfig (or a
 // lock file) needs on the current hub, pulls it into the cache like `pull --config`, and writes
 // an OCI layout hub directory from the cache; `import` fills a cache from such a directory with
 // no network, recording refs under the mirror's hub id and the original hub's.
@@ -7,9 +7,9 @@
 #include <iostream>
 #include <memory>
 
-#include "hub/clock.h"
-#include "hub/error.h"
-#include "hub/mirror.h"
+#include "hub/base/clock.h"
+#include "hub/base/error.h"
+#include "hub/mirror/mirror.h"
 #include "registry/kernel_config.h"
 #include "registry/kernelize.h"
 #include "registry/lock_file.h"

@@ -12,7 +12,7 @@
 #include <iostream>
 #include <memory>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "registry/kernel_config.h"
 #include "registry/kernelize.h"
 #include "registry/lock_file.h"

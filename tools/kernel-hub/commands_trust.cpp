@@ -1,14 +1,14 @@
 // keygen, sign, trust add/ls/rm: publishers' keys, signing an index on a hub, and the keys this
-// machine trusts (hub/trust_store.h). Loads check signatures in kernelize (registry/kernelize.cpp).
+// machine trusts (hub/trust/trust_store.h). Loads check signatures in kernelize (registry/kernelize.cpp).
 #include <fmt/format.h>
 
 #include <iostream>
 
-#include "hub/clock.h"
-#include "hub/error.h"
-#include "hub/fs.h"
-#include "hub/signature.h"
-#include "hub/trust_store.h"
+#include "hub/base/clock.h"
+#include "hub/base/error.h"
+#include "hub/base/fs.h"
+#include "hub/trust/signature.h"
+#include "hub/trust/trust_store.h"
 #include "tools/kernel-hub/cli.h"
 
 namespace kh::cli {

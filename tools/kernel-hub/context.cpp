@@ -4,7 +4,7 @@
 #include <ctime>
 #include <iostream>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "tools/kernel-hub/cli.h"
 
 namespace kh::cli {

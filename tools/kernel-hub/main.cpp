@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "hub/error.h"
+#include "hub/base/error.h"
 #include "tools/kernel-hub/cli.h"
 
 namespace {

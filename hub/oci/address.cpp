@@ -1,0 +1,100 @@
+#include "hub/oci/address.h"
+
+#include <cctype>
+
+#include "hub/base/error.h"
+
+namespace kh {
+
+namespace {
+std::string sanitize(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '-' || c == '/';
+    out += ok ? c : '_';
+  }
+  while (!out.empty() && out.back() == '/') out.pop_back();
+  // No empty, "." or ".." components in the result.
+  std::string clean;
+  size_t start = 0;
+  while (start <= out.size()) {
+    size_t end = out.find('/', start);
+    if (end == std::string::npos) end = out.size();
+    std::string part = out.substr(start, end - start);
+    if (!part.empty() && part != "." && part != "..") clean += (clean.empty() ? "" : "/") + part;
+    start = end + 1;
+  }
+  return clean.empty() ? "_" : clean;
+}
+}  // namespace
+
+HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
+  HubAddress a;
+  a.text = std::string(text);
+  auto bad = [&](const std::string& why) {
+    throw Error(ErrorKind::kInvalidInput,
+                "invalid hub address '" + std::string(text) + "': " + why +
+                    " (expected oci://HOST[:PORT][/NAMESPACE], http(s)://URL, file://DIR or a "
+                    "directory path)");
+  };
+  if (text.empty()) bad("empty");
+  for (char c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) bad("control character in address");
+  }
+  if (text.starts_with("oci://")) {
+    std::string_view rest = text.substr(6);
+    while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+    auto slash = rest.find('/');
+    a.kind = Kind::kRegistry;
+    a.host = std::string(rest.substr(0, slash));
+    if (slash != std::string_view::npos) a.ns = std::string(rest.substr(slash + 1));
+    if (a.host.empty()) bad("missing host");
+    for (char c : a.host) {
+      if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == ':' ||
+            c == '[' || c == ']')) {
+        bad("invalid character in host");
+      }
+    }
+    a.plain_http = plain_http;
+    a.base_url = (plain_http ? "http://" : "https://") + a.host;
+    return a;
+  }
+  if (text.starts_with("http://") || text.starts_with("https://")) {
+    a.kind = Kind::kHttpLayout;
+    std::string_view rest = text.substr(text.find("://") + 3);
+    if (rest.empty() || rest.front() == '/') bad("missing host");
+    a.base_url = std::string(text);
+    while (a.base_url.size() > 8 && a.base_url.back() == '/') a.base_url.pop_back();
+    return a;
+  }
+  if (text.starts_with("file://")) text = text.substr(7);
+  if (text.find("://") != std::string_view::npos) bad("unknown scheme");
+  if (text.empty()) bad("empty path");
+  a.kind = Kind::kDirLayout;
+  std::error_code ec;
+  a.dir = std::filesystem::absolute(std::filesystem::path(text), ec).lexically_normal();
+  if (ec) bad(ec.message());
+  return a;
+}
+
+std::string HubAddress::id() const {
+  switch (kind) {
+    case Kind::kRegistry:
+      return "registry/" + sanitize(host + (ns.empty() ? "" : "/" + ns));
+    case Kind::kHttpLayout: {
+      std::string_view u = base_url;
+      u = u.substr(u.find("://") + 3);
+      return "http/" + sanitize(u);
+    }
+    case Kind::kDirLayout:
+      return "dir/" + sanitize(dir.string());
+  }
+  return "unknown";
+}
+
+std::string HubAddress::repo_path(const std::string& repo) const {
+  return ns.empty() ? repo : ns + "/" + repo;
+}
+
+}  // namespace kh

@@ -1,0 +1,118 @@
+// The content-addressed cache ($KERNEL_HUB_CACHE, default $XDG_CACHE_HOME/kernel-hub or
+// ~/.cache/kernel-hub):
+//   blobs/sha256/<hex>          immutable, verified, 0444
+//   tmp/<hex>.<pid>.<rand>.part in-flight downloads (swept when stale)
+//   refs/<hub-id>/<repo>/<tag>  {"digest", "resolved_at"} JSON, replaced by rename
+//   unpacked/<layer-hex>/       extracted package, read-only
+//   signatures/<index-hex>.json signature envelopes seen for an index (each verified on use)
+//   trust/<hub-id>/<repo>/<tag>.json  highest signature serial accepted (rollback protection)
+//   locks/<name>.lock           single-flight locks (bandwidth only, never correctness)
+//   CACHEDIR.TAG
+// Every write is temp -> fsync -> rename. A killed process leaves at most a temp file,
+// which no reader mistakes for an entry.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hub/store/archive.h"
+#include "hub/transport/blob_sink.h"
+#include "hub/base/fs.h"
+#include "hub/oci/oci.h"
+
+namespace kh {
+
+struct RefRecord {
+  std::string hub_id;
+  std::string repo;
+  std::string tag;
+  Digest digest;
+  int64_t resolved_at = 0;  // unix seconds
+};
+
+// Streams one blob into a temp file while hashing; commit() checks size and digest and
+// only then renames into blobs/. A blob that fails the check is never stored.
+class BlobWriter : public BlobSink {
+ public:
+  ~BlobWriter() override = default;
+  bool verifies_digest() const override { return true; }
+  // Throws kIntegrity (temp removed) when size or digest differ from the descriptor.
+  virtual void commit() = 0;
+};
+
+struct StoreEntryDamage {
+  std::filesystem::path path;
+  std::string problem;
+};
+
+struct GcOptions {
+  std::optional<uint64_t> max_size;     // shrink the cache to at most this many bytes
+  std::optional<int64_t> older_than_s;  // remove entries unused for this long
+  int64_t grace_s = 3600;               // never remove anything younger (in-flight pulls)
+  bool dry_run = false;
+};
+
+struct GcResult {
+  uint64_t removed_bytes = 0;
+  uint64_t removed_entries = 0;
+  uint64_t kept_bytes = 0;
+};
+
+class Store {
+ public:
+  // Opens (creating if needed) a cache at root; sweeps stale temp files.
+  explicit Store(std::filesystem::path root);
+  // $KERNEL_HUB_CACHE, else $XDG_CACHE_HOME/kernel-hub, else ~/.cache/kernel-hub.
+  static std::filesystem::path default_root();
+
+  const std::filesystem::path& root() const { return root_; }
+  std::filesystem::path blob_path(const Digest& d) const;
+  bool has_blob(const Digest& d) const;
+
+  // Reads a small blob and verifies its digest (a damaged entry is removed and reported
+  // as missing). Returns nullopt when absent.
+  std::optional<std::string> read_blob(const Digest& d, uint64_t max_size) const;
+  // Stores bytes after checking them against the descriptor (kIntegrity otherwise).
+  void put_blob(const oci::Descriptor& desc, std::string_view bytes);
+  // Starts a streaming write for a download.
+  std::unique_ptr<BlobWriter> begin_blob(const oci::Descriptor& desc);
+
+  // Single-flight lock for a blob digest or any key (JIT compiles, unpacking).
+  fs::FileLock lock(const std::string& key);
+  std::optional<fs::FileLock> try_lock(const std::string& key);
+
+  void write_ref(const RefRecord& r);
+  std::optional<RefRecord> read_ref(const std::string& hub_id, const std::string& repo,
+                                    const std::string& tag) const;
+  std::vector<RefRecord> list_refs() const;
+
+  // The signature set (trust::SignatureSet JSON) kept for an index. Not content-addressed and
+  // not trusted: every envelope in it is verified whenever it is used, so a damaged or forged
+  // file can only make a package count as unsigned.
+  std::optional<std::string> read_signatures(const Digest& index) const;
+  void write_signatures(const Digest& index, std::string_view set_json);
+
+  // Extracts a stored tar+zstd layer into unpacked/<hex>/ (once; safe across processes)
+  // and returns that directory.
+  std::filesystem::path unpack(const Digest& layer, const ArchiveLimits& limits = {});
+  std::optional<std::filesystem::path> unpacked_path(const Digest& layer) const;
+
+  // Re-hashes every blob; returns the damaged ones (and stray files in blobs/).
+  std::vector<StoreEntryDamage> verify() const;
+
+  // Removes blobs and unpacked trees that no kept ref needs, by age or LRU to a size.
+  // Roots: every ref record's index and everything it references.
+  GcResult gc(const GcOptions& options);
+
+  // Total bytes of blobs (for ls/gc).
+  uint64_t blobs_size() const;
+
+ private:
+  std::filesystem::path root_;
+};
+
+}  // namespace kh

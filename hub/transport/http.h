@@ -1,0 +1,109 @@
+// HTTP client on libcurl: small requests with retries, and parallel blob downloads
+// (one multi handle, HTTP/2 where offered) with Range resume, restart when Range is
+// ignored, exponential backoff with jitter honouring Retry-After on 429/503, connect
+// and low-speed (stall) timeouts, proxies from the environment, and a progress bar.
+// In offline mode every request is refused before any connection is made.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hub/transport/blob_sink.h"
+#include "hub/base/progress.h"
+
+namespace kh::http {
+
+struct Options {
+  bool offline = false;            // refuse every request with kOffline
+  bool allow_plain_http = false;   // permit http:// URLs (else https only)
+  long connect_timeout_ms = 10000;
+  long low_speed_limit = 1024;     // bytes/s; slower than this for low_speed_time_s = stall
+  long low_speed_time_s = 30;
+  long metadata_timeout_s = 120;   // whole-request limit for small requests, never for blobs
+  int max_attempts = 5;
+  double backoff_initial_s = 1.0;  // doubled per attempt, capped, plus jitter
+  double backoff_max_s = 8.0;
+  double retry_after_cap_s = 60.0;
+  int max_parallel = 8;            // concurrent blob transfers
+  std::string ca_bundle;           // KERNEL_HUB_CA_BUNDLE
+  bool progress = false;           // progress bar on a TTY
+  std::string user_agent = "kernel-hub/0.1.0";
+
+  // Defaults overridden from the environment: KERNEL_HUB_CA_BUNDLE,
+  // KERNEL_HUB_CONNECT_TIMEOUT_MS, KERNEL_HUB_STALL_TIMEOUT_S, KERNEL_HUB_MAX_ATTEMPTS,
+  // KERNEL_HUB_BACKOFF_S (initial backoff; tests use small values).
+  static Options from_env();
+};
+
+struct Request {
+  std::string method = "GET";
+  std::string url;
+  std::vector<std::string> headers;  // "Name: value"
+  std::string body;                  // request body for POST/PUT/PATCH
+  // Streaming upload of a file range instead of body (PUT/PATCH of blobs).
+  std::filesystem::path upload_file;
+  uint64_t upload_offset = 0;
+  uint64_t upload_length = 0;
+  uint64_t max_body = 4 << 20;       // responses larger than this fail (kRefused)
+  bool follow_redirects = true;
+  bool retry = true;                 // retry transient failures (408, 429, 5xx, transport)
+};
+
+struct Response {
+  long status = 0;
+  std::string body;
+  std::map<std::string, std::string> headers;  // names lower-cased
+  std::string effective_url;
+  // Header value by case-insensitive name, "" when absent.
+  std::string header(std::string_view name) const;
+};
+
+struct Download {
+  std::string url;
+  std::vector<std::string> headers;
+  uint64_t expected_size = 0;
+  BlobSink* sink = nullptr;
+  // Filled in by download():
+  bool ok = false;
+  long status = 0;
+  std::string error;  // why it failed after all attempts
+};
+
+class Client {
+ public:
+  explicit Client(Options options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Sends one request; transient failures are retried. Returns the last response, which
+  // may be a 4xx/5xx. Throws kOffline, kNetwork (transport failure after retries),
+  // kInvalidInput (URL scheme not allowed).
+  Response send(const Request& request);
+
+  // Runs the downloads in parallel. Each job's ok/status/error is set; never throws for a
+  // failed job (the caller decides), only for offline mode or programming errors.
+  void download(std::vector<Download>& jobs, Progress* progress);
+
+  const Options& options() const { return options_; }
+  // Requests that reached the network (each attempt counts). Tests use it.
+  uint64_t requests_made() const { return requests_.load(); }
+
+ private:
+  struct Impl;
+  Options options_;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<uint64_t> requests_{0};
+};
+
+// Seconds to wait before attempt `attempt` (1-based retry count), exponential with jitter,
+// or Retry-After when the server sent one (capped). Exposed for unit tests.
+double backoff_seconds(const Options& o, int attempt, double retry_after_s);
+
+}  // namespace kh::http

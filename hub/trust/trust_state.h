@@ -1,0 +1,54 @@
+// Rollback state (REFERENCE 4.3 step 4), kept in the cache directory:
+//   <cache root>/trust/<hub-id>/<org>/<name>/<tag>.json
+//       {"hub_id", "repo", "tag", "serial", "index", "expires", "seen_at"}
+// The highest statement serial verified for each (hub id, repo, tag), so that a hub or mirror
+// serving an older, validly signed statement is refused. Every write is temp -> fsync ->
+// rename.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "hub/base/digest.h"
+
+namespace kh::trust {
+
+struct SerialRecord {
+  std::string hub_id;
+  std::string repo;
+  std::string tag;
+  uint64_t serial = 0;
+  Digest index;         // the index digest that serial signed
+  int64_t expires = 0;  // unix seconds, the statement's expiry
+  int64_t seen_at = 0;  // unix seconds, when it was verified
+  bool operator==(const SerialRecord&) const = default;
+};
+
+class TrustState {
+ public:
+  // root is the Store root; nothing is created until the first write.
+  explicit TrustState(std::filesystem::path cache_root);
+
+  // Throws kInvalidInput when hub_id is not [A-Za-z0-9._-]+ (no leading '.'), repo not a
+  // valid repository name or tag not a valid tag. A damaged record is reported on stderr and
+  // read as absent (the next verification rewrites it).
+  std::optional<SerialRecord> read(const std::string& hub_id, const std::string& repo,
+                                   const std::string& tag) const;
+  // Replaces the record atomically.
+  void write(const SerialRecord& record);
+  // Under a lock shared by every process using this cache: writes the record only when none
+  // exists or its serial is greater than the stored one, so concurrent verifiers never move a
+  // serial backwards. Returns whether it wrote.
+  bool advance(const SerialRecord& record);
+
+  std::filesystem::path path_for(const std::string& hub_id, const std::string& repo,
+                                 const std::string& tag) const;
+  const std::filesystem::path& root() const { return root_; }
+
+ private:
+  std::filesystem::path root_;
+};
+
+}  // namespace kh::trust
