@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <map>
 #include <set>
 #include <thread>
@@ -19,11 +20,6 @@ namespace {
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v && *v && std::string(v) != "0" && std::string(v) != "false";
-}
-
-bool is_index(std::string_view media_type) {
-  return media_type == oci::kMediaTypeIndex ||
-         media_type == "application/vnd.docker.distribution.manifest.list.v2+json";
 }
 
 // Tag under which a pull is recorded: the tag, or the digest for pinned refs.
@@ -278,38 +274,29 @@ PullReport Hub::pull(const Ref& ref) {
   }
   report.media_type = oci::peek_media_type(*root);
 
-  // Collect every manifest under the root (nested indexes allowed, bounded depth).
-  std::vector<std::pair<oci::Descriptor, std::string>> manifests;
-  bool kernel_artifact = false;
-  std::function<void(const std::string&, std::string_view, int)> walk =
-      [&](const std::string& bytes, std::string_view media_type, int depth) {
-        if (depth > 4) {
-          throw Error(ErrorKind::kRefused, ref.str() + ": indexes nested too deeply");
-        }
-        if (is_index(media_type)) {
-          oci::Index index = oci::parse_index(bytes, ref.str() + ": index");
-          if (index.artifact_type == oci::kArtifactTypeKernel) kernel_artifact = true;
-          prefetch_manifests(ref, index.manifests);
-          for (auto& d : index.manifests) walk(ensure_manifest(ref, d), d.media_type, depth + 1);
-        } else {
-          oci::Manifest m = oci::parse_manifest(bytes, ref.str() + ": manifest");
-          if (m.artifact_type == oci::kArtifactTypeKernel) kernel_artifact = true;
-          manifests.emplace_back(oci::describe(bytes, media_type), bytes);
-        }
-      };
-  walk(*root, report.media_type, 0);
+  // Every document under the root, each fetched once (from the store, else the hub), within
+  // the graph limits; then the configs and layers the store lacks.
+  oci::WalkOptions walk;
+  walk.limits = options_.graph_limits;
+  walk.prefetch = [&](const std::vector<oci::Descriptor>& docs) { prefetch_manifests(ref, docs); };
+  oci::Graph graph = oci::walk_graph(
+      oci::describe(*root, report.media_type), ref.str(),
+      [&](const oci::Descriptor& d) -> std::optional<std::string> {
+        return d.digest == report.digest ? *root : ensure_manifest(ref, d);
+      },
+      walk);
 
+  bool kernel_artifact = false;
   std::map<Digest, oci::Descriptor> blobs;
   std::vector<oci::Descriptor> package_layers;
-  for (auto& [desc, bytes] : manifests) {
-    oci::Manifest m = oci::parse_manifest(bytes, ref.str() + ": manifest");
-    blobs.emplace(m.config.digest, m.config);
-    for (auto& l : m.layers) {
-      blobs.emplace(l.digest, l);
-      if (l.media_type == oci::kMediaTypeLayerTarZstd) package_layers.push_back(l);
-    }
+  for (const oci::GraphNode& n : graph.nodes) {
+    if (n.artifact_type == oci::kArtifactTypeKernel) kernel_artifact = true;
+    if (n.kind == oci::NodeKind::kManifest) ++report.manifests;
+    if (oci::is_document(n.kind)) continue;
+    blobs.emplace(n.desc.digest, n.desc);
+    if (n.kind == oci::NodeKind::kLayer && n.desc.media_type == oci::kMediaTypeLayerTarZstd)
+      package_layers.push_back(n.desc);
   }
-  report.manifests = manifests.size();
   report.blobs = blobs.size();
   std::vector<oci::Descriptor> list;
   for (auto& [d, desc] : blobs) {
@@ -322,7 +309,7 @@ PullReport Hub::pull(const Ref& ref) {
     for (auto& l : package_layers) store_.unpack(l.digest);
   }
   // The index's signatures travel into the cache with it, so that offline loads can verify.
-  report.kernel_index = kernel_artifact && is_index(report.media_type);
+  report.kernel_index = kernel_artifact && oci::is_index(report.media_type);
   if (report.kernel_index && !options_.offline) signatures(ref.repo, report.digest, true);
   if (!report.from_cache) {
     store_.write_ref(
@@ -338,12 +325,12 @@ RefInfo Hub::info(const Ref& ref) {
   auto root = store_.read_blob(info.digest, oci::kMaxManifestBytes);
   if (!root) offline_miss(ref, "index " + info.digest.str());
   info.media_type = oci::peek_media_type(*root);
-  if (is_index(info.media_type)) {
+  if (oci::is_index(info.media_type)) {
     oci::Index index = oci::parse_index(*root, ref.str() + ": index");
     info.annotations = index.annotations;
     info.artifact_type = index.artifact_type;
     for (auto& d : index.manifests) {
-      if (is_index(d.media_type)) continue;  // nested indexes are listed by pull only
+      if (oci::is_index(d.media_type)) continue;  // nested indexes are listed by pull only
       info.variants.push_back(
           VariantInfo{d, oci::parse_manifest(ensure_manifest(ref, d), ref.str() + ": manifest")});
     }
@@ -389,35 +376,25 @@ PushReport Hub::push(const std::filesystem::path& layout_dir, const Ref& ref) {
   FetchedManifest root = layout->get_manifest("", tag);
   report.digest = root.digest;
 
-  // Stage everything in the store first (verifying it), then upload: blobs, manifests,
-  // the index by digest, and the tag last.
-  struct Doc {
-    std::string bytes, media_type;
-    Digest digest;
-  };
-  std::vector<Doc> docs;  // children before parents
-  std::map<Digest, oci::Descriptor> blobs;
-  std::function<void(const std::string&, const std::string&, const Digest&, int)> walk =
-      [&](const std::string& bytes, const std::string& media_type, const Digest& digest,
-          int depth) {
-        if (depth > 4) throw Error(ErrorKind::kRefused, "push: indexes nested too deeply");
-        if (is_index(media_type)) {
-          oci::Index index = oci::parse_index(bytes, layout_dir.string() + ": index");
-          for (auto& d : index.manifests) {
-            FetchedManifest child = layout->get_manifest("", d.digest.str());
-            oci::verify_bytes(d, child.bytes, layout_dir.string() + ": manifest");
-            walk(child.bytes, d.media_type, d.digest, depth + 1);
-          }
-        } else {
-          oci::Manifest m = oci::parse_manifest(bytes, layout_dir.string() + ": manifest");
-          blobs.emplace(m.config.digest, m.config);
-          for (auto& l : m.layers) blobs.emplace(l.digest, l);
-        }
-        docs.push_back(Doc{bytes, media_type, digest});
-      };
+  // Stage everything in the store first (verifying it), then upload: blobs, manifests
+  // (children before parents), the index by digest, and the tag last.
   std::string root_mt =
       root.media_type.empty() ? oci::peek_media_type(root.bytes) : root.media_type;
-  walk(root.bytes, root_mt, root.digest, 0);
+  oci::WalkOptions walk;
+  walk.limits = options_.graph_limits;
+  oci::Graph graph = oci::walk_graph(
+      oci::describe(root.bytes, root_mt), "push " + layout_dir.string(),
+      [&](const oci::Descriptor& d) -> std::optional<std::string> {
+        if (d.digest == root.digest) return root.bytes;
+        FetchedManifest child = layout->get_manifest("", d.digest.str());
+        oci::verify_bytes(d, child.bytes, layout_dir.string() + ": manifest");
+        return std::move(child.bytes);
+      },
+      walk);
+  std::map<Digest, oci::Descriptor> blobs;
+  for (const oci::GraphNode& n : graph.nodes) {
+    if (!oci::is_document(n.kind)) blobs.emplace(n.desc.digest, n.desc);
+  }
 
   std::vector<std::unique_ptr<BlobWriter>> writers;
   std::vector<BlobFetch> fetches;
@@ -445,8 +422,9 @@ PushReport Hub::push(const std::filesystem::path& layout_dir, const Ref& ref) {
     ++report.blobs_uploaded;
     report.bytes_uploaded += static_cast<uint64_t>(desc.size);
   }
-  for (auto& doc : docs) {
-    source().push_manifest(ref.repo, doc.digest.str(), doc.bytes, doc.media_type);
+  for (size_t i : graph.bottom_up) {
+    const oci::GraphNode& n = graph.nodes[i];
+    if (n.bytes) source().push_manifest(ref.repo, n.desc.digest.str(), *n.bytes, n.desc.media_type);
   }
   // Signatures before the tag moves, so that no reader sees the new tag unsigned. Envelopes
   // signed for another repo stay behind: a statement binds its repo and could never verify.

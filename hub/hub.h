@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "hub/oci/address.h"
+#include "hub/oci/graph.h"
 #include "hub/oci/oci.h"
 #include "hub/oci/ref.h"
 #include "hub/transport/source.h"
@@ -31,6 +32,9 @@ struct HubOptions {
   // Who may sign what, and the unsigned / expiry rules (KERNEL_HUB_ALLOW_UNSIGNED,
   // KERNEL_HUB_OFFLINE_GRACE).
   trust::TrustPolicy trust;
+  // Bounds on the graph pull and push walk (nesting, fan-out, nodes, bytes; README "Graph
+  // limits"): a hub serving more is refused (kRefused).
+  oci::GraphLimits graph_limits;
 
   // Offline from KERNEL_HUB_OFFLINE=1, plain HTTP from KERNEL_HUB_PLAIN_HTTP=1, the ref TTL from
   // KERNEL_HUB_REF_TTL (seconds, default kDefaultRefTtl), plus the http::Options environment

@@ -15,6 +15,7 @@
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/oci/graph.h"
 #include "hub/oci/oci.h"
 #include "hub/oci/ref.h"
 #include "hub/trust/signature.h"
@@ -32,11 +33,6 @@ constexpr uint64_t kMaxMirrorFileBytes = 16 << 20;
 
 void say(const NoteFn& note, const std::string& line) {
   if (note) note(line);
-}
-
-bool is_index_type(std::string_view mt) {
-  return mt == oci::kMediaTypeIndex ||
-         mt == "application/vnd.docker.distribution.manifest.list.v2+json";
 }
 
 std::string ref_name(const oci::Descriptor& d) {
@@ -307,36 +303,45 @@ ExportReport export_mirror(const Store& store, const HubAddress& source,
           }
         }
       };
-      auto export_manifest_blobs = [&](const std::string& bytes) {
-        oci::Manifest m = oci::parse_manifest(bytes, what + ": manifest");
-        count(m.config, true);
-        for (auto& l : m.layers) count(l, true);
-      };
-
+      // The graph under the index, from the cache alone. Every variant manifest travels (small):
+      // resolution on the other side sees the whole signed index. Only the selected variants'
+      // configs and layers come along. Nested indexes stay behind (kernel packages have none).
       std::string root = cached_document(store, ref.index, what + ": the index");
-      std::string mt = oci::peek_media_type(root);
-      oci::Descriptor entry = oci::describe(root, mt);
+      oci::Descriptor entry = oci::describe(root, oci::peek_media_type(root));
+      oci::WalkOptions walk;
+      walk.limits = options.graph_limits;
+      oci::Graph graph = oci::walk_graph(
+          entry, what,
+          [&](const oci::Descriptor& d) -> std::optional<std::string> {
+            if (d.digest == entry.digest) return root;
+            if (oci::is_index(d.media_type)) {
+              say(options.note, fmt::format("warning: {}: nested index {} left out (kernel "
+                                            "packages have none)",
+                                            what, d.digest.str()));
+              return std::nullopt;
+            }
+            std::string bytes = cached_document(store, d.digest, what + ": variant manifest");
+            oci::verify_bytes(d, bytes, what + ": variant manifest");
+            return bytes;
+          },
+          walk);
+      const oci::GraphNode& top = graph.nodes.front();
+      entry.artifact_type = top.artifact_type;
       count(entry, false);
-      if (is_index_type(mt)) {
-        oci::Index index = oci::parse_index(root, what + ": index");
-        entry.artifact_type = index.artifact_type;
-        std::set<Digest> listed;
-        for (auto& d : index.manifests) {
-          listed.insert(d.digest);
-          if (is_index_type(d.media_type)) {
-            say(options.note, fmt::format("warning: {}: nested index {} left out (kernel "
-                                          "packages have none)",
-                                          what, d.digest.str()));
-            continue;
-          }
-          // Every variant manifest travels (small): resolution on the other side sees the whole
-          // signed index. Only the selected variants' blobs come along.
-          std::string bytes = cached_document(store, d.digest, what + ": variant manifest");
-          oci::verify_bytes(d, bytes, what + ": variant manifest");
-          count(d, false);
+      auto export_blobs = [&](const oci::GraphNode& manifest) {
+        for (size_t c : manifest.children) count(graph.nodes[c].desc, true);
+      };
+      if (top.kind == oci::NodeKind::kIndex) {
+        std::set<Digest> listed, manifests;
+        for (size_t c : top.children) {
+          const oci::GraphNode& variant = graph.nodes[c];
+          listed.insert(variant.desc.digest);
+          if (variant.kind != oci::NodeKind::kManifest) continue;  // a nested index
+          manifests.insert(variant.desc.digest);
+          count(variant.desc, false);
           ++out.variants_total;
-          if (ref.all_variants || ref.variants.count(d.digest)) {
-            export_manifest_blobs(bytes);
+          if (ref.all_variants || ref.variants.count(variant.desc.digest)) {
+            export_blobs(variant);
             ++out.variants_exported;
           }
         }
@@ -345,15 +350,9 @@ ExportReport export_mirror(const Store& store, const HubAddress& source,
             throw Error(ErrorKind::kInvalidInput,
                         fmt::format("export: {}: variant {} is not listed by index {}", what,
                                     v.str(), ref.index.str()));
-        if (ref.all_variants) {
-          ref.variants.clear();
-          for (auto& d : index.manifests)
-            if (!is_index_type(d.media_type)) ref.variants.insert(d.digest);
-        }
+        if (ref.all_variants) ref.variants = manifests;
       } else {
-        oci::Manifest m = oci::parse_manifest(root, what + ": manifest");
-        entry.artifact_type = m.artifact_type;
-        export_manifest_blobs(root);
+        export_blobs(top);
         out.variants_total = out.variants_exported = 1;
         ref.variants = {ref.index};
       }
@@ -555,46 +554,65 @@ ImportReport import_mirror(Store& store, const stdfs::path& dir_in, const Import
         for (auto& r : info->refs)
           if (r.repo == layout.repo && r.index == entry.digest) listed = &r;
 
+      // The graph under the entry, from the mirror: the variant manifests the index lists (nested
+      // indexes are not followed: kernel packages have none), each verified and stored. One the
+      // mirror lacks is a warning, unless kernel-hub-mirror.json says it was exported.
+      const oci::Descriptor top_desc = oci::describe(root.bytes, mt);
+      oci::WalkOptions walk;
+      walk.limits = options.graph_limits;
+      oci::Graph graph = oci::walk_graph(
+          top_desc, what,
+          [&](const oci::Descriptor& d) -> std::optional<std::string> {
+            if (d.digest == top_desc.digest) return root.bytes;
+            if (oci::is_index(d.media_type)) return std::nullopt;
+            FetchedManifest m;
+            try {
+              m = source->get_manifest(layout.repo, d.digest.str());
+            } catch (const Error& e) {
+              if (e.kind() != ErrorKind::kNotFound) throw;
+              std::string w = fmt::format(
+                  "{}: variant manifest {} is not in the mirror; offline "
+                  "resolution of this ref needs every variant manifest",
+                  what, d.digest.str());
+              report.warnings.push_back(w);
+              say(options.note, "warning: " + w);
+              if (listed && listed->variants.count(d.digest))
+                throw Error(ErrorKind::kNotFound,
+                            fmt::format("import {}: {}: variant manifest {} is listed in {} but "
+                                        "missing; the mirror is incomplete: export it again",
+                                        dir.string(), what, d.digest.str(), kMirrorFile));
+              return std::nullopt;
+            }
+            oci::verify_bytes(d, m.bytes, what + ": variant manifest");
+            if (!store.has_blob(d.digest)) store.put_blob(d, m.bytes);
+            return std::move(m.bytes);
+          },
+          walk);
+
       bool kernel = false;
-      std::vector<std::pair<oci::Descriptor, std::string>> manifests;  // variant, bytes
-      if (is_index_type(mt)) {
-        oci::Index index = oci::parse_index(root.bytes, what + ": index");
-        kernel = index.artifact_type == oci::kArtifactTypeKernel;
-        for (auto& d : index.manifests) {
-          if (is_index_type(d.media_type)) continue;
+      for (const oci::GraphNode& n : graph.nodes)
+        kernel = kernel || n.artifact_type == oci::kArtifactTypeKernel;
+      std::vector<const oci::GraphNode*> manifests;  // the variants the mirror holds
+      const oci::GraphNode& top = graph.nodes.front();
+      if (top.kind == oci::NodeKind::kIndex) {
+        for (size_t c : top.children) {
+          const oci::GraphNode& variant = graph.nodes[c];
+          if (variant.kind != oci::NodeKind::kManifest) continue;  // a nested index
           ++out.variants_total;
-          FetchedManifest m;
-          try {
-            m = source->get_manifest(layout.repo, d.digest.str());
-          } catch (const Error& e) {
-            if (e.kind() != ErrorKind::kNotFound) throw;
-            std::string w = fmt::format(
-                "{}: variant manifest {} is not in the mirror; offline "
-                "resolution of this ref needs every variant manifest",
-                what, d.digest.str());
-            report.warnings.push_back(w);
-            say(options.note, "warning: " + w);
-            if (listed && listed->variants.count(d.digest))
-              throw Error(ErrorKind::kNotFound,
-                          fmt::format("import {}: {}: variant manifest {} is listed in {} but "
-                                      "missing; the mirror is incomplete: export it again",
-                                      dir.string(), what, d.digest.str(), kMirrorFile));
-            continue;
-          }
-          oci::verify_bytes(d, m.bytes, what + ": variant manifest");
-          if (!store.has_blob(d.digest)) store.put_blob(d, m.bytes);
-          manifests.emplace_back(d, std::move(m.bytes));
+          if (variant.bytes) manifests.push_back(&variant);
         }
       } else {
         out.variants_total = 1;
-        manifests.emplace_back(oci::describe(root.bytes, mt), root.bytes);
+        manifests.push_back(&top);
       }
 
-      for (auto& [desc, bytes] : manifests) {
-        oci::Manifest m = oci::parse_manifest(bytes, what + ": manifest " + desc.digest.str());
-        kernel = kernel || m.artifact_type == oci::kArtifactTypeKernel;
-        std::vector<oci::Descriptor> blobs = {m.config};
-        blobs.insert(blobs.end(), m.layers.begin(), m.layers.end());
+      for (const oci::GraphNode* manifest : manifests) {
+        const oci::Descriptor& desc = manifest->desc;
+        std::vector<oci::Descriptor> blobs, layers;
+        for (size_t c : manifest->children) {
+          blobs.push_back(graph.nodes[c].desc);
+          if (graph.nodes[c].kind == oci::NodeKind::kLayer) layers.push_back(graph.nodes[c].desc);
+        }
         std::vector<oci::Descriptor> fetch;
         bool complete = true;
         for (auto& b : blobs) {
@@ -652,7 +670,7 @@ ImportReport import_mirror(Store& store, const stdfs::path& dir_in, const Import
           continue;  // a variant the mirror does not carry
         }
         if (kernel)
-          for (auto& l : m.layers)
+          for (auto& l : layers)
             if (l.media_type == oci::kMediaTypeLayerTarZstd) store.unpack(l.digest);
         ++out.variants_complete;
       }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "hub/oci/address.h"
+#include "hub/oci/graph.h"
 #include "hub/base/digest.h"
 #include "hub/store/store.h"
 
@@ -72,6 +73,7 @@ using NoteFn = std::function<void(const std::string&)>;
 struct ExportOptions {
   bool force = false;  // replace an existing mirror (a directory holding kernel-hub-mirror.json)
   NoteFn note;         // progress lines and warnings
+  oci::GraphLimits graph_limits;  // per ref; a graph over them is refused (kRefused)
 };
 
 struct ExportedRef {
@@ -106,6 +108,7 @@ ExportReport export_mirror(const Store& store, const HubAddress& source,
 
 struct ImportOptions {
   NoteFn note;
+  oci::GraphLimits graph_limits;  // per index.json entry; over them: kRefused, nothing recorded
 };
 
 struct ImportedRef {

@@ -1,44 +1,51 @@
 #include "hub/oci/closure.h"
 
-#include <functional>
+#include <optional>
+#include <string>
 
 #include "hub/base/error.h"
 #include "hub/oci/oci.h"
 
 namespace kh {
 
-Closure closure_of(const Store& store, const Digest& root) {
-  Closure c;
-  std::function<void(const Digest&, int)> walk = [&](const Digest& d, int depth) {
-    if (depth > 4 || c.manifests.count(d)) return;
-    auto bytes = store.read_blob(d, oci::kMaxManifestBytes);
-    if (!bytes) {
-      c.missing.insert(d);
-      return;
-    }
-    c.manifests.insert(d);
-    c.bytes += bytes->size();
-    try {
-      if (oci::peek_media_type(*bytes) == oci::kMediaTypeIndex) {
-        for (auto& m : oci::parse_index(*bytes).manifests) walk(m.digest, depth + 1);
-        return;
-      }
-      oci::Manifest m = oci::parse_manifest(*bytes);
-      std::vector<oci::Descriptor> blobs = m.layers;
-      blobs.push_back(m.config);
-      for (auto& b : blobs) {
-        if (!c.blobs.insert(b.digest).second) continue;
-        if (store.has_blob(b.digest)) {
-          c.bytes += static_cast<uint64_t>(b.size);
-        } else {
-          c.missing.insert(b.digest);
+Closure closure_of(const Store& store, const Digest& root, std::string_view what,
+                   const oci::GraphLimits& limits) {
+  oci::Descriptor desc;
+  desc.digest = root;  // no media type: the document says what it is
+  oci::WalkOptions options;
+  options.limits = limits;
+  options.tolerate_invalid = true;
+  std::string label = what.empty() ? root.str() : std::string(what);
+  oci::Graph graph = oci::walk_graph(
+      desc, label, [&](const oci::Descriptor& d) -> std::optional<std::string> {
+        try {
+          return store.read_blob(d.digest, oci::kMaxManifestBytes);  // verified, or absent
+        } catch (const Error&) {
+          return std::nullopt;  // too large for a document: nothing below it is known
         }
+      },
+      options);
+
+  Closure c;
+  for (const oci::GraphNode& n : graph.nodes) {
+    const Digest& d = n.desc.digest;
+    if (oci::is_document(n.kind)) {
+      if (n.bytes) {
+        c.manifests.insert(d);
+        c.bytes += n.bytes->size();
+      } else {
+        c.missing.insert(d);
       }
-    } catch (const Error&) {
-      // Not a manifest we understand: it is kept, nothing below it is known.
+      continue;
     }
-  };
-  walk(root, 0);
+    if (n.kind == oci::NodeKind::kLayer) c.layers.insert(d);
+    if (!c.blobs.insert(d).second) continue;  // a config that is also a layer: counted once
+    if (store.has_blob(d)) {
+      c.bytes += static_cast<uint64_t>(n.desc.size);
+    } else {
+      c.missing.insert(d);
+    }
+  }
   return c;
 }
 

@@ -20,6 +20,7 @@
 #include "hub/base/cache_layout.h"
 #include "hub/base/digest.h"
 #include "hub/base/error.h"
+#include "hub/oci/closure.h"
 
 namespace kh {
 
@@ -31,7 +32,6 @@ namespace {
 // continuously, which keeps its mtime fresh).
 constexpr int64_t kStaleTempAgeS = 6 * 3600;
 constexpr uint64_t kMaxRefRecordBytes = 64 << 10;
-constexpr int kMaxIndexDepth = 8;
 
 constexpr std::string_view kCacheDirTag =
     "Signature: 8a477f597d28d172789f06886806bc55\n"
@@ -254,36 +254,30 @@ struct RefEntry {
   int64_t last_used = 0;  // max(resolved_at, mtime)
 };
 
-// Marks everything reachable from one root digest. A missing or damaged blob ends that walk.
-void mark_reachable(const Store& store, const Digest& d, int depth, std::set<std::string>& blobs,
-                    std::set<std::string>& unpacked) {
-  if (!is_blob_hex(d.hex)) return;
-  blobs.insert(d.hex);
-  if (depth > kMaxIndexDepth) return;
-  std::optional<std::string> bytes;
+// Marks everything reachable from a ref record's root: every node of its graph, present or not
+// (a missing or damaged document ends its branch), and the unpacked trees of its layers. A graph
+// over the limits is refused (kRefused): a partial walk would remove what the rest needs.
+void mark_reachable(const Store& store, const RefEntry& ref, const oci::GraphLimits& limits,
+                    std::set<std::string>& blobs, std::set<std::string>& unpacked) {
+  const RefRecord& r = ref.record;
+  Closure c;
   try {
-    bytes = store.read_blob(d, oci::kMaxManifestBytes);
-  } catch (const Error&) {
-    return;  // too large to be a manifest: a plain blob
+    c = closure_of(store, r.digest, "gc: " + r.repo + "@" + r.tag + " (hub " + r.hub_id + ")",
+                   limits);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kRefused) throw;
+    throw Error(ErrorKind::kRefused, std::string(e.what()) +
+                                         ". gc removed nothing; to collect the rest, remove that "
+                                         "ref record (" +
+                                         ref.path.string() + ") and run gc again");
   }
-  if (!bytes) return;
-  try {
-    std::string media_type = oci::peek_media_type(*bytes);
-    if (media_type == oci::kMediaTypeIndex) {
-      oci::Index index = oci::parse_index(*bytes);
-      for (const auto& m : index.manifests)
-        mark_reachable(store, m.digest, depth + 1, blobs, unpacked);
-    } else if (media_type == oci::kMediaTypeManifest) {
-      oci::Manifest m = oci::parse_manifest(*bytes);
-      if (is_blob_hex(m.config.digest.hex)) blobs.insert(m.config.digest.hex);
-      for (const auto& layer : m.layers) {
-        if (!is_blob_hex(layer.digest.hex)) continue;
-        blobs.insert(layer.digest.hex);
-        unpacked.insert(layer.digest.hex);
-      }
+  for (const auto* set : {&c.manifests, &c.blobs, &c.missing}) {
+    for (const Digest& d : *set) {
+      if (is_blob_hex(d.hex)) blobs.insert(d.hex);
     }
-  } catch (const std::exception&) {
-    // Not a document we understand: it is kept, its (unknown) children are not.
+  }
+  for (const Digest& d : c.layers) {
+    if (is_blob_hex(d.hex)) unpacked.insert(d.hex);
   }
 }
 
@@ -618,7 +612,7 @@ GcResult Store::gc(const GcOptions& options) {
   auto sweep_unreachable = [&]() {
     std::set<std::string> live_blobs, live_trees;
     for (const auto& r : refs) {
-      mark_reachable(*this, r.record.digest, 0, live_blobs, live_trees);
+      mark_reachable(*this, r, options.graph_limits, live_blobs, live_trees);
     }
     for (auto* table : {&blobs, &trees}) {
       const auto& live = table == &blobs ? live_blobs : live_trees;

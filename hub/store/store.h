@@ -22,6 +22,7 @@
 #include "hub/store/archive.h"
 #include "hub/transport/blob_sink.h"
 #include "hub/base/fs.h"
+#include "hub/oci/graph.h"
 #include "hub/oci/oci.h"
 
 namespace kh {
@@ -54,6 +55,7 @@ struct GcOptions {
   std::optional<int64_t> older_than_s;  // remove entries unused for this long
   int64_t grace_s = 3600;               // never remove anything younger (in-flight pulls)
   bool dry_run = false;
+  oci::GraphLimits graph_limits;  // per ref: a root over them fails gc (kRefused), removing nothing
 };
 
 struct GcResult {

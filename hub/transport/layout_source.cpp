@@ -18,6 +18,7 @@
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/oci/graph.h"
 #include "hub/oci/ref.h"
 #include "hub/trust/signature.h"
 #include "hub/transport/source.h"
@@ -401,26 +402,16 @@ class LayoutSource final : public Source {
                                                 "' given, but the document declares '" + declared +
                                                 "'");
     }
-    std::string artifact_type;
-    std::vector<oci::Descriptor> children;
-    if (mt == oci::kMediaTypeIndex) {
-      oci::Index x = oci::parse_index(bytes, what);
-      artifact_type = x.artifact_type;
-      children = x.manifests;
-    } else if (mt == oci::kMediaTypeManifest) {
-      oci::Manifest m = oci::parse_manifest(bytes, what);
-      artifact_type = m.artifact_type;
-      children.push_back(m.config);
-      children.insert(children.end(), m.layers.begin(), m.layers.end());
-    } else {
+    if (mt != oci::kMediaTypeIndex && mt != oci::kMediaTypeManifest) {
       throw Error(ErrorKind::kUnsupported, "push " + what + ": media type '" + mt +
                                                "' is not an OCI image manifest or index");
     }
+    oci::Document doc = oci::parse_document(bytes, oci::document_kind(mt), what);
 
     stdfs::path layout = prepare_layout(repo);
     // Like a registry's MANIFEST_BLOB_UNKNOWN: everything referenced must already be there,
     // so a reader never sees a manifest it cannot follow. Inline data is written out here.
-    for (auto& child : children) {
+    for (auto& [kind, child] : doc.children) {
       if (dir_->has(layout_rel(repo) + blob_rel(child.digest), child.size)) continue;
       if (child.data) {
         auto decoded = base64_decode(*child.data);
@@ -446,7 +437,7 @@ class LayoutSource final : public Source {
       ensure_index(layout);
       return;
     }
-    self.artifact_type = artifact_type;
+    self.artifact_type = doc.artifact_type;
     self.annotations[std::string(oci::kAnnotationRefName)] = reference;
     set_tag(layout, reference, self);
   }
