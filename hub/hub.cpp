@@ -6,8 +6,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
-#include <optional>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 

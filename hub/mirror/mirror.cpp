@@ -18,8 +18,8 @@
 #include "hub/oci/graph.h"
 #include "hub/oci/oci.h"
 #include "hub/oci/ref.h"
-#include "hub/trust/signature.h"
 #include "hub/transport/source.h"
+#include "hub/trust/signature.h"
 
 namespace kh::mirror {
 

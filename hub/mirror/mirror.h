@@ -28,9 +28,9 @@
 #include <string_view>
 #include <vector>
 
+#include "hub/base/digest.h"
 #include "hub/oci/address.h"
 #include "hub/oci/graph.h"
-#include "hub/base/digest.h"
 #include "hub/store/store.h"
 
 namespace kh::mirror {

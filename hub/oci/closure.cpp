@@ -17,7 +17,8 @@ Closure closure_of(const Store& store, const Digest& root, std::string_view what
   options.tolerate_invalid = true;
   std::string label = what.empty() ? root.str() : std::string(what);
   oci::Graph graph = oci::walk_graph(
-      desc, label, [&](const oci::Descriptor& d) -> std::optional<std::string> {
+      desc, label,
+      [&](const oci::Descriptor& d) -> std::optional<std::string> {
         try {
           return store.read_blob(d.digest, oci::kMaxManifestBytes);  // verified, or absent
         } catch (const Error&) {

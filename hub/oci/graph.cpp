@@ -140,8 +140,8 @@ class Walker {
                            limits_.max_document_bytes),
                "max_document_bytes", limits_.max_document_bytes);
       document_bytes_ += size;
-      std::string label = fmt::format("{}: {} {}", what_, node_kind_name(node->kind),
-                                      node->desc.digest.str());
+      std::string label =
+          fmt::format("{}: {} {}", what_, node_kind_name(node->kind), node->desc.digest.str());
       try {
         doc = parse_document(*bytes, node->kind, label);
       } catch (const Error&) {

@@ -82,9 +82,9 @@ struct GraphNode {
   // Documents: the bytes fetch returned. nullopt for configs and layers, and for a document
   // fetch did not return (absent, or a branch the caller does not follow).
   std::optional<std::string> bytes;
-  bool invalid = false;           // a document that did not parse (WalkOptions::tolerate_invalid)
-  std::string artifact_type;      // of a document that parsed
-  std::vector<size_t> children;   // into Graph::nodes: distinct, in listed order
+  bool invalid = false;          // a document that did not parse (WalkOptions::tolerate_invalid)
+  std::string artifact_type;     // of a document that parsed
+  std::vector<size_t> children;  // into Graph::nodes: distinct, in listed order
 };
 
 struct Graph {

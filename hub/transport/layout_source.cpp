@@ -20,8 +20,8 @@
 #include "hub/base/fs.h"
 #include "hub/oci/graph.h"
 #include "hub/oci/ref.h"
-#include "hub/trust/signature.h"
 #include "hub/transport/source.h"
+#include "hub/trust/signature.h"
 
 namespace kh {
 
