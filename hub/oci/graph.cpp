@@ -88,8 +88,9 @@ class Walker {
     const GraphNode& node = graph_.nodes[n];
     throw Error(ErrorKind::kRefused,
                 fmt::format("{}: refused the OCI graph under {}: {} {} {}, over the limit {} = {} "
-                            "(see \"Graph limits\" in the README). A kernel package is one index "
-                            "of variant manifests; tell whoever publishes this one",
+                            "(see \"Graph limits\" in the README). Kernel packages (one index of "
+                            "variant manifests) stay far inside the limits: tell whoever "
+                            "publishes this graph",
                             what_, root_.str(), node_kind_name(node.kind), node.desc.digest.str(),
                             detail, limit, value));
   }
@@ -111,8 +112,8 @@ class Walker {
       uint64_t size = d.size > 0 ? static_cast<uint64_t>(d.size) : 0;
       if (size > limits_.max_blob_bytes - std::min(blob_bytes_, limits_.max_blob_bytes)) {
         refuse(n,
-               fmt::format("({} bytes) takes the configs and layers past {} bytes", size,
-                           limits_.max_blob_bytes),
+               fmt::format("({} bytes) brings the configs and layers to {} bytes", size,
+                           blob_bytes_ + size),
                "max_blob_bytes", limits_.max_blob_bytes);
       }
       blob_bytes_ += size;
@@ -136,8 +137,8 @@ class Walker {
       uint64_t size = bytes->size();
       if (size > limits_.max_document_bytes - std::min(document_bytes_, limits_.max_document_bytes))
         refuse(n,
-               fmt::format("({} bytes) takes the documents fetched past {} bytes", size,
-                           limits_.max_document_bytes),
+               fmt::format("({} bytes) brings the indexes and manifests fetched to {} bytes", size,
+                           document_bytes_ + size),
                "max_document_bytes", limits_.max_document_bytes);
       document_bytes_ += size;
       std::string label =
