@@ -1,16 +1,16 @@
 #include "loader/cuda_driver.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "hub/base/dynamic_library.h"
 #include "hub/base/error.h"
 #include "loader/log.h"
 
@@ -77,18 +77,16 @@ std::string version_text(int v) {
 void load(State& s) {
   const char* override_name = std::getenv("KERNEL_HUB_LIBCUDA");
   std::string lib_name = override_name && *override_name ? override_name : "libcuda.so.1";
-  dlerror();
-  void* handle = dlopen(lib_name.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle) {
-    const char* why = dlerror();
+  std::string why;
+  // Never closed: function pointers and contexts live for the rest of the process.
+  std::optional<DynamicLibrary> lib = DynamicLibrary::try_open(lib_name, why);
+  if (!lib)
     throw Error(ErrorKind::kNotFound,
                 fmt::format("{} not found: no NVIDIA driver on this machine ({}); {}", lib_name,
-                            why ? why : "dlopen failed", kNoGpuHint));
-  }
-  // Never dlclose: function pointers and contexts live for the rest of the process.
-  auto get = reinterpret_cast<GetProcAddressFn>(dlsym(handle, "cuGetProcAddress_v2"));
-  auto get_version = reinterpret_cast<DriverGetVersionFn>(dlsym(handle, "cuDriverGetVersion"));
-  if (!get || !get_version)
+                            why, kNoGpuHint));
+  GetProcAddressFn get = nullptr;
+  DriverGetVersionFn get_version = nullptr;
+  if (!lib->find("cuGetProcAddress_v2", get) || !lib->find("cuDriverGetVersion", get_version))
     throw Error(ErrorKind::kUnsupported,
                 fmt::format("{} has no cuGetProcAddress_v2: the NVIDIA driver is older than CUDA "
                             "12.0; install driver 525 or newer, or {}",
@@ -110,20 +108,9 @@ void load(State& s) {
       std::clamp(d.driver_version, kMinDriverCudaVersion, kMaxRequestedCudaVersion);
   const int v = d.requested_version;
   std::vector<std::string> missing;
-  required(get, "cuInit", v, d.cuInit, missing);
-  required(get, "cuDeviceGetCount", v, d.cuDeviceGetCount, missing);
-  required(get, "cuDeviceGet", v, d.cuDeviceGet, missing);
-  required(get, "cuDeviceGetName", v, d.cuDeviceGetName, missing);
-  required(get, "cuDeviceGetAttribute", v, d.cuDeviceGetAttribute, missing);
-  required(get, "cuDeviceTotalMem", v, d.cuDeviceTotalMem, missing);
-  required(get, "cuDevicePrimaryCtxRetain", v, d.cuDevicePrimaryCtxRetain, missing);
-  required(get, "cuCtxGetCurrent", v, d.cuCtxGetCurrent, missing);
-  required(get, "cuCtxPushCurrent", v, d.cuCtxPushCurrent, missing);
-  required(get, "cuCtxPopCurrent", v, d.cuCtxPopCurrent, missing);
-  required(get, "cuLibraryLoadData", v, d.cuLibraryLoadData, missing);
-  required(get, "cuLibraryGetKernel", v, d.cuLibraryGetKernel, missing);
-  required(get, "cuKernelGetFunction", v, d.cuKernelGetFunction, missing);
-  required(get, "cuLaunchKernel", v, d.cuLaunchKernel, missing);
+#define KH_CUDA_REQUIRE(name, params) required(get, #name, v, d.name, missing);
+  KH_CUDA_REQUIRED(KH_CUDA_REQUIRE)
+#undef KH_CUDA_REQUIRE
   if (!missing.empty()) {
     std::string list;
     for (const auto& m : missing) list += (list.empty() ? "" : "; ") + m;
@@ -132,20 +119,13 @@ void load(State& s) {
                             "update the driver, or {}",
                             version_text(d.driver_version), list, kNoGpuHint));
   }
-  optional(get, "cuGetErrorName", v, d.cuGetErrorName);
-  optional(get, "cuGetErrorString", v, d.cuGetErrorString);
+#define KH_CUDA_FIND(name, params) optional(get, #name, v, d.name);
+  KH_CUDA_OPTIONAL(KH_CUDA_FIND)
+#undef KH_CUDA_FIND
   if (v >= 12030)
     optional(get, "cuStreamGetCaptureInfo", v, d.cuStreamGetCaptureInfo_v3);
   else
     optional(get, "cuStreamGetCaptureInfo", v, d.cuStreamGetCaptureInfo_v2);
-  optional(get, "cuMemAlloc", v, d.cuMemAlloc);
-  optional(get, "cuMemFree", v, d.cuMemFree);
-  optional(get, "cuMemcpyHtoD", v, d.cuMemcpyHtoD);
-  optional(get, "cuMemcpyDtoH", v, d.cuMemcpyDtoH);
-  optional(get, "cuMemsetD32", v, d.cuMemsetD32);
-  optional(get, "cuStreamCreate", v, d.cuStreamCreate);
-  optional(get, "cuStreamSynchronize", v, d.cuStreamSynchronize);
-  optional(get, "cuStreamDestroy", v, d.cuStreamDestroy);
 
   r = d.cuInit(0);
   if (r == CUDA_ERROR_NO_DEVICE)

@@ -65,37 +65,57 @@ constexpr int kMinDriverCudaVersion = 12000;
 // The newest API version whose signatures the declarations below match.
 constexpr int kMaxRequestedCudaVersion = 13000;
 
-// Entry points. Required ones are always set once cuda_driver() returned; optional ones
-// (marked) may be null on older drivers.
+// clang-format off
+// The driver entry points the loader and its tests call, each named once: X(name, (parameters));
+// every one returns CUresult and is resolved by its name through cuGetProcAddress.
+// Required: always set once cuda_driver() returned.
+#define KH_CUDA_REQUIRED(X)                                                                     \
+  X(cuInit, (unsigned flags))                                                                   \
+  X(cuDeviceGetCount, (int* count))                                                             \
+  X(cuDeviceGet, (CUdevice* device, int ordinal))                                               \
+  X(cuDeviceGetName, (char* name, int len, CUdevice dev))                                       \
+  X(cuDeviceGetAttribute, (int* value, CUdevice_attribute attrib, CUdevice dev))                \
+  X(cuDeviceTotalMem, (size_t* bytes, CUdevice dev))                                            \
+  X(cuDevicePrimaryCtxRetain, (CUcontext* ctx, CUdevice dev))                                   \
+  X(cuCtxGetCurrent, (CUcontext* ctx))                                                          \
+  X(cuCtxPushCurrent, (CUcontext ctx))                                                          \
+  X(cuCtxPopCurrent, (CUcontext* ctx))                                                          \
+  X(cuLibraryLoadData,                                                                          \
+    (CUlibrary* library, const void* code, CUjit_option* jit_options, void** jit_option_values, \
+     unsigned num_jit_options, CUlibraryOption* library_options, void** library_option_values,  \
+     unsigned num_library_options))                                                             \
+  X(cuLibraryGetKernel, (CUkernel* kernel, CUlibrary library, const char* name))                \
+  X(cuKernelGetFunction, (CUfunction* fn, CUkernel kernel))                                     \
+  X(cuLaunchKernel,                                                                             \
+    (CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,         \
+     unsigned block_y, unsigned block_z, unsigned shared_mem_bytes, CUstream stream,            \
+     void** kernel_params, void** extra))
+// Optional: null when the driver lacks them. Error texts, then memory and streams (the loader
+// itself never allocates; tests and tools use these).
+#define KH_CUDA_OPTIONAL(X)                                         \
+  X(cuGetErrorName, (CUresult error, const char** text))            \
+  X(cuGetErrorString, (CUresult error, const char** text))          \
+  X(cuMemAlloc, (CUdeviceptr* ptr, size_t bytes))                   \
+  X(cuMemFree, (CUdeviceptr ptr))                                   \
+  X(cuMemcpyHtoD, (CUdeviceptr dst, const void* src, size_t bytes)) \
+  X(cuMemcpyDtoH, (void* dst, CUdeviceptr src, size_t bytes))       \
+  X(cuMemsetD32, (CUdeviceptr dst, unsigned value, size_t count))   \
+  X(cuStreamCreate, (CUstream* stream, unsigned flags))             \
+  X(cuStreamSynchronize, (CUstream stream))                         \
+  X(cuStreamDestroy, (CUstream stream))
+// clang-format on
+
 struct Driver {
   int driver_version = 0;     // cuDriverGetVersion: 1000 * major + 10 * minor
   int requested_version = 0;  // the version passed to cuGetProcAddress
 
-  CUresult (*cuInit)(unsigned flags) = nullptr;
-  CUresult (*cuDeviceGetCount)(int* count) = nullptr;
-  CUresult (*cuDeviceGet)(CUdevice* device, int ordinal) = nullptr;
-  CUresult (*cuDeviceGetName)(char* name, int len, CUdevice dev) = nullptr;
-  CUresult (*cuDeviceGetAttribute)(int* value, CUdevice_attribute attrib, CUdevice dev) = nullptr;
-  CUresult (*cuDeviceTotalMem)(size_t* bytes, CUdevice dev) = nullptr;
-  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext* ctx, CUdevice dev) = nullptr;
-  CUresult (*cuCtxGetCurrent)(CUcontext* ctx) = nullptr;
-  CUresult (*cuCtxPushCurrent)(CUcontext ctx) = nullptr;
-  CUresult (*cuCtxPopCurrent)(CUcontext* ctx) = nullptr;
-  CUresult (*cuLibraryLoadData)(CUlibrary* library, const void* code, CUjit_option* jit_options,
-                                void** jit_option_values, unsigned num_jit_options,
-                                CUlibraryOption* library_options, void** library_option_values,
-                                unsigned num_library_options) = nullptr;
-  CUresult (*cuLibraryGetKernel)(CUkernel* kernel, CUlibrary library, const char* name) = nullptr;
-  CUresult (*cuKernelGetFunction)(CUfunction* fn, CUkernel kernel) = nullptr;
-  CUresult (*cuLaunchKernel)(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,
-                             unsigned block_x, unsigned block_y, unsigned block_z,
-                             unsigned shared_mem_bytes, CUstream stream, void** kernel_params,
-                             void** extra) = nullptr;
+#define KH_CUDA_FIELD(name, params) CUresult(*name) params = nullptr;
+  KH_CUDA_REQUIRED(KH_CUDA_FIELD)
+  KH_CUDA_OPTIONAL(KH_CUDA_FIELD)
+#undef KH_CUDA_FIELD
 
-  // Optional.
-  CUresult (*cuGetErrorName)(CUresult error, const char** text) = nullptr;
-  CUresult (*cuGetErrorString)(CUresult error, const char** text) = nullptr;
-  // cuStreamGetCaptureInfo_v3 (CUDA 12.3+) or, on older drivers, _v2 (no edge data).
+  // Optional, one name with two signatures: cuStreamGetCaptureInfo at CUDA 12.3+ is _v3, on
+  // older drivers _v2 (no edge data); the one matching the requested version is set.
   CUresult (*cuStreamGetCaptureInfo_v3)(CUstream stream, CUstreamCaptureStatus* status,
                                         cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
                                         const CUgraphEdgeData** edge_data,
@@ -103,15 +123,6 @@ struct Driver {
   CUresult (*cuStreamGetCaptureInfo_v2)(CUstream stream, CUstreamCaptureStatus* status,
                                         cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
                                         size_t* num_deps) = nullptr;
-  // Memory and streams: the loader itself never allocates; tests and tools use these.
-  CUresult (*cuMemAlloc)(CUdeviceptr* ptr, size_t bytes) = nullptr;
-  CUresult (*cuMemFree)(CUdeviceptr ptr) = nullptr;
-  CUresult (*cuMemcpyHtoD)(CUdeviceptr dst, const void* src, size_t bytes) = nullptr;
-  CUresult (*cuMemcpyDtoH)(void* dst, CUdeviceptr src, size_t bytes) = nullptr;
-  CUresult (*cuMemsetD32)(CUdeviceptr dst, unsigned value, size_t count) = nullptr;
-  CUresult (*cuStreamCreate)(CUstream* stream, unsigned flags) = nullptr;
-  CUresult (*cuStreamSynchronize)(CUstream stream) = nullptr;
-  CUresult (*cuStreamDestroy)(CUstream stream) = nullptr;
 };
 
 // A CUDA device as the loader sees it.

@@ -1,17 +1,17 @@
 #include "loader/nvrtc.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <clocale>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <semaphore>
 
 #include <fmt/format.h>
 
+#include "hub/base/dynamic_library.h"
 #include "hub/base/error.h"
 #include "loader/log.h"
 
@@ -26,22 +26,33 @@ using nvrtcProgram = _nvrtcProgram*;
 constexpr nvrtcResult NVRTC_SUCCESS = 0;
 constexpr nvrtcResult NVRTC_ERROR_COMPILATION = 6;
 
+// clang-format off
+// The NVRTC functions the loader calls, each named once: X(return type, name, (parameters)).
+// Required: NVRTC 11.1 (cubin output) has them all.
+#define KH_NVRTC_REQUIRED(X)                                                 \
+  X(nvrtcResult, nvrtcVersion, (int* major, int* minor))                     \
+  X(const char*, nvrtcGetErrorString, (nvrtcResult result))                  \
+  X(nvrtcResult, nvrtcCreateProgram,                                         \
+    (nvrtcProgram* prog, const char* src, const char* name, int num_headers, \
+     const char* const* headers, const char* const* include_names))          \
+  X(nvrtcResult, nvrtcDestroyProgram, (nvrtcProgram* prog))                  \
+  X(nvrtcResult, nvrtcCompileProgram,                                        \
+    (nvrtcProgram prog, int num_options, const char* const* options))        \
+  X(nvrtcResult, nvrtcGetProgramLogSize, (nvrtcProgram prog, size_t* size))  \
+  X(nvrtcResult, nvrtcGetProgramLog, (nvrtcProgram prog, char* log))         \
+  X(nvrtcResult, nvrtcGetCUBINSize, (nvrtcProgram prog, size_t* size))       \
+  X(nvrtcResult, nvrtcGetCUBIN, (nvrtcProgram prog, char* cubin))
+// Optional: null when missing (the supported-architecture list is then unknown).
+#define KH_NVRTC_OPTIONAL(X)                              \
+  X(nvrtcResult, nvrtcGetNumSupportedArchs, (int* count)) \
+  X(nvrtcResult, nvrtcGetSupportedArchs, (int* archs))
+// clang-format on
+
 struct Api {
-  nvrtcResult (*nvrtcVersion)(int* major, int* minor) = nullptr;
-  const char* (*nvrtcGetErrorString)(nvrtcResult result) = nullptr;
-  nvrtcResult (*nvrtcCreateProgram)(nvrtcProgram* prog, const char* src, const char* name,
-                                    int num_headers, const char* const* headers,
-                                    const char* const* include_names) = nullptr;
-  nvrtcResult (*nvrtcDestroyProgram)(nvrtcProgram* prog) = nullptr;
-  nvrtcResult (*nvrtcCompileProgram)(nvrtcProgram prog, int num_options,
-                                     const char* const* options) = nullptr;
-  nvrtcResult (*nvrtcGetProgramLogSize)(nvrtcProgram prog, size_t* size) = nullptr;
-  nvrtcResult (*nvrtcGetProgramLog)(nvrtcProgram prog, char* log) = nullptr;
-  nvrtcResult (*nvrtcGetCUBINSize)(nvrtcProgram prog, size_t* size) = nullptr;
-  nvrtcResult (*nvrtcGetCUBIN)(nvrtcProgram prog, char* cubin) = nullptr;
-  // Optional.
-  nvrtcResult (*nvrtcGetNumSupportedArchs)(int* count) = nullptr;
-  nvrtcResult (*nvrtcGetSupportedArchs)(int* archs) = nullptr;
+#define KH_NVRTC_FIELD(ret, name, params) ret(*name) params = nullptr;
+  KH_NVRTC_REQUIRED(KH_NVRTC_FIELD)
+  KH_NVRTC_OPTIONAL(KH_NVRTC_FIELD)
+#undef KH_NVRTC_FIELD
 };
 
 struct State {
@@ -74,45 +85,32 @@ std::vector<std::string> candidates() {
   return c;
 }
 
-template <typename Fn>
-void sym(void* handle, const char* name, Fn& out, std::vector<std::string>* missing) {
-  out = reinterpret_cast<Fn>(dlsym(handle, name));
-  if (!out && missing) missing->push_back(name);
-}
-
 void load(State& s) {
   std::string tried;
-  void* handle = nullptr;
+  std::optional<DynamicLibrary> lib;
   for (const std::string& c : candidates()) {
-    dlerror();
-    handle = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle) {
-      s.info.library = c;
-      break;
-    }
-    const char* why = dlerror();
-    tried += fmt::format("\n  {}: {}", c, why ? why : "dlopen failed");
+    std::string why;
+    lib = DynamicLibrary::try_open(c, why);
+    if (lib) break;
+    tried += fmt::format("\n  {}: {}", c, why);
   }
-  if (!handle)
+  if (!lib)
     throw Error(ErrorKind::kNotFound,
                 fmt::format("NVRTC not found, so a package's CUDA source cannot be compiled; "
                             "tried:{}\ninstall the CUDA toolkit's NVRTC (libnvrtc.so.13) or the "
                             "nvidia-cuda-nvrtc wheel and set KERNEL_HUB_NVRTC to its library or "
                             "folder, or use a package with a cubin for this GPU",
                             tried));
+  s.info.library = lib->name();
   Api& a = s.api;
   std::vector<std::string> missing;
-  sym(handle, "nvrtcVersion", a.nvrtcVersion, &missing);
-  sym(handle, "nvrtcGetErrorString", a.nvrtcGetErrorString, &missing);
-  sym(handle, "nvrtcCreateProgram", a.nvrtcCreateProgram, &missing);
-  sym(handle, "nvrtcDestroyProgram", a.nvrtcDestroyProgram, &missing);
-  sym(handle, "nvrtcCompileProgram", a.nvrtcCompileProgram, &missing);
-  sym(handle, "nvrtcGetProgramLogSize", a.nvrtcGetProgramLogSize, &missing);
-  sym(handle, "nvrtcGetProgramLog", a.nvrtcGetProgramLog, &missing);
-  sym(handle, "nvrtcGetCUBINSize", a.nvrtcGetCUBINSize, &missing);
-  sym(handle, "nvrtcGetCUBIN", a.nvrtcGetCUBIN, &missing);
-  sym(handle, "nvrtcGetNumSupportedArchs", a.nvrtcGetNumSupportedArchs, nullptr);
-  sym(handle, "nvrtcGetSupportedArchs", a.nvrtcGetSupportedArchs, nullptr);
+#define KH_NVRTC_REQUIRE(ret, name, params) \
+  if (!lib->find(#name, a.name)) missing.push_back(#name);
+#define KH_NVRTC_FIND(ret, name, params) lib->find(#name, a.name);
+  KH_NVRTC_REQUIRED(KH_NVRTC_REQUIRE)
+  KH_NVRTC_OPTIONAL(KH_NVRTC_FIND)
+#undef KH_NVRTC_REQUIRE
+#undef KH_NVRTC_FIND
   if (!missing.empty()) {
     std::string list;
     for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;

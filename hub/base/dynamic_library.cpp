@@ -6,24 +6,41 @@
 
 namespace kh {
 
-DynamicLibrary::DynamicLibrary(const char* soname, std::string install_hint)
-    : soname_(soname), hint_(std::move(install_hint)) {
-  // RTLD_LOCAL: the library's symbols stay out of the global namespace.
-  handle_ = ::dlopen(soname, RTLD_NOW | RTLD_LOCAL);
-  if (handle_ == nullptr) {
-    const char* why = ::dlerror();
-    throw Error(ErrorKind::kUnsupported, std::string(soname) + " not found: " + hint_ +
-                                             (why ? std::string(" [") + why + "]" : ""));
+namespace {
+
+// RTLD_LOCAL: the library's symbols stay out of the global namespace.
+void* open_library(const std::string& name, std::string& why) {
+  ::dlerror();
+  void* handle = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* e = ::dlerror();
+    why = e ? e : "dlopen failed";
   }
+  return handle;
 }
 
-void* DynamicLibrary::symbol(const char* name) const {
-  void* sym = ::dlsym(handle_, name);
-  if (sym == nullptr) {
-    throw Error(ErrorKind::kUnsupported,
-                std::string(soname_) + " has no " + name + ": it is too old; " + hint_);
-  }
-  return sym;
+}  // namespace
+
+DynamicLibrary::DynamicLibrary(std::string name, std::string install_hint)
+    : name_(std::move(name)), hint_(std::move(install_hint)) {
+  std::string why;
+  handle_ = open_library(name_, why);
+  if (handle_ == nullptr)
+    throw Error(ErrorKind::kUnsupported, name_ + " not found: " + hint_ + " [" + why + "]");
+}
+
+std::optional<DynamicLibrary> DynamicLibrary::try_open(const std::string& name, std::string& why) {
+  void* handle = open_library(name, why);
+  if (handle == nullptr) return std::nullopt;
+  return DynamicLibrary(name, handle);
+}
+
+void* DynamicLibrary::address(const char* symbol) const {
+  return ::dlsym(handle_, symbol);
+}
+
+void DynamicLibrary::missing(const char* symbol) const {
+  throw Error(ErrorKind::kUnsupported, name_ + " has no " + symbol + ": it is too old; " + hint_);
 }
 
 }  // namespace kh

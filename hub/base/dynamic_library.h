@@ -1,9 +1,14 @@
 // A shared library opened with dlopen on first use, its functions resolved by name into typed
-// pointers. Used for libraries that most processes never need (libcurl, libarchive): linking
-// them would map dozens of shared objects into every process.
+// pointers. Used for libraries that most processes never need (libcurl, libarchive) or that a
+// machine may lack (the CUDA driver, NVRTC): linking them would map dozens of shared objects into
+// every process, or fail to start without them.
+//
+// Each user names every function once, in an X-macro list (KH_CURL_FUNCTIONS, ...) that both
+// declares its table's typed pointers and resolves them here by name.
 #pragma once
 
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -11,18 +16,33 @@ namespace kh {
 
 class DynamicLibrary {
  public:
-  // dlopen(soname, RTLD_NOW | RTLD_LOCAL). Throws kUnsupported "<soname> not found: <hint>".
-  DynamicLibrary(const char* soname, std::string install_hint);
+  // dlopen(name, RTLD_NOW | RTLD_LOCAL). Throws kUnsupported "<name> not found: <hint>".
+  DynamicLibrary(std::string name, std::string install_hint);
 
-  // Sets `slot` to the function `name`. Throws kUnsupported naming the symbol and the hint.
+  // As the constructor, without throwing: nullopt, with dlerror's reason in `why`, when `name`
+  // does not open (for callers that try several names or report the failure their own way).
+  static std::optional<DynamicLibrary> try_open(const std::string& name, std::string& why);
+
+  const std::string& name() const { return name_; }
+
+  // Sets `slot` to the function `symbol`, or to null and returns false when the library lacks it.
   template <class Fn>
-  void resolve(const char* name, Fn& slot) const {
-    slot = reinterpret_cast<std::remove_reference_t<Fn>>(symbol(name));
+  bool find(const char* symbol, Fn& slot) const {
+    slot = reinterpret_cast<std::remove_reference_t<Fn>>(address(symbol));
+    return slot != nullptr;
+  }
+
+  // Sets `slot` to the function `symbol`. Throws kUnsupported naming the symbol and the hint.
+  template <class Fn>
+  void resolve(const char* symbol, Fn& slot) const {
+    if (!find(symbol, slot)) missing(symbol);
   }
 
  private:
-  void* symbol(const char* name) const;
-  const char* soname_;
+  DynamicLibrary(std::string name, void* handle) : name_(std::move(name)), handle_(handle) {}
+  void* address(const char* symbol) const;
+  [[noreturn]] void missing(const char* symbol) const;
+  std::string name_;
   std::string hint_;
   void* handle_;  // never closed: handles and callbacks may outlive any caller
 };

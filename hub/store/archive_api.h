@@ -7,46 +7,53 @@
 
 namespace kh {
 
-// The libarchive functions hub/store/archive.cpp calls. Each pointer has the exact type of the
-// function declared in <archive.h> / <archive_entry.h>, so a signature can never drift.
+// The libarchive functions hub/store/archive.cpp calls, each named once: X(f) stands for
+// archive_<f>, ArchiveApi's field f.
+#define KH_ARCHIVE_FUNCTIONS(X)      \
+  X(read_new)                        \
+  X(read_support_format_tar)         \
+  X(read_support_filter_zstd)        \
+  X(read_support_filter_none)        \
+  X(read_open_filename)              \
+  X(read_next_header)                \
+  X(read_data_block)                 \
+  X(read_free)                       \
+  X(write_new)                       \
+  X(write_set_format_pax_restricted) \
+  X(write_add_filter_zstd)           \
+  X(write_set_filter_option)         \
+  X(write_open_fd)                   \
+  X(write_header)                    \
+  X(write_data)                      \
+  X(write_close)                     \
+  X(write_free)                      \
+  X(error_string)                    \
+  X(entry_new)                       \
+  X(entry_free)                      \
+  X(entry_pathname)                  \
+  X(entry_hardlink)                  \
+  X(entry_symlink)                   \
+  X(entry_filetype)                  \
+  X(entry_perm)                      \
+  X(entry_size)                      \
+  X(entry_size_is_set)               \
+  X(entry_sparse_count)              \
+  X(entry_set_pathname)              \
+  X(entry_set_filetype)              \
+  X(entry_set_perm)                  \
+  X(entry_set_mtime)                 \
+  X(entry_set_uid)                   \
+  X(entry_set_gid)                   \
+  X(entry_set_uname)                 \
+  X(entry_set_gname)                 \
+  X(entry_set_size)
+
+// Each pointer has the exact type of the function declared in <archive.h> / <archive_entry.h>,
+// so a signature can never drift.
 struct ArchiveApi {
-  decltype(&archive_read_new) read_new;
-  decltype(&archive_read_support_format_tar) read_support_format_tar;
-  decltype(&archive_read_support_filter_zstd) read_support_filter_zstd;
-  decltype(&archive_read_support_filter_none) read_support_filter_none;
-  decltype(&archive_read_open_filename) read_open_filename;
-  decltype(&archive_read_next_header) read_next_header;
-  decltype(&archive_read_data_block) read_data_block;
-  decltype(&archive_read_free) read_free;
-  decltype(&archive_write_new) write_new;
-  decltype(&archive_write_set_format_pax_restricted) write_set_format_pax_restricted;
-  decltype(&archive_write_add_filter_zstd) write_add_filter_zstd;
-  decltype(&archive_write_set_filter_option) write_set_filter_option;
-  decltype(&archive_write_open_fd) write_open_fd;
-  decltype(&archive_write_header) write_header;
-  decltype(&archive_write_data) write_data;
-  decltype(&archive_write_close) write_close;
-  decltype(&archive_write_free) write_free;
-  decltype(&archive_error_string) error_string;
-  decltype(&archive_entry_new) entry_new;
-  decltype(&archive_entry_free) entry_free;
-  decltype(&archive_entry_pathname) entry_pathname;
-  decltype(&archive_entry_hardlink) entry_hardlink;
-  decltype(&archive_entry_symlink) entry_symlink;
-  decltype(&archive_entry_filetype) entry_filetype;
-  decltype(&archive_entry_perm) entry_perm;
-  decltype(&archive_entry_size) entry_size;
-  decltype(&archive_entry_size_is_set) entry_size_is_set;
-  decltype(&archive_entry_sparse_count) entry_sparse_count;
-  decltype(&archive_entry_set_pathname) entry_set_pathname;
-  decltype(&archive_entry_set_filetype) entry_set_filetype;
-  decltype(&archive_entry_set_perm) entry_set_perm;
-  decltype(&archive_entry_set_mtime) entry_set_mtime;
-  decltype(&archive_entry_set_uid) entry_set_uid;
-  decltype(&archive_entry_set_gid) entry_set_gid;
-  decltype(&archive_entry_set_uname) entry_set_uname;
-  decltype(&archive_entry_set_gname) entry_set_gname;
-  decltype(&archive_entry_set_size) entry_set_size;
+#define KH_ARCHIVE_FIELD(f) decltype(&archive_##f) f;
+  KH_ARCHIVE_FUNCTIONS(KH_ARCHIVE_FIELD)
+#undef KH_ARCHIVE_FIELD
 };
 
 // Loads libarchive.so.13 once per process (thread-safe) and returns its function table. Throws

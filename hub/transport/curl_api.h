@@ -7,29 +7,36 @@
 
 namespace kh::http {
 
-// The libcurl functions hub/transport/http.cpp calls. Each pointer has the exact type of the function
-// declared in <curl/curl.h>, so a signature can never drift from the header.
+// The libcurl functions hub/transport/http.cpp calls, each named once: X(f) stands for
+// curl_<f>, CurlApi's field f.
+#define KH_CURL_FUNCTIONS(X) \
+  X(global_init)             \
+  X(easy_init)               \
+  X(easy_setopt)             \
+  X(easy_perform)            \
+  X(easy_getinfo)            \
+  X(easy_cleanup)            \
+  X(easy_strerror)           \
+  X(multi_init)              \
+  X(multi_setopt)            \
+  X(multi_add_handle)        \
+  X(multi_remove_handle)     \
+  X(multi_perform)           \
+  X(multi_poll)              \
+  X(multi_info_read)         \
+  X(multi_cleanup)           \
+  X(share_init)              \
+  X(share_setopt)            \
+  X(share_cleanup)           \
+  X(slist_append)            \
+  X(slist_free_all)
+
+// Each pointer has the exact type of the function declared in <curl/curl.h>, so a signature can
+// never drift from the header.
 struct CurlApi {
-  decltype(&curl_global_init) global_init;
-  decltype(&curl_easy_init) easy_init;
-  decltype(&curl_easy_setopt) easy_setopt;
-  decltype(&curl_easy_perform) easy_perform;
-  decltype(&curl_easy_getinfo) easy_getinfo;
-  decltype(&curl_easy_cleanup) easy_cleanup;
-  decltype(&curl_easy_strerror) easy_strerror;
-  decltype(&curl_multi_init) multi_init;
-  decltype(&curl_multi_setopt) multi_setopt;
-  decltype(&curl_multi_add_handle) multi_add_handle;
-  decltype(&curl_multi_remove_handle) multi_remove_handle;
-  decltype(&curl_multi_perform) multi_perform;
-  decltype(&curl_multi_poll) multi_poll;
-  decltype(&curl_multi_info_read) multi_info_read;
-  decltype(&curl_multi_cleanup) multi_cleanup;
-  decltype(&curl_share_init) share_init;
-  decltype(&curl_share_setopt) share_setopt;
-  decltype(&curl_share_cleanup) share_cleanup;
-  decltype(&curl_slist_append) slist_append;
-  decltype(&curl_slist_free_all) slist_free_all;
+#define KH_CURL_FIELD(f) decltype(&curl_##f) f;
+  KH_CURL_FUNCTIONS(KH_CURL_FIELD)
+#undef KH_CURL_FIELD
 };
 
 // Loads libcurl.so.4 once per process (thread-safe) and returns its function table. Throws

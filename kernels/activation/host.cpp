@@ -13,6 +13,7 @@
 #include "kernels/activation/act_math.h"
 #include "kernels/activation/cpu.h"
 #include "kernels/activation/launch_config.h"
+#include "kernels/common/op_schema.h"
 #include "kernels/common/package_host.h"
 #include "kernels/common/tensor_args.h"
 
@@ -41,12 +42,12 @@ const char* dtype_tag(int dtype) {
 }
 
 // A tensor of `rows` x `cols` with x's dtype and device.
-int32_t rows_like(const char* op, const char* name, const DLTensor* t, const RowsView& x,
-                  int64_t cols, const char* like, RowsView* out) {
-  KH_TRY(rows_view(op, name, t, out));
-  KH_TRY(expect_shape(op, name, *out, x.rows, cols, like));
-  KH_TRY(expect_dtype(op, name, out->dtype, x.dtype, "the dtype of x"));
-  KH_TRY(expect_device(op, name, out->device, x.device));
+int32_t rows_like(const TensorArg& t, const RowsView& x, int64_t cols, const char* like,
+                  RowsView* out) {
+  KH_TRY(rows_view(t, out));
+  KH_TRY(expect_shape(t, *out, x.rows, cols, like));
+  KH_TRY(expect_dtype(t, out->dtype, x.dtype, "the dtype of x"));
+  KH_TRY(expect_device(t, out->device, x.device));
   return KH_OK;
 }
 
@@ -105,114 +106,73 @@ int32_t run(const char* op_name, int op, const RowsView& x, const RowsView* dy, 
 }
 
 // The approximate attribute of GeluAndMul: 0 = "none" (erf), 1 = "tanh".
-int32_t gelu_op(const OpArgs& a, int32_t i, int* op) {
-  int64_t approximate = 0;
-  KH_TRY(a.integer(i, "approximate", &approximate));
+int32_t gelu_op(const char* op_name, int64_t approximate, int* op) {
   if (approximate != 0 && approximate != 1)
     return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: approximate must be 0 (\"none\", erf) or 1 (\"tanh\"), got %lld", a.op,
+                "%s: approximate must be 0 (\"none\", erf) or 1 (\"tanh\"), got %lld", op_name,
                 static_cast<long long>(approximate));
   *op = approximate == 1 ? KH_ACT_GELU_TANH_AND_MUL : KH_ACT_GELU_AND_MUL;
   return KH_OK;
 }
 
-// op(Tensor x[, int approximate], Tensor(a!) y) -> ()
-int32_t forward_op(const char* op_name, const char* schema, int op, bool has_attr,
-                   const kh_arg_t* args, int32_t nargs, void* stream) {
-  OpArgs a{op_name, args, nargs};
-  KH_TRY(a.expect(has_attr ? 3 : 2, schema));
-  if (has_attr) KH_TRY(gelu_op(a, 1, &op));
-  const DLTensor *xt, *yt;
-  KH_TRY(a.tensor(0, "x", &xt));
-  KH_TRY(a.tensor(has_attr ? 2 : 1, "y", &yt));
+constexpr OpSchema kSiluAndMul{"silu_and_mul(Tensor x, Tensor(a!) y) -> ()"};
+constexpr OpSchema kSiluAndMulBackward{
+    "silu_and_mul_backward(Tensor dy, Tensor x, Tensor(a!) dx) -> ()"};
+constexpr OpSchema kGeluAndMul{"gelu_and_mul(Tensor x, int approximate, Tensor(a!) y) -> ()"};
+constexpr OpSchema kGeluAndMulBackward{
+    "gelu_and_mul_backward(Tensor dy, Tensor x, int approximate, Tensor(a!) dx) -> ()"};
+constexpr OpSchema kGeluTanh{"gelu_tanh(Tensor x, Tensor(a!) y) -> ()"};
+constexpr OpSchema kGeluTanhBackward{
+    "gelu_tanh_backward(Tensor dy, Tensor x, Tensor(a!) dx) -> ()"};
+constexpr OpSchema kSilu{"silu(Tensor x, Tensor(a!) y) -> ()"};
+constexpr OpSchema kSiluBackward{"silu_backward(Tensor dy, Tensor x, Tensor(a!) dx) -> ()"};
+
+// The forward op of activation `act` (GeluAndMul's: by its approximate argument).
+template <const OpSchema& S, int act>
+int32_t forward(const Args<S>& a, void* stream) {
+  const char* op_name = a.op();
+  int op = act;
+  if constexpr (act == KH_ACT_GELU_AND_MUL) KH_TRY(gelu_op(op_name, a.integer("approximate"), &op));
   RowsView x, y;
-  KH_TRY(rows_view(op_name, "x", xt, &x));
+  KH_TRY(rows_view(a.tensor("x"), &x));
   int64_t d = 0;
   KH_TRY(output_cols(op_name, op, x, &d));
-  KH_TRY(
-      rows_like(op_name, "y", yt, x, d, kh_act_is_glu(op) ? "x with half the columns" : "x", &y));
+  KH_TRY(rows_like(a.tensor("y"), x, d, kh_act_is_glu(op) ? "x with half the columns" : "x", &y));
   return run(op_name, op, x, nullptr, y, d, stream);
 }
 
-// op_backward(Tensor dy, Tensor x[, int approximate], Tensor(a!) dx) -> ()
-int32_t backward_op(const char* op_name, const char* schema, int op, bool has_attr,
-                    const kh_arg_t* args, int32_t nargs, void* stream) {
-  OpArgs a{op_name, args, nargs};
-  KH_TRY(a.expect(has_attr ? 4 : 3, schema));
-  if (has_attr) KH_TRY(gelu_op(a, 2, &op));
-  const DLTensor *dyt, *xt, *dxt;
-  KH_TRY(a.tensor(0, "dy", &dyt));
-  KH_TRY(a.tensor(1, "x", &xt));
-  KH_TRY(a.tensor(has_attr ? 3 : 2, "dx", &dxt));
+// The backward op of activation `act` (GeluAndMul's: by its approximate argument).
+template <const OpSchema& S, int act>
+int32_t backward(const Args<S>& a, void* stream) {
+  const char* op_name = a.op();
+  int op = act;
+  if constexpr (act == KH_ACT_GELU_AND_MUL) KH_TRY(gelu_op(op_name, a.integer("approximate"), &op));
   RowsView dy, x, dx;
-  KH_TRY(rows_view(op_name, "x", xt, &x));
+  KH_TRY(rows_view(a.tensor("x"), &x));
   int64_t d = 0;
   KH_TRY(output_cols(op_name, op, x, &d));
-  KH_TRY(rows_like(op_name, "dy", dyt, x, d, kh_act_is_glu(op) ? "y" : "x", &dy));
-  KH_TRY(rows_like(op_name, "dx", dxt, x, x.cols, "x", &dx));
+  KH_TRY(rows_like(a.tensor("dy"), x, d, kh_act_is_glu(op) ? "y" : "x", &dy));
+  KH_TRY(rows_like(a.tensor("dx"), x, x.cols, "x", &dx));
   return run(op_name, op, x, &dy, dx, d, stream);
 }
 
-#define KH_SCHEMA_SILU_AND_MUL "silu_and_mul(Tensor x, Tensor(a!) y) -> ()"
-#define KH_SCHEMA_SILU_AND_MUL_BWD "silu_and_mul_backward(Tensor dy, Tensor x, Tensor(a!) dx) -> ()"
-#define KH_SCHEMA_GELU_AND_MUL "gelu_and_mul(Tensor x, int approximate, Tensor(a!) y) -> ()"
-#define KH_SCHEMA_GELU_AND_MUL_BWD \
-  "gelu_and_mul_backward(Tensor dy, Tensor x, int approximate, Tensor(a!) dx) -> ()"
-#define KH_SCHEMA_GELU_TANH "gelu_tanh(Tensor x, Tensor(a!) y) -> ()"
-#define KH_SCHEMA_GELU_TANH_BWD "gelu_tanh_backward(Tensor dy, Tensor x, Tensor(a!) dx) -> ()"
-#define KH_SCHEMA_SILU "silu(Tensor x, Tensor(a!) y) -> ()"
-#define KH_SCHEMA_SILU_BWD "silu_backward(Tensor dy, Tensor x, Tensor(a!) dx) -> ()"
-
-int32_t silu_and_mul(const kh_arg_t* a, int32_t n, void* s) {
-  return forward_op("silu_and_mul", KH_SCHEMA_SILU_AND_MUL, KH_ACT_SILU_AND_MUL, false, a, n, s);
-}
-int32_t silu_and_mul_backward(const kh_arg_t* a, int32_t n, void* s) {
-  return backward_op("silu_and_mul_backward", KH_SCHEMA_SILU_AND_MUL_BWD, KH_ACT_SILU_AND_MUL,
-                     false, a, n, s);
-}
-int32_t gelu_and_mul(const kh_arg_t* a, int32_t n, void* s) {
-  return forward_op("gelu_and_mul", KH_SCHEMA_GELU_AND_MUL, KH_ACT_GELU_AND_MUL, true, a, n, s);
-}
-int32_t gelu_and_mul_backward(const kh_arg_t* a, int32_t n, void* s) {
-  return backward_op("gelu_and_mul_backward", KH_SCHEMA_GELU_AND_MUL_BWD, KH_ACT_GELU_AND_MUL, true,
-                     a, n, s);
-}
-int32_t gelu_tanh(const kh_arg_t* a, int32_t n, void* s) {
-  return forward_op("gelu_tanh", KH_SCHEMA_GELU_TANH, KH_ACT_GELU_TANH, false, a, n, s);
-}
-int32_t gelu_tanh_backward(const kh_arg_t* a, int32_t n, void* s) {
-  return backward_op("gelu_tanh_backward", KH_SCHEMA_GELU_TANH_BWD, KH_ACT_GELU_TANH, false, a, n,
-                     s);
-}
-int32_t silu(const kh_arg_t* a, int32_t n, void* s) {
-  return forward_op("silu", KH_SCHEMA_SILU, KH_ACT_SILU, false, a, n, s);
-}
-int32_t silu_backward(const kh_arg_t* a, int32_t n, void* s) {
-  return backward_op("silu_backward", KH_SCHEMA_SILU_BWD, KH_ACT_SILU, false, a, n, s);
-}
-
-#define KH_OP(name, schema, fn) \
-  { KH_HEADER_INIT(kh_op_v1_t), name, schema, kOpFlags, fn }
-
-const kh_op_v1_t kOps[] = {
-    KH_OP("silu_and_mul", KH_SCHEMA_SILU_AND_MUL, silu_and_mul),
-    KH_OP("silu_and_mul_backward", KH_SCHEMA_SILU_AND_MUL_BWD, silu_and_mul_backward),
-    KH_OP("gelu_and_mul", KH_SCHEMA_GELU_AND_MUL, gelu_and_mul),
-    KH_OP("gelu_and_mul_backward", KH_SCHEMA_GELU_AND_MUL_BWD, gelu_and_mul_backward),
-    KH_OP("gelu_tanh", KH_SCHEMA_GELU_TANH, gelu_tanh),
-    KH_OP("gelu_tanh_backward", KH_SCHEMA_GELU_TANH_BWD, gelu_tanh_backward),
-    KH_OP("silu", KH_SCHEMA_SILU, silu),
-    KH_OP("silu_backward", KH_SCHEMA_SILU_BWD, silu_backward),
+constexpr kh_op_v1_t kOps[] = {
+    op<forward<kSiluAndMul, KH_ACT_SILU_AND_MUL>>(),
+    op<backward<kSiluAndMulBackward, KH_ACT_SILU_AND_MUL>>(),
+    op<forward<kGeluAndMul, KH_ACT_GELU_AND_MUL>>(),
+    op<backward<kGeluAndMulBackward, KH_ACT_GELU_AND_MUL>>(),
+    op<forward<kGeluTanh, KH_ACT_GELU_TANH>>(),
+    op<backward<kGeluTanhBackward, KH_ACT_GELU_TANH>>(),
+    op<forward<kSilu, KH_ACT_SILU>>(),
+    op<backward<kSiluBackward, KH_ACT_SILU>>(),
 };
 
-#define KH_LAYER(name, fwd, bwd) \
-  { KH_HEADER_INIT(kh_layer_v1_t), name, fwd, fwd, bwd, kLayerFlags, kDtypes }
-
-const kh_layer_v1_t kLayers[] = {
-    KH_LAYER("SiluAndMul", "silu_and_mul", "silu_and_mul_backward"),
-    KH_LAYER("GeluAndMul", "gelu_and_mul", "gelu_and_mul_backward"),
-    KH_LAYER("GeluTanh", "gelu_tanh", "gelu_tanh_backward"),
-    KH_LAYER("Silu", "silu", "silu_backward"),
+// forward_train is the forward op: backward needs only the input, which the caller keeps.
+constexpr kh_layer_v1_t kLayers[] = {
+    layer("SiluAndMul", kSiluAndMul, kSiluAndMul, kSiluAndMulBackward),
+    layer("GeluAndMul", kGeluAndMul, kGeluAndMul, kGeluAndMulBackward),
+    layer("GeluTanh", kGeluTanh, kGeluTanh, kGeluTanhBackward),
+    layer("Silu", kSilu, kSilu, kSiluBackward),
 };
 
 constexpr kh_module_v1_t kModule =

@@ -4,8 +4,6 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "kernels/common/tensor_args.h"
-
 namespace khk {
 
 namespace {
@@ -61,33 +59,6 @@ int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& d
                          dims.shared_mem_bytes,
                          device_id};
   return h->launch(h->ctx, fn, &cfg, params, stream);
-}
-
-int32_t index_vector_arg(const char* op, const char* name, const DLTensor* t,
-                         int64_t expected_count, const char* per_what, DLDevice device,
-                         const int64_t** out) {
-  if (t->dtype.code != kDLInt || t->dtype.bits != 64 || t->dtype.lanes != 1)
-    return fail(KH_ERR_UNSUPPORTED,
-                "%s: tensor %s has dtype code %u bits %u; expected int64 (torch.long)", op, name,
-                t->dtype.code, t->dtype.bits);
-  int64_t count = 1, expect_stride = 1;
-  for (int32_t d = t->ndim - 1; d >= 0; --d) {
-    if (t->shape[d] < 0)
-      return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor %s has a negative extent", op, name);
-    if (t->strides && t->shape[d] > 1 && t->strides[d] != expect_stride)
-      return fail(KH_ERR_UNSUPPORTED, "%s: tensor %s must be contiguous", op, name);
-    expect_stride *= t->shape[d];
-    count *= t->shape[d];
-  }
-  if (count != expected_count)
-    return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: tensor %s has %lld elements; expected one per %s (%lld)", op, name,
-                static_cast<long long>(count), per_what, static_cast<long long>(expected_count));
-  KH_TRY(expect_device(op, name, t->device, device));
-  if (count > 0 && !t->data)
-    return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor %s has a NULL data pointer", op, name);
-  *out = reinterpret_cast<const int64_t*>(static_cast<const char*>(t->data) + t->byte_offset);
-  return KH_OK;
 }
 
 }  // namespace khk

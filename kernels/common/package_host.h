@@ -1,7 +1,7 @@
 // Host-library plumbing every kernel package shares: the host table the loader handed us, error
-// reporting through host->set_error, launching device kernels through the loader, the checks of
-// index arguments, and the module table and kh_module_v1 entry built from a package's arrays of
-// layers and ops.
+// reporting through host->set_error, launching device kernels through the loader, and the module
+// table and kh_module_v1 entry built from a package's arrays of layers and ops (whose entries
+// kernels/common/op_schema.h makes).
 // Compiled into each package's host library (hidden visibility; nothing here is exported).
 #pragma once
 
@@ -40,13 +40,6 @@ struct LaunchDims {
 // with `params` (pointers to each kernel parameter). The loader sets the error on failure.
 int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& dims, void** params,
                       void* stream);
-
-// An int64 contiguous tensor holding one index per `per_what` of the op's main tensor
-// (rotary positions per token, cross-entropy targets per row): `expected_count` elements on
-// `device`. Sets *out to its first element.
-int32_t index_vector_arg(const char* op, const char* name, const DLTensor* t,
-                         int64_t expected_count, const char* per_what, DLDevice device,
-                         const int64_t** out);
 
 // Flags and dtypes every package so far declares for its ops and layers.
 constexpr uint32_t kOpFlags = KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;

@@ -72,50 +72,9 @@ const char* dtype_name(int dtype) {
   }
 }
 
-int32_t OpArgs::expect(int32_t n, const char* schema) const {
-  if (!args && nargs != 0) return fail(KH_ERR_INVALID_ARGUMENT, "%s: args is NULL", op);
-  if (nargs != n)
-    return fail(KH_ERR_INVALID_ARGUMENT, "%s: got %d arguments, expected %d: %s", op, nargs, n,
-                schema);
-  return KH_OK;
-}
-
-int32_t OpArgs::tensor(int32_t i, const char* name, const DLTensor** out, bool optional) const {
-  if (args[i].kind != KH_ARG_TENSOR)
-    return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: argument %d (%s) must be a tensor (kind %d), got kind %d", op, i, name,
-                KH_ARG_TENSOR, args[i].kind);
-  *out = args[i].v.t;
-  if (!*out && !optional)
-    return fail(KH_ERR_INVALID_ARGUMENT, "%s: argument %d (%s) is a NULL tensor", op, i, name);
-  return KH_OK;
-}
-
-int32_t OpArgs::real(int32_t i, const char* name, double* out) const {
-  if (args[i].kind == KH_ARG_FLOAT) {
-    *out = args[i].v.f;
-  } else if (args[i].kind == KH_ARG_INT) {
-    *out = static_cast<double>(args[i].v.i);
-  } else {
-    return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: argument %d (%s) must be a float (kind %d), got kind %d", op, i, name,
-                KH_ARG_FLOAT, args[i].kind);
-  }
-  if (!(*out == *out))
-    return fail(KH_ERR_INVALID_ARGUMENT, "%s: argument %d (%s) is NaN", op, i, name);
-  return KH_OK;
-}
-
-int32_t OpArgs::integer(int32_t i, const char* name, int64_t* out) const {
-  if (args[i].kind != KH_ARG_INT)
-    return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: argument %d (%s) must be an int (kind %d), got kind %d", op, i, name,
-                KH_ARG_INT, args[i].kind);
-  *out = args[i].v.i;
-  return KH_OK;
-}
-
-int32_t rows_view(const char* op, const char* name, const DLTensor* t, RowsView* out) {
+int32_t rows_view(const TensorArg& a, RowsView* out) {
+  const char *op = a.op, *name = a.name;
+  const DLTensor* t = a.t;
   int dtype = -1;
   if (int32_t s = common_checks(op, name, t, &dtype); s != KH_OK) return s;
   const int32_t nd = t->ndim;
@@ -175,8 +134,9 @@ int32_t rows_view(const char* op, const char* name, const DLTensor* t, RowsView*
   return KH_OK;
 }
 
-int32_t vector_view(const char* op, const char* name, const DLTensor* t, int64_t n,
-                    VectorView* out) {
+int32_t vector_view(const TensorArg& a, int64_t n, VectorView* out) {
+  const char *op = a.op, *name = a.name;
+  const DLTensor* t = a.t;
   int dtype = -1;
   if (int32_t s = common_checks(op, name, t, &dtype); s != KH_OK) return s;
   int64_t count = 1, expect_stride = 1;
@@ -199,8 +159,9 @@ int32_t vector_view(const char* op, const char* name, const DLTensor* t, int64_t
   return KH_OK;
 }
 
-int32_t expect_shape(const char* op, const char* name, const RowsView& v, int64_t rows,
-                     int64_t cols, const char* like) {
+int32_t expect_shape(const TensorArg& a, const RowsView& v, int64_t rows, int64_t cols,
+                     const char* like) {
+  const char *op = a.op, *name = a.name;
   if (v.rows != rows || v.cols != cols)
     return fail(KH_ERR_INVALID_ARGUMENT,
                 "%s: tensor %s is %lld rows x %lld columns, expected %lld x %lld (as %s)", op, name,
@@ -209,19 +170,49 @@ int32_t expect_shape(const char* op, const char* name, const RowsView& v, int64_
   return KH_OK;
 }
 
-int32_t expect_dtype(const char* op, const char* name, int dtype, int want, const char* like) {
+int32_t expect_dtype(const TensorArg& a, int dtype, int want, const char* like) {
+  const char *op = a.op, *name = a.name;
   if (dtype != want)
     return fail(KH_ERR_UNSUPPORTED, "%s: tensor %s is %s, expected %s (%s)", op, name,
                 dtype_name(dtype), dtype_name(want), like);
   return KH_OK;
 }
 
-int32_t expect_device(const char* op, const char* name, DLDevice got, DLDevice want) {
+int32_t expect_device(const TensorArg& a, DLDevice got, DLDevice want) {
+  const char *op = a.op, *name = a.name;
   if (got.device_type != want.device_type || got.device_id != want.device_id)
     return fail(KH_ERR_INVALID_ARGUMENT,
                 "%s: tensor %s is on %s:%d but the input is on %s:%d; pass tensors of one device",
                 op, name, device_name(got.device_type), got.device_id,
                 device_name(want.device_type), want.device_id);
+  return KH_OK;
+}
+
+int32_t index_vector_arg(const TensorArg& a, int64_t expected_count, const char* per_what,
+                         DLDevice device, const int64_t** out) {
+  const char *op = a.op, *name = a.name;
+  const DLTensor* t = a.t;
+  if (t->dtype.code != kDLInt || t->dtype.bits != 64 || t->dtype.lanes != 1)
+    return fail(KH_ERR_UNSUPPORTED,
+                "%s: tensor %s has dtype code %u bits %u; expected int64 (torch.long)", op, name,
+                t->dtype.code, t->dtype.bits);
+  int64_t count = 1, expect_stride = 1;
+  for (int32_t d = t->ndim - 1; d >= 0; --d) {
+    if (t->shape[d] < 0)
+      return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor %s has a negative extent", op, name);
+    if (t->strides && t->shape[d] > 1 && t->strides[d] != expect_stride)
+      return fail(KH_ERR_UNSUPPORTED, "%s: tensor %s must be contiguous", op, name);
+    expect_stride *= t->shape[d];
+    count *= t->shape[d];
+  }
+  if (count != expected_count)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: tensor %s has %lld elements; expected one per %s (%lld)", op, name,
+                static_cast<long long>(count), per_what, static_cast<long long>(expected_count));
+  KH_TRY(expect_device(a, t->device, device));
+  if (count > 0 && !t->data)
+    return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor %s has a NULL data pointer", op, name);
+  *out = reinterpret_cast<const int64_t*>(static_cast<const char*>(t->data) + t->byte_offset);
   return KH_OK;
 }
 

@@ -1,7 +1,8 @@
-// Argument checking shared by the kernel packages' host libraries: kh_arg_t unpacking and
-// DLPack tensors viewed as rows (last dimension contiguous, leading dimensions collapsed into a
-// row index with one row stride), per-row statistics and per-column parameter vectors.
-// Every check reports a message naming the op, the argument and what to pass instead.
+// Tensor checks shared by the kernel packages' host libraries: DLPack tensor arguments (read by
+// name through kernels/common/op_schema.h) viewed as rows (last dimension contiguous, leading
+// dimensions collapsed into a row index with one row stride), per-row statistics and per-column
+// parameter vectors. Every check reports a message naming the op, the argument and what to pass
+// instead.
 #pragma once
 
 #include <stdint.h>
@@ -21,6 +22,14 @@ inline int dtype_vec16(int dtype) {
   return 16 / dtype_bytes(dtype);
 }
 
+// A tensor argument of an op call and the names its messages use: the op's and the argument's,
+// both from the op's schema (Args::tensor). t is NULL only for an optional argument not passed.
+struct TensorArg {
+  const char* op;
+  const char* name;
+  const DLTensor* t;
+};
+
 // A tensor as `rows` rows of `cols` contiguous elements, `stride` elements apart.
 struct RowsView {
   char* data = nullptr;  // data + byte_offset
@@ -39,34 +48,25 @@ struct VectorView {
   DLDevice device{};
 };
 
-// Cursor over one op call's arguments; every error names `op`.
-struct OpArgs {
-  const char* op;
-  const kh_arg_t* args;
-  int32_t nargs;
-
-  // KH_OK when there are exactly `n` arguments; else an error quoting `schema`.
-  int32_t expect(int32_t n, const char* schema) const;
-  // A tensor argument; with `optional`, a NULL tensor pointer is allowed (*out = nullptr).
-  int32_t tensor(int32_t i, const char* name, const DLTensor** out, bool optional = false) const;
-  int32_t real(int32_t i, const char* name, double* out) const;
-  int32_t integer(int32_t i, const char* name, int64_t* out) const;
-};
-
 // Views `t` as rows. Refuses unsupported dtypes/devices, a non-contiguous last dimension,
 // leading dimensions that cannot be collapsed into one row stride, rows that overlap
 // (stride < cols), and sizes beyond what the kernels index (cols >= 2^31).
-int32_t rows_view(const char* op, const char* name, const DLTensor* t, RowsView* out);
+int32_t rows_view(const TensorArg& a, RowsView* out);
 
 // Views `t` as a contiguous vector of `n` elements (any shape with n elements in total).
-int32_t vector_view(const char* op, const char* name, const DLTensor* t, int64_t n,
-                    VectorView* out);
+int32_t vector_view(const TensorArg& a, int64_t n, VectorView* out);
 
-// Checks that `v` has the rows and cols given (the message names `name` and `like`).
-int32_t expect_shape(const char* op, const char* name, const RowsView& v, int64_t rows,
-                     int64_t cols, const char* like);
-int32_t expect_dtype(const char* op, const char* name, int dtype, int want, const char* like);
-int32_t expect_device(const char* op, const char* name, DLDevice got, DLDevice want);
+// Checks that `v`, the view of `a`, has the rows and cols given (the message names `like`).
+int32_t expect_shape(const TensorArg& a, const RowsView& v, int64_t rows, int64_t cols,
+                     const char* like);
+int32_t expect_dtype(const TensorArg& a, int dtype, int want, const char* like);
+int32_t expect_device(const TensorArg& a, DLDevice got, DLDevice want);
+
+// An int64 contiguous tensor holding one index per `per_what` of the op's main tensor
+// (rotary positions per token, cross-entropy targets per row): `expected_count` elements on
+// `device`. Sets *out to its first element.
+int32_t index_vector_arg(const TensorArg& a, int64_t expected_count, const char* per_what,
+                         DLDevice device, const int64_t** out);
 
 inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;

@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "kernels/common/op_schema.h"
 #include "kernels/common/package_host.h"
 #include "kernels/common/tensor_args.h"
 #include "kernels/norm/cpu.h"
@@ -39,40 +40,35 @@ const char* dtype_tag(int dtype) {
 }
 
 // A per-row statistics output (fp32, one per row, same device as x).
-int32_t stats_arg(const char* op, const char* name, const DLTensor* t, const RowsView& x,
-                  float** out) {
+int32_t stats_arg(const TensorArg& t, const RowsView& x, float** out) {
   VectorView v;
-  KH_TRY(vector_view(op, name, t, x.rows, &v));
-  KH_TRY(expect_dtype(op, name, v.dtype, kFP32, "per-row statistics are float32"));
-  KH_TRY(expect_device(op, name, v.device, x.device));
+  KH_TRY(vector_view(t, x.rows, &v));
+  KH_TRY(expect_dtype(t, v.dtype, kFP32, "per-row statistics are float32"));
+  KH_TRY(expect_device(t, v.device, x.device));
   *out = reinterpret_cast<float*>(v.data);
   return KH_OK;
 }
 
 // A per-column parameter (weight, bias, their gradients): cols elements of x's dtype.
-int32_t param_arg(const char* op, const char* name, const DLTensor* t, const RowsView& x,
-                  VectorView* out) {
-  KH_TRY(vector_view(op, name, t, x.cols, out));
-  KH_TRY(expect_dtype(op, name, out->dtype, x.dtype, "the dtype of x"));
-  KH_TRY(expect_device(op, name, out->device, x.device));
+int32_t param_arg(const TensorArg& t, const RowsView& x, VectorView* out) {
+  KH_TRY(vector_view(t, x.cols, out));
+  KH_TRY(expect_dtype(t, out->dtype, x.dtype, "the dtype of x"));
+  KH_TRY(expect_device(t, out->device, x.device));
   return KH_OK;
 }
 
 // A row tensor shaped like x (same rows, cols, dtype and device; its own row stride).
-int32_t like_x_arg(const char* op, const char* name, const DLTensor* t, const RowsView& x,
-                   RowsView* out) {
-  KH_TRY(rows_view(op, name, t, out));
-  KH_TRY(expect_shape(op, name, *out, x.rows, x.cols, "x"));
-  KH_TRY(expect_dtype(op, name, out->dtype, x.dtype, "the dtype of x"));
-  KH_TRY(expect_device(op, name, out->device, x.device));
+int32_t like_x_arg(const TensorArg& t, const RowsView& x, RowsView* out) {
+  KH_TRY(rows_view(t, out));
+  KH_TRY(expect_shape(t, *out, x.rows, x.cols, "x"));
+  KH_TRY(expect_dtype(t, out->dtype, x.dtype, "the dtype of x"));
+  KH_TRY(expect_device(t, out->device, x.device));
   return KH_OK;
 }
 
-int32_t eps_arg(const OpArgs& a, int32_t i, float* eps) {
-  double e = 0;
-  KH_TRY(a.real(i, "eps", &e));
+int32_t eps_arg(const char* op, double e, float* eps) {
   if (!(e >= 0) || !isfinite(e))
-    return fail(KH_ERR_INVALID_ARGUMENT, "%s: eps must be a finite number >= 0, got %g", a.op, e);
+    return fail(KH_ERR_INVALID_ARGUMENT, "%s: eps must be a finite number >= 0, got %g", op, e);
   *eps = static_cast<float>(e);
   return KH_OK;
 }
@@ -142,89 +138,64 @@ int32_t run_forward(const char* op, const Forward& f, void* stream) {
   return launch_kernel(x.device.device_id, name, dims, params, stream);
 }
 
-// rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!) y[, Tensor(b!) rstd]) -> ()
-int32_t rms_norm_impl(const char* op, const kh_arg_t* args, int32_t nargs, void* stream,
-                      bool train) {
-  OpArgs a{op, args, nargs};
-  KH_TRY(a.expect(train ? 5 : 4,
-                  train ? "rms_norm_train(Tensor x, Tensor weight, float eps, Tensor(a!) y, "
-                          "Tensor(b!) rstd)"
-                        : "rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!) y)"));
-  const DLTensor *x, *w, *y, *rstd = nullptr;
-  KH_TRY(a.tensor(0, "x", &x));
-  KH_TRY(a.tensor(1, "weight", &w));
-  KH_TRY(a.tensor(3, "y", &y));
-  if (train) KH_TRY(a.tensor(4, "rstd", &rstd));
+constexpr OpSchema kRmsNorm{"rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!) y) -> ()"};
+constexpr OpSchema kRmsNormTrain{
+    "rms_norm_train(Tensor x, Tensor weight, float eps, Tensor(a!) y, Tensor(b!) rstd) -> ()"};
+constexpr OpSchema kFusedAddRmsNorm{
+    "fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, Tensor(a!) y, "
+    "Tensor(b!) residual_out) -> ()"};
+constexpr OpSchema kFusedAddRmsNormTrain{
+    "fused_add_rms_norm_train(Tensor x, Tensor residual, Tensor weight, float eps, Tensor(a!) y, "
+    "Tensor(b!) residual_out, Tensor(c!) rstd) -> ()"};
+constexpr OpSchema kLayerNorm{
+    "layer_norm(Tensor x, Tensor weight, Tensor bias, float eps, Tensor(a!) y) -> ()"};
+constexpr OpSchema kLayerNormTrain{
+    "layer_norm_train(Tensor x, Tensor weight, Tensor bias, float eps, Tensor(a!) y, "
+    "Tensor(b!) mean, Tensor(c!) rstd) -> ()"};
+
+// rms_norm, and rms_norm_train, which also writes rstd.
+template <const OpSchema& S>
+int32_t rms_norm(const Args<S>& a, void* stream) {
   Forward f;
   f.kind = kRms;
-  KH_TRY(eps_arg(a, 2, &f.eps));
-  KH_TRY(rows_view(op, "x", x, &f.x));
-  KH_TRY(param_arg(op, "weight", w, f.x, &f.weight));
-  KH_TRY(like_x_arg(op, "y", y, f.x, &f.y));
-  if (train) KH_TRY(stats_arg(op, "rstd", rstd, f.x, &f.rstd));
-  return run_forward(op, f, stream);
+  KH_TRY(eps_arg(a.op(), a.real("eps"), &f.eps));
+  KH_TRY(rows_view(a.tensor("x"), &f.x));
+  KH_TRY(param_arg(a.tensor("weight"), f.x, &f.weight));
+  KH_TRY(like_x_arg(a.tensor("y"), f.x, &f.y));
+  if constexpr (&S == &kRmsNormTrain) KH_TRY(stats_arg(a.tensor("rstd"), f.x, &f.rstd));
+  return run_forward(a.op(), f, stream);
 }
 
-// fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, Tensor(a!) y,
-//                    Tensor(b!) residual_out[, Tensor(c!) rstd]) -> ()
-int32_t fused_add_rms_norm_impl(const char* op, const kh_arg_t* args, int32_t nargs, void* stream,
-                                bool train) {
-  OpArgs a{op, args, nargs};
-  KH_TRY(a.expect(train ? 7 : 6,
-                  train ? "fused_add_rms_norm_train(Tensor x, Tensor residual, Tensor weight, "
-                          "float eps, Tensor(a!) y, Tensor(b!) residual_out, Tensor(c!) rstd)"
-                        : "fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float "
-                          "eps, Tensor(a!) y, Tensor(b!) residual_out)"));
-  const DLTensor *x, *res, *w, *y, *res_out, *rstd = nullptr;
-  KH_TRY(a.tensor(0, "x", &x));
-  KH_TRY(a.tensor(1, "residual", &res));
-  KH_TRY(a.tensor(2, "weight", &w));
-  KH_TRY(a.tensor(4, "y", &y));
-  KH_TRY(a.tensor(5, "residual_out", &res_out));
-  if (train) KH_TRY(a.tensor(6, "rstd", &rstd));
+// fused_add_rms_norm, and fused_add_rms_norm_train, which also writes rstd.
+template <const OpSchema& S>
+int32_t fused_add_rms_norm(const Args<S>& a, void* stream) {
   Forward f;
   f.kind = kAddRms;
-  KH_TRY(eps_arg(a, 3, &f.eps));
-  KH_TRY(rows_view(op, "x", x, &f.x));
-  KH_TRY(like_x_arg(op, "residual", res, f.x, &f.residual));
-  KH_TRY(param_arg(op, "weight", w, f.x, &f.weight));
-  KH_TRY(like_x_arg(op, "y", y, f.x, &f.y));
-  KH_TRY(like_x_arg(op, "residual_out", res_out, f.x, &f.residual_out));
-  if (train) KH_TRY(stats_arg(op, "rstd", rstd, f.x, &f.rstd));
-  return run_forward(op, f, stream);
+  KH_TRY(eps_arg(a.op(), a.real("eps"), &f.eps));
+  KH_TRY(rows_view(a.tensor("x"), &f.x));
+  KH_TRY(like_x_arg(a.tensor("residual"), f.x, &f.residual));
+  KH_TRY(param_arg(a.tensor("weight"), f.x, &f.weight));
+  KH_TRY(like_x_arg(a.tensor("y"), f.x, &f.y));
+  KH_TRY(like_x_arg(a.tensor("residual_out"), f.x, &f.residual_out));
+  if constexpr (&S == &kFusedAddRmsNormTrain) KH_TRY(stats_arg(a.tensor("rstd"), f.x, &f.rstd));
+  return run_forward(a.op(), f, stream);
 }
 
-// layer_norm(Tensor x, Tensor weight, Tensor bias, float eps, Tensor(a!) y[, Tensor(b!) mean,
-//            Tensor(c!) rstd]) -> ()
-int32_t layer_norm_impl(const char* op, const kh_arg_t* args, int32_t nargs, void* stream,
-                        bool train) {
-  OpArgs a{op, args, nargs};
-  KH_TRY(a.expect(train ? 7 : 5,
-                  train ? "layer_norm_train(Tensor x, Tensor weight, Tensor bias, float eps, "
-                          "Tensor(a!) y, Tensor(b!) mean, Tensor(c!) rstd)"
-                        : "layer_norm(Tensor x, Tensor weight, Tensor bias, float eps, Tensor(a!) "
-                          "y)"));
-  const DLTensor *x, *w, *b, *y, *mean = nullptr, *rstd = nullptr;
-  KH_TRY(a.tensor(0, "x", &x));
-  KH_TRY(a.tensor(1, "weight", &w));
-  KH_TRY(a.tensor(2, "bias", &b));
-  KH_TRY(a.tensor(4, "y", &y));
-  if (train) {
-    KH_TRY(a.tensor(5, "mean", &mean));
-    KH_TRY(a.tensor(6, "rstd", &rstd));
-  }
+// layer_norm, and layer_norm_train, which also writes mean and rstd.
+template <const OpSchema& S>
+int32_t layer_norm(const Args<S>& a, void* stream) {
   Forward f;
   f.kind = kLayer;
-  KH_TRY(eps_arg(a, 3, &f.eps));
-  KH_TRY(rows_view(op, "x", x, &f.x));
-  KH_TRY(param_arg(op, "weight", w, f.x, &f.weight));
-  KH_TRY(param_arg(op, "bias", b, f.x, &f.bias));
-  KH_TRY(like_x_arg(op, "y", y, f.x, &f.y));
-  if (train) {
-    KH_TRY(stats_arg(op, "mean", mean, f.x, &f.mean));
-    KH_TRY(stats_arg(op, "rstd", rstd, f.x, &f.rstd));
+  KH_TRY(eps_arg(a.op(), a.real("eps"), &f.eps));
+  KH_TRY(rows_view(a.tensor("x"), &f.x));
+  KH_TRY(param_arg(a.tensor("weight"), f.x, &f.weight));
+  KH_TRY(param_arg(a.tensor("bias"), f.x, &f.bias));
+  KH_TRY(like_x_arg(a.tensor("y"), f.x, &f.y));
+  if constexpr (&S == &kLayerNormTrain) {
+    KH_TRY(stats_arg(a.tensor("mean"), f.x, &f.mean));
+    KH_TRY(stats_arg(a.tensor("rstd"), f.x, &f.rstd));
   }
-  return run_forward(op, f, stream);
+  return run_forward(a.op(), f, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -237,18 +208,18 @@ struct Backward {
   const float* rstd = nullptr;
 };
 
-int32_t workspace_arg(const char* op, const DLTensor* t, const RowsView& x, int k, RowsView* out) {
-  KH_TRY(rows_view(op, "workspace", t, out));
-  KH_TRY(expect_dtype(op, "workspace", out->dtype, kFP32, "the workspace holds fp32 partials"));
-  KH_TRY(expect_device(op, "workspace", out->device, x.device));
+int32_t workspace_arg(const TensorArg& t, const RowsView& x, int k, RowsView* out) {
+  KH_TRY(rows_view(t, out));
+  KH_TRY(expect_dtype(t, out->dtype, kFP32, "the workspace holds fp32 partials"));
+  KH_TRY(expect_device(t, out->device, x.device));
   if (out->cols != k * x.cols || (x.rows > 0 && out->rows < 1))
     return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: workspace is %lld x %lld; expected float32 [W, %d * cols] = [W, %lld] with "
+                "%s: %s is %lld x %lld; expected float32 [W, %d * cols] = [W, %lld] with "
                 "W >= 1 (about #SMs; see kh_norm_workspace_rows)",
-                op, static_cast<long long>(out->rows), static_cast<long long>(out->cols), k,
-                static_cast<long long>(k * x.cols));
+                t.op, t.name, static_cast<long long>(out->rows), static_cast<long long>(out->cols),
+                k, static_cast<long long>(k * x.cols));
   if (out->rows > 0x7FFFFFFF)
-    return fail(KH_ERR_UNSUPPORTED, "%s: workspace has more than 2^31-1 rows", op);
+    return fail(KH_ERR_UNSUPPORTED, "%s: %s has more than 2^31-1 rows", t.op, t.name);
   return KH_OK;
 }
 
@@ -323,171 +294,84 @@ int32_t run_backward(const char* op, const Backward& b, void* stream) {
   return launch_kernel(device, rname, rdims, rparams, stream);
 }
 
-// rms_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor rstd, Tensor(a!) dx,
-//                   Tensor(b!) dweight, Tensor(c!) workspace) -> ()
-int32_t rms_norm_backward(const kh_arg_t* args, int32_t nargs, void* stream) {
-  const char* op = "rms_norm_backward";
-  OpArgs a{op, args, nargs};
-  KH_TRY(a.expect(7,
-                  "rms_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor rstd, "
-                  "Tensor(a!) dx, Tensor(b!) dweight, Tensor(c!) workspace)"));
-  const DLTensor *dy, *x, *w, *rstd, *dx, *dw, *ws;
-  KH_TRY(a.tensor(0, "dy", &dy));
-  KH_TRY(a.tensor(1, "x", &x));
-  KH_TRY(a.tensor(2, "weight", &w));
-  KH_TRY(a.tensor(3, "rstd", &rstd));
-  KH_TRY(a.tensor(4, "dx", &dx));
-  KH_TRY(a.tensor(5, "dweight", &dw));
-  KH_TRY(a.tensor(6, "workspace", &ws));
-  Backward b;
-  KH_TRY(rows_view(op, "x", x, &b.x));
-  KH_TRY(like_x_arg(op, "dy", dy, b.x, &b.dy));
-  KH_TRY(param_arg(op, "weight", w, b.x, &b.weight));
-  float* r = nullptr;
-  KH_TRY(stats_arg(op, "rstd", rstd, b.x, &r));
-  b.rstd = r;
-  KH_TRY(like_x_arg(op, "dx", dx, b.x, &b.dx));
-  KH_TRY(param_arg(op, "dweight", dw, b.x, &b.dweight));
-  KH_TRY(workspace_arg(op, ws, b.x, 1, &b.workspace));
-  return run_backward(op, b, stream);
-}
-
-// fused_add_rms_norm_backward(Tensor dy, Tensor? dresidual_out, Tensor residual_out,
-//     Tensor weight, Tensor rstd, Tensor(a!) dx, Tensor(b!) dweight, Tensor(c!) workspace) -> ()
+constexpr OpSchema kRmsNormBackward{
+    "rms_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor rstd, Tensor(a!) dx, "
+    "Tensor(b!) dweight, Tensor(c!) workspace) -> ()"};
 // dx is the gradient of both x and residual (they enter as a sum); dresidual_out (the gradient
 // arriving at the new residual) may be NULL for zero.
-int32_t fused_add_rms_norm_backward(const kh_arg_t* args, int32_t nargs, void* stream) {
-  const char* op = "fused_add_rms_norm_backward";
-  OpArgs a{op, args, nargs};
-  KH_TRY(a.expect(8,
-                  "fused_add_rms_norm_backward(Tensor dy, Tensor? dresidual_out, Tensor "
-                  "residual_out, Tensor weight, Tensor rstd, Tensor(a!) dx, Tensor(b!) "
-                  "dweight, Tensor(c!) workspace)"));
-  const DLTensor *dy, *dres, *s, *w, *rstd, *dx, *dw, *ws;
-  KH_TRY(a.tensor(0, "dy", &dy));
-  KH_TRY(a.tensor(1, "dresidual_out", &dres, /*optional=*/true));
-  KH_TRY(a.tensor(2, "residual_out", &s));
-  KH_TRY(a.tensor(3, "weight", &w));
-  KH_TRY(a.tensor(4, "rstd", &rstd));
-  KH_TRY(a.tensor(5, "dx", &dx));
-  KH_TRY(a.tensor(6, "dweight", &dw));
-  KH_TRY(a.tensor(7, "workspace", &ws));
+constexpr OpSchema kFusedAddRmsNormBackward{
+    "fused_add_rms_norm_backward(Tensor dy, Tensor? dresidual_out, Tensor residual_out, "
+    "Tensor weight, Tensor rstd, Tensor(a!) dx, Tensor(b!) dweight, Tensor(c!) workspace) -> ()"};
+constexpr OpSchema kLayerNormBackward{
+    "layer_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd, "
+    "Tensor(a!) dx, Tensor(b!) dweight, Tensor(c!) dbias, Tensor(d!) workspace) -> ()"};
+
+int32_t rms_norm_backward(const Args<kRmsNormBackward>& a, void* stream) {
   Backward b;
-  KH_TRY(rows_view(op, "residual_out", s, &b.x));
-  KH_TRY(like_x_arg(op, "dy", dy, b.x, &b.dy));
-  if (dres) KH_TRY(like_x_arg(op, "dresidual_out", dres, b.x, &b.dresidual));
-  KH_TRY(param_arg(op, "weight", w, b.x, &b.weight));
+  KH_TRY(rows_view(a.tensor("x"), &b.x));
+  KH_TRY(like_x_arg(a.tensor("dy"), b.x, &b.dy));
+  KH_TRY(param_arg(a.tensor("weight"), b.x, &b.weight));
   float* r = nullptr;
-  KH_TRY(stats_arg(op, "rstd", rstd, b.x, &r));
+  KH_TRY(stats_arg(a.tensor("rstd"), b.x, &r));
   b.rstd = r;
-  KH_TRY(like_x_arg(op, "dx", dx, b.x, &b.dx));
-  KH_TRY(param_arg(op, "dweight", dw, b.x, &b.dweight));
-  KH_TRY(workspace_arg(op, ws, b.x, 1, &b.workspace));
-  return run_backward(op, b, stream);
+  KH_TRY(like_x_arg(a.tensor("dx"), b.x, &b.dx));
+  KH_TRY(param_arg(a.tensor("dweight"), b.x, &b.dweight));
+  KH_TRY(workspace_arg(a.tensor("workspace"), b.x, 1, &b.workspace));
+  return run_backward(a.op(), b, stream);
 }
 
-// layer_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd,
-//     Tensor(a!) dx, Tensor(b!) dweight, Tensor(c!) dbias, Tensor(d!) workspace) -> ()
-int32_t layer_norm_backward(const kh_arg_t* args, int32_t nargs, void* stream) {
-  const char* op = "layer_norm_backward";
-  OpArgs a{op, args, nargs};
-  KH_TRY(a.expect(9,
-                  "layer_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor mean, "
-                  "Tensor rstd, Tensor(a!) dx, Tensor(b!) dweight, Tensor(c!) dbias, "
-                  "Tensor(d!) workspace)"));
-  const DLTensor *dy, *x, *w, *mean, *rstd, *dx, *dw, *db, *ws;
-  KH_TRY(a.tensor(0, "dy", &dy));
-  KH_TRY(a.tensor(1, "x", &x));
-  KH_TRY(a.tensor(2, "weight", &w));
-  KH_TRY(a.tensor(3, "mean", &mean));
-  KH_TRY(a.tensor(4, "rstd", &rstd));
-  KH_TRY(a.tensor(5, "dx", &dx));
-  KH_TRY(a.tensor(6, "dweight", &dw));
-  KH_TRY(a.tensor(7, "dbias", &db));
-  KH_TRY(a.tensor(8, "workspace", &ws));
+int32_t fused_add_rms_norm_backward(const Args<kFusedAddRmsNormBackward>& a, void* stream) {
+  Backward b;
+  KH_TRY(rows_view(a.tensor("residual_out"), &b.x));
+  KH_TRY(like_x_arg(a.tensor("dy"), b.x, &b.dy));
+  const TensorArg dres = a.optional_tensor("dresidual_out");
+  if (dres.t) KH_TRY(like_x_arg(dres, b.x, &b.dresidual));
+  KH_TRY(param_arg(a.tensor("weight"), b.x, &b.weight));
+  float* r = nullptr;
+  KH_TRY(stats_arg(a.tensor("rstd"), b.x, &r));
+  b.rstd = r;
+  KH_TRY(like_x_arg(a.tensor("dx"), b.x, &b.dx));
+  KH_TRY(param_arg(a.tensor("dweight"), b.x, &b.dweight));
+  KH_TRY(workspace_arg(a.tensor("workspace"), b.x, 1, &b.workspace));
+  return run_backward(a.op(), b, stream);
+}
+
+int32_t layer_norm_backward(const Args<kLayerNormBackward>& a, void* stream) {
   Backward b;
   b.layer = true;
-  KH_TRY(rows_view(op, "x", x, &b.x));
-  KH_TRY(like_x_arg(op, "dy", dy, b.x, &b.dy));
-  KH_TRY(param_arg(op, "weight", w, b.x, &b.weight));
+  KH_TRY(rows_view(a.tensor("x"), &b.x));
+  KH_TRY(like_x_arg(a.tensor("dy"), b.x, &b.dy));
+  KH_TRY(param_arg(a.tensor("weight"), b.x, &b.weight));
   float *m = nullptr, *r = nullptr;
-  KH_TRY(stats_arg(op, "mean", mean, b.x, &m));
-  KH_TRY(stats_arg(op, "rstd", rstd, b.x, &r));
+  KH_TRY(stats_arg(a.tensor("mean"), b.x, &m));
+  KH_TRY(stats_arg(a.tensor("rstd"), b.x, &r));
   b.mean = m;
   b.rstd = r;
-  KH_TRY(like_x_arg(op, "dx", dx, b.x, &b.dx));
-  KH_TRY(param_arg(op, "dweight", dw, b.x, &b.dweight));
-  KH_TRY(param_arg(op, "dbias", db, b.x, &b.dbias));
-  KH_TRY(workspace_arg(op, ws, b.x, 2, &b.workspace));
-  return run_backward(op, b, stream);
-}
-
-int32_t rms_norm(const kh_arg_t* a, int32_t n, void* s) {
-  return rms_norm_impl("rms_norm", a, n, s, false);
-}
-int32_t rms_norm_train(const kh_arg_t* a, int32_t n, void* s) {
-  return rms_norm_impl("rms_norm_train", a, n, s, true);
-}
-int32_t fused_add_rms_norm(const kh_arg_t* a, int32_t n, void* s) {
-  return fused_add_rms_norm_impl("fused_add_rms_norm", a, n, s, false);
-}
-int32_t fused_add_rms_norm_train(const kh_arg_t* a, int32_t n, void* s) {
-  return fused_add_rms_norm_impl("fused_add_rms_norm_train", a, n, s, true);
-}
-int32_t layer_norm(const kh_arg_t* a, int32_t n, void* s) {
-  return layer_norm_impl("layer_norm", a, n, s, false);
-}
-int32_t layer_norm_train(const kh_arg_t* a, int32_t n, void* s) {
-  return layer_norm_impl("layer_norm_train", a, n, s, true);
+  KH_TRY(like_x_arg(a.tensor("dx"), b.x, &b.dx));
+  KH_TRY(param_arg(a.tensor("dweight"), b.x, &b.dweight));
+  KH_TRY(param_arg(a.tensor("dbias"), b.x, &b.dbias));
+  KH_TRY(workspace_arg(a.tensor("workspace"), b.x, 2, &b.workspace));
+  return run_backward(a.op(), b, stream);
 }
 
 // ---------------------------------------------------------------------------------------------
 // The module table.
-#define KH_OP(name, schema, fn) \
-  { KH_HEADER_INIT(kh_op_v1_t), name, schema, kOpFlags, fn }
-
-const kh_op_v1_t kOps[] = {
-    KH_OP("rms_norm", "rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!) y) -> ()", rms_norm),
-    KH_OP("rms_norm_train",
-          "rms_norm_train(Tensor x, Tensor weight, float eps, Tensor(a!) y, Tensor(b!) rstd) -> ()",
-          rms_norm_train),
-    KH_OP("rms_norm_backward",
-          "rms_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor rstd, Tensor(a!) dx, "
-          "Tensor(b!) dweight, Tensor(c!) workspace) -> ()",
-          rms_norm_backward),
-    KH_OP("fused_add_rms_norm",
-          "fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, Tensor(a!) y, "
-          "Tensor(b!) residual_out) -> ()",
-          fused_add_rms_norm),
-    KH_OP("fused_add_rms_norm_train",
-          "fused_add_rms_norm_train(Tensor x, Tensor residual, Tensor weight, float eps, "
-          "Tensor(a!) y, Tensor(b!) residual_out, Tensor(c!) rstd) -> ()",
-          fused_add_rms_norm_train),
-    KH_OP("fused_add_rms_norm_backward",
-          "fused_add_rms_norm_backward(Tensor dy, Tensor? dresidual_out, Tensor residual_out, "
-          "Tensor weight, Tensor rstd, Tensor(a!) dx, Tensor(b!) dweight, Tensor(c!) workspace) "
-          "-> ()",
-          fused_add_rms_norm_backward),
-    KH_OP("layer_norm",
-          "layer_norm(Tensor x, Tensor weight, Tensor bias, float eps, Tensor(a!) y) -> ()",
-          layer_norm),
-    KH_OP("layer_norm_train",
-          "layer_norm_train(Tensor x, Tensor weight, Tensor bias, float eps, Tensor(a!) y, "
-          "Tensor(b!) mean, Tensor(c!) rstd) -> ()",
-          layer_norm_train),
-    KH_OP("layer_norm_backward",
-          "layer_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd, "
-          "Tensor(a!) dx, Tensor(b!) dweight, Tensor(c!) dbias, Tensor(d!) workspace) -> ()",
-          layer_norm_backward),
+constexpr kh_op_v1_t kOps[] = {
+    op<rms_norm<kRmsNorm>>(),
+    op<rms_norm<kRmsNormTrain>>(),
+    op<rms_norm_backward>(),
+    op<fused_add_rms_norm<kFusedAddRmsNorm>>(),
+    op<fused_add_rms_norm<kFusedAddRmsNormTrain>>(),
+    op<fused_add_rms_norm_backward>(),
+    op<layer_norm<kLayerNorm>>(),
+    op<layer_norm<kLayerNormTrain>>(),
+    op<layer_norm_backward>(),
 };
 
-const kh_layer_v1_t kLayers[] = {
-    {KH_HEADER_INIT(kh_layer_v1_t), "RMSNorm", "rms_norm", "rms_norm_train", "rms_norm_backward",
-     kLayerFlags, kDtypes},
-    {KH_HEADER_INIT(kh_layer_v1_t), "FusedAddRMSNorm", "fused_add_rms_norm",
-     "fused_add_rms_norm_train", "fused_add_rms_norm_backward", kLayerFlags, kDtypes},
-    {KH_HEADER_INIT(kh_layer_v1_t), "LayerNorm", "layer_norm", "layer_norm_train",
-     "layer_norm_backward", kLayerFlags, kDtypes},
+constexpr kh_layer_v1_t kLayers[] = {
+    layer("RMSNorm", kRmsNorm, kRmsNormTrain, kRmsNormBackward),
+    layer("FusedAddRMSNorm", kFusedAddRmsNorm, kFusedAddRmsNormTrain, kFusedAddRmsNormBackward),
+    layer("LayerNorm", kLayerNorm, kLayerNormTrain, kLayerNormBackward),
 };
 
 constexpr kh_module_v1_t kModule =

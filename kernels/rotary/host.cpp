@@ -14,6 +14,7 @@
 // unchanged (the device cannot report it; check positions upstream).
 #include <stdio.h>
 
+#include "kernels/common/op_schema.h"
 #include "kernels/common/package_host.h"
 #include "kernels/common/tensor_args.h"
 #include "kernels/rotary/cpu.h"
@@ -38,7 +39,9 @@ struct HeadsView {
   DLDevice device{};
 };
 
-int32_t heads_view(const char* op, const char* name, const DLTensor* t, HeadsView* out) {
+int32_t heads_view(const TensorArg& a, HeadsView* out) {
+  const char *op = a.op, *name = a.name;
+  const DLTensor* t = a.t;
   if (!t) return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor %s is NULL", op, name);
   if (t->ndim != 3 || !t->shape)
     return fail(KH_ERR_INVALID_ARGUMENT,
@@ -61,7 +64,7 @@ int32_t heads_view(const char* op, const char* name, const DLTensor* t, HeadsVie
       return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor %s has a negative extent in dimension %d",
                   op, name, d);
   RowsView probe;
-  KH_TRY(rows_view(op, name, &one, &probe));
+  KH_TRY(rows_view({op, name, &one}, &probe));
   HeadsView v;
   v.data = static_cast<char*>(t->data) + t->byte_offset;
   v.tokens = sh[0];
@@ -108,57 +111,60 @@ bool heads_vectorizable(const HeadsView& v) {
   return aligned16(v.data) && (v.head_stride * b) % 16 == 0 && (v.token_stride * b) % 16 == 0;
 }
 
-int32_t positions_arg(const char* op, const DLTensor* t, const HeadsView& q, const int64_t** out) {
-  return index_vector_arg(op, "positions", t, q.tokens, "token", q.device, out);
-}
+constexpr OpSchema kRotaryEmbedding{
+    "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, Tensor cos, Tensor "
+    "sin, int is_neox) -> ()"};
+constexpr OpSchema kRotaryEmbeddingBackward{
+    "rotary_embedding_backward(Tensor positions, Tensor(a!) dquery, Tensor(b!)? dkey, Tensor "
+    "cos, Tensor sin, int is_neox) -> ()"};
 
-// rotary_embedding[_backward](Tensor positions, Tensor(a!) query, Tensor(b!)? key, Tensor cos,
-//                             Tensor sin, int is_neox) -> ()
-int32_t rope_impl(const char* op, const char* schema, float sign, const kh_arg_t* args,
-                  int32_t nargs, void* stream) {
-  OpArgs a{op, args, nargs};
-  KH_TRY(a.expect(6, schema));
-  const DLTensor *pt, *qt, *kt, *ct, *st;
-  KH_TRY(a.tensor(0, "positions", &pt));
-  KH_TRY(a.tensor(1, "query", &qt));
-  KH_TRY(a.tensor(2, "key", &kt, /*optional=*/true));
-  KH_TRY(a.tensor(3, "cos", &ct));
-  KH_TRY(a.tensor(4, "sin", &st));
-  int64_t is_neox = 0;
-  KH_TRY(a.integer(5, "is_neox", &is_neox));
+// The arguments of both ops: the rotation (sign 1) or its inverse (sign -1) of query and key
+// (the backward op's dquery and dkey).
+struct Rope {
+  TensorArg positions, query, key, cos, sin;
+  int64_t is_neox;
+  float sign;
+};
+
+int32_t rope(const Rope& r, void* stream) {
+  const char* op = r.query.op;
+  const int64_t is_neox = r.is_neox;
+  const float sign = r.sign;
+  const DLTensor* kt = r.key.t;
   if (is_neox != 0 && is_neox != 1)
     return fail(KH_ERR_INVALID_ARGUMENT,
                 "%s: is_neox must be 1 (NeoX, rotate halves) or 0 (GPT-J, interleaved), got %lld",
                 op, static_cast<long long>(is_neox));
   HeadsView q, k;
-  KH_TRY(heads_view(op, "query", qt, &q));
+  KH_TRY(heads_view(r.query, &q));
   if (kt) {
-    KH_TRY(heads_view(op, "key", kt, &k));
-    KH_TRY(expect_dtype(op, "key", k.dtype, q.dtype, "the dtype of query"));
-    KH_TRY(expect_device(op, "key", k.device, q.device));
+    KH_TRY(heads_view(r.key, &k));
+    KH_TRY(expect_dtype(r.key, k.dtype, q.dtype, "the dtype of the query"));
+    KH_TRY(expect_device(r.key, k.device, q.device));
     if (k.tokens != q.tokens)
-      return fail(KH_ERR_INVALID_ARGUMENT, "%s: key has %lld tokens, query has %lld", op,
-                  static_cast<long long>(k.tokens), static_cast<long long>(q.tokens));
+      return fail(KH_ERR_INVALID_ARGUMENT, "%s: %s has %lld tokens, %s has %lld", op, r.key.name,
+                  static_cast<long long>(k.tokens), r.query.name, static_cast<long long>(q.tokens));
   }
   const int64_t* positions = nullptr;
-  KH_TRY(positions_arg(op, pt, q, &positions));
+  KH_TRY(index_vector_arg(r.positions, q.tokens, "token", q.device, &positions));
   RowsView cos, sin;
-  KH_TRY(rows_view(op, "cos", ct, &cos));
-  KH_TRY(rows_view(op, "sin", st, &sin));
-  KH_TRY(expect_device(op, "cos", cos.device, q.device));
-  KH_TRY(expect_device(op, "sin", sin.device, q.device));
+  KH_TRY(rows_view(r.cos, &cos));
+  KH_TRY(rows_view(r.sin, &sin));
+  KH_TRY(expect_device(r.cos, cos.device, q.device));
+  KH_TRY(expect_device(r.sin, sin.device, q.device));
   if (cos.dtype != kFP32 && cos.dtype != q.dtype)
-    return fail(KH_ERR_UNSUPPORTED, "%s: tensor cos is %s; expected float32 or %s (the query's)",
-                op, dtype_name(cos.dtype), dtype_name(q.dtype));
-  KH_TRY(expect_dtype(op, "sin", sin.dtype, cos.dtype, "the dtype of cos"));
-  KH_TRY(expect_shape(op, "sin", sin, cos.rows, cos.cols, "cos"));
+    return fail(KH_ERR_UNSUPPORTED, "%s: tensor cos is %s; expected float32 or %s (the %s's)", op,
+                dtype_name(cos.dtype), dtype_name(q.dtype), r.query.name);
+  KH_TRY(expect_dtype(r.sin, sin.dtype, cos.dtype, "the dtype of cos"));
+  KH_TRY(expect_shape(r.sin, sin, cos.rows, cos.cols, "cos"));
   const int64_t half = cos.cols, max_pos = cos.rows;
   if (2 * half > q.head_dim || (kt && 2 * half > k.head_dim))
     return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: cos/sin have %lld columns (rot_dim %lld) but query has head_dim %lld and key "
+                "%s: cos/sin have %lld columns (rot_dim %lld) but %s has head_dim %lld and %s "
                 "%lld; rot_dim must be at most head_dim",
-                op, static_cast<long long>(half), static_cast<long long>(2 * half),
-                static_cast<long long>(q.head_dim), static_cast<long long>(kt ? k.head_dim : 0));
+                op, static_cast<long long>(half), static_cast<long long>(2 * half), r.query.name,
+                static_cast<long long>(q.head_dim), r.key.name,
+                static_cast<long long>(kt ? k.head_dim : 0));
   if (q.tokens == 0 || half == 0 || max_pos == 0) return KH_OK;
   if (is_cpu(q.device)) {
     rope_cpu::Heads qh{q.data, q.token_stride, q.head_stride, q.heads};
@@ -195,29 +201,22 @@ int32_t rope_impl(const char* op, const char* schema, float sign, const kh_arg_t
   return launch_kernel(q.device.device_id, name, dims, params, stream);
 }
 
-#define KH_SCHEMA_ROPE                                                                        \
-  "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, Tensor cos, Tensor " \
-  "sin, int is_neox) -> ()"
-#define KH_SCHEMA_ROPE_BWD                                                                   \
-  "rotary_embedding_backward(Tensor positions, Tensor(a!) dquery, Tensor(b!)? dkey, Tensor " \
-  "cos, Tensor sin, int is_neox) -> ()"
-
-int32_t rotary_embedding(const kh_arg_t* a, int32_t n, void* s) {
-  return rope_impl("rotary_embedding", KH_SCHEMA_ROPE, 1.0f, a, n, s);
+int32_t rotary_embedding(const Args<kRotaryEmbedding>& a, void* stream) {
+  return rope({a.tensor("positions"), a.tensor("query"), a.optional_tensor("key"), a.tensor("cos"),
+               a.tensor("sin"), a.integer("is_neox"), 1.0f},
+              stream);
 }
-int32_t rotary_embedding_backward(const kh_arg_t* a, int32_t n, void* s) {
-  return rope_impl("rotary_embedding_backward", KH_SCHEMA_ROPE_BWD, -1.0f, a, n, s);
+int32_t rotary_embedding_backward(const Args<kRotaryEmbeddingBackward>& a, void* stream) {
+  return rope({a.tensor("positions"), a.tensor("dquery"), a.optional_tensor("dkey"),
+               a.tensor("cos"), a.tensor("sin"), a.integer("is_neox"), -1.0f},
+              stream);
 }
 
-const kh_op_v1_t kOps[] = {
-    {KH_HEADER_INIT(kh_op_v1_t), "rotary_embedding", KH_SCHEMA_ROPE, kOpFlags, rotary_embedding},
-    {KH_HEADER_INIT(kh_op_v1_t), "rotary_embedding_backward", KH_SCHEMA_ROPE_BWD, kOpFlags,
-     rotary_embedding_backward},
-};
+constexpr kh_op_v1_t kOps[] = {op<rotary_embedding>(), op<rotary_embedding_backward>()};
 
-const kh_layer_v1_t kLayers[] = {
-    {KH_HEADER_INIT(kh_layer_v1_t), "RotaryEmbedding", "rotary_embedding", "rotary_embedding",
-     "rotary_embedding_backward", kLayerFlags, kDtypes},
+// forward_train is the forward op: the rotation needs nothing saved.
+constexpr kh_layer_v1_t kLayers[] = {
+    layer("RotaryEmbedding", kRotaryEmbedding, kRotaryEmbedding, kRotaryEmbeddingBackward),
 };
 
 constexpr kh_module_v1_t kModule =

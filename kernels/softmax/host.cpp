@@ -18,6 +18,7 @@
 
 #include <initializer_list>
 
+#include "kernels/common/op_schema.h"
 #include "kernels/common/package_host.h"
 #include "kernels/common/tensor_args.h"
 #include "kernels/softmax/cpu.h"
@@ -34,29 +35,22 @@ const char* dtype_tag(int dtype) {
 }
 
 // A row tensor shaped like x (same rows, cols, dtype and device; its own row stride).
-int32_t like_arg(const char* op, const char* name, const DLTensor* t, const RowsView& x,
-                 const char* like, RowsView* out) {
-  KH_TRY(rows_view(op, name, t, out));
-  KH_TRY(expect_shape(op, name, *out, x.rows, x.cols, like));
-  KH_TRY(expect_dtype(op, name, out->dtype, x.dtype, like));
-  KH_TRY(expect_device(op, name, out->device, x.device));
+int32_t like_arg(const TensorArg& t, const RowsView& x, const char* like, RowsView* out) {
+  KH_TRY(rows_view(t, out));
+  KH_TRY(expect_shape(t, *out, x.rows, x.cols, like));
+  KH_TRY(expect_dtype(t, out->dtype, x.dtype, like));
+  KH_TRY(expect_device(t, out->device, x.device));
   return KH_OK;
 }
 
 // A float32 contiguous vector with one value per row of x.
-int32_t per_row_f32(const char* op, const char* name, const DLTensor* t, const RowsView& x,
-                    float** out) {
+int32_t per_row_f32(const TensorArg& t, const RowsView& x, float** out) {
   VectorView v;
-  KH_TRY(vector_view(op, name, t, x.rows, &v));
-  KH_TRY(expect_dtype(op, name, v.dtype, kFP32, "per-token values are float32"));
-  KH_TRY(expect_device(op, name, v.device, x.device));
+  KH_TRY(vector_view(t, x.rows, &v));
+  KH_TRY(expect_dtype(t, v.dtype, kFP32, "per-token values are float32"));
+  KH_TRY(expect_device(t, v.device, x.device));
   *out = reinterpret_cast<float*>(v.data);
   return KH_OK;
-}
-
-// int64 contiguous targets, one per row of x.
-int32_t targets_arg(const char* op, const DLTensor* t, const RowsView& x, const int64_t** out) {
-  return index_vector_arg(op, "targets", t, x.rows, "row of logits", x.device, out);
 }
 
 // Launches `kernel_base`_<dtype>_<vec|scalar> over the rows of `shape` (all tensors in `rows`
@@ -80,25 +74,21 @@ int32_t launch_rows(const char* op, const char* kernel_base, const RowsView& sha
   return launch_kernel(shape.device.device_id, name, dims, params, stream);
 }
 
-#define KH_SCHEMA_SOFTMAX "softmax(Tensor x, Tensor(a!) y) -> ()"
-#define KH_SCHEMA_SOFTMAX_BWD "softmax_backward(Tensor dy, Tensor y, Tensor(a!) dx) -> ()"
-#define KH_SCHEMA_CE \
-  "cross_entropy(Tensor logits, Tensor targets, int ignore_index, Tensor(a!) loss) -> ()"
-#define KH_SCHEMA_CE_TRAIN                                                                  \
-  "cross_entropy_train(Tensor logits, Tensor targets, int ignore_index, float grad_scale, " \
-  "Tensor(a!) loss, Tensor(b!) dlogits) -> ()"
-#define KH_SCHEMA_CE_BWD "cross_entropy_backward(Tensor dloss, Tensor(a!) dlogits) -> ()"
+constexpr OpSchema kSoftmax{"softmax(Tensor x, Tensor(a!) y) -> ()"};
+constexpr OpSchema kSoftmaxBackward{"softmax_backward(Tensor dy, Tensor y, Tensor(a!) dx) -> ()"};
+constexpr OpSchema kCrossEntropy{
+    "cross_entropy(Tensor logits, Tensor targets, int ignore_index, Tensor(a!) loss) -> ()"};
+constexpr OpSchema kCrossEntropyTrain{
+    "cross_entropy_train(Tensor logits, Tensor targets, int ignore_index, float grad_scale, "
+    "Tensor(a!) loss, Tensor(b!) dlogits) -> ()"};
+constexpr OpSchema kCrossEntropyBackward{
+    "cross_entropy_backward(Tensor dloss, Tensor(a!) dlogits) -> ()"};
 
-int32_t softmax(const kh_arg_t* args, int32_t nargs, void* stream) {
-  const char* op = "softmax";
-  OpArgs a{op, args, nargs};
-  KH_TRY(a.expect(2, KH_SCHEMA_SOFTMAX));
-  const DLTensor *xt, *yt;
-  KH_TRY(a.tensor(0, "x", &xt));
-  KH_TRY(a.tensor(1, "y", &yt));
+int32_t softmax(const Args<kSoftmax>& a, void* stream) {
+  const char* op = a.op();
   RowsView x, y;
-  KH_TRY(rows_view(op, "x", xt, &x));
-  KH_TRY(like_arg(op, "y", yt, x, "x", &y));
+  KH_TRY(rows_view(a.tensor("x"), &x));
+  KH_TRY(like_arg(a.tensor("y"), x, "x", &y));
   if (x.rows == 0 || x.cols == 0) return KH_OK;
   if (is_cpu(x.device)) {
     softmax_cpu::forward(x.dtype, x.data, x.stride, y.data, y.stride, x.rows, x.cols);
@@ -112,18 +102,12 @@ int32_t softmax(const kh_arg_t* args, int32_t nargs, void* stream) {
   return launch_rows(op, "softmax_fwd", x, {&x, &y}, params, stream);
 }
 
-int32_t softmax_backward(const kh_arg_t* args, int32_t nargs, void* stream) {
-  const char* op = "softmax_backward";
-  OpArgs a{op, args, nargs};
-  KH_TRY(a.expect(3, KH_SCHEMA_SOFTMAX_BWD));
-  const DLTensor *dyt, *yt, *dxt;
-  KH_TRY(a.tensor(0, "dy", &dyt));
-  KH_TRY(a.tensor(1, "y", &yt));
-  KH_TRY(a.tensor(2, "dx", &dxt));
+int32_t softmax_backward(const Args<kSoftmaxBackward>& a, void* stream) {
+  const char* op = a.op();
   RowsView dy, y, dx;
-  KH_TRY(rows_view(op, "y", yt, &y));
-  KH_TRY(like_arg(op, "dy", dyt, y, "y", &dy));
-  KH_TRY(like_arg(op, "dx", dxt, y, "y", &dx));
+  KH_TRY(rows_view(a.tensor("y"), &y));
+  KH_TRY(like_arg(a.tensor("dy"), y, "y", &dy));
+  KH_TRY(like_arg(a.tensor("dx"), y, "y", &dx));
   if (y.rows == 0 || y.cols == 0) return KH_OK;
   if (is_cpu(y.device)) {
     softmax_cpu::backward(y.dtype, dy.data, dy.stride, y.data, y.stride, dx.data, dx.stride, y.rows,
@@ -139,31 +123,25 @@ int32_t softmax_backward(const kh_arg_t* args, int32_t nargs, void* stream) {
   return launch_rows(op, "softmax_bwd", y, {&dy, &y, &dx}, params, stream);
 }
 
-int32_t ce_impl(const char* op, bool train, const kh_arg_t* args, int32_t nargs, void* stream) {
-  OpArgs a{op, args, nargs};
-  KH_TRY(a.expect(train ? 6 : 4, train ? KH_SCHEMA_CE_TRAIN : KH_SCHEMA_CE));
-  const DLTensor *xt, *tt, *lt, *dxt = nullptr;
-  KH_TRY(a.tensor(0, "logits", &xt));
-  KH_TRY(a.tensor(1, "targets", &tt));
-  int64_t ignore_index = 0;
-  KH_TRY(a.integer(2, "ignore_index", &ignore_index));
+// cross_entropy, and cross_entropy_train, which also writes dlogits.
+template <const OpSchema& S>
+int32_t cross_entropy(const Args<S>& a, void* stream) {
+  constexpr bool train = &S == &kCrossEntropyTrain;
+  const char* op = a.op();
+  const int64_t ignore_index = a.integer("ignore_index");
   double grad_scale = 1.0;
-  if (train) {
-    KH_TRY(a.real(3, "grad_scale", &grad_scale));
+  if constexpr (train) {
+    grad_scale = a.real("grad_scale");
     if (!isfinite(grad_scale))
       return fail(KH_ERR_INVALID_ARGUMENT, "%s: grad_scale must be finite, got %g", op, grad_scale);
-    KH_TRY(a.tensor(4, "loss", &lt));
-    KH_TRY(a.tensor(5, "dlogits", &dxt));
-  } else {
-    KH_TRY(a.tensor(3, "loss", &lt));
   }
   RowsView x, dx;
-  KH_TRY(rows_view(op, "logits", xt, &x));
+  KH_TRY(rows_view(a.tensor("logits"), &x));
   const int64_t* targets = nullptr;
-  KH_TRY(targets_arg(op, tt, x, &targets));
+  KH_TRY(index_vector_arg(a.tensor("targets"), x.rows, "row of logits", x.device, &targets));
   float* loss = nullptr;
-  KH_TRY(per_row_f32(op, "loss", lt, x, &loss));
-  if (train) KH_TRY(like_arg(op, "dlogits", dxt, x, "logits", &dx));
+  KH_TRY(per_row_f32(a.tensor("loss"), x, &loss));
+  if constexpr (train) KH_TRY(like_arg(a.tensor("dlogits"), x, "logits", &dx));
   if (x.rows == 0) return KH_OK;
   if (x.cols == 0) return fail(KH_ERR_INVALID_ARGUMENT, "%s: logits have 0 classes (vocab 0)", op);
   const float scale = static_cast<float>(grad_scale);
@@ -183,24 +161,12 @@ int32_t ce_impl(const char* op, bool train, const kh_arg_t* args, int32_t nargs,
   return launch_rows(op, "ce_fwd", x, {&x}, params, stream);
 }
 
-int32_t cross_entropy(const kh_arg_t* a, int32_t n, void* s) {
-  return ce_impl("cross_entropy", false, a, n, s);
-}
-int32_t cross_entropy_train(const kh_arg_t* a, int32_t n, void* s) {
-  return ce_impl("cross_entropy_train", true, a, n, s);
-}
-
-int32_t cross_entropy_backward(const kh_arg_t* args, int32_t nargs, void* stream) {
-  const char* op = "cross_entropy_backward";
-  OpArgs a{op, args, nargs};
-  KH_TRY(a.expect(2, KH_SCHEMA_CE_BWD));
-  const DLTensor *gt, *dxt;
-  KH_TRY(a.tensor(0, "dloss", &gt));
-  KH_TRY(a.tensor(1, "dlogits", &dxt));
+int32_t cross_entropy_backward(const Args<kCrossEntropyBackward>& a, void* stream) {
+  const char* op = a.op();
   RowsView dx;
-  KH_TRY(rows_view(op, "dlogits", dxt, &dx));
+  KH_TRY(rows_view(a.tensor("dlogits"), &dx));
   float* dloss = nullptr;
-  KH_TRY(per_row_f32(op, "dloss", gt, dx, &dloss));
+  KH_TRY(per_row_f32(a.tensor("dloss"), dx, &dloss));
   if (dx.rows == 0 || dx.cols == 0) return KH_OK;
   if (is_cpu(dx.device)) {
     softmax_cpu::ce_backward(dx.dtype, dloss, dx.data, dx.stride, dx.rows, dx.cols);
@@ -214,22 +180,18 @@ int32_t cross_entropy_backward(const kh_arg_t* args, int32_t nargs, void* stream
   return launch_rows(op, "ce_bwd", dx, {&dx}, params, stream);
 }
 
-#define KH_OP(name, schema, fn) \
-  { KH_HEADER_INIT(kh_op_v1_t), name, schema, kOpFlags, fn }
-
-const kh_op_v1_t kOps[] = {
-    KH_OP("softmax", KH_SCHEMA_SOFTMAX, softmax),
-    KH_OP("softmax_backward", KH_SCHEMA_SOFTMAX_BWD, softmax_backward),
-    KH_OP("cross_entropy", KH_SCHEMA_CE, cross_entropy),
-    KH_OP("cross_entropy_train", KH_SCHEMA_CE_TRAIN, cross_entropy_train),
-    KH_OP("cross_entropy_backward", KH_SCHEMA_CE_BWD, cross_entropy_backward),
+constexpr kh_op_v1_t kOps[] = {
+    op<softmax>(),
+    op<softmax_backward>(),
+    op<cross_entropy<kCrossEntropy>>(),
+    op<cross_entropy<kCrossEntropyTrain>>(),
+    op<cross_entropy_backward>(),
 };
 
-const kh_layer_v1_t kLayers[] = {
-    {KH_HEADER_INIT(kh_layer_v1_t), "Softmax", "softmax", "softmax", "softmax_backward",
-     kLayerFlags, kDtypes},
-    {KH_HEADER_INIT(kh_layer_v1_t), "CrossEntropy", "cross_entropy", "cross_entropy_train",
-     "cross_entropy_backward", kLayerFlags, kDtypes},
+// Softmax's forward_train is the forward op: backward needs y, which the caller keeps.
+constexpr kh_layer_v1_t kLayers[] = {
+    layer("Softmax", kSoftmax, kSoftmax, kSoftmaxBackward),
+    layer("CrossEntropy", kCrossEntropy, kCrossEntropyTrain, kCrossEntropyBackward),
 };
 
 constexpr kh_module_v1_t kModule =

@@ -132,20 +132,28 @@ inline void expect_manifest_matches_module(std::span<const char* const> packages
     EXPECT_EQ(m.version, "1.0.0");
     EXPECT_EQ(m.cuda_source, std::string(p) + ".cu");
     EXPECT_NO_THROW(verify_package_files(package_dir(p), m));
-    // Every manifest layer is a module layer with the same ops, flags and dtypes.
+    // The manifest's layers are the module's, one for one, with the same ops, flags and dtypes
+    // (the build writes them from the module table: kernels/common/module_layers.cpp).
     Package pkg(p);
     const ModuleView& view = pkg.module().view;
     EXPECT_EQ(m.layers.size(), view.layers.size());
+    for (const kh_layer_v1_t* l : view.layers)
+      EXPECT_TRUE(m.layers.contains(l->name)) << "kernel.json lacks module layer " << l->name;
     for (auto& [name, layer] : m.layers) {
+      SCOPED_TRACE(name);
       const kh_layer_v1_t* l = view.find_layer(name);
-      ASSERT_NE(l, nullptr) << name;
+      ASSERT_NE(l, nullptr) << "kernel.json names a layer the module lacks";
       EXPECT_EQ(layer.forward, l->forward);
       EXPECT_EQ(layer.forward_train, l->forward_train ? l->forward_train : "");
       EXPECT_EQ(layer.backward, l->backward ? l->backward : "");
       EXPECT_EQ(layer.has_backward, (l->flags & KH_FLAG_HAS_BACKWARD) != 0);
       EXPECT_EQ(layer.graph_safe, (l->flags & KH_FLAG_GRAPH_SAFE) != 0);
       EXPECT_EQ(layer.deterministic, (l->flags & KH_FLAG_DETERMINISTIC) != 0);
-      EXPECT_EQ(layer.dtypes.size(), 3u);
+      std::vector<std::string> dtypes;
+      if (l->dtypes & KH_DTYPE_BF16) dtypes.push_back("bf16");
+      if (l->dtypes & KH_DTYPE_FP16) dtypes.push_back("fp16");
+      if (l->dtypes & KH_DTYPE_FP32) dtypes.push_back("fp32");
+      EXPECT_EQ(layer.dtypes, dtypes);
     }
   }
 }
