@@ -284,8 +284,15 @@ PreflightReport preflight_elf(std::span<const uint8_t> bytes, const std::string&
   report.checks.push_back(header_check(info, file));
   if (!report.checks.back().passed) return report;  // another machine: the rest is moot
   if (auto e = elf::parse(bytes, info)) {
-    report.checks.push_back(
-        {e->rule, false, fmt::format("{}: refused by rule {}: {}", file, e->rule, e->message)});
+    // What to do: such files come from tools that edit ELF files, or from tampering.
+    std::string fix =
+        e->rule == "dynamic-segment"
+            ? "; what ld.so loads differs from what the section headers describe: rebuild the "
+              "library with a standard linker and do not edit it afterwards"
+            : "; the file is malformed or truncated: rebuild it";
+    report.checks.push_back({e->rule, false,
+                             fmt::format("{}: refused by rule {}: {}{}", file, e->rule, e->message,
+                                         fix)});
     return report;
   }
   report.checks.push_back(needed_check(info, file));
