@@ -290,9 +290,9 @@ PreflightReport preflight_elf(std::span<const uint8_t> bytes, const std::string&
             ? "; what ld.so loads differs from what the section headers describe: rebuild the "
               "library with a standard linker and do not edit it afterwards"
             : "; the file is malformed or truncated: rebuild it";
-    report.checks.push_back({e->rule, false,
-                             fmt::format("{}: refused by rule {}: {}{}", file, e->rule, e->message,
-                                         fix)});
+    report.checks.push_back(
+        {e->rule, false,
+         fmt::format("{}: refused by rule {}: {}{}", file, e->rule, e->message, fix)});
     return report;
   }
   report.checks.push_back(needed_check(info, file));
