@@ -87,6 +87,83 @@ Check rpath_check(const elf::ElfInfo& info, const std::string& file) {
   return {"no-rpath", true, "no DT_RPATH or DT_RUNPATH"};
 }
 
+// DT_FILTER / DT_AUXILIARY make ld.so load another library in this one's place (a filtee),
+// found on the search path: code the preflight never saw.
+Check filters_check(const elf::ElfInfo& info, const std::string& file) {
+  std::vector<std::string> found;
+  for (const auto& f : info.filter) found.push_back("DT_FILTER " + f);
+  for (const auto& a : info.auxiliary) found.push_back("DT_AUXILIARY " + a);
+  if (!found.empty())
+    return {"no-filters", false,
+            fmt::format("{}: refused by rule no-filters: it has {}; a filter makes ld.so load "
+                        "another library's symbols in place of this one's, from a library the "
+                        "preflight never saw; relink without -Wl,--filter / -Wl,--auxiliary",
+                        file, fmt::join(found, ", "))};
+  return {"no-filters", true, "no DT_FILTER or DT_AUXILIARY"};
+}
+
+// DT_AUDIT / DT_DEPAUDIT name rtld-audit libraries: ld.so loads them and runs their code.
+Check audit_check(const elf::ElfInfo& info, const std::string& file) {
+  std::vector<std::string> found;
+  for (const auto& a : info.audit) found.push_back("DT_AUDIT " + a);
+  for (const auto& a : info.depaudit) found.push_back("DT_DEPAUDIT " + a);
+  if (!found.empty())
+    return {"no-audit", false,
+            fmt::format("{}: refused by rule no-audit: it has {}; an audit library is loaded by "
+                        "ld.so and watches every symbol binding of the process; relink without "
+                        "-Wl,--audit / -Wl,--depaudit",
+                        file, fmt::join(found, ", "))};
+  return {"no-audit", true, "no DT_AUDIT or DT_DEPAUDIT"};
+}
+
+Check textrel_check(const elf::ElfInfo& info, const std::string& file) {
+  if (info.textrel || info.flags_textrel) {
+    std::string which = info.textrel && info.flags_textrel ? "DT_TEXTREL and DF_TEXTREL"
+                        : info.textrel                     ? "DT_TEXTREL"
+                                                           : "DF_TEXTREL in DT_FLAGS";
+    return {"no-textrel", false,
+            fmt::format("{}: refused by rule no-textrel: it has text relocations ({}); ld.so "
+                        "would make its code pages writable to patch them; compile every object "
+                        "with -fPIC (and link with -Wl,-z,text to find the one that is not)",
+                        file, which)};
+  }
+  return {"no-textrel", true, "no text relocations"};
+}
+
+Check execstack_check(const elf::ElfInfo& info, const std::string& file) {
+  if (!info.has_gnu_stack || info.exec_stack)
+    return {"no-execstack", false,
+            fmt::format("{}: refused by rule no-execstack: {}; dlopen would make the stack of "
+                        "every thread in the process executable; link with -Wl,-z,noexecstack "
+                        "(an assembly file without a .note.GNU-stack section is the usual cause)",
+                        file,
+                        info.has_gnu_stack
+                            ? "it asks for an executable stack (PT_GNU_STACK with PF_X)"
+                            : "it has no PT_GNU_STACK program header, which means an executable "
+                              "stack")};
+  return {"no-execstack", true, "non-executable stack (PT_GNU_STACK without PF_X)"};
+}
+
+// STB_GNU_UNIQUE symbols are bound process-wide even under RTLD_LOCAL: two versions of a package
+// would share them, and the library can never be unloaded.
+Check unique_check(const elf::ElfInfo& info, const std::string& file) {
+  std::vector<std::string> unique;
+  for (const auto& s : info.dynamic_symbols)
+    if (s.defined && s.bind == STB_GNU_UNIQUE) unique.push_back(s.name);
+  if (!unique.empty()) {
+    size_t shown = std::min<size_t>(unique.size(), 5);
+    return {"no-gnu-unique", false,
+            fmt::format("{}: refused by rule no-gnu-unique: it defines {} STB_GNU_UNIQUE "
+                        "symbol(s) ({}{}); ld.so binds them process-wide even under RTLD_LOCAL, "
+                        "so two versions of a package would share them; compile with "
+                        "-fno-gnu-unique (or -fvisibility=hidden)",
+                        file, unique.size(),
+                        fmt::join(std::vector(unique.begin(), unique.begin() + shown), ", "),
+                        unique.size() > shown ? ", ..." : "")};
+  }
+  return {"no-gnu-unique", true, "no STB_GNU_UNIQUE symbols"};
+}
+
 Check versions_check(const elf::ElfInfo& info, const std::string& file, const HostVersions& host) {
   std::vector<std::string> problems;
   std::vector<std::string> checked;
@@ -207,12 +284,24 @@ PreflightReport preflight_elf(std::span<const uint8_t> bytes, const std::string&
   report.checks.push_back(header_check(info, file));
   if (!report.checks.back().passed) return report;  // another machine: the rest is moot
   if (auto e = elf::parse(bytes, info)) {
+    // What to do: such files come from tools that edit ELF files, or from tampering.
+    std::string fix =
+        e->rule == "dynamic-segment"
+            ? "; what ld.so loads differs from what the section headers describe: rebuild the "
+              "library with a standard linker and do not edit it afterwards"
+            : "; the file is malformed or truncated: rebuild it";
     report.checks.push_back(
-        {e->rule, false, fmt::format("{}: refused by rule {}: {}", file, e->rule, e->message)});
+        {e->rule, false,
+         fmt::format("{}: refused by rule {}: {}{}", file, e->rule, e->message, fix)});
     return report;
   }
   report.checks.push_back(needed_check(info, file));
   report.checks.push_back(rpath_check(info, file));
+  report.checks.push_back(filters_check(info, file));
+  report.checks.push_back(audit_check(info, file));
+  report.checks.push_back(textrel_check(info, file));
+  report.checks.push_back(execstack_check(info, file));
+  report.checks.push_back(unique_check(info, file));
   report.checks.push_back(versions_check(info, file, host));
   report.checks.push_back(entry_check(info, file));
   report.checks.push_back(exports_check(info));

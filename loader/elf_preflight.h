@@ -1,5 +1,6 @@
 // The ELF preflight: the checks a package host library must pass before it may be dlopen'ed
-// (REFERENCE §5.3). It reads the file with kh::elf's bounds-checked reader and never loads it.
+// (REFERENCE §5.3, §7.4). It reads the file with kh::elf's bounds-checked reader, from the
+// program headers and dynamic segment as ld.so does, and never loads it.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,9 @@ namespace kh {
 
 // One check's result. A refusal's message names the file and the rule.
 struct Check {
-  std::string name;  // the rule: elf-header, needed-libraries, no-rpath, symbol-versions, ...
+  std::string name;  // the rule: elf-header, dynamic-segment, needed-libraries, no-rpath,
+                     // no-filters, no-audit, no-textrel, no-execstack, no-gnu-unique,
+                     // symbol-versions, entry-symbol, exports, ...
   bool passed = false;
   std::string message;
   bool warning = false;  // passed, but the author should look (e.g. extra exports)

@@ -4,9 +4,11 @@
 
 #include <bit>
 #include <cstring>
-#include <type_traits>
 
 #include <fmt/format.h>
+
+#include "loader/elf_bytes.h"
+#include "loader/elf_segments.h"
 
 namespace kh::elf {
 
@@ -15,47 +17,21 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
+using detail::DynamicSegment;
+using detail::Reader;
+using detail::Segments;
+using detail::StringTable;
+
 // Upper bounds that no sane shared object reaches; they bound work on hostile input.
 constexpr uint64_t kMaxSections = 1u << 16;
 constexpr uint64_t kMaxVersionEntries = 1u << 16;
-constexpr uint64_t kMaxStringLength = 1u << 16;
-
-// A checked view of the input: every read names what it reads for the error message.
-class Reader {
- public:
-  explicit Reader(std::span<const uint8_t> bytes) : bytes_(bytes) {}
-
-  bool fits(uint64_t offset, uint64_t size) const {
-    return offset <= bytes_.size() && size <= bytes_.size() - offset;
-  }
-
-  template <typename T>
-  bool read(uint64_t offset, T& out) const {
-    static_assert(std::is_trivially_copyable_v<T>);
-    if (!fits(offset, sizeof(T))) return false;
-    std::memcpy(&out, bytes_.data() + offset, sizeof(T));
-    return true;
-  }
-
-  // A NUL-terminated string at `offset` inside [begin, begin + size).
-  bool string_in(uint64_t begin, uint64_t size, uint64_t offset, std::string& out) const {
-    if (!fits(begin, size) || offset >= size) return false;
-    const uint8_t* start = bytes_.data() + begin + offset;
-    uint64_t room = std::min<uint64_t>(size - offset, kMaxStringLength);
-    const void* nul = std::memchr(start, 0, room);
-    if (!nul) return false;
-    out.assign(reinterpret_cast<const char*>(start), static_cast<const uint8_t*>(nul) - start);
-    return true;
-  }
-
-  uint64_t size() const { return bytes_.size(); }
-
- private:
-  std::span<const uint8_t> bytes_;
-};
 
 ParseError structure(std::string message) {
   return {"elf-structure", std::move(message)};
+}
+
+ParseError disagreement(std::string message) {
+  return {"dynamic-segment", std::move(message)};
 }
 
 struct Sections {
@@ -94,57 +70,141 @@ std::optional<ParseError> read_sections(const Reader& r, const Elf64_Ehdr& eh, S
   return std::nullopt;
 }
 
-// The string table a section links to (sh_link), checked to be SHT_STRTAB.
-std::optional<ParseError> linked_strtab(const Sections& secs, const Elf64_Shdr& s, const char* what,
-                                        const Elf64_Shdr*& out) {
-  if (s.sh_link >= secs.headers.size() || secs.headers[s.sh_link].sh_type != SHT_STRTAB)
-    return structure(
-        fmt::format("{} links to section {}, which is not a string table", what, s.sh_link));
-  out = &secs.headers[s.sh_link];
+// The tables the reader walks, each located where ld.so finds it (through a dynamic entry) and
+// checked to be the table the section headers describe.
+struct Tables {
+  StringTable strings;  // DT_STRTAB / DT_STRSZ
+  const Elf64_Shdr* dynsym = nullptr;
+  const Elf64_Shdr* verneed = nullptr;
+  const Elf64_Shdr* verdef = nullptr;
+};
+
+// A section and the dynamic entry that locates the same table must describe the same bytes: the
+// section's address is the entry's, and that address loads from the section's file offset.
+std::optional<ParseError> same_table(const Segments& segs, const Elf64_Shdr* sec,
+                                     const char* section, std::optional<uint64_t> addr,
+                                     const char* tag) {
+  if (!sec && !addr) return std::nullopt;
+  if (!sec)
+    return disagreement(
+        fmt::format("{} points at {:#x}, but there is no {} section", tag, *addr, section));
+  if (!addr)
+    return disagreement(
+        fmt::format("there is a {} section but no {}, so ld.so never reads it", section, tag));
+  if (sec->sh_addr != *addr)
+    return disagreement(fmt::format("{} is {:#x}, but the {} section is at address {:#x}", tag,
+                                    *addr, section, sec->sh_addr));
+  auto offset = segs.file_offset(*addr, sec->sh_size);
+  if (!offset || *offset != sec->sh_offset)
+    return disagreement(fmt::format(
+        "the {} section (file offset {:#x}, size {}) is not what ld.so loads at {} {:#x}", section,
+        sec->sh_offset, sec->sh_size, tag, *addr));
   return std::nullopt;
 }
 
-std::optional<ParseError> read_dynamic(const Reader& r, const Sections& secs, ElfInfo& out) {
-  const Elf64_Shdr* dyn = secs.find(SHT_DYNAMIC);
-  if (!dyn) return structure("no dynamic section: not a shared object");
-  const Elf64_Shdr* str = nullptr;
-  if (auto e = linked_strtab(secs, *dyn, "the dynamic section", str)) return e;
-  uint64_t n = dyn->sh_size / sizeof(Elf64_Dyn);
-  for (uint64_t i = 0; i < n; ++i) {
-    Elf64_Dyn d;
-    if (!r.read(dyn->sh_offset + i * sizeof(Elf64_Dyn), d)) break;
-    if (d.d_tag == DT_NULL) break;
-    std::vector<std::string>* list = nullptr;
-    if (d.d_tag == DT_NEEDED) list = &out.needed;
-    if (d.d_tag == DT_RPATH) list = &out.rpath;
-    if (d.d_tag == DT_RUNPATH) list = &out.runpath;
-    if (!list && d.d_tag != DT_SONAME) continue;
-    std::string value;
-    if (!r.string_in(str->sh_offset, str->sh_size, d.d_un.d_val, value))
-      return structure(fmt::format("dynamic entry {} names a string outside .dynstr", i));
-    if (list)
+std::optional<ParseError> match_sections(const Sections& secs, const Segments& segs,
+                                         const DynamicSegment& dyn, Tables& out) {
+  const Elf64_Shdr* dynamic = secs.find(SHT_DYNAMIC);
+  const Elf64_Phdr& pt = *segs.dynamic;
+  if (!dynamic) return disagreement("there is no .dynamic section to compare PT_DYNAMIC with");
+  if (dynamic->sh_offset != pt.p_offset || dynamic->sh_addr != pt.p_vaddr ||
+      dynamic->sh_size != pt.p_filesz)
+    return disagreement(fmt::format(
+        "PT_DYNAMIC (offset {:#x}, address {:#x}, size {}) and the .dynamic section (offset "
+        "{:#x}, address {:#x}, size {}) disagree; ld.so reads PT_DYNAMIC",
+        pt.p_offset, pt.p_vaddr, pt.p_filesz, dynamic->sh_offset, dynamic->sh_addr,
+        dynamic->sh_size));
+
+  auto strtab = dyn.value(DT_STRTAB), strsz = dyn.value(DT_STRSZ);
+  if (!strtab || !strsz) return structure("the dynamic segment has no DT_STRTAB or DT_STRSZ");
+  auto at = segs.file_offset(*strtab, *strsz);
+  if (!at)
+    return structure(fmt::format(
+        "DT_STRTAB ({:#x}, {} bytes) does not lie inside a PT_LOAD segment's file image", *strtab,
+        *strsz));
+  out.strings = {*at, *strsz};
+  // Tools that read sections (readelf, objdump) must see the strings ld.so uses.
+  if (dynamic->sh_link >= secs.headers.size() ||
+      secs.headers[dynamic->sh_link].sh_addr != *strtab ||
+      secs.headers[dynamic->sh_link].sh_offset != *at ||
+      secs.headers[dynamic->sh_link].sh_size != *strsz)
+    return disagreement(
+        "the .dynamic section's string table (sh_link) is not the one DT_STRTAB/DT_STRSZ names");
+
+  out.dynsym = secs.find(SHT_DYNSYM);
+  out.verneed = secs.find(SHT_GNU_verneed);
+  out.verdef = secs.find(SHT_GNU_verdef);
+  if (auto e = same_table(segs, out.dynsym, ".dynsym", dyn.value(DT_SYMTAB), "DT_SYMTAB")) return e;
+  if (auto e = same_table(segs, secs.find(SHT_GNU_versym), ".gnu.version", dyn.value(DT_VERSYM),
+                          "DT_VERSYM"))
+    return e;
+  if (auto e = same_table(segs, out.verneed, ".gnu.version_r", dyn.value(DT_VERNEED), "DT_VERNEED"))
+    return e;
+  if (auto e = same_table(segs, out.verdef, ".gnu.version_d", dyn.value(DT_VERDEF), "DT_VERDEF"))
+    return e;
+  if (out.verneed && dyn.value(DT_VERNEEDNUM) != uint64_t{out.verneed->sh_info})
+    return disagreement("DT_VERNEEDNUM and the .gnu.version_r section's entry count disagree");
+  if (out.verdef && dyn.value(DT_VERDEFNUM) != uint64_t{out.verdef->sh_info})
+    return disagreement("DT_VERDEFNUM and the .gnu.version_d section's entry count disagree");
+  return std::nullopt;
+}
+
+// Entry sizes ld.so assumes (glibc asserts some of them): anything else is malformed.
+std::optional<ParseError> check_entry_sizes(const DynamicSegment& dyn) {
+  struct Expect {
+    int64_t tag;
+    const char* name;
+    uint64_t size;
+  };
+  for (auto [tag, name, size] : {Expect{DT_SYMENT, "DT_SYMENT", sizeof(Elf64_Sym)},
+                                 Expect{DT_RELAENT, "DT_RELAENT", sizeof(Elf64_Rela)},
+                                 Expect{DT_RELENT, "DT_RELENT", sizeof(Elf64_Rel)}})
+    if (auto v = dyn.value(tag); v && *v != size)
+      return structure(fmt::format("{} is {}, expected {}", name, *v, size));
+  if (auto v = dyn.value(DT_PLTREL); v && *v != DT_RELA && *v != DT_REL)
+    return structure(fmt::format("DT_PLTREL is {}, neither DT_REL nor DT_RELA", *v));
+  return std::nullopt;
+}
+
+// The string-valued entries ld.so acts on, resolved in DT_STRTAB as ld.so resolves them.
+std::optional<ParseError> read_dynamic_strings(const Reader& r, const DynamicSegment& dyn,
+                                               const StringTable& str, ElfInfo& out) {
+  struct Field {
+    int64_t tag;
+    const char* name;
+    std::vector<std::string>* list;
+  };
+  std::vector<std::string> soname;
+  for (auto [tag, name, list] :
+       {Field{DT_NEEDED, "DT_NEEDED", &out.needed}, Field{DT_RPATH, "DT_RPATH", &out.rpath},
+        Field{DT_RUNPATH, "DT_RUNPATH", &out.runpath}, Field{DT_SONAME, "DT_SONAME", &soname},
+        Field{DT_AUXILIARY, "DT_AUXILIARY", &out.auxiliary},
+        Field{DT_FILTER, "DT_FILTER", &out.filter}, Field{DT_AUDIT, "DT_AUDIT", &out.audit},
+        Field{DT_DEPAUDIT, "DT_DEPAUDIT", &out.depaudit}}) {
+    for (uint64_t offset : dyn.values(tag)) {
+      std::string value;
+      if (!r.string_in(str.offset, str.size, offset, value))
+        return structure(fmt::format("{} names a string outside DT_STRTAB", name));
       list->push_back(std::move(value));
-    else
-      out.soname = std::move(value);
+    }
   }
+  if (!soname.empty()) out.soname = soname.front();
   return std::nullopt;
 }
 
-std::optional<ParseError> read_dynsym(const Reader& r, const Sections& secs, ElfInfo& out) {
-  const Elf64_Shdr* sym = secs.find(SHT_DYNSYM);
+std::optional<ParseError> read_dynsym(const Reader& r, const Elf64_Shdr* sym,
+                                      const StringTable& str, ElfInfo& out) {
   if (!sym) return std::nullopt;  // no dynamic symbols: the entry check reports it
   if (sym->sh_entsize != sizeof(Elf64_Sym))
     return structure(
         fmt::format(".dynsym entry size is {}, expected {}", sym->sh_entsize, sizeof(Elf64_Sym)));
-  const Elf64_Shdr* str = nullptr;
-  if (auto e = linked_strtab(secs, *sym, ".dynsym", str)) return e;
   uint64_t n = sym->sh_size / sizeof(Elf64_Sym);
   for (uint64_t i = 1; i < n; ++i) {  // entry 0 is the null symbol
     Elf64_Sym s;
     r.read(sym->sh_offset + i * sizeof(Elf64_Sym), s);
     DynamicSymbol d;
-    if (!r.string_in(str->sh_offset, str->sh_size, s.st_name, d.name))
-      return structure(fmt::format("dynamic symbol {} has a name outside its string table", i));
+    if (!r.string_in(str.offset, str.size, s.st_name, d.name))
+      return structure(fmt::format("dynamic symbol {} has a name outside DT_STRTAB", i));
     d.bind = ELF64_ST_BIND(s.st_info);
     d.type = ELF64_ST_TYPE(s.st_info);
     d.visibility = ELF64_ST_VISIBILITY(s.st_other);
@@ -154,19 +214,17 @@ std::optional<ParseError> read_dynsym(const Reader& r, const Sections& secs, Elf
   return std::nullopt;
 }
 
-std::optional<ParseError> read_verneed(const Reader& r, const Sections& secs, ElfInfo& out) {
-  const Elf64_Shdr* sec = secs.find(SHT_GNU_verneed);
+std::optional<ParseError> read_verneed(const Reader& r, const Elf64_Shdr* sec,
+                                       const StringTable& str, ElfInfo& out) {
   if (!sec) return std::nullopt;
-  const Elf64_Shdr* str = nullptr;
-  if (auto e = linked_strtab(secs, *sec, ".gnu.version_r", str)) return e;
   uint64_t off = 0, walked = 0;
   for (uint64_t i = 0; i < sec->sh_info; ++i) {
     Elf64_Verneed vn;
     if (off > sec->sh_size || sec->sh_size - off < sizeof vn || !r.read(sec->sh_offset + off, vn))
       return structure(".gnu.version_r entry lies outside its section");
     std::string file;
-    if (!r.string_in(str->sh_offset, str->sh_size, vn.vn_file, file))
-      return structure(".gnu.version_r names a file outside its string table");
+    if (!r.string_in(str.offset, str.size, vn.vn_file, file))
+      return structure(".gnu.version_r names a file outside DT_STRTAB");
     uint64_t aux = off + vn.vn_aux;
     for (uint64_t j = 0; j < vn.vn_cnt; ++j) {
       if (++walked > kMaxVersionEntries) return structure("too many version needs");
@@ -174,8 +232,8 @@ std::optional<ParseError> read_verneed(const Reader& r, const Sections& secs, El
       if (aux > sec->sh_size || sec->sh_size - aux < sizeof va || !r.read(sec->sh_offset + aux, va))
         return structure(".gnu.version_r auxiliary entry lies outside its section");
       VersionNeed need{file, {}};
-      if (!r.string_in(str->sh_offset, str->sh_size, va.vna_name, need.version))
-        return structure(".gnu.version_r names a version outside its string table");
+      if (!r.string_in(str.offset, str.size, va.vna_name, need.version))
+        return structure(".gnu.version_r names a version outside DT_STRTAB");
       out.version_needs.push_back(std::move(need));
       if (va.vna_next == 0) break;
       aux += va.vna_next;
@@ -186,11 +244,9 @@ std::optional<ParseError> read_verneed(const Reader& r, const Sections& secs, El
   return std::nullopt;
 }
 
-std::optional<ParseError> read_verdef(const Reader& r, const Sections& secs, ElfInfo& out) {
-  const Elf64_Shdr* sec = secs.find(SHT_GNU_verdef);
+std::optional<ParseError> read_verdef(const Reader& r, const Elf64_Shdr* sec,
+                                      const StringTable& str, ElfInfo& out) {
   if (!sec) return std::nullopt;
-  const Elf64_Shdr* str = nullptr;
-  if (auto e = linked_strtab(secs, *sec, ".gnu.version_d", str)) return e;
   uint64_t off = 0;
   for (uint64_t i = 0; i < sec->sh_info && i < kMaxVersionEntries; ++i) {
     Elf64_Verdef vd;
@@ -202,8 +258,8 @@ std::optional<ParseError> read_verdef(const Reader& r, const Sections& secs, Elf
       if (aux > sec->sh_size || sec->sh_size - aux < sizeof va || !r.read(sec->sh_offset + aux, va))
         return structure(".gnu.version_d auxiliary entry lies outside its section");
       std::string name;
-      if (!r.string_in(str->sh_offset, str->sh_size, va.vda_name, name))
-        return structure(".gnu.version_d names a version outside its string table");
+      if (!r.string_in(str.offset, str.size, va.vda_name, name))
+        return structure(".gnu.version_d names a version outside DT_STRTAB");
       out.version_definitions.push_back(std::move(name));
     }
     if (vd.vd_next == 0) break;
@@ -257,12 +313,25 @@ std::optional<ParseError> parse(std::span<const uint8_t> bytes, ElfInfo& out) {
   Reader r(bytes);
   Elf64_Ehdr eh;
   r.read(0, eh);
+  Segments segs;
+  if (auto e = detail::read_segments(r, eh, segs)) return e;
+  DynamicSegment dyn;
+  if (auto e = detail::read_dynamic_segment(r, segs, dyn)) return e;
   Sections secs;
   if (auto e = read_sections(r, eh, secs)) return e;
-  if (auto e = read_dynamic(r, secs, out)) return e;
-  if (auto e = read_dynsym(r, secs, out)) return e;
-  if (auto e = read_verneed(r, secs, out)) return e;
-  if (auto e = read_verdef(r, secs, out)) return e;
+  Tables tables;
+  if (auto e = match_sections(secs, segs, dyn, tables)) return e;
+  if (auto e = check_entry_sizes(dyn)) return e;
+  if (auto e = read_dynamic_strings(r, dyn, tables.strings, out)) return e;
+  out.textrel = dyn.value(DT_TEXTREL).has_value();
+  out.flags_textrel = (dyn.value(DT_FLAGS).value_or(0) & DF_TEXTREL) != 0;
+  out.has_gnu_stack = segs.gnu_stack.has_value();
+  out.exec_stack = segs.gnu_stack && (segs.gnu_stack->p_flags & PF_X) != 0;
+  if (auto e = read_dynsym(r, tables.dynsym, tables.strings, out)) return e;
+  uint64_t symbols = tables.dynsym ? tables.dynsym->sh_size / sizeof(Elf64_Sym) : 0;
+  if (auto e = detail::check_hash_tables(r, segs, dyn, symbols)) return e;
+  if (auto e = read_verneed(r, tables.verneed, tables.strings, out)) return e;
+  if (auto e = read_verdef(r, tables.verdef, tables.strings, out)) return e;
   return std::nullopt;
 }
 

@@ -1,7 +1,10 @@
 // A small, bounds-checked reader of 64-bit little-endian ELF shared objects. It parses untrusted
 // bytes (package host libraries before any dlopen), so every offset, size and count is checked
 // against the buffer and every chain walk is bounded; malformed input yields an error, never a
-// read outside the span.
+// read outside the span. It reads what ld.so reads: the program headers and the dynamic segment
+// at PT_DYNAMIC's address (not the section headers, which ld.so ignores); the tables it also
+// reads through section headers (.dynsym, .gnu.version_r/_d) must be the ones the dynamic
+// entries point at, or the file is refused.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +36,14 @@ struct ElfInfo {
   std::vector<std::string> rpath;    // DT_RPATH values
   std::vector<std::string> runpath;  // DT_RUNPATH values
   std::string soname;
+  std::vector<std::string> auxiliary;  // DT_AUXILIARY values
+  std::vector<std::string> filter;     // DT_FILTER values
+  std::vector<std::string> audit;      // DT_AUDIT values
+  std::vector<std::string> depaudit;   // DT_DEPAUDIT values
+  bool textrel = false;                // DT_TEXTREL present
+  bool flags_textrel = false;          // DF_TEXTREL set in DT_FLAGS
+  bool has_gnu_stack = false;          // a PT_GNU_STACK program header exists
+  bool exec_stack = false;             // PT_GNU_STACK has PF_X
   std::vector<DynamicSymbol> dynamic_symbols;
   std::vector<VersionNeed> version_needs;
   std::vector<std::string> version_definitions;  // .gnu.version_d names, base entry excluded
@@ -40,7 +51,7 @@ struct ElfInfo {
 
 // What went wrong while parsing, for the preflight's messages.
 struct ParseError {
-  std::string rule;     // "elf-header" or "elf-structure"
+  std::string rule;     // "elf-header", "elf-structure" or "dynamic-segment"
   std::string message;  // what is malformed
 };
 
@@ -48,7 +59,10 @@ struct ParseError {
 // Fills type and machine. Returns an error for anything that is not a 64-bit LE ELF file.
 std::optional<ParseError> parse_header(std::span<const uint8_t> bytes, ElfInfo& out);
 
-// Parses header, section table, dynamic section, dynamic symbols and symbol versions.
+// Parses header, program headers, the dynamic segment, section table, dynamic symbols and symbol
+// versions. "dynamic-segment" errors mean that ld.so would read something other than what the
+// section headers describe (PT_DYNAMIC vs .dynamic, DT_SYMTAB vs .dynsym, hash tables reaching
+// past .dynsym, ...).
 std::optional<ParseError> parse(std::span<const uint8_t> bytes, ElfInfo& out);
 
 // Name of an e_machine value ("x86-64", "AArch64", or "machine 40").

@@ -1,5 +1,6 @@
 // check: preflight a package directory or host library and read its module table without
-// running any op; prints layers, ops, flags and every check; exit 1 on any failure.
+// running any op; prints layers, ops, flags and every check; exit 1 on any failure. The library
+// is loaded only in a child process (loader/package_check.h): its crash is a failed check.
 #include <iostream>
 #include <memory>
 
@@ -31,8 +32,10 @@ void add_check_command(CLI::App& app, Runner& run) {
   auto* check = app.add_subcommand(
       "check",
       "Check a package directory (with kernel.json) or a host library before publishing: ELF "
-      "preflight (machine, needed libraries, symbol versions, entry symbol, no rpath), then read "
-      "its module table without running any op. Exit 1 on any failure.");
+      "preflight as ld.so reads the file (machine, PT_DYNAMIC, needed libraries, no rpath, "
+      "filters, audit libraries, text relocations or executable stack, STB_GNU_UNIQUE, symbol "
+      "versions, entry symbol), then load it in a child process and read its module table "
+      "without running any op. Exit 1 on any failure.");
   auto json = std::make_shared<bool>(false);
   check->add_option("target", *target, "Package directory or host library (.so)")->required();
   check->add_flag("--json", *json, "Machine-readable report on stdout");
