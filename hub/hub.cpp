@@ -311,11 +311,12 @@ PullReport Hub::pull(const Ref& ref) {
   // The index's signatures travel into the cache with it, so that offline loads can verify.
   report.kernel_index = kernel_artifact && oci::is_index(report.media_type);
   if (report.kernel_index && !options_.offline) signatures(ref.repo, report.digest, true);
-  if (!report.from_cache) {
-    store_.write_ref(
-        RefRecord{address_.id(), ref.repo, record_name(ref), report.digest, resolved_at});
-  }
+  if (!report.from_cache) record_ref(ref, report.digest, resolved_at);
   return report;
+}
+
+void Hub::record_ref(const Ref& ref, const Digest& digest, int64_t resolved_at) {
+  store_.write_ref(RefRecord{address_.id(), ref.repo, record_name(ref), digest, resolved_at});
 }
 
 RefInfo Hub::info(const Ref& ref) {
@@ -340,6 +341,9 @@ RefInfo Hub::info(const Ref& ref) {
     info.artifact_type = m.artifact_type;
     info.variants.push_back(VariantInfo{oci::describe(*root, info.media_type), m});
   }
+  // Tags only: a digest resolves without a record, and a record is a gc root (pull makes one
+  // for what it fetched whole; info fetches no blobs).
+  if (!info.from_cache && !ref.digest) record_ref(ref, info.digest, info.resolved_at);
   return info;
 }
 

@@ -108,7 +108,9 @@ class Hub {
   // checks that everything is cached; a miss throws kOffline naming the command to run.
   PullReport pull(const Ref& ref);
 
-  // The index and its variant manifests (fetched into the store, no blobs).
+  // The index and its variant manifests (fetched into the store, no blobs). A tag resolved on
+  // the hub is recorded as pull records it, so that the ref TTL and later offline runs (kernelize
+  // resolves through info) find it.
   RefInfo info(const Ref& ref);
 
   // Uploads the image index tagged ref.tag in the OCI layout at layout_dir (or its only one)
@@ -135,6 +137,9 @@ class Hub {
  private:
   Source& source();
   Digest resolve(const Ref& ref, bool* from_cache, int64_t* resolved_at);
+  // Writes the ref record for ref resolved on the hub. The hub facade is the only writer of ref
+  // records (hub/base/cache_layout.h).
+  void record_ref(const Ref& ref, const Digest& digest, int64_t resolved_at);
   std::string ensure_manifest(const Ref& ref, const oci::Descriptor& desc);
   void prefetch_manifests(const Ref& ref, const std::vector<oci::Descriptor>& manifests);
   void fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blobs, PullReport& report);

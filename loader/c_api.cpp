@@ -185,8 +185,8 @@ int32_t kh_runtime_kernelize(kh_runtime_t* rt, const char* config_json, const ch
     kh::Hub h(address, store, hub_options);
     kh::KernelizeOptions options;
     options.modes.clear();
-    if (modes == 0 || (modes & KH_KERNELIZE_EVAL)) options.modes.push_back(kh::KernelMode::kEval);
-    if (modes == 0 || (modes & KH_KERNELIZE_TRAIN)) options.modes.push_back(kh::KernelMode::kTrain);
+    if (modes == 0 || (modes & KH_KERNELIZE_EVAL)) options.modes.push_back(kh::Mode::kEval);
+    if (modes == 0 || (modes & KH_KERNELIZE_TRAIN)) options.modes.push_back(kh::Mode::kTrain);
     options.strict = strict != 0;
     options.lock = lock ? &*lock : nullptr;
     kh::KernelizeReport report = kh::kernelize(rt->runtime, config, h, dev, options);

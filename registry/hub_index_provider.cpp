@@ -33,11 +33,12 @@ std::optional<oci::Manifest> HubIndexProvider::manifest(const Ref& ref,
 std::optional<PackageManifest> HubIndexProvider::package(const Ref& ref,
                                                          const oci::Descriptor& variant) {
   auto m = manifest(ref, variant);
-  if (!m || m->layers.size() != 1) return std::nullopt;
-  auto dir = hub_.store().unpacked_path(m->layers[0].digest);
+  auto layer = m ? package_layer_of(*m) : std::nullopt;
+  if (!layer) return std::nullopt;
+  auto dir = hub_.store().unpacked_path(layer->digest);
   if (!dir) return std::nullopt;
   // A package unpacked in the store was verified when it was stored; a kernel.json that does not
-  // parse is left for the loader to report with its full path.
+  // parse is reported with its path when kernelize verifies the package.
   try {
     return read_package_manifest(*dir);
   } catch (const Error&) {
@@ -45,8 +46,8 @@ std::optional<PackageManifest> HubIndexProvider::package(const Ref& ref,
   }
 }
 
-Resolution resolve_on_hub(const KernelConfig& config, const Device& device, KernelMode mode,
-                          Hub& hub, const ResolveOptions& options) {
+Resolution resolve_on_hub(const KernelConfig& config, const Device& device, Mode mode, Hub& hub,
+                          const ResolveOptions& options) {
   HubIndexProvider provider(hub);
   return resolve(config, device, mode, provider, options);
 }

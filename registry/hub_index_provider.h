@@ -1,6 +1,8 @@
 // The resolver's IndexProvider on top of kh::Hub: indexes and variant manifests through
-// Hub::info() (online, or from the cache's ref records when offline), kernel.json from packages
-// already unpacked in the store. Each ref is asked for once per provider.
+// Hub::info() (online, or from the cache's ref records when offline; a tag resolved on the hub is
+// recorded by the hub), kernel.json from packages already unpacked in the store. Each ref is
+// asked for once per provider. registry/index_providers.h stacks local packages and lock pins on
+// top of it.
 #pragma once
 
 #include <map>
@@ -28,7 +30,7 @@ class HubIndexProvider : public IndexProvider {
 };
 
 // resolve() against a hub.
-Resolution resolve_on_hub(const KernelConfig& config, const Device& device, KernelMode mode,
-                          Hub& hub, const ResolveOptions& options = {});
+Resolution resolve_on_hub(const KernelConfig& config, const Device& device, Mode mode, Hub& hub,
+                          const ResolveOptions& options = {});
 
 }  // namespace kh

@@ -12,22 +12,17 @@ namespace kh {
 
 using nlohmann::json;
 
-const char* kernel_mode_name(KernelMode mode) {
-  switch (mode) {
-    case KernelMode::kEval:
-      return "eval";
-    case KernelMode::kTrain:
-      return "train";
-    case KernelMode::kFallback:
-      return "fallback";
-  }
-  return "?";
+const char* mode_key_name(ModeKey key) {
+  // Spelled out rather than through the loader's mode_name: the config parser (and its fuzz
+  // target) links no loader code.
+  if (key.is_fallback()) return "fallback";
+  return *key.mode() == Mode::kTrain ? "train" : "eval";
 }
 
-std::optional<KernelMode> parse_kernel_mode(std::string_view text) {
-  if (text == "eval") return KernelMode::kEval;
-  if (text == "train") return KernelMode::kTrain;
-  if (text == "fallback") return KernelMode::kFallback;
+std::optional<ModeKey> parse_mode_key(std::string_view text) {
+  if (text == "eval") return ModeKey(Mode::kEval);
+  if (text == "train") return ModeKey(Mode::kTrain);
+  if (text == "fallback") return ModeKey::fallback();
   return std::nullopt;
 }
 
@@ -202,17 +197,17 @@ class Parser {
     return out;
   }
 
-  std::map<KernelMode, ModeEntry> mode_map(const json& j, const std::string& path) {
+  std::map<ModeKey, ModeEntry> mode_map(const json& j, const std::string& path) {
     if (!j.is_object())
       throw_at(what_, path,
                "expected a mode map {\"eval\": ref, \"train\": ref, \"fallback\": ref}, got " +
                    json_describe(j));
     if (j.empty())
       throw_at(what_, path, "empty mode map; expected at least one of eval, train, fallback");
-    std::map<KernelMode, ModeEntry> out;
+    std::map<ModeKey, ModeEntry> out;
     for (auto& [k, v] : j.items()) {
       std::string mpath = json_path_key(path, k);
-      auto mode = parse_kernel_mode(k);
+      auto mode = parse_mode_key(k);
       if (!mode) {
         std::string hint = (k == "capability" || k == "modes")
                                ? " (capability ranges go in a list: [{\"capability\": {...}, "
@@ -307,8 +302,8 @@ class Parser {
   static CapabilityEntry both_modes(KernelRef ref, const std::string& path) {
     CapabilityEntry e;
     e.path = path;
-    e.modes[KernelMode::kEval] = ModeEntry{ref, path};
-    e.modes[KernelMode::kTrain] = ModeEntry{std::move(ref), path};
+    e.modes[Mode::kEval] = ModeEntry{ref, path};
+    e.modes[Mode::kTrain] = ModeEntry{std::move(ref), path};
     return e;
   }
 

@@ -35,15 +35,38 @@
 #include <vector>
 
 #include "hub/oci/ref.h"
+#include "loader/layer_table.h"  // kh::Mode (moving to kernel_hub/kernel_hub.hpp)
 
 namespace kh {
 
-// The mode a config entry is registered for. kFallback serves any requested mode (HF's
-// Mode.FALLBACK); a requested mode is only kEval or kTrain.
-enum class KernelMode : uint8_t { kEval = 0, kTrain = 1, kFallback = 2 };
-const char* kernel_mode_name(KernelMode mode);
+// The key a config entry is registered under: a mode (eval, train; the loader's kh::Mode, the
+// only mode type) or "fallback", which serves any requested mode (HF's Mode.FALLBACK). A mode
+// that is requested (resolution, kernelize, the layer table) is always a kh::Mode.
+class ModeKey {
+ public:
+  constexpr ModeKey(Mode mode)
+      : mode_(mode) {}  // NOLINT(google-explicit-constructor): a mode is a key
+  static constexpr ModeKey fallback() { return ModeKey(); }
+
+  bool is_fallback() const { return !mode_; }
+  std::optional<Mode> mode() const { return mode_; }
+  // Does an entry under this key serve `requested` directly (not through the mode chain)?
+  bool is(Mode requested) const { return mode_ == requested; }
+
+  // eval < train < fallback: the order mode maps and messages list them.
+  friend bool operator<(ModeKey a, ModeKey b) { return a.rank() < b.rank(); }
+  friend bool operator==(ModeKey a, ModeKey b) { return a.mode_ == b.mode_; }
+
+ private:
+  constexpr ModeKey() = default;
+  int rank() const { return mode_ ? static_cast<int>(*mode_) : 2; }
+
+  std::optional<Mode> mode_;  // nullopt: "fallback"
+};
+// "eval", "train", "fallback".
+const char* mode_key_name(ModeKey key);
 // "eval", "train", "fallback"; nullopt otherwise.
-std::optional<KernelMode> parse_kernel_mode(std::string_view text);
+std::optional<ModeKey> parse_mode_key(std::string_view text);
 
 // Device keys a KernelConfig accepts, in the order error messages list them.
 inline constexpr std::string_view kDeviceKeys[] = {"cuda", "cpu"};
@@ -82,7 +105,7 @@ struct ModeEntry {
 // One registration under a device key: an optional capability range and its mode map.
 struct CapabilityEntry {
   std::optional<CapabilityRange> range;  // none: every capability (loses to any range)
-  std::map<KernelMode, ModeEntry> modes;
+  std::map<ModeKey, ModeEntry> modes;
   std::string path;
 };
 

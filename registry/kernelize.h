@@ -7,13 +7,18 @@
 //   auto report = kh::kernelize(rt, config, hub, kh::local_cpu_device(), {});
 //   rt.set_mode(kh::Mode::kTrain);            // no I/O from here on
 //
-// Order: every slot (layer name = slot name) is resolved for every mode up front (registry
-// resolver over the hub's indexes); only the chosen variants are fetched (variant manifest + its
-// blobs, by digest), unpacked and checked against their kernel.json file digests BEFORE anything
-// is loaded; then each (slot, mode) is bound through the loader (ELF preflight, dlopen, module
-// table). When a fetch brought a package whose kernel.json was not known at resolution time, the
-// resolution runs again with it (a train entry without a backward op then falls through the mode
-// chain as the resolver documents).
+// Stages (registry/kernelize/stages.h), nothing loaded before the last:
+//  1. plan: every slot (layer name = slot name) resolved for every mode against index metadata;
+//     the signed index's kernelhub.layers annotation says which layers and ops each variant has,
+//     so one pass decides (a train entry without a backward op falls through the mode chain as
+//     the resolver documents).
+//  2. fetch: only the chosen variants (variant manifest + its blobs, by digest), unpacked. For
+//     an index packed without the annotation, plan and fetch run again once the package's
+//     kernel.json is at hand.
+//  3. trust: each hub package's index signed by a key trusted for its repo.
+//  4. verify: every package's files against its kernel.json, and kernel.json against the
+//     annotation the plan relied on.
+//  5. bind: each (slot, mode) through the loader (ELF preflight, dlopen, module table).
 //
 // - Slots the config does not map, or maps for no entry that fits, keep the runtime's fallback
 //   (a log line each). A train binding without a backward op keeps the fallback unless strict;
@@ -22,7 +27,8 @@
 //   bytes for a ref is a kIntegrity error naming the ref, the expected and the found digest.
 //   Offline, locked refs resolve from the lock's digests (no ref records needed).
 // - Version channels follow the hub's ref TTL (HubOptions::ref_ttl_s, KERNEL_HUB_REF_TTL):
-//   within it, and always offline, the cached ref record is used.
+//   within it, and always offline, the cached ref record is used. The hub records what it
+//   resolves; kernelize writes nothing to the store itself.
 // - KERNEL_HUB_LOCAL="org/name=/path[,org/other=/path]" serves those repos from local package
 //   directories (kernel authors): no hub, no lock check; still preflighted by the loader, and
 //   file-verified when their kernel.json has a "files" map.
@@ -41,6 +47,8 @@
 #include "hub/hub.h"
 #include "kernel_hub/kernel_hub.hpp"
 #include "registry/device.h"
+#include "registry/hub_index_provider.h"
+#include "registry/index_providers.h"
 #include "registry/kernel_config.h"
 #include "registry/lock_file.h"
 #include "registry/resolver.h"
@@ -48,7 +56,7 @@
 namespace kh {
 
 struct KernelizeOptions {
-  std::vector<KernelMode> modes = {KernelMode::kEval, KernelMode::kTrain};
+  std::vector<Mode> modes = {Mode::kEval, Mode::kTrain};
   bool strict = false;
   const LockFile* lock = nullptr;
   int cuda_ordinal = 0;  // the CUDA device bound when the Device is cuda
@@ -69,7 +77,7 @@ const char* binding_source_name(BindingSource source);
 
 struct KernelizeBinding {
   std::string layer;  // the slot name
-  KernelMode mode = KernelMode::kEval;
+  Mode mode = Mode::kEval;
   BindingSource source = BindingSource::kFallback;
   std::string package;  // "name@version" from kernel.json; empty for fallback
   std::string kernel;   // the config's ref "org/name@v1:Layer"
@@ -89,7 +97,7 @@ struct KernelizeReport {
   size_t fetched = 0;                      // variants fetched from the hub by this call
   double total_ms = 0;
 
-  const KernelizeBinding* find(std::string_view layer, KernelMode mode) const;
+  const KernelizeBinding* find(std::string_view layer, Mode mode) const;
   std::string str() const;  // one line per binding
   nlohmann::json to_json() const;
 };
@@ -105,50 +113,34 @@ std::map<std::string, std::filesystem::path> parse_local_overrides(std::string_v
 
 // See the file comment. Throws kh::Error: kIntegrity (lock or file digests), kOffline (a miss in
 // the cache when offline, naming the command to run), kRefused (preflight, strict), kNotFound,
-// kInvalidInput (unknown mode, bad KERNEL_HUB_LOCAL).
+// kInvalidInput (bad KERNEL_HUB_LOCAL).
 KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub,
                           const Device& device, const KernelizeOptions& options = {});
 
-// The resolver's IndexProvider for kernelize and `kernel-hub pull --config/--lock`: indexes and
-// variant manifests through Hub::info (each ref asked once per provider), kernel.json from
-// packages already unpacked in the store, plus:
-// - a tag resolved on the hub is recorded in the store's refs, as a pull records it, so that the
-//   ref TTL and later offline runs find it;
-// - under a lock and offline, locked refs resolve by their locked index digest;
-// - repos added with add_local are served from a local package directory as a one-variant
-//   index that fits the device as far as the package's device code allows.
+// The provider stack kernelize and `kernel-hub resolve/why/lock/pull --config` resolve through
+// (registry/index_providers.h): KERNEL_HUB_LOCAL packages, then (offline, under a lock) locked
+// refs by their locked index digest, then the hub (indexes and variant manifests through
+// Hub::info, each ref asked once; kernel.json from packages already unpacked in the store).
 class KernelizeIndexProvider : public IndexProvider {
  public:
   explicit KernelizeIndexProvider(Hub& hub, const LockFile* lock = nullptr);
-  ~KernelizeIndexProvider() override;
 
-  void set_lock(const LockFile* lock) { lock_ = lock; }
-  // Reads the package directory now (kernel.json; kNotFound / kInvalidInput naming it).
-  void add_local(const std::string& repo, const std::filesystem::path& dir, const Device& device,
-                 const ResolveOptions& options);
-  // The local directory serving ref, or nullptr.
-  const std::filesystem::path* local_dir(const Ref& ref) const;
-  // The local package's kernel.json in registry form (nullopt for the loader's short form).
-  std::optional<PackageManifest> local_manifest(const Ref& ref) const;
-  // A lock entry that accepts the local package for ref on device (locals are not lock-checked).
-  std::optional<LockEntry> local_lock_entry(const Ref& ref, const Device& device) const;
-  // "name@version" of a local package.
-  std::string local_identity(const Ref& ref) const;
+  void set_lock(const LockFile* lock) { pinned_.set_lock(lock); }
+  LocalIndexProvider& local() { return local_; }
+  const LocalIndexProvider& local() const { return local_; }
 
-  IndexRecord index(const Ref& ref) override;
-  std::optional<oci::Manifest> manifest(const Ref& ref, const oci::Descriptor& variant) override;
-  std::optional<PackageManifest> package(const Ref& ref, const oci::Descriptor& variant) override;
+  IndexRecord index(const Ref& ref) override { return local_.index(ref); }
+  std::optional<oci::Manifest> manifest(const Ref& ref, const oci::Descriptor& variant) override {
+    return local_.manifest(ref, variant);
+  }
+  std::optional<PackageManifest> package(const Ref& ref, const oci::Descriptor& variant) override {
+    return local_.package(ref, variant);
+  }
 
  private:
-  struct LocalPackage;
-  const RefInfo& info(const Ref& ref);
-  Ref effective(const Ref& ref) const;
-  const LocalPackage* local(const Ref& ref) const;
-
-  Hub& hub_;
-  const LockFile* lock_;
-  std::map<std::string, std::shared_ptr<RefInfo>> infos_;
-  std::map<std::string, std::shared_ptr<LocalPackage>> locals_;
+  HubIndexProvider hub_;
+  LockPinnedIndexProvider pinned_;
+  LocalIndexProvider local_;
 };
 
 // Fetches one variant (its manifest and blobs, by digest) into the hub's store and unpacks its

@@ -8,15 +8,15 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "hub/store/archive.h"
 #include "hub/base/clock.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "hub/hub.h"
 #include "hub/oci/ref.h"
+#include "hub/store/archive.h"
 #include "hub/transport/source.h"
-#include "loader/cuda_arch.h"
 #include "kernel_hub/kernel_hub_abi.h"
+#include "loader/cuda_arch.h"
 #include "loader/nvrtc.h"
 #include "loader/package_check.h"
 #include "registry/device.h"
@@ -380,6 +380,17 @@ PackReport pack_package(const PackOptions& o) {
       if (!sm_list.empty()) ann[std::string(kAnnotationCudaSm)] = sm_list;
       ann[std::string(kAnnotationSource)] = m.has_source() ? "true" : "false";
     }
+    // The layers travel in the signed index too, so that a resolver knows which layers and ops
+    // a variant has without fetching it (old resolvers ignore the key).
+    std::string layers_text = serialize_package_layers(m.layers);
+    if (layers_text.size() <= kMaxLayersAnnotationBytes) {
+      ann[std::string(kAnnotationLayers)] = layers_text;
+    } else {
+      report.notes.push_back(fmt::format(
+          "the {} variant's layers take {} bytes, over the {}-byte kernelhub.layers limit: left "
+          "out of the index, so resolvers fetch the variant to read its layers",
+          device, layers_text.size(), kMaxLayersAnnotationBytes));
+    }
     m.files = hash_package_files(stage);
     std::string manifest_text = m.serialize();
     PackageManifest::parse(manifest_text, "generated kernel.json");  // our own output validates
@@ -400,6 +411,8 @@ PackReport pack_package(const PackOptions& o) {
     manifest.artifact_type = std::string(oci::kArtifactTypeKernel);
     manifest.config = oci::empty_descriptor();
     manifest.layers.push_back(s.layer);
+    if (auto it = ann.find(std::string(kAnnotationLayers)); it != ann.end())
+      manifest.annotations[it->first] = it->second;
     s.manifest_bytes = oci::serialize(manifest);
     s.entry = oci::describe(s.manifest_bytes, oci::kMediaTypeManifest);
     s.entry.platform = oci::Platform{os, arch, ""};

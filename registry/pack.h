@@ -16,7 +16,9 @@
 // then fails its digest check; see tests/fixtures/layout_builder.cpp); the variant manifests
 // carry application/vnd.kernelhub.kernel.v1. Index entries carry platform linux/<arch> and the
 // annotations registry/resolver.cpp matches on: kernelhub.device, kernelhub.abi,
-// kernelhub.cuda.version, kernelhub.cuda.sm, kernelhub.source.
+// kernelhub.cuda.version, kernelhub.cuda.sm, kernelhub.source, and kernelhub.layers (the
+// variant's layers, ops, flags and dtypes as in kernel.json, compact JSON; also on the variant
+// manifest), which lets resolution decide without fetching the variant.
 #pragma once
 
 #include <filesystem>

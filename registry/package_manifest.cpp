@@ -203,9 +203,20 @@ class Parser {
   void layers(const json& j, PackageManifest& m) {
     const json& ls = required(j, "$", "layers", json::value_t::object,
                               "{\"LayerName\": {\"ops\", \"flags\", \"dtypes\"}}");
-    if (ls.empty()) throw_at(what_, "$.layers", "empty; expected at least one layer");
+    m.layers = layer_map(ls, "$.layers");
+  }
+
+ public:
+  // kernel.json's "layers" object (at `path`), also the kernelhub.layers annotation's value.
+  std::map<std::string, PackageLayer> layer_map(const json& ls, const std::string& path) {
+    if (!ls.is_object())
+      throw_at(
+          what_, path,
+          "expected {\"LayerName\": {\"ops\", \"flags\", \"dtypes\"}}, got " + json_describe(ls));
+    if (ls.empty()) throw_at(what_, path, "empty; expected at least one layer");
+    std::map<std::string, PackageLayer> out;
     for (auto& [name, v] : ls.items()) {
-      std::string lpath = json_path_key("$.layers", name);
+      std::string lpath = json_path_key(path, name);
       if (!is_valid_layer_name(name))
         throw_at(what_, lpath, "not a valid layer name; expected [A-Za-z_][A-Za-z0-9_.-]*");
       if (!v.is_object())
@@ -252,10 +263,12 @@ class Parser {
         throw_at(what_, lpath,
                  layer.has_backward ? "flag \"backward\" needs ops.backward"
                                     : "ops.backward needs the flag \"backward\"");
-      m.layers[name] = std::move(layer);
+      out[name] = std::move(layer);
     }
+    return out;
   }
 
+ private:
   std::vector<std::string> string_list(const json& j, const std::string& path,
                                        const std::set<std::string, std::less<>>& allowed,
                                        const char* expected) {
@@ -290,6 +303,37 @@ PackageManifest PackageManifest::parse(std::string_view json_text, std::string_v
   return Parser(what).document(parse_json_document(json_text, what, kMaxPackageManifestBytes));
 }
 
+namespace {
+
+json layers_json(const std::map<std::string, PackageLayer>& layers) {
+  json out = json::object();
+  for (auto& [n, l] : layers) {
+    json lj;
+    lj["ops"]["forward"] = l.forward;
+    if (!l.forward_train.empty()) lj["ops"]["forward_train"] = l.forward_train;
+    if (!l.backward.empty()) lj["ops"]["backward"] = l.backward;
+    lj["flags"] = json::array();
+    if (l.has_backward) lj["flags"].push_back("backward");
+    if (l.graph_safe) lj["flags"].push_back("graph_safe");
+    if (l.deterministic) lj["flags"].push_back("deterministic");
+    lj["dtypes"] = l.dtypes;
+    out[n] = std::move(lj);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string serialize_package_layers(const std::map<std::string, PackageLayer>& layers) {
+  return layers_json(layers).dump();
+}
+
+std::map<std::string, PackageLayer> parse_package_layers(std::string_view json_text,
+                                                         std::string_view what) {
+  return Parser(what).layer_map(parse_json_document(json_text, what, kMaxLayersAnnotationBytes),
+                                "$");
+}
+
 std::string PackageManifest::serialize() const {
   json j;
   j["name"] = name;
@@ -303,19 +347,7 @@ std::string PackageManifest::serialize() const {
     for (auto& [sm, file] : cubins) j["cubins"][sm] = file;
   }
   if (has_source()) j["cuda_source"] = cuda_source;
-  j["layers"] = json::object();
-  for (auto& [n, l] : layers) {
-    json lj;
-    lj["ops"]["forward"] = l.forward;
-    if (!l.forward_train.empty()) lj["ops"]["forward_train"] = l.forward_train;
-    if (!l.backward.empty()) lj["ops"]["backward"] = l.backward;
-    lj["flags"] = json::array();
-    if (l.has_backward) lj["flags"].push_back("backward");
-    if (l.graph_safe) lj["flags"].push_back("graph_safe");
-    if (l.deterministic) lj["flags"].push_back("deterministic");
-    lj["dtypes"] = l.dtypes;
-    j["layers"][n] = lj;
-  }
+  j["layers"] = layers_json(layers);
   j["files"] = json::object();
   for (auto& [p, d] : files) j["files"][p] = d.str();
   return j.dump(2) + "\n";

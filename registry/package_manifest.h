@@ -45,6 +45,8 @@ struct PackageLayer {
   bool graph_safe = false;
   bool deterministic = false;
   std::vector<std::string> dtypes;  // "bf16", "fp16", "fp32"; at least one
+
+  bool operator==(const PackageLayer&) const = default;
 };
 
 struct PackageManifest {
@@ -74,6 +76,17 @@ struct PackageManifest {
 inline constexpr std::string_view kPackageManifestName = "kernel.json";
 // Upper bound on kernel.json; larger is refused.
 inline constexpr uint64_t kMaxPackageManifestBytes = 1 << 20;
+
+// A package's layers alone, in kernel.json's "layers" form as compact JSON: the value of the
+// kernelhub.layers annotation pack writes on each index entry and variant manifest, so that
+// resolution knows a variant's layers and ops without fetching it (registry/resolver.h).
+std::string serialize_package_layers(const std::map<std::string, PackageLayer>& layers);
+// Parses and validates that form, as kernel.json's "layers" are validated. The text comes from a
+// hub: at most kMaxLayersAnnotationBytes, else kInvalidInput naming `what`.
+std::map<std::string, PackageLayer> parse_package_layers(std::string_view json_text,
+                                                         std::string_view what);
+// Upper bound on a kernelhub.layers annotation (a hundred layers take about 12 KiB).
+inline constexpr uint64_t kMaxLayersAnnotationBytes = 32 << 10;
 
 // Reads and parses dir/kernel.json.
 PackageManifest read_package_manifest(const std::filesystem::path& dir);

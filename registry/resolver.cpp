@@ -256,9 +256,9 @@ std::string why_preferred(const Fit& best, const Fit& other) {
   return "earlier in the index";
 }
 
-std::string mode_list(const std::map<KernelMode, ModeEntry>& modes) {
+std::string mode_list(const std::map<ModeKey, ModeEntry>& modes) {
   std::string out;
-  for (auto& [m, e] : modes) out += (out.empty() ? "" : ", ") + std::string(kernel_mode_name(m));
+  for (auto& [m, e] : modes) out += (out.empty() ? "" : ", ") + std::string(mode_key_name(m));
   return out;
 }
 
@@ -333,9 +333,6 @@ std::optional<PackageManifest> MemoIndexProvider::package(const Ref& ref,
 
 // --- resolution ---
 
-namespace {
-
-// The package layer of a variant manifest: its one tar+zstd layer.
 std::optional<oci::Descriptor> package_layer_of(const oci::Manifest& m) {
   for (auto& l : m.layers)
     if (l.media_type == oci::kMediaTypeLayerTarZstd) return l;
@@ -343,13 +340,52 @@ std::optional<oci::Descriptor> package_layer_of(const oci::Manifest& m) {
   return std::nullopt;
 }
 
+namespace {
+
+// What the resolver knows of a variant's layers before binding it.
+struct KnownLayers {
+  std::string package;  // "toy 1.0.0", for the trace
+  std::map<std::string, PackageLayer> layers;
+  LayersSource from = LayersSource::kUnknown;
+};
+
+// The variant's kernel.json when the provider has it at hand, else the index entry's
+// kernelhub.layers annotation (with the index's title and version); nullopt when neither. An
+// annotation that does not parse is ignored with a trace step: the fetched kernel.json decides.
+std::optional<KnownLayers> known_layers(IndexProvider& provider, const IndexRecord& rec,
+                                        const KernelRef& k, const oci::Descriptor& variant,
+                                        std::vector<TraceStep>& trace) {
+  if (auto pkg = provider.package(k.ref, variant))
+    return KnownLayers{pkg->name + " " + pkg->version, pkg->layers, LayersSource::kPackage};
+  auto ann = variant.annotations.find(std::string(kAnnotationLayers));
+  if (ann == variant.annotations.end()) return std::nullopt;
+  KnownLayers out;
+  try {
+    out.layers = parse_package_layers(
+        ann->second, fmt::format("{} variant {} {}", k.ref.str(), short_digest(variant.digest),
+                                 kAnnotationLayers));
+  } catch (const Error& e) {
+    trace.push_back({TraceStage::kPackage, k.str(), false,
+                     fmt::format("annotation ignored ({}); the layer is checked once the variant "
+                                 "is fetched",
+                                 e.what())});
+    return std::nullopt;
+  }
+  auto title = rec.index.annotations.find(std::string(oci::kAnnotationTitle));
+  auto version = rec.index.annotations.find(std::string(oci::kAnnotationVersion));
+  out.package = title != rec.index.annotations.end() && version != rec.index.annotations.end()
+                    ? title->second + " " + version->second
+                    : k.ref.str();
+  out.from = LayersSource::kIndexAnnotation;
+  return out;
+}
+
 // Tries one config entry; fills `out` and returns true when it serves.
-bool try_entry(const ModeEntry& entry, KernelMode entry_mode, const Device& device,
-               KernelMode requested, IndexProvider& provider, const ResolveOptions& options,
-               LayerResolution& out) {
+bool try_entry(const ModeEntry& entry, ModeKey entry_mode, const Device& device, Mode requested,
+               IndexProvider& provider, const ResolveOptions& options, LayerResolution& out) {
   const KernelRef& k = entry.kernel;
   auto& trace = out.trace;
-  std::string cand = fmt::format("{}: {} at {}", kernel_mode_name(entry_mode), k.str(), entry.path);
+  std::string cand = fmt::format("{}: {} at {}", mode_key_name(entry_mode), k.str(), entry.path);
 
   IndexRecord rec;
   try {
@@ -412,34 +448,35 @@ bool try_entry(const ModeEntry& entry, KernelMode entry_mode, const Device& devi
                               k.ref.str(), locked->layer_size, layer->size));
   }
 
-  if (auto pkg = provider.package(k.ref, sel.chosen->descriptor)) {
-    auto it = pkg->layers.find(k.layer);
-    if (it == pkg->layers.end()) {
+  if (auto known = known_layers(provider, rec, k, sel.chosen->descriptor, trace)) {
+    auto it = known->layers.find(k.layer);
+    if (it == known->layers.end()) {
       std::string have;
-      for (auto& [n, l] : pkg->layers) have += (have.empty() ? "" : ", ") + n;
-      trace.push_back({TraceStage::kPackage, pkg->name + " " + pkg->version, false,
+      for (auto& [n, l] : known->layers) have += (have.empty() ? "" : ", ") + n;
+      trace.push_back({TraceStage::kPackage, known->package, false,
                        fmt::format("has no layer {} (has: {})", k.layer, have)});
       trace.push_back({TraceStage::kMode, cand, false, "package lacks the layer"});
       return false;
     }
-    if (requested == KernelMode::kTrain && !it->second.has_backward) {
-      trace.push_back({TraceStage::kPackage, pkg->name + " " + pkg->version, false,
+    if (requested == Mode::kTrain && !it->second.has_backward) {
+      trace.push_back({TraceStage::kPackage, known->package, false,
                        fmt::format("layer {} has no backward op; train needs one", k.layer)});
       trace.push_back({TraceStage::kMode, cand, false, "no backward for train"});
       return false;
     }
-    trace.push_back({TraceStage::kPackage, pkg->name + " " + pkg->version, true,
+    trace.push_back({TraceStage::kPackage, known->package, true,
                      fmt::format("layer {} present{}", k.layer,
-                                 requested == KernelMode::kTrain ? " with a backward op" : "")});
+                                 requested == Mode::kTrain ? " with a backward op" : "")});
+    out.layers_from = known->from;
   } else {
     trace.push_back({TraceStage::kPackage, k.str(), true,
                      "kernel.json not fetched yet: the loader checks the layer's ops at bind"});
   }
 
   trace.push_back({TraceStage::kMode, cand, true,
-                   entry_mode == requested ? "serves"
-                                           : fmt::format("serves {} (no earlier entry served)",
-                                                         kernel_mode_name(requested))});
+                   entry_mode.is(requested)
+                       ? "serves"
+                       : fmt::format("serves {} (no earlier entry served)", mode_name(requested))});
   out.fallback = false;
   out.entry_mode = entry_mode;
   out.entry_path = entry.path;
@@ -490,11 +527,8 @@ const CapabilityEntry* pick_capability(const DeviceMapping& dm, const Device& de
 }  // namespace
 
 LayerResolution resolve_layer(const KernelConfig& config, std::string_view layer,
-                              const Device& device, KernelMode mode, IndexProvider& provider,
+                              const Device& device, Mode mode, IndexProvider& provider,
                               const ResolveOptions& options) {
-  if (mode == KernelMode::kFallback)
-    throw Error(ErrorKind::kInvalidInput,
-                "resolve: the requested mode must be eval or train (fallback is a config entry)");
   LayerResolution out;
   out.layer = std::string(layer);
   out.requested = mode;
@@ -521,21 +555,20 @@ LayerResolution resolve_layer(const KernelConfig& config, std::string_view layer
     return out;
   }
   // Step 3: the mode chain, in HF's order.
-  std::vector<KernelMode> chain =
-      mode == KernelMode::kEval
-          ? std::vector<KernelMode>{KernelMode::kEval, KernelMode::kTrain, KernelMode::kFallback}
-          : std::vector<KernelMode>{KernelMode::kTrain, KernelMode::kFallback};
-  for (KernelMode m : chain) {
+  std::vector<ModeKey> chain =
+      mode == Mode::kEval ? std::vector<ModeKey>{Mode::kEval, Mode::kTrain, ModeKey::fallback()}
+                          : std::vector<ModeKey>{Mode::kTrain, ModeKey::fallback()};
+  for (ModeKey m : chain) {
     auto it = entry->modes.find(m);
     if (it == entry->modes.end()) {
-      out.trace.push_back({TraceStage::kMode, kernel_mode_name(m), false,
-                           fmt::format("no {} entry at {} (has: {})", kernel_mode_name(m),
-                                       entry->path, mode_list(entry->modes))});
+      out.trace.push_back({TraceStage::kMode, mode_key_name(m), false,
+                           fmt::format("no {} entry at {} (has: {})", mode_key_name(m), entry->path,
+                                       mode_list(entry->modes))});
       continue;
     }
     if (try_entry(it->second, m, device, mode, provider, options, out)) return out;
   }
-  if (mode == KernelMode::kTrain && entry->modes.count(KernelMode::kEval))
+  if (mode == Mode::kTrain && entry->modes.count(Mode::kEval))
     out.trace.push_back({TraceStage::kMode, "eval", false,
                          "an eval kernel never serves train (it may lack a backward op)"});
   out.trace.push_back({TraceStage::kLayer, out.layer, true,
@@ -543,7 +576,7 @@ LayerResolution resolve_layer(const KernelConfig& config, std::string_view layer
   return out;
 }
 
-Resolution resolve(const KernelConfig& config, const Device& device, KernelMode mode,
+Resolution resolve(const KernelConfig& config, const Device& device, Mode mode,
                    IndexProvider& provider, const ResolveOptions& options) {
   Resolution r;
   r.device = device;
@@ -561,9 +594,9 @@ const LayerResolution* Resolution::find(std::string_view layer) const {
 }
 
 std::string LayerResolution::summary() const {
-  if (fallback) return fmt::format("{} {}: runtime fallback", layer, kernel_mode_name(requested));
-  std::string s = fmt::format("{} {}: {}", layer, kernel_mode_name(requested), kernel.str());
-  if (entry_mode != requested) s += fmt::format(" ({} entry)", kernel_mode_name(entry_mode));
+  if (fallback) return fmt::format("{} {}: runtime fallback", layer, mode_name(requested));
+  std::string s = fmt::format("{} {}: {}", layer, mode_name(requested), kernel.str());
+  if (!entry_mode.is(requested)) s += fmt::format(" ({} entry)", mode_key_name(entry_mode));
   if (variant) {
     s += fmt::format(", variant {} {}", variant->position, variant_code_name(variant->code));
     if (!variant->cubin_sm.empty()) s += " sm_" + variant->cubin_sm;

@@ -11,7 +11,10 @@
 //  3. Mode chain: eval -> eval entry, train entry, fallback entry; train -> train entry, fallback
 //     entry. A candidate that fails (index unavailable, no fitting variant, package lacks the
 //     layer, or for train lacks a backward op) is rejected and the next one is tried. After the
-//     chain: the runtime's own implementation (LayerResolution::fallback).
+//     chain: the runtime's own implementation (LayerResolution::fallback). The chosen variant's
+//     layers and ops are read from its kernel.json when the provider has it, else from the
+//     index entry's kernelhub.layers annotation (what pack writes); with neither, the loader
+//     checks them at bind (LayerResolution::layers_from says which).
 //  4. Variant, among the index's manifests. Checks, in order (first failure is the reason):
 //       media type is a manifest; platform os, then architecture equal to the device's;
 //       kernelhub.abi major equal to the host's and minor <= host minor;
@@ -52,9 +55,12 @@ inline constexpr std::string_view kAnnotationCudaVersion = "kernelhub.cuda.versi
 inline constexpr std::string_view kAnnotationCudaSm = "kernelhub.cuda.sm";
 inline constexpr std::string_view kAnnotationAbi = "kernelhub.abi";
 inline constexpr std::string_view kAnnotationSource = "kernelhub.source";
+// The variant's layers in kernel.json's "layers" form, compact JSON (parse_package_layers).
+inline constexpr std::string_view kAnnotationLayers = "kernelhub.layers";
 
 struct ResolveOptions {
-  int abi_major = 1;  // the host's KH_ABI_MAJOR / KH_ABI_MINOR (include/kernel_hub/kernel_hub_abi.h)
+  int abi_major =
+      1;  // the host's KH_ABI_MAJOR / KH_ABI_MINOR (include/kernel_hub/kernel_hub_abi.h)
   int abi_minor = 0;
   const LockFile* lock = nullptr;  // when set, only locked digests are accepted
 };
@@ -112,25 +118,37 @@ class IndexProvider {
   // The variant manifest, for its package layer; nullopt when the provider does not have it.
   virtual std::optional<oci::Manifest> manifest(const Ref& ref, const oci::Descriptor& variant) = 0;
   // The variant's kernel.json when already at hand (e.g. unpacked in the cache); nullopt means
-  // "not known before fetching": the layer's ops are then checked when the loader binds.
+  // "not known before fetching": the index entry's kernelhub.layers annotation then tells the
+  // layer's ops, or without one the loader checks them at bind.
   virtual std::optional<PackageManifest> package(const Ref& /*ref*/,
                                                  const oci::Descriptor& /*variant*/) {
     return std::nullopt;
   }
 };
 
+// Where the resolver learnt which layers and ops the chosen variant has.
+enum class LayersSource {
+  kUnknown,          // nowhere before fetching: the loader checks the ops at bind
+  kPackage,          // its kernel.json, already unpacked (or a local package's)
+  kIndexAnnotation,  // the signed index entry's kernelhub.layers annotation
+};
+
+// The package layer of a variant manifest: its tar+zstd layer (or its only layer).
+std::optional<oci::Descriptor> package_layer_of(const oci::Manifest& manifest);
+
 struct LayerResolution {
   std::string layer;
-  KernelMode requested = KernelMode::kEval;
+  Mode requested = Mode::kEval;
   bool fallback = true;  // true: the runtime's own implementation serves this layer
   // The rest is set when a kernel serves (fallback == false).
-  KernelMode entry_mode = KernelMode::kEval;  // the config entry that served
-  std::string entry_path;                     // its JSON path
+  ModeKey entry_mode = Mode::kEval;  // the config entry that served
+  std::string entry_path;            // its JSON path
   KernelRef kernel;
   std::string hub_id;
   Digest index_digest;
   std::optional<VariantChoice> variant;
   std::optional<oci::Descriptor> package_layer;  // the variant's tar+zstd layer, when known
+  LayersSource layers_from = LayersSource::kUnknown;
   std::vector<TraceStep> trace;
 
   // "RMSNorm eval: org/n@v1:RMSNorm (train entry), variant 1 cubin sm_90" or
@@ -140,19 +158,19 @@ struct LayerResolution {
 
 struct Resolution {
   Device device;
-  KernelMode mode = KernelMode::kEval;
+  Mode mode = Mode::kEval;
   std::vector<LayerResolution> layers;  // in config order (sorted by layer name)
   const LayerResolution* find(std::string_view layer) const;
 };
 
-// Resolves one layer (steps 1-4). mode must be kEval or kTrain (kInvalidInput otherwise).
+// Resolves one layer (steps 1-4) for a requested mode.
 // Provider failures become rejected candidates in the trace; lock violations throw.
 LayerResolution resolve_layer(const KernelConfig& config, std::string_view layer,
-                              const Device& device, KernelMode mode, IndexProvider& provider,
+                              const Device& device, Mode mode, IndexProvider& provider,
                               const ResolveOptions& options = {});
 
 // Every layer of the config. Each ref's index is asked for once.
-Resolution resolve(const KernelConfig& config, const Device& device, KernelMode mode,
+Resolution resolve(const KernelConfig& config, const Device& device, Mode mode,
                    IndexProvider& provider, const ResolveOptions& options = {});
 
 // The trace as lines for `kernel-hub why`: "  [variant] rejected sha256:ab12… : needs CUDA 13.2

@@ -4,7 +4,11 @@
 //
 //   blobs/sha256/<hex>           hub/store (Store): immutable, verified blobs
 //   tmp/<hex>.<pid>.<rand>.part  hub/store (Store): in-flight downloads, swept when stale
-//   refs/<hub-id>/<repo>/<tag>   hub/store (Store::write_ref, called only by the hub facade)
+//   refs/<hub-id>/<repo>/<tag>   hub/store (Store::write_ref), called by the hub facade for what
+//                                it resolves (Hub::record_ref, from Hub::pull and Hub::info:
+//                                kernelize and the CLI ask the hub, never the store) and by
+//                                hub/mirror's import for what a mirror brought (under the
+//                                mirror's and the source hub's ids)
 //   unpacked/<layer-hex>/        hub/store (Store): extracted packages, read-only
 //   signatures/<index-hex>.json  hub/store (Store), for hub/trust: signature sets seen
 //   trust/<hub-id>/<repo>/...    hub/trust (TrustState): rollback serials

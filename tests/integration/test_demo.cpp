@@ -87,11 +87,11 @@ TEST_F(DemoInProcess, KernelizedAndFallbackRunsAgreeAndLearn) {
   SCOPED_TRACE(kern.report.str());
   // Every slot is served by a package in both modes (not the fallback) in the kernelized
   // runtime, and by the fallback in the other: the comparison below compares two implementations.
-  for (KernelMode m : {KernelMode::kEval, KernelMode::kTrain})
+  for (Mode m : {Mode::kEval, Mode::kTrain})
     for (const char* layer : kLayers) {
       const KernelizeBinding* b = kern.report.find(layer, m);
       ASSERT_NE(b, nullptr) << layer;
-      EXPECT_NE(b->source, BindingSource::kFallback) << layer << " " << kernel_mode_name(m);
+      EXPECT_NE(b->source, BindingSource::kFallback) << layer << " " << mode_name(m);
       EXPECT_EQ(fall.report.find(layer, m)->source, BindingSource::kFallback);
     }
   for (Mode m : {Mode::kEval, Mode::kTrain}) {

@@ -88,7 +88,7 @@ TEST_F(KernelizeE2E, BindsCpuOpsInBothModesAndSwaps) {
   KernelizeReport r = kernelize(rt, config_, *h, local_cpu_device(), {});
   SCOPED_TRACE(r.str());
   EXPECT_EQ(r.fetched, 1u);  // one package, one variant, for every slot and mode
-  for (KernelMode m : {KernelMode::kEval, KernelMode::kTrain}) {
+  for (Mode m : {Mode::kEval, Mode::kTrain}) {
     const KernelizeBinding* b = r.find("Scale", m);
     ASSERT_NE(b, nullptr);
     EXPECT_EQ(b->source, BindingSource::kHub);
@@ -96,8 +96,8 @@ TEST_F(KernelizeE2E, BindsCpuOpsInBothModesAndSwaps) {
     EXPECT_EQ(b->kernel, "test/toy@v1:Scale");
     EXPECT_FALSE(b->resolution.trace.empty());
   }
-  EXPECT_EQ(r.find("ScaleInfer", KernelMode::kTrain)->source, BindingSource::kFallback);
-  EXPECT_EQ(r.find("Other", KernelMode::kEval)->source, BindingSource::kFallback);
+  EXPECT_EQ(r.find("ScaleInfer", Mode::kTrain)->source, BindingSource::kFallback);
+  EXPECT_EQ(r.find("Other", Mode::kEval)->source, BindingSource::kFallback);
 
   Vec x({1, -2, 4}), y({0, 0, 0});
   rt.set_mode(Mode::kEval);
@@ -129,7 +129,7 @@ TEST_F(KernelizeE2E, OfflineFromTheCacheWithTheRegistryStopped) {
   add_slots(rt, {"Scale", "ScaleInfer"});
   KernelizeReport r = kernelize(rt, config_, *hub(store, /*offline=*/true), local_cpu_device(), {});
   EXPECT_EQ(r.fetched, 0u);
-  EXPECT_EQ(r.find("Scale", KernelMode::kTrain)->source, BindingSource::kCache) << r.str();
+  EXPECT_EQ(r.find("Scale", Mode::kTrain)->source, BindingSource::kCache) << r.str();
   Vec x({2}), y({0});
   ASSERT_EQ(call_scale(rt, "Scale", x, 4, y), KH_OK);
   EXPECT_EQ(y.data[0], 8.0f);
@@ -146,7 +146,7 @@ TEST_F(KernelizeE2E, OfflineFromTheCacheWithTheRegistryStopped) {
   Runtime rt3;
   add_slots(rt3, {"Scale"});
   KernelizeReport miss = kernelize(rt3, config_, *hub(empty_store, true), local_cpu_device(), {});
-  const KernelizeBinding* b = miss.find("Scale", KernelMode::kEval);
+  const KernelizeBinding* b = miss.find("Scale", Mode::kEval);
   EXPECT_EQ(b->source, BindingSource::kFallback);
   EXPECT_NE(format_trace(b->resolution).find("kernel-hub pull"), std::string::npos)
       << format_trace(b->resolution);
@@ -169,15 +169,15 @@ TEST_F(KernelizeE2E, LockRoundTripAndATamperedHub) {
   Runtime rt;
   add_slots(rt, {"Scale"});
   KernelizeReport r = kernelize(rt, config_, *h, local_cpu_device(), o);
-  EXPECT_EQ(r.find("Scale", KernelMode::kEval)->index_digest, lock.entries[0].index_digest);
-  EXPECT_EQ(*r.find("Scale", KernelMode::kEval)->variant_digest,
+  EXPECT_EQ(r.find("Scale", Mode::kEval)->index_digest, lock.entries[0].index_digest);
+  EXPECT_EQ(*r.find("Scale", Mode::kEval)->variant_digest,
             lock.entries[0].targets.begin()->second.manifest_digest);
 
   // Offline under the lock: resolved from the locked digests.
   Runtime rt_off;
   add_slots(rt_off, {"Scale"});
   EXPECT_EQ(kernelize(rt_off, config_, *hub(store, true), local_cpu_device(), o)
-                .find("Scale", KernelMode::kEval)
+                .find("Scale", Mode::kEval)
                 ->source,
             BindingSource::kCache);
 
@@ -258,7 +258,7 @@ TEST_F(KernelizeE2E, CliResolveWhyLockPull) {
   Runtime rt;
   add_slots(rt, {"Scale"});
   KernelizeReport r = kernelize(rt, config_, *hub(store, true), local_cpu_device(), {});
-  EXPECT_EQ(r.find("Scale", KernelMode::kEval)->source, BindingSource::kCache) << r.str();
+  EXPECT_EQ(r.find("Scale", Mode::kEval)->source, BindingSource::kCache) << r.str();
   EXPECT_NE(cli({"pull"}, fresh).exit_code, 0);  // nothing named: a usage error
 }
 

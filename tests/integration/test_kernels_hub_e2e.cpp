@@ -155,10 +155,10 @@ TEST_F(KernelsHubE2E, PackPushKernelizeCpuGivesFloat64ReferenceResults) {
   SCOPED_TRACE(r.str());
   EXPECT_EQ(r.fetched, kPackages.size());
   for (auto& l : layers)
-    for (KernelMode mode : {KernelMode::kEval, KernelMode::kTrain}) {
+    for (Mode mode : {Mode::kEval, Mode::kTrain}) {
       const KernelizeBinding* b = r.find(l, mode);
       ASSERT_NE(b, nullptr) << l;
-      EXPECT_EQ(b->source, BindingSource::kHub) << l << " " << kernel_mode_name(mode);
+      EXPECT_EQ(b->source, BindingSource::kHub) << l << " " << mode_name(mode);
       EXPECT_TRUE(b->package_dir.string().starts_with(cache.path().string())) << l;
       EXPECT_TRUE(b->trust.starts_with("signed by " + key.public_key().key_id().substr(0, 16)))
           << b->trust;

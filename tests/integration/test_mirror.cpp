@@ -108,17 +108,17 @@ class MirrorE2E : public ::testing::Test {
 
   void expect_bound_from(const KernelizeReport& r, BindingSource source) {
     SCOPED_TRACE(r.str());
-    for (KernelMode m : {KernelMode::kEval, KernelMode::kTrain}) {
+    for (Mode m : {Mode::kEval, Mode::kTrain}) {
       const KernelizeBinding* b = r.find("Scale", m);
       ASSERT_NE(b, nullptr);
-      EXPECT_EQ(b->source, source) << kernel_mode_name(m);
+      EXPECT_EQ(b->source, source) << mode_name(m);
       EXPECT_EQ(b->package, "toy@1.0.0");
       EXPECT_EQ(b->index_digest, index_);
       ASSERT_TRUE(b->variant_digest.has_value());
       EXPECT_EQ(*b->variant_digest, cpu_.entry.digest);
       EXPECT_NE(b->trust.find("signed by"), std::string::npos) << b->trust;
     }
-    EXPECT_EQ(r.find("ScaleInfer", KernelMode::kEval)->source, source);
+    EXPECT_EQ(r.find("ScaleInfer", Mode::kEval)->source, source);
   }
 
   static void expect_scale_works(Runtime& rt) {

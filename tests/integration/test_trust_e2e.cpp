@@ -230,7 +230,7 @@ class TrustE2E : public ::testing::Test {
   void expect_loaded(const KernelizeReport& r, const Runtime& rt, const Store& store,
                      const std::string& trust_prefix) {
     SCOPED_TRACE(r.str());
-    const KernelizeBinding* b = r.find("Scale", KernelMode::kEval);
+    const KernelizeBinding* b = r.find("Scale", Mode::kEval);
     ASSERT_NE(b, nullptr);
     EXPECT_NE(b->source, BindingSource::kFallback) << b->note;
     EXPECT_EQ(b->kernel, "test/toy@v1:Scale");
@@ -289,7 +289,7 @@ TEST_F(TrustE2E, SignedPushCarriesTheSignatureAndLoads) {
   Store& store = kernelize_fresh(trust_keys(key), rt, {}, &r);
   EXPECT_EQ(r.fetched, 1u);
   expect_loaded(r, rt, store, signed_by(key));
-  EXPECT_TRUE(contains(r.find("Scale", KernelMode::kEval)->trust,
+  EXPECT_TRUE(contains(r.find("Scale", Mode::kEval)->trust,
                        "serial " + std::to_string(p.report.signed_statements[0].serial)));
   // The signatures were cached with the package, for offline loads.
   EXPECT_TRUE(store.read_signatures(p.index()).has_value());
@@ -326,7 +326,7 @@ TEST_F(TrustE2E, OfflineFromTheCacheThenATamperedCacheIsRefused) {
     add_toy_slots(rt);
     KernelizeReport r = kernelize_with(*hub(warm, /*offline=*/true), keys, rt);
     EXPECT_EQ(r.fetched, 0u);
-    EXPECT_EQ(r.find("Scale", KernelMode::kEval)->source, BindingSource::kCache) << r.str();
+    EXPECT_EQ(r.find("Scale", Mode::kEval)->source, BindingSource::kCache) << r.str();
     expect_loaded(r, rt, warm, signed_by(key));
   }
 
@@ -352,7 +352,7 @@ TEST_F(TrustE2E, OfflineFromTheCacheThenATamperedCacheIsRefused) {
     add_toy_slots(rt);
     // (The resolver turns an unavailable index into a fallback with a trace, it does not throw.)
     KernelizeReport r = kernelize_with(*hub(index_cache, true), keys, rt);
-    for (KernelMode m : {KernelMode::kEval, KernelMode::kTrain}) {
+    for (Mode m : {Mode::kEval, Mode::kTrain}) {
       const KernelizeBinding* b = r.find("Scale", m);
       ASSERT_NE(b, nullptr);
       EXPECT_EQ(b->source, BindingSource::kFallback) << r.str();
@@ -662,7 +662,7 @@ TEST_F(TrustE2E, ExpiredStatementOnlineRefusedOfflineWithinGrace) {
     add_toy_slots(rt);
     KernelizeReport r = kernelize_with(*hub(store, true), keys, rt);  // default grace: 7 days
     expect_loaded(r, rt, store, signed_by(key));
-    EXPECT_TRUE(contains(r.find("Scale", KernelMode::kEval)->trust, "(expired, grace)")) << r.str();
+    EXPECT_TRUE(contains(r.find("Scale", Mode::kEval)->trust, "(expired, grace)")) << r.str();
     std::string w = warnings();
     EXPECT_TRUE(contains(w, "test/toy@v1: the signature expired at")) << w;
     EXPECT_TRUE(contains(w, "accepted offline within the grace period of 7d")) << w;
@@ -685,8 +685,8 @@ TEST_F(TrustE2E, ReplayedOlderSerialIsRefusedAsRollback) {
     Runtime rt;
     add_toy_slots(rt);
     KernelizeReport r = kernelize_with(*hub(store), keys, rt);
-    EXPECT_EQ(r.find("Scale", KernelMode::kEval)->package, "toy@2.0.0") << r.str();
-    EXPECT_TRUE(contains(r.find("Scale", KernelMode::kEval)->trust, "serial 10")) << r.str();
+    EXPECT_EQ(r.find("Scale", Mode::kEval)->package, "toy@2.0.0") << r.str();
+    EXPECT_TRUE(contains(r.find("Scale", Mode::kEval)->trust, "serial 10")) << r.str();
     Vec x({1}), y({0});
     ASSERT_EQ(call_scale(rt, "Scale", x, 2, y), KH_OK);
     EXPECT_EQ(y.data[0], 3.0f);  // 2.0.0: x * alpha + 1

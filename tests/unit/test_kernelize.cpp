@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <functional>
 
+#include "hub/base/clock.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "hub/transport/source.h"
@@ -103,6 +105,28 @@ TEST(Pack, WritesARegistryManifestWithEveryFileDigest) {
   EXPECT_NO_THROW(verify_package_files(dir, m));
 }
 
+TEST(Pack, CarriesEachVariantsLayersInTheIndex) {
+  TempDir tmp;
+  PackReport r = pack_toy("toy-1.0.0", tmp / "l");
+  oci::Index v1 = layout_index(tmp / "l", "v1");
+  ASSERT_EQ(v1.manifests.size(), 1u);
+  const oci::Descriptor& entry = v1.manifests[0];
+  const std::string& text = entry.annotations.at(std::string(kAnnotationLayers));
+  auto layers = parse_package_layers(text, "kernelhub.layers");
+  // What the package's kernel.json says, in one line.
+  Store store(tmp / "cache");
+  store.put_blob(r.variants[0].layer,
+                 fs::read_file(tmp / "l" / "blobs" / "sha256" / r.variants[0].layer.digest.hex));
+  EXPECT_EQ(layers, read_package_manifest(store.unpack(r.variants[0].layer.digest)).layers);
+  EXPECT_TRUE(layers.at("Scale").has_backward);
+  EXPECT_FALSE(layers.at("ScaleInfer").has_backward);
+  EXPECT_EQ(text.find('\n'), std::string::npos) << text;
+  // The variant manifest carries it too.
+  auto src = open_single_layout_source(tmp / "l", {});
+  oci::Manifest m = oci::parse_manifest(src->get_manifest("", entry.digest.str()).bytes);
+  EXPECT_EQ(m.annotations.at(std::string(kAnnotationLayers)), text);
+}
+
 TEST(Pack, RefusesTheLibraryTheLoaderRefuses) {
   TempDir tmp;
   try {
@@ -166,11 +190,31 @@ class KernelizeLayout : public ::testing::Test {
     o.progress = false;
     return Hub(HubAddress::parse(hub_dir_.path().string(), false), store_, o);
   }
+  // Moves v1 to its index as `edit` leaves it (what an older or a faulty packer wrote), signed
+  // by the test publisher.
+  void republish_v1(const std::function<void(oci::Index&)>& edit) {
+    auto hub_source = open_layout_source(HubAddress::parse(hub_dir_.path().string(), false), {});
+    oci::Index index = oci::parse_index(hub_source->get_manifest("test/toy", "v1").bytes);
+    edit(index);
+    std::string bytes = oci::serialize(index);
+    oci::Descriptor desc = oci::describe(bytes, oci::kMediaTypeIndex);
+    hub_source->push_manifest("test/toy", desc.digest.str(), bytes, oci::kMediaTypeIndex);
+    trust::Statement st;
+    st.hub_id = "kernel-hub";
+    st.repo = "test/toy";
+    st.tag = "v1";
+    st.index = desc.digest;
+    st.serial = static_cast<uint64_t>(unix_now()) + ++republished_;
+    st.expires = unix_now() + 3600;
+    hub_source->push_signature("test/toy", desc, trust::sign_statement(st, test_publisher()));
+    hub_source->push_manifest("test/toy", "v1", bytes, oci::kMediaTypeIndex);
+  }
 
   TempDir hub_dir_{"kh-hub"};
   TempDir cache_{"kh-cache"};
   Store store_{cache_.path()};
   KernelConfig config_ = KernelConfig::parse(toy_config("test/toy"));
+  int republished_ = 0;
 };
 
 TEST_F(KernelizeLayout, BindsBothModesAndSwaps) {
@@ -180,13 +224,13 @@ TEST_F(KernelizeLayout, BindsBothModesAndSwaps) {
   KernelizeReport r = kernelize(rt, config_, h, local_cpu_device(), {});
   ASSERT_EQ(r.bindings.size(), 6u) << r.str();
   EXPECT_EQ(r.fetched, 1u);
-  EXPECT_EQ(r.find("Scale", KernelMode::kEval)->source, BindingSource::kHub) << r.str();
-  EXPECT_EQ(r.find("Scale", KernelMode::kTrain)->source, BindingSource::kHub);
-  EXPECT_EQ(r.find("ScaleInfer", KernelMode::kEval)->package, "toy@1.0.0");
+  EXPECT_EQ(r.find("Scale", Mode::kEval)->source, BindingSource::kHub) << r.str();
+  EXPECT_EQ(r.find("Scale", Mode::kTrain)->source, BindingSource::kHub);
+  EXPECT_EQ(r.find("ScaleInfer", Mode::kEval)->package, "toy@1.0.0");
   // ScaleInfer has no backward op: the re-resolution with the package's kernel.json falls
   // through the mode chain to the runtime's fallback.
-  EXPECT_EQ(r.find("ScaleInfer", KernelMode::kTrain)->source, BindingSource::kFallback) << r.str();
-  EXPECT_EQ(r.find("Unmapped", KernelMode::kEval)->source, BindingSource::kFallback);
+  EXPECT_EQ(r.find("ScaleInfer", Mode::kTrain)->source, BindingSource::kFallback) << r.str();
+  EXPECT_EQ(r.find("Unmapped", Mode::kEval)->source, BindingSource::kFallback);
 
   Vec x({1, 2, 3}), y({0, 0, 0});
   rt.set_mode(Mode::kEval);
@@ -203,7 +247,94 @@ TEST_F(KernelizeLayout, BindsBothModesAndSwaps) {
   add_slots(rt2, {"Scale", "ScaleInfer"});
   KernelizeReport again = kernelize(rt2, config_, h, local_cpu_device(), {});
   EXPECT_EQ(again.fetched, 0u);
-  EXPECT_EQ(again.find("Scale", KernelMode::kEval)->source, BindingSource::kCache);
+  EXPECT_EQ(again.find("Scale", Mode::kEval)->source, BindingSource::kCache);
+}
+
+TEST_F(KernelizeLayout, ResolvesInOnePassFromTheIndexAnnotation) {
+  Runtime rt;
+  add_slots(rt, {"Scale", "ScaleInfer"});
+  Hub h = hub();
+  KernelizeReport r = kernelize(rt, config_, h, local_cpu_device(), {});
+  EXPECT_EQ(r.fetched, 1u);
+  // Every binding was decided by the first plan (a second one would have read kernel.json).
+  for (auto& b : r.bindings) {
+    if (!b.resolution.fallback) {
+      EXPECT_EQ(b.resolution.layers_from, LayersSource::kIndexAnnotation) << b.layer << r.str();
+    }
+  }
+  const KernelizeBinding* infer = r.find("ScaleInfer", Mode::kTrain);
+  EXPECT_EQ(infer->source, BindingSource::kFallback);
+  EXPECT_NE(format_trace(infer->resolution).find("layer ScaleInfer has no backward op"),
+            std::string::npos)
+      << format_trace(infer->resolution);
+}
+
+TEST_F(KernelizeLayout, AnIndexWithoutLayersIsPlannedAgainOnceFetched) {
+  republish_v1([](oci::Index& index) {
+    for (auto& d : index.manifests) d.annotations.erase(std::string(kAnnotationLayers));
+  });
+  Runtime rt;
+  add_slots(rt, {"Scale", "ScaleInfer"});
+  Hub h = hub();
+  KernelizeReport r = kernelize(rt, config_, h, local_cpu_device(), {});
+  EXPECT_EQ(r.fetched, 1u);
+  EXPECT_EQ(r.find("Scale", Mode::kTrain)->source, BindingSource::kHub) << r.str();
+  // The second plan read the fetched kernel.json: ScaleInfer has no backward op.
+  const KernelizeBinding* infer = r.find("ScaleInfer", Mode::kTrain);
+  EXPECT_EQ(infer->source, BindingSource::kFallback) << r.str();
+  EXPECT_EQ(r.find("ScaleInfer", Mode::kEval)->resolution.layers_from, LayersSource::kPackage);
+  EXPECT_NE(format_trace(infer->resolution).find("layer ScaleInfer has no backward op"),
+            std::string::npos)
+      << format_trace(infer->resolution);
+  Vec x({1}), y({0});
+  rt.set_mode(Mode::kTrain);
+  EXPECT_EQ(call_scale(rt, "ScaleInfer", x, 2.0, y), kFallbackStatus);
+
+  // An annotation that does not parse is ignored the same way (the resolver tests check its
+  // trace step): the second plan reads the fetched kernel.json.
+  republish_v1([](oci::Index& index) {
+    for (auto& d : index.manifests)
+      d.annotations[std::string(kAnnotationLayers)] = "{\"Scale\": 1}";
+  });
+  TempDir cache("kh-cache");
+  Store fresh(cache.path());
+  HubOptions quiet;
+  quiet.progress = false;
+  Hub h2(HubAddress::parse(hub_dir_.path().string(), false), fresh, quiet);
+  Runtime rt2;
+  add_slots(rt2, {"ScaleInfer"});
+  KernelizeReport r2 = kernelize(rt2, config_, h2, local_cpu_device(), {});
+  EXPECT_EQ(r2.fetched, 1u);
+  EXPECT_EQ(r2.find("ScaleInfer", Mode::kTrain)->source, BindingSource::kFallback) << r2.str();
+  EXPECT_EQ(r2.find("ScaleInfer", Mode::kEval)->source, BindingSource::kHub) << r2.str();
+  EXPECT_EQ(r2.find("ScaleInfer", Mode::kEval)->resolution.layers_from, LayersSource::kPackage);
+}
+
+TEST_F(KernelizeLayout, AnIndexWhoseLayersDisagreeWithThePackageIsRefused) {
+  // The index claims ScaleInfer has a backward op; the package's kernel.json says it has none.
+  republish_v1([](oci::Index& index) {
+    for (auto& d : index.manifests) {
+      auto layers = parse_package_layers(d.annotations.at(std::string(kAnnotationLayers)), "t");
+      layers.at("ScaleInfer").has_backward = true;
+      layers.at("ScaleInfer").backward = "scale_backward";
+      d.annotations[std::string(kAnnotationLayers)] = serialize_package_layers(layers);
+    }
+  });
+  Runtime rt;
+  add_slots(rt, {"ScaleInfer"});
+  Hub h = hub();
+  try {
+    kernelize(rt, config_, h, local_cpu_device(), {});
+    FAIL() << "bound a package its index misdescribes";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kIntegrity) << msg;
+    EXPECT_NE(msg.find("test/toy@v1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("kernelhub.layers"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("layer ScaleInfer"), std::string::npos) << msg;
+  }
+  Vec x({1}), y({0});
+  EXPECT_EQ(call_scale(rt, "ScaleInfer", x, 2.0, y), kFallbackStatus);  // nothing was bound
 }
 
 TEST_F(KernelizeLayout, StrictRefusesAMappedLayerThatFallsBack) {
@@ -219,7 +350,7 @@ TEST_F(KernelizeLayout, StrictRefusesAMappedLayerThatFallsBack) {
     EXPECT_EQ(e.kind(), ErrorKind::kRefused);
     EXPECT_NE(std::string(e.what()).find("ScaleInfer"), std::string::npos) << e.what();
   }
-  o.modes = {KernelMode::kEval};
+  o.modes = {Mode::kEval};
   EXPECT_NO_THROW(kernelize(rt, config_, h, local_cpu_device(), o));
 }
 
@@ -230,7 +361,7 @@ TEST_F(KernelizeLayout, DisableKeepsEveryFallback) {
   KernelizeOptions o;
   o.disable = true;
   KernelizeReport r = kernelize(rt, config_, h, local_cpu_device(), o);
-  EXPECT_EQ(r.find("Scale", KernelMode::kEval)->source, BindingSource::kFallback);
+  EXPECT_EQ(r.find("Scale", Mode::kEval)->source, BindingSource::kFallback);
   Vec x({1}), y({0});
   EXPECT_EQ(call_scale(rt, "Scale", x, 2.0, y), kFallbackStatus);
   EXPECT_TRUE(store_.list_refs().empty());  // the hub was never asked
@@ -241,7 +372,7 @@ TEST_F(KernelizeLayout, DisableKeepsEveryFallback) {
   add_slots(rt2, {"Scale"});
   KernelizeReport r2 = kernelize(rt2, config_, h, local_cpu_device(), {});
   unsetenv("KERNEL_HUB_DISABLE");
-  EXPECT_EQ(r2.find("Scale", KernelMode::kTrain)->source, BindingSource::kFallback);
+  EXPECT_EQ(r2.find("Scale", Mode::kTrain)->source, BindingSource::kFallback);
 }
 
 TEST_F(KernelizeLayout, LocalOverrideServesAPackageDirectory) {
@@ -253,7 +384,7 @@ TEST_F(KernelizeLayout, LocalOverrideServesAPackageDirectory) {
   setenv("KERNEL_HUB_LOCAL", ("test/toy=" + toy_package("toy-2.0.0").string()).c_str(), 1);
   KernelizeReport r = kernelize(rt, config_, h, local_cpu_device(), {});
   unsetenv("KERNEL_HUB_LOCAL");
-  const KernelizeBinding* b = r.find("Scale", KernelMode::kEval);
+  const KernelizeBinding* b = r.find("Scale", Mode::kEval);
   EXPECT_EQ(b->source, BindingSource::kLocal) << r.str();
   EXPECT_EQ(b->package, "toy@2.0.0");
   Vec x({1, 2}), y({0, 0});
@@ -276,9 +407,8 @@ TEST_F(KernelizeLayout, LocalOverrideServesAPackageDirectory) {
   o.local = std::map<std::string, std::filesystem::path>{{"test/toy", copy}};
   Runtime rt2;
   add_slots(rt2, {"Scale"});
-  EXPECT_EQ(
-      kernelize(rt2, config_, h, local_cpu_device(), o).find("Scale", KernelMode::kEval)->source,
-      BindingSource::kLocal);
+  EXPECT_EQ(kernelize(rt2, config_, h, local_cpu_device(), o).find("Scale", Mode::kEval)->source,
+            BindingSource::kLocal);
   fs::write_file_atomic(copy / "extra.txt", "not in kernel.json");
   Runtime rt3;
   add_slots(rt3, {"Scale"});

@@ -15,7 +15,7 @@ namespace kh {
 namespace {
 
 const ModeEntry& mode_of(const KernelConfig& c, const std::string& layer, const std::string& key,
-                         size_t entry, KernelMode mode) {
+                         size_t entry, ModeKey mode) {
   return c.layers.at(layer).devices.at(key).entries.at(entry).modes.at(mode);
 }
 
@@ -85,12 +85,12 @@ TEST(KernelConfig, NativeForm) {
   EXPECT_EQ(cuda[0].range, (CapabilityRange{80, 89}));
   EXPECT_EQ(cuda[1].range, (CapabilityRange{90, CapabilityRange::kUnbounded}));
   EXPECT_FALSE(cuda[2].range);
-  EXPECT_EQ(cuda[1].modes.at(KernelMode::kTrain).kernel.layer, "RMSNormTrain");
-  EXPECT_EQ(cuda[1].modes.at(KernelMode::kTrain).path, "$.RMSNorm.cuda[1].modes.train");
-  EXPECT_EQ(cuda[0].modes.at(KernelMode::kEval).kernel.ref.tag, "v2");
-  EXPECT_EQ(mode_of(c, "RMSNorm", "cpu", 0, KernelMode::kFallback).kernel.ref.tag, "v4");
-  EXPECT_EQ(mode_of(c, "RMSNorm", "cpu", 0, KernelMode::kEval).kernel.layer, "RMSNorm");
-  EXPECT_FALSE(c.layers.at("RMSNorm").devices.at("cpu").entries[0].modes.count(KernelMode::kTrain));
+  EXPECT_EQ(cuda[1].modes.at(Mode::kTrain).kernel.layer, "RMSNormTrain");
+  EXPECT_EQ(cuda[1].modes.at(Mode::kTrain).path, "$.RMSNorm.cuda[1].modes.train");
+  EXPECT_EQ(cuda[0].modes.at(Mode::kEval).kernel.ref.tag, "v2");
+  EXPECT_EQ(mode_of(c, "RMSNorm", "cpu", 0, ModeKey::fallback()).kernel.ref.tag, "v4");
+  EXPECT_EQ(mode_of(c, "RMSNorm", "cpu", 0, Mode::kEval).kernel.layer, "RMSNorm");
+  EXPECT_FALSE(c.layers.at("RMSNorm").devices.at("cpu").entries[0].modes.count(Mode::kTrain));
   std::vector<std::string> refs;
   for (auto& r : c.refs()) refs.push_back(r.str());
   EXPECT_EQ(refs, (std::vector<std::string>{"org/norm-ampere@v2", "org/norm-any@v1",
@@ -129,11 +129,11 @@ TEST(KernelConfig, TransformersForms) {
     for (auto& [k, dm] : devices) {
       ASSERT_EQ(dm.entries.size(), 1u);
       EXPECT_FALSE(dm.entries[0].range);
-      ASSERT_TRUE(dm.entries[0].modes.count(KernelMode::kEval)) << c.json;
-      ASSERT_TRUE(dm.entries[0].modes.count(KernelMode::kTrain)) << c.json;
-      EXPECT_FALSE(dm.entries[0].modes.count(KernelMode::kFallback));
+      ASSERT_TRUE(dm.entries[0].modes.count(Mode::kEval)) << c.json;
+      ASSERT_TRUE(dm.entries[0].modes.count(Mode::kTrain)) << c.json;
+      EXPECT_FALSE(dm.entries[0].modes.count(ModeKey::fallback()));
       if (c.ref) {
-        EXPECT_EQ(dm.entries[0].modes.at(KernelMode::kEval).kernel.str(), c.ref);
+        EXPECT_EQ(dm.entries[0].modes.at(Mode::kEval).kernel.str(), c.ref);
       }
     }
   }
@@ -217,12 +217,12 @@ TEST(KernelConfig, MergeReplacesSameRangeAndAppendsOthers) {
   const auto& cuda = m.layers.at("A").devices.at("cuda").entries;
   ASSERT_EQ(cuda.size(), 3u);
   EXPECT_EQ(cuda[0].modes.size(), 1u);  // replaced whole, as HF re-inserting an interval
-  EXPECT_EQ(cuda[0].modes.at(KernelMode::kTrain).kernel.ref.repo, "org/a80new");
+  EXPECT_EQ(cuda[0].modes.at(Mode::kTrain).kernel.ref.repo, "org/a80new");
   EXPECT_EQ(cuda[2].range, (CapabilityRange{90, 90}));
   const auto& cpu = m.layers.at("A").devices.at("cpu").entries;
   ASSERT_EQ(cpu.size(), 1u);  // cpu: the overlay replaces the device's mapping
   EXPECT_EQ(cpu[0].modes.size(), 1u);
-  EXPECT_TRUE(cpu[0].modes.count(KernelMode::kFallback));
+  EXPECT_TRUE(cpu[0].modes.count(ModeKey::fallback()));
   EXPECT_TRUE(m.layers.count("B"));
 }
 
@@ -235,7 +235,7 @@ TEST(KernelMapping, ScopesInheritReplaceAndRestore) {
     ScopedKernelMapping inherit(parse(R"({"A": "org/a2", "D": "org/d"})"));
     auto cur = current_kernel_mapping();
     EXPECT_EQ(cur->layers.size(), 4u);
-    EXPECT_EQ(mode_of(*cur, "A", "cpu", 0, KernelMode::kEval).kernel.ref.repo, "org/a2");
+    EXPECT_EQ(mode_of(*cur, "A", "cpu", 0, Mode::kEval).kernel.ref.repo, "org/a2");
     {
       ScopedKernelMapping replace(parse(R"({"E": "org/e"})"), MappingMerge::kReplace);
       EXPECT_EQ(current_kernel_mapping()->layers.size(), 1u);
@@ -252,7 +252,7 @@ TEST(KernelMapping, ScopesInheritReplaceAndRestore) {
   }
   auto after = current_kernel_mapping();
   EXPECT_EQ(after->layers.size(), 3u);
-  EXPECT_EQ(mode_of(*after, "A", "cpu", 0, KernelMode::kEval).kernel.ref.repo, "org/a");
+  EXPECT_EQ(mode_of(*after, "A", "cpu", 0, Mode::kEval).kernel.ref.repo, "org/a");
   register_kernel_mapping(parse(R"({"Z": "org/z"})"), MappingMerge::kReplace);
   EXPECT_EQ(current_kernel_mapping()->layers.size(), 1u);
   clear_kernel_mapping();

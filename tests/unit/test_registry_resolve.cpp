@@ -4,10 +4,10 @@
 
 #include <filesystem>
 
-#include "hub/store/archive.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "hub/hub.h"
+#include "hub/store/archive.h"
 #include "registry/hub_index_provider.h"
 #include "registry/resolver.h"
 #include "tests/fixtures/process.h"
@@ -343,7 +343,7 @@ TEST(Resolve, CapabilityRanges) {
     SCOPED_TRACE(c.name);
     KernelConfig config =
         KernelConfig::parse(std::string(R"({"L": {"cuda": )") + c.cuda_json + "}}");
-    LayerResolution r = resolve_layer(config, "L", cuda(c.sm), KernelMode::kEval, hub);
+    LayerResolution r = resolve_layer(config, "L", cuda(c.sm), Mode::kEval, hub);
     std::string t = format_trace(r);
     if (c.served) {
       ASSERT_FALSE(r.fallback) << t;
@@ -368,41 +368,41 @@ TEST(Resolve, ModeChain) {
   struct Case {
     const char* name;
     const char* modes;  // the cpu mode map
-    KernelMode requested;
+    Mode requested;
     const char* served;  // repo, or nullptr for the runtime fallback
-    KernelMode entry;
+    ModeKey entry;
     const char* trace;
   } cases[] = {
       {"eval: eval entry",
-       R"({"eval": "org/evalk", "train": "org/traink", "fallback": "org/fallk"})",
-       KernelMode::kEval, "org/evalk", KernelMode::kEval, "serves"},
+       R"({"eval": "org/evalk", "train": "org/traink", "fallback": "org/fallk"})", Mode::kEval,
+       "org/evalk", Mode::kEval, "serves"},
       {"train: train entry",
-       R"({"eval": "org/evalk", "train": "org/traink", "fallback": "org/fallk"})",
-       KernelMode::kTrain, "org/traink", KernelMode::kTrain, "with a backward op"},
-      {"eval: train kernel serves eval", R"({"train": "org/traink"})", KernelMode::kEval,
-       "org/traink", KernelMode::kTrain, "no eval entry"},
-      {"eval: fallback entry", R"({"fallback": "org/fallk"})", KernelMode::kEval, "org/fallk",
-       KernelMode::kFallback, "no train entry"},
-      {"train: fallback entry", R"({"eval": "org/evalk", "fallback": "org/fallk"})",
-       KernelMode::kTrain, "org/fallk", KernelMode::kFallback, "no train entry"},
-      {"train: eval kernel never serves train", R"({"eval": "org/traink"})", KernelMode::kTrain,
-       nullptr, KernelMode::kEval, "an eval kernel never serves train"},
+       R"({"eval": "org/evalk", "train": "org/traink", "fallback": "org/fallk"})", Mode::kTrain,
+       "org/traink", Mode::kTrain, "with a backward op"},
+      {"eval: train kernel serves eval", R"({"train": "org/traink"})", Mode::kEval, "org/traink",
+       Mode::kTrain, "no eval entry"},
+      {"eval: fallback entry", R"({"fallback": "org/fallk"})", Mode::kEval, "org/fallk",
+       ModeKey::fallback(), "no train entry"},
+      {"train: fallback entry", R"({"eval": "org/evalk", "fallback": "org/fallk"})", Mode::kTrain,
+       "org/fallk", ModeKey::fallback(), "no train entry"},
+      {"train: eval kernel never serves train", R"({"eval": "org/traink"})", Mode::kTrain, nullptr,
+       Mode::kEval, "an eval kernel never serves train"},
       {"train: train entry without backward", R"({"train": "org/evalk", "fallback": "org/fallk"})",
-       KernelMode::kTrain, "org/fallk", KernelMode::kFallback,
+       Mode::kTrain, "org/fallk", ModeKey::fallback(),
        "layer L has no backward op; train needs one"},
-      {"train: fallback without backward", R"({"fallback": "org/fallnb"})", KernelMode::kTrain,
-       nullptr, KernelMode::kEval, "no backward op"},
-      {"eval: fallback without backward serves eval", R"({"fallback": "org/fallnb"})",
-       KernelMode::kEval, "org/fallnb", KernelMode::kFallback, "serves eval"},
+      {"train: fallback without backward", R"({"fallback": "org/fallnb"})", Mode::kTrain, nullptr,
+       Mode::kEval, "no backward op"},
+      {"eval: fallback without backward serves eval", R"({"fallback": "org/fallnb"})", Mode::kEval,
+       "org/fallnb", ModeKey::fallback(), "serves eval"},
       {"eval: unavailable index, next entry", R"({"eval": "org/missing", "train": "org/traink"})",
-       KernelMode::kEval, "org/traink", KernelMode::kTrain, "no such ref on the table hub"},
+       Mode::kEval, "org/traink", Mode::kTrain, "no such ref on the table hub"},
       {"eval: no variant for the device, next entry",
-       R"({"eval": "org/cudaonly", "fallback": "org/fallk"})", KernelMode::kEval, "org/fallk",
-       KernelMode::kFallback, "no variant fits cpu linux/amd64"},
-      {"package lacks the layer", R"({"eval": "org/otherlayer"})", KernelMode::kEval, nullptr,
-       KernelMode::kEval, "has no layer L (has: Other)"},
-      {"nothing serves", R"({"eval": "org/missing"})", KernelMode::kEval, nullptr,
-       KernelMode::kEval, "the runtime's own implementation"},
+       R"({"eval": "org/cudaonly", "fallback": "org/fallk"})", Mode::kEval, "org/fallk",
+       ModeKey::fallback(), "no variant fits cpu linux/amd64"},
+      {"package lacks the layer", R"({"eval": "org/otherlayer"})", Mode::kEval, nullptr,
+       Mode::kEval, "has no layer L (has: Other)"},
+      {"nothing serves", R"({"eval": "org/missing"})", Mode::kEval, nullptr, Mode::kEval,
+       "the runtime's own implementation"},
   };
   for (auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -421,7 +421,6 @@ TEST(Resolve, ModeChain) {
     }
     EXPECT_NE(t.find(c.trace), std::string::npos) << t;
   }
-  EXPECT_THROW(resolve_layer(KernelConfig{}, "L", cpu(), KernelMode::kFallback, hub), Error);
 }
 
 TEST(Resolve, UnknownPackageIsCheckedAtBind) {
@@ -429,9 +428,66 @@ TEST(Resolve, UnknownPackageIsCheckedAtBind) {
   hub.add("org/evalk", {{.device = "cpu"}}, package("org/evalk", "L", false));
   hub.know_packages = false;
   KernelConfig config = KernelConfig::parse(R"({"L": {"cpu": {"train": "org/evalk"}}})");
-  LayerResolution r = resolve_layer(config, "L", cpu(), KernelMode::kTrain, hub);
+  LayerResolution r = resolve_layer(config, "L", cpu(), Mode::kTrain, hub);
   EXPECT_FALSE(r.fallback);
   EXPECT_TRUE(trace_has(r.trace, "the loader checks the layer's ops at bind"));
+}
+
+// Gives ref's index entries the kernelhub.layers annotation `text`, and the index the title and
+// version pack writes.
+void annotate_layers(TableProvider& hub, const std::string& ref, const std::string& text) {
+  IndexRecord& rec = hub.indexes.at(Ref::parse(ref).str());
+  rec.index.annotations[std::string(oci::kAnnotationTitle)] = ref;
+  rec.index.annotations[std::string(oci::kAnnotationVersion)] = "1.0.0";
+  for (auto& d : rec.index.manifests) d.annotations[std::string(kAnnotationLayers)] = text;
+}
+
+TEST(Resolve, TheIndexAnnotationTellsTheLayersBeforeAFetch) {
+  TableProvider hub;
+  hub.add("org/evalk", {{.device = "cpu"}}, package("org/evalk", "L", false));
+  hub.add("org/fallk", {{.device = "cpu"}}, package("org/fallk", "L", true));
+  annotate_layers(hub, "org/evalk",
+                  serialize_package_layers(package("org/evalk", "L", false).layers));
+  annotate_layers(hub, "org/fallk",
+                  serialize_package_layers(package("org/fallk", "L", true).layers));
+  hub.know_packages = false;  // nothing fetched yet
+  KernelConfig config =
+      KernelConfig::parse(R"({"L": {"cpu": {"train": "org/evalk", "fallback": "org/fallk"}}})");
+  LayerResolution r = resolve_layer(config, "L", cpu(), Mode::kTrain, hub);
+  std::string t = format_trace(r);
+  ASSERT_FALSE(r.fallback) << t;
+  EXPECT_EQ(r.kernel.ref.repo, "org/fallk") << t;  // the train entry has no backward op
+  EXPECT_EQ(r.layers_from, LayersSource::kIndexAnnotation);
+  EXPECT_TRUE(trace_has(r.trace, "layer L has no backward op; train needs one")) << t;
+  EXPECT_TRUE(trace_has(r.trace, "layer L present with a backward op")) << t;
+  EXPECT_FALSE(trace_has(r.trace, "not fetched yet")) << t;
+
+  // kernel.json, when at hand, is what decides; the trace reads the same.
+  hub.know_packages = true;
+  LayerResolution known = resolve_layer(config, "L", cpu(), Mode::kTrain, hub);
+  EXPECT_EQ(known.layers_from, LayersSource::kPackage);
+  EXPECT_EQ(format_trace(known), t);
+}
+
+TEST(Resolve, ALayersAnnotationThatDoesNotParseIsIgnored) {
+  const std::string valid = serialize_package_layers(package("org/k", "L", true).layers);
+  for (const std::string& text :
+       {std::string("not json"), std::string("{}"), std::string(R"({"L": {"ops": {}}})"),
+        std::string(
+            R"({"L": {"ops": {"forward": "f"}, "flags": ["backward"], "dtypes": ["fp32"]}})"),
+        valid + std::string(kMaxLayersAnnotationBytes, ' ')}) {
+    SCOPED_TRACE(text.substr(0, 80));
+    TableProvider hub;
+    hub.add("org/k", {{.device = "cpu"}}, package("org/k", "L", true));
+    annotate_layers(hub, "org/k", text);
+    hub.know_packages = false;
+    KernelConfig config = KernelConfig::parse(R"({"L": {"cpu": {"train": "org/k"}}})");
+    LayerResolution r = resolve_layer(config, "L", cpu(), Mode::kTrain, hub);
+    ASSERT_FALSE(r.fallback) << format_trace(r);
+    EXPECT_EQ(r.layers_from, LayersSource::kUnknown);
+    EXPECT_TRUE(trace_has(r.trace, "annotation ignored")) << format_trace(r);
+    EXPECT_TRUE(trace_has(r.trace, "the loader checks the layer's ops at bind"));
+  }
 }
 
 TEST(Resolve, LayersDevicesAndTraceText) {
@@ -439,7 +495,7 @@ TEST(Resolve, LayersDevicesAndTraceText) {
   hub.add("org/n", {{.device = "cpu"}, {.sm = "90"}});
   KernelConfig config = KernelConfig::parse(R"({
     "A": "org/n", "B": {"cpu": "org/n"}, "C": {"cuda": "org/n:Fused"}})");
-  Resolution res = resolve(config, cuda(90), KernelMode::kEval, hub);
+  Resolution res = resolve(config, cuda(90), Mode::kEval, hub);
   EXPECT_EQ(hub.index_calls, 1);  // one ref, asked once for three layers
   ASSERT_EQ(res.layers.size(), 3u);
   EXPECT_FALSE(res.find("A")->fallback);
@@ -448,7 +504,7 @@ TEST(Resolve, LayersDevicesAndTraceText) {
   EXPECT_TRUE(trace_has(res.find("B")->trace, "no cuda entry (config has: cpu)"));
   EXPECT_EQ(res.find("C")->summary(), "C eval: org/n@v1:Fused, variant 1 exact cubin sm_90");
   EXPECT_EQ(res.find("Z"), nullptr);
-  LayerResolution missing = resolve_layer(config, "Z", cpu(), KernelMode::kEval, hub);
+  LayerResolution missing = resolve_layer(config, "Z", cpu(), Mode::kEval, hub);
   EXPECT_TRUE(missing.fallback);
   EXPECT_TRUE(trace_has(missing.trace, "no mapping for this layer"));
 
@@ -489,14 +545,14 @@ TEST(Resolve, LockBuildAndCheck) {
   LockFile lock = LockFile::parse(built.lock.serialize());
   ResolveOptions locked;
   locked.lock = &lock;
-  LayerResolution r = resolve_layer(config, "A", cuda(90), KernelMode::kEval, hub, locked);
+  LayerResolution r = resolve_layer(config, "A", cuda(90), Mode::kEval, hub, locked);
   ASSERT_FALSE(r.fallback) << format_trace(r);
   EXPECT_EQ(r.variant->descriptor.digest, idx.index.manifests[2].digest);
   EXPECT_TRUE(trace_has(r.trace, "as locked"));
 
   auto expect_error = [&](const Device& d, ErrorKind kind, std::vector<std::string> parts) {
     try {
-      resolve_layer(config, "A", d, KernelMode::kEval, hub, locked);
+      resolve_layer(config, "A", d, Mode::kEval, hub, locked);
       ADD_FAILURE() << "resolved under a violated lock";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), kind) << e.what();
@@ -527,7 +583,7 @@ TEST(Resolve, LockBuildAndCheck) {
   KernelConfig other = KernelConfig::parse(R"({"A": {"cpu": "org/n@v2"}})");
   hub.add("org/n@v2", {{.device = "cpu"}});
   try {
-    resolve_layer(other, "A", cpu(), KernelMode::kEval, hub, locked);
+    resolve_layer(other, "A", cpu(), Mode::kEval, hub, locked);
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
@@ -600,7 +656,7 @@ TEST(HubIndexProvider, ResolvesOnALayoutHub) {
   Device device = local_cpu_device();
 
   // Before any pull: indexes and manifests come from the hub; kernel.json is not known yet.
-  Resolution before = resolve_on_hub(config, device, KernelMode::kTrain, hub);
+  Resolution before = resolve_on_hub(config, device, Mode::kTrain, hub);
   const LayerResolution& r = before.layers.at(0);
   ASSERT_FALSE(r.fallback) << format_trace(r);
   EXPECT_EQ(r.index_digest, index_digest);
@@ -613,7 +669,7 @@ TEST(HubIndexProvider, ResolvesOnALayoutHub) {
   // After a pull the unpacked kernel.json is read: the layer has its backward op, and the
   // unpacked files match it.
   hub.pull(Ref::parse("org/scale"));
-  Resolution after = resolve_on_hub(config, device, KernelMode::kTrain, hub);
+  Resolution after = resolve_on_hub(config, device, Mode::kTrain, hub);
   EXPECT_FALSE(after.layers.at(0).fallback);
   EXPECT_TRUE(trace_has(after.layers.at(0).trace, "layer Scale present with a backward op"))
       << format_trace(after.layers.at(0));
@@ -631,7 +687,7 @@ TEST(HubIndexProvider, ResolvesOnALayoutHub) {
   ResolveOptions locked;
   locked.lock = &lock;
   try {
-    resolve_on_hub(config, device, KernelMode::kTrain, hub2, locked);
+    resolve_on_hub(config, device, Mode::kTrain, hub2, locked);
     ADD_FAILURE() << "accepted a moved tag under a lock";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kIntegrity);

@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       auto r = kh::kernelize(rt, config, hub, cpu, options);
       ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
       if (r.fetched != 0 || r.bindings.size() != 16 ||
-          r.find("Layer7", kh::KernelMode::kTrain)->source != kh::BindingSource::kCache) {
+          r.find("Layer7", kh::Mode::kTrain)->source != kh::BindingSource::kCache) {
         fmt::print(stderr, "unexpected kernelize result:\n{}", r.str());
         return 1;
       }

@@ -39,10 +39,9 @@ std::string binding_table(const KernelizeReport& report) {
       {"LAYER", "MODE", "PACKAGE", "DIGEST", "VARIANT", "SOURCE", "LOAD"}};
   for (const KernelizeBinding& b : report.bindings) {
     if (b.source == BindingSource::kFallback) {
-      rows.push_back(
-          {b.layer, kernel_mode_name(b.mode), "runtime fallback", "-", "-", "fallback", "-"});
+      rows.push_back({b.layer, mode_name(b.mode), "runtime fallback", "-", "-", "fallback", "-"});
     } else {
-      rows.push_back({b.layer, kernel_mode_name(b.mode), b.package, short_digest(b.index_digest),
+      rows.push_back({b.layer, mode_name(b.mode), b.package, short_digest(b.index_digest),
                       b.variant, binding_source_text(b), fmt::format("{:.1f} ms", b.load_ms)});
     }
   }
@@ -62,7 +61,7 @@ std::string binding_table(const KernelizeReport& report) {
     if (b.source != BindingSource::kFallback || b.note.empty()) continue;
     auto it = std::find_if(notes.begin(), notes.end(), [&](auto& n) { return n.first == b.note; });
     if (it == notes.end()) it = notes.insert(notes.end(), {b.note, {}});
-    it->second.push_back(fmt::format("{} {}", b.layer, kernel_mode_name(b.mode)));
+    it->second.push_back(fmt::format("{} {}", b.layer, mode_name(b.mode)));
   }
   for (auto& [note, who] : notes)
     out += fmt::format("  {}: {}\n",
@@ -78,7 +77,7 @@ nlohmann::json demo_json(const DemoSummary& summary, const DemoOptions& o,
   nlohmann::json bindings = nlohmann::json::array();
   for (const KernelizeBinding& b : report.bindings) {
     nlohmann::json j = {{"layer", b.layer},
-                        {"mode", kernel_mode_name(b.mode)},
+                        {"mode", mode_name(b.mode)},
                         {"source", binding_source_name(b.source)},
                         {"load_ms", b.load_ms}};
     if (b.source == BindingSource::kFallback) {

@@ -77,13 +77,13 @@ struct DeviceArgs {
   }
 };
 
-std::vector<KernelMode> modes_of(const std::string& mode) {
-  if (mode.empty()) return {KernelMode::kEval, KernelMode::kTrain};
-  auto m = parse_kernel_mode(mode);
-  if (!m || *m == KernelMode::kFallback)
+std::vector<Mode> modes_of(const std::string& mode) {
+  if (mode.empty()) return {Mode::kEval, Mode::kTrain};
+  auto m = parse_mode_key(mode);
+  if (!m || m->is_fallback())
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("--mode '{}': expected eval or train (default: both)", mode));
-  return {*m};
+  return {*m->mode()};
 }
 
 // A hub that asks for every tag (no ref TTL): lock and pull must see what the hub serves now.
@@ -105,12 +105,12 @@ nlohmann::json trace_json(const std::vector<TraceStep>& trace) {
 
 nlohmann::json layer_json(const LayerResolution& r, bool with_trace) {
   nlohmann::json j = {{"layer", r.layer},
-                      {"mode", kernel_mode_name(r.requested)},
+                      {"mode", mode_name(r.requested)},
                       {"fallback", r.fallback},
                       {"summary", r.summary()}};
   if (!r.fallback) {
     j["kernel"] = r.kernel.str();
-    j["entry_mode"] = kernel_mode_name(r.entry_mode);
+    j["entry_mode"] = mode_key_name(r.entry_mode);
     j["entry_path"] = r.entry_path;
     j["hub"] = r.hub_id;
     j["index_digest"] = r.index_digest.str();
@@ -136,15 +136,15 @@ int run_resolve(Context& ctx, const std::string& config_path, const DeviceArgs& 
   KernelizeIndexProvider provider(ctx.hub());
   nlohmann::json out = {{"config", config_path}, {"device", device.str()}};
   nlohmann::json modes = nlohmann::json::array();
-  for (KernelMode m : modes_of(mode)) {
+  for (Mode m : modes_of(mode)) {
     Resolution r = resolve(config, device, m, provider);
     nlohmann::json layers = nlohmann::json::array();
-    ctx.say(fmt::format("{} on {}:", kernel_mode_name(m), device.describe()));
+    ctx.say(fmt::format("{} on {}:", mode_name(m), device.describe()));
     for (auto& l : r.layers) {
       layers.push_back(layer_json(l, false));
       ctx.say("  " + l.summary() + (l.fallback ? "" : "  index " + l.index_digest.str()));
     }
-    modes.push_back({{"mode", kernel_mode_name(m)}, {"layers", layers}});
+    modes.push_back({{"mode", mode_name(m)}, {"layers", layers}});
   }
   out["modes"] = modes;
   if (json || ctx.options().json) ctx.print_json(out);
@@ -158,7 +158,7 @@ int run_why(Context& ctx, const std::string& layer, const std::string& config_pa
   KernelizeIndexProvider provider(ctx.hub());
   MemoIndexProvider memo(provider);
   nlohmann::json modes = nlohmann::json::array();
-  for (KernelMode m : modes_of(mode)) {
+  for (Mode m : modes_of(mode)) {
     LayerResolution r = resolve_layer(config, layer, device, m, memo);
     modes.push_back(layer_json(r, true));
     ctx.say(format_trace(r));

@@ -1,0 +1,55 @@
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "loader/log.h"
+#include "registry/kernelize/stages.h"
+
+namespace kh::kernelize_stage {
+
+std::vector<KernelizeBinding> bind(std::vector<Planned> plan, Runtime& runtime,
+                                   const BindInput& in) {
+  std::vector<KernelizeBinding> out;
+  for (auto& p : plan) {
+    const LayerResolution& r = p.resolution;
+    KernelizeBinding b;
+    b.layer = r.layer;
+    b.mode = r.requested;
+    if (r.fallback) {
+      b.note = r.trace.empty() ? "runtime fallback" : r.trace.back().reason;
+      log_line(KH_LOG_INFO, fmt::format("kernelize: {} {}: runtime fallback ({})", b.layer,
+                                        mode_name(b.mode), b.note));
+    } else {
+      auto t0 = std::chrono::steady_clock::now();
+      b.kernel = r.kernel.str();
+      b.index_digest = r.index_digest;
+      b.variant_digest = r.variant->descriptor.digest;
+      b.variant =
+          fmt::format("variant {} {}", r.variant->position, variant_code_name(r.variant->code));
+      if (!r.variant->cubin_sm.empty()) b.variant += " sm_" + r.variant->cubin_sm;
+      b.package = in.verified.identity.at(p.dir);
+      b.package_dir = p.dir;
+      b.trust =
+          p.source == BindingSource::kLocal ? "local (not signature-checked)" : in.trust.summary(r);
+      BindOutcome outcome =
+          runtime.bind(b.layer, p.dir, b.mode, in.device_index, r.kernel.layer, in.strict);
+      b.load_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (outcome == BindOutcome::kBound) {
+        b.source = p.source;
+        log_line(KH_LOG_INFO,
+                 fmt::format("kernelize: {} {}: {} ({}, {})", b.layer, mode_name(b.mode), b.kernel,
+                             b.package, binding_source_name(b.source)));
+      } else {
+        b.source = BindingSource::kFallback;
+        b.note =
+            fmt::format("{} has no backward op: train keeps the runtime fallback", r.kernel.str());
+      }
+    }
+    b.resolution = std::move(p.resolution);
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace kh::kernelize_stage

@@ -1,0 +1,125 @@
+#include <fmt/format.h>
+
+#include <optional>
+
+#include "hub/base/error.h"
+#include "loader/log.h"
+#include "registry/kernelize/stages.h"
+
+namespace kh::kernelize_stage {
+
+namespace stdfs = std::filesystem;
+
+// --- check trust ---
+
+Ref TrustChecked::checked_ref(const LayerResolution& r) const {
+  return locked_ ? Ref{r.kernel.ref.repo, "", r.index_digest} : r.kernel.ref;
+}
+
+std::string TrustChecked::key(const LayerResolution& r) const {
+  return checked_ref(r).str() + "|" + r.index_digest.str();
+}
+
+std::string TrustChecked::summary(const LayerResolution& r) const {
+  auto it = summaries_.find(key(r));
+  return it == summaries_.end() ? std::string() : it->second;
+}
+
+TrustChecked check_trust(const std::vector<Planned>& plan, Hub& hub, const trust::TrustStore& keys,
+                         bool locked) {
+  TrustChecked out(locked);
+  for (auto& p : plan) {
+    const LayerResolution& r = p.resolution;
+    if (r.fallback || p.source == BindingSource::kLocal || out.contains(r)) continue;
+    trust::TrustDecision d = hub.check_trust(out.checked_ref(r), r.index_digest, keys);
+    if (!d.warning.empty()) log_line(KH_LOG_WARN, "kernelize: " + d.warning);
+    out.add(r, d.signed_ok ? fmt::format("signed by {} serial {}{}", d.key_id.substr(0, 16),
+                                         d.serial, d.in_grace ? " (expired, grace)" : "")
+                           : "UNSIGNED (allowed)");
+  }
+  return out;
+}
+
+// --- verify ---
+
+namespace {
+
+// Where kernel.json and the index's kernelhub.layers annotation first disagree, or "".
+std::string layers_difference(const std::map<std::string, PackageLayer>& annotated,
+                              const std::map<std::string, PackageLayer>& packaged) {
+  for (auto& [name, layer] : annotated) {
+    auto it = packaged.find(name);
+    if (it == packaged.end()) return fmt::format("layer {} is not in kernel.json", name);
+    if (!(it->second == layer))
+      return fmt::format("layer {} has other ops, flags or dtypes in kernel.json", name);
+  }
+  for (auto& [name, layer] : packaged)
+    if (!annotated.count(name)) return fmt::format("layer {} is not in the annotation", name);
+  return "";
+}
+
+// The plan chose this variant on the strength of its index annotation; the package must say the
+// same, or the publisher's index describes another package than it ships.
+void require_annotation_matches(const LayerResolution& r, const PackageManifest& m) {
+  const oci::Descriptor& variant = r.variant->descriptor;
+  const std::string& text = variant.annotations.at(std::string(kAnnotationLayers));
+  std::string what =
+      fmt::format("{} variant {} {}", r.kernel.ref.str(), variant.digest.str(), kAnnotationLayers);
+  std::string diff = layers_difference(parse_package_layers(text, what), m.layers);
+  if (!diff.empty())
+    throw Error(ErrorKind::kIntegrity,
+                fmt::format("{}: the index's {} annotation for variant {} does not match the "
+                            "package's kernel.json ({}); the index was not written with this "
+                            "package: repack and republish it with kernel-hub pack",
+                            r.kernel.ref.str(), kAnnotationLayers, variant.digest.str(), diff));
+}
+
+}  // namespace
+
+Verified verify(const std::vector<Planned>& plan, const LocalIndexProvider& local,
+                const HubAddress& hub) {
+  Verified out;
+  std::map<stdfs::path, PackageManifest> manifests;  // hub packages, verified
+  for (auto& p : plan) {
+    const LayerResolution& r = p.resolution;
+    if (r.fallback) continue;
+    if (p.source == BindingSource::kLocal) {
+      if (out.identity.count(p.dir)) continue;
+      const LocalPackage* l = local.find(r.kernel.ref);
+      if (l->manifest) {
+        verify_package_files(p.dir, *l->manifest);
+      } else {
+        log_line(KH_LOG_INFO,
+                 fmt::format("kernelize: local package {} has no \"files\" digests in kernel.json; "
+                             "not file-verified",
+                             p.dir.string()));
+      }
+      out.identity[p.dir] = l->identity;
+      continue;
+    }
+    auto it = manifests.find(p.dir);
+    if (it == manifests.end()) {
+      PackageManifest m;
+      try {
+        m = read_package_manifest(p.dir);
+      } catch (const Error& e) {
+        throw Error(ErrorKind::kIntegrity,
+                    fmt::format("{}: the package from {} has no valid kernel.json ({}); repack it "
+                                "with kernel-hub pack",
+                                r.kernel.ref.str(), hub.text, e.what()));
+      }
+      try {
+        verify_package_files(p.dir, m);
+      } catch (const Error& e) {
+        // Name the ref, as every other refusal before a load does.
+        throw Error(e.kind(), fmt::format("{}: {}", r.kernel.ref.str(), e.what()));
+      }
+      out.identity[p.dir] = m.name + "@" + m.version;
+      it = manifests.emplace(p.dir, std::move(m)).first;
+    }
+    if (r.layers_from == LayersSource::kIndexAnnotation) require_annotation_matches(r, it->second);
+  }
+  return out;
+}
+
+}  // namespace kh::kernelize_stage
