@@ -256,19 +256,19 @@ std::optional<ParentDir> open_parent(const stdfs::path& path, bool create) {
   if (auto root = guarded_root_of(path)) {
     const stdfs::path p = normal_absolute(path);
     std::vector<std::string> parts = *components_below(root->root, p);
-    if (parts.empty())
-      throw Error(ErrorKind::kInvalidInput,
-                  fmt::format("{} is the {} itself, not an entry in it", p.string(), root->what));
-    ParentDir out;
-    out.leaf = parts.back();
-    parts.pop_back();
-    if (out.leaf == "..")
-      throw Error(ErrorKind::kRefused, fmt::format("{}: '..' is not allowed", p.string()));
-    out.dir = walk(*root, parts, p, create);
-    if (!out.dir) return std::nullopt;
-    out.guarded = true;
-    out.sharing = root->sharing;
-    return out;
+    // The root itself: its parent lies outside the guarded tree, opened as any other path.
+    if (!parts.empty()) {
+      ParentDir out;
+      out.leaf = parts.back();
+      parts.pop_back();
+      if (out.leaf == "..")
+        throw Error(ErrorKind::kRefused, fmt::format("{}: '..' is not allowed", p.string()));
+      out.dir = walk(*root, parts, p, create);
+      if (!out.dir) return std::nullopt;
+      out.guarded = true;
+      out.sharing = root->sharing;
+      return out;
+    }
   }
   stdfs::path parent = path.parent_path().empty() ? stdfs::path(".") : path.parent_path();
   if (create) {
