@@ -6,6 +6,7 @@
 
 #include "hub/base/clock.h"
 #include "hub/base/error.h"
+#include "hub/base/guarded_root.h"
 #include "hub/hub.h"
 
 namespace kh {
@@ -84,7 +85,15 @@ trust::TrustDecision Hub::check_trust(const Ref& ref, const Digest& index,
   request.tag = tag;
   request.index = index;
   request.offline = options_.offline;
-  trust::TrustState state(store_.root());
+  // Rollback state lives with the trust store (private to this user); a store with no
+  // directory (built-in keys only) keeps it in the cache as before.
+  std::filesystem::path state_dir = keys.state_dir();
+  if (state_dir.empty()) {
+    state_dir = store_.root() / "trust";
+  } else {
+    fs::guard_root(keys.dir(), fs::Sharing::kPrivate, "trust store");
+  }
+  trust::TrustState state(state_dir);
   // Cached signatures first: a warm load asks nothing of the hub. Online, when they do not
   // verify (none yet, expired, re-signed since), the hub's current set decides.
   trust::TrustPolicy strict = options_.trust;

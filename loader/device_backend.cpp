@@ -7,14 +7,15 @@
 
 #include <fmt/format.h>
 
+#include "hub/base/cache_layout.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
-#include "hub/base/cache_layout.h"
 #include "loader/cuda_driver.h"
 #include "loader/jit_cache.h"
 #include "loader/log.h"
 #include "loader/nvrtc.h"
 #include "loader/package_dir.h"
+#include "loader/verified_file.h"
 
 namespace kh {
 
@@ -168,7 +169,7 @@ const CudaDeviceBackend::Library& CudaDeviceBackend::library_for(
 void CudaDeviceBackend::load(Entry& e, const PackageIdentity& package, int device) {
   const cuda::DeviceInfo& dev = cuda::device(device);
   const CudaArch gpu{dev.sm_major, dev.sm_minor, 0};
-  PackageDir pkg = read_package_dir(package.package_dir);
+  PackageDir pkg = read_package_dir(package.package_dir, package.manifest_digest);
   DeviceCodeInfo& info = e.info;
   info.device = device;
   info.gpu = fmt::format("{} ({})", dev.name, gpu.sm());
@@ -179,8 +180,9 @@ void CudaDeviceBackend::load(Entry& e, const PackageIdentity& package, int devic
 
   if (choice.kind == DeviceCodeKind::kCubin) {
     try {
-      e.library = &library_for("cubin:" + choice.file.string(), choice.file.string(),
-                               [&] { return fs::read_file(choice.file, uint64_t{1} << 30); });
+      VerifiedFile cubin = open_verified(choice.file, pkg.expected_digest(choice.file));
+      e.library = &library_for("cubin:" + cubin.digest.str(), choice.file.string(),
+                               [&] { return cubin.read_all(uint64_t{1} << 30); });
       info.kind = choice.kind;
       info.arch = choice.arch;
       info.file = choice.file;
@@ -201,7 +203,8 @@ void CudaDeviceBackend::load(Entry& e, const PackageIdentity& package, int devic
   }
 
   // NVRTC from the package's source, through the JIT cache.
-  const std::string source = fs::read_file(choice.file, uint64_t{64} << 20);
+  const std::string source =
+      open_verified(choice.file, pkg.expected_digest(choice.file)).read_all(uint64_t{64} << 20);
   const NvrtcInfo& compiler = nvrtc();
   std::vector<std::string> options = nvrtc_options(choice.arch, compiler.version);
   JitKeyInput key_input;

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 
+#include "hub/base/digest.h"
 #include "kernel_hub/kernel_hub_abi.h"
 
 namespace kh {
@@ -18,6 +20,9 @@ struct PackageIdentity {
   std::filesystem::path package_dir;  // its directory
   std::string name;                   // from the module table, once read
   std::string version;
+  // kernel.json's digest as verified when the library was loaded: the device code is read
+  // against the same kernel.json (and its "files" digests), never a newer one.
+  std::optional<Digest> manifest_digest;
 };
 
 // Provides device code to packages. Implementations must be thread-safe; both calls may run

@@ -5,11 +5,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 
 #include <fmt/format.h>
 
 #include "hub/base/error.h"
 #include "loader/log.h"
+#include "loader/verified_file.h"
 
 namespace kh {
 
@@ -33,32 +36,48 @@ Check failed(const std::string& rule, const std::string& file, const std::string
 
 }  // namespace
 
-LoadResult try_load_module(const std::filesystem::path& library) {
-  std::error_code ec;
-  std::filesystem::path canonical = std::filesystem::canonical(library, ec);
-  if (ec) {
+LoadResult try_load_module(const std::filesystem::path& library,
+                           const std::optional<Digest>& expected) {
+  // One descriptor from here on: what is preflighted and dlopen'ed is what was hashed, whatever
+  // happens to the path meanwhile (loader/verified_file.h).
+  VerifiedFile verified;
+  try {
+    verified = open_verified(library, expected);
+  } catch (const Error& e) {
     return {{library.string(),
-             {failed("readable", library.string(),
-                     fmt::format("cannot resolve the path: {}; check that the package is "
-                                 "unpacked and the file exists",
-                                 ec.message()))}},
+             {failed(e.kind() == ErrorKind::kIntegrity ? "digest" : "readable", library.string(),
+                     e.what())}},
             nullptr};
   }
-  const std::string file = canonical.string();
+  const std::string file = library.string();
+  // Per file and content: a path whose bytes changed is a different module, never the old one.
+  const std::string key = file + "\n" + verified.digest.str();
 
   std::lock_guard lock(load_mutex());
-  if (auto it = registry().find(file); it != registry().end()) {
+  if (auto it = registry().find(key); it != registry().end()) {
     LoadResult cached{{file, {{"loaded", true, "already loaded in this process"}}}, it->second};
     return cached;
   }
 
-  LoadResult result{preflight_file(canonical), nullptr};
+  std::string bytes;
+  try {
+    bytes = verified.read_all(uint64_t{1} << 30);
+  } catch (const Error& e) {
+    return {{file, {failed("readable", file, e.what())}}, nullptr};
+  }
+  if (sha256_of(bytes) != verified.digest)  // changed under us (a shared cache's owner)
+    return {{file, {failed("digest", file, "the file changed while it was being loaded")}},
+            nullptr};
+  LoadResult result{
+      preflight_elf(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), file),
+      nullptr};
   auto& checks = result.report.checks;
   if (!result.report.ok()) return result;
 
-  // The preflight passed: only now may the library's constructors run.
+  // The preflight passed: only now may the library's constructors run. dlopen the descriptor,
+  // not the name: /proc/self/fd/N maps the very inode (or sealed copy) that was checked.
   dlerror();
-  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  void* handle = dlopen(verified.fd_path().c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (!handle) {
     const char* why = dlerror();
     checks.push_back(failed("dlopen", file,
@@ -78,8 +97,10 @@ LoadResult try_load_module(const std::filesystem::path& library) {
   }
 
   auto module = std::make_unique<LoadedModule>();
-  module->path = canonical;
-  module->host = make_host_context({canonical, canonical.parent_path(), {}, {}});
+  module->path = library;
+  module->digest = verified.digest;
+  module->host = make_host_context({library, library.parent_path(), {}, {}, {}});
+  module->file = std::make_shared<VerifiedFile>(std::move(verified));  // the mapping's descriptor
   clear_last_op_error();
   const kh_module_v1_t* table = entry(&module->host->table);
   if (!table) {
@@ -101,12 +122,13 @@ LoadResult try_load_module(const std::filesystem::path& library) {
                                        "newer fields are ignored",
                                        file, module->view.abi_minor, KH_ABI_MINOR));
   result.module = module.release();
-  registry()[file] = result.module;
+  registry()[key] = result.module;
   return result;
 }
 
-const LoadedModule& load_module(const std::filesystem::path& library) {
-  LoadResult r = try_load_module(library);
+const LoadedModule& load_module(const std::filesystem::path& library,
+                                const std::optional<Digest>& expected) {
+  LoadResult r = try_load_module(library, expected);
   if (!r.module) throw Error(ErrorKind::kRefused, r.report.failures());
   return *r.module;
 }

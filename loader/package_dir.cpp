@@ -7,6 +7,7 @@
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "loader/cuda_arch.h"
+#include "loader/verified_file.h"
 
 namespace kh {
 
@@ -63,11 +64,21 @@ void read_device_code(const nlohmann::json& j, const std::filesystem::path& file
 
 }  // namespace
 
-PackageDir read_package_dir(const std::filesystem::path& dir) {
+std::optional<Digest> PackageDir::expected_digest(const std::filesystem::path& file) const {
+  auto it = files.find(file.filename().string());
+  if (it == files.end()) return std::nullopt;
+  return it->second;
+}
+
+PackageDir read_package_dir(const std::filesystem::path& dir,
+                            const std::optional<Digest>& manifest_digest) {
   std::filesystem::path file = dir / "kernel.json";
   std::string text;
+  Digest digest;
   try {
-    text = fs::read_file(file, 1 << 20);
+    VerifiedFile f = open_verified(file, manifest_digest);
+    text = f.read_all(1 << 20);
+    digest = f.digest;
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kNotFound)
       throw Error(ErrorKind::kNotFound,
@@ -95,6 +106,16 @@ PackageDir read_package_dir(const std::filesystem::path& dir) {
                             file.string(), lib.string()));
   p.host_library = dir / lib;
   read_device_code(j, file, p);
+  p.manifest_digest = digest;
+  if (auto it = j.find("files"); it != j.end() && it->is_object()) {
+    for (const auto& [name, d] : it->items()) {
+      if (!d.is_string())
+        throw Error(
+            ErrorKind::kInvalidInput,
+            fmt::format("{}: files.{} must be a \"sha256:<hex>\" string", file.string(), name));
+      p.files.emplace(name, Digest::parse(d.get<std::string>()));
+    }
+  }
   return p;
 }
 

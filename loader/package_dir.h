@@ -7,7 +7,10 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
+
+#include "hub/base/digest.h"
 
 namespace kh {
 
@@ -20,10 +23,22 @@ struct PackageDir {
   // ("90", "90a"), checked to parse as a CudaArch.
   std::map<std::string, std::filesystem::path> cubins;
   std::filesystem::path cuda_source;  // empty when the package has none
+  // kernel.json's own digest (of the bytes parsed here) and its "files" digests (plain file
+  // name -> SHA-256), which every file the loader uses is checked against, from the descriptor
+  // it is then used through (loader/verified_file.h). Empty for packages without "files".
+  Digest manifest_digest;
+  std::map<std::string, Digest> files;
+
+  // The digest kernel.json lists for `file` (a path in this directory), if any.
+  std::optional<Digest> expected_digest(const std::filesystem::path& file) const;
 };
 
 // Throws kh::Error: kNotFound without kernel.json, kInvalidInput when it is malformed or
-// host_library, a cubin or cuda_source escapes the directory, or a cubin target is malformed.
-PackageDir read_package_dir(const std::filesystem::path& dir);
+// host_library, a cubin or cuda_source escapes the directory, or a cubin target is malformed,
+// kIntegrity when `manifest_digest` is given (the digest the signed chain gives for kernel.json)
+// and kernel.json differs. kernel.json is read through one descriptor, without following links
+// beneath a guarded root.
+PackageDir read_package_dir(const std::filesystem::path& dir,
+                            const std::optional<Digest>& manifest_digest = std::nullopt);
 
 }  // namespace kh

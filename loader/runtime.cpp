@@ -1,10 +1,10 @@
 #include <fmt/format.h>
 
 #include "hub/base/error.h"
+#include "kernel_hub/kernel_hub.hpp"
 #include "loader/cuda_driver.h"
 #include "loader/device_backend.h"
 #include "loader/host_services.h"
-#include "kernel_hub/kernel_hub.hpp"
 
 namespace kh {
 
@@ -37,7 +37,10 @@ std::optional<uint32_t> Runtime::find_slot(const std::string& name) const {
 
 LoadedPackage Runtime::load_package(const std::filesystem::path& package_dir) {
   LoadedPackage p{read_package_dir(package_dir), nullptr};
-  p.module = &load_module(p.dir.host_library);
+  // The host library is checked against kernel.json's digest for it, from the descriptor it is
+  // then mapped through.
+  p.module = &load_module(p.dir.host_library, p.dir.expected_digest(p.dir.host_library));
+  p.module->host->package.manifest_digest = p.dir.manifest_digest;
   const ModuleView& v = p.module->view;
   if (v.name != p.dir.name || v.version != p.dir.version)
     throw Error(

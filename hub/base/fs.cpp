@@ -5,20 +5,66 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "hub/base/digest.h"
 #include "hub/base/error.h"
+#include "hub/base/guarded_root.h"
 
 namespace kh::fs {
 
+const char* file_type_name(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  return "a special file";
+}
+
 namespace {
-// Opens a file for reading: -1 with errno ENOENT/ENOTDIR when absent, throws on other errors.
+// Opens a regular file for reading: -1 with errno ENOENT when absent, throws on other errors.
+// Beneath a guarded root no symlink is followed. A FIFO, device or socket is refused without
+// blocking (O_NONBLOCK until fstat says what it is): a hostile layout or mirror cannot stall us.
 int open_for_reading(const stdfs::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 && errno != ENOENT && errno != ENOTDIR) throw_errno("cannot open " + path.string());
+  auto parent = open_parent(path, false);
+  if (!parent) {
+    errno = ENOENT;
+    return -1;
+  }
+  int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (parent->guarded ? O_NOFOLLOW : 0);
+  int fd = ::openat(parent->dir.get(), parent->leaf.c_str(), flags);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return -1;
+    if (errno == ELOOP && parent->guarded)
+      throw Error(ErrorKind::kRefused,
+                  path.string() +
+                      " is a symbolic link inside kernel-hub's storage; links are "
+                      "never followed there: remove it");
+    throw_errno("cannot open " + path.string());
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw_errno("cannot stat " + path.string());
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(ErrorKind::kRefused, path.string() + " is not a regular file (" +
+                                         file_type_name(st.st_mode) +
+                                         "); kernel-hub reads only regular files");
+  }
+  ::fcntl(fd, F_SETFL, O_RDONLY);  // back to blocking reads
   return fd;
 }
 
@@ -71,28 +117,43 @@ std::string read_file(const stdfs::path& path, uint64_t max_size) {
 }
 
 void make_dirs(const stdfs::path& dir) {
-  std::error_code ec;
-  stdfs::create_directories(dir, ec);
-  if (ec)
-    throw Error(ErrorKind::kIo, "cannot create directory " + dir.string() + ": " + ec.message());
+  open_dir(dir, true);
 }
 
-void remove_tree(const stdfs::path& p) {
-  struct stat st;
-  if (::lstat(p.c_str(), &st) != 0) return;
-  if (S_ISDIR(st.st_mode)) {
-    ::chmod(p.c_str(), 0700);
-    std::error_code ec;
-    std::vector<stdfs::path> children;
-    for (auto it = stdfs::directory_iterator(p, ec); !ec && it != stdfs::directory_iterator();
-         it.increment(ec)) {
-      children.push_back(it->path());
-    }
-    for (const auto& c : children) remove_tree(c);
-    ::rmdir(p.c_str());
-  } else {
-    ::unlink(p.c_str());
+namespace {
+// Removes `name` in dirfd and everything below it, descending through descriptors opened with
+// O_NOFOLLOW: a link is removed, never followed, and permission changes land only on what was
+// opened.
+void remove_at(int dirfd, const std::string& name) {
+  struct stat st {};
+  if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  if (!S_ISDIR(st.st_mode)) {
+    ::unlinkat(dirfd, name.c_str(), 0);
+    return;
   }
+  Fd dir(::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dir) {
+    ::unlinkat(dirfd, name.c_str(), 0);  // replaced by a non-directory meanwhile
+    return;
+  }
+  ::fchmod(dir.get(), 0700);  // unpacked trees are 0555
+  std::vector<std::string> children;
+  if (DIR* d = ::fdopendir(::dup(dir.get()))) {
+    while (struct dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") children.push_back(std::move(n));
+    }
+    ::closedir(d);
+  }
+  for (const auto& c : children) remove_at(dir.get(), c);
+  ::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR);
+}
+}  // namespace
+
+void remove_tree(const stdfs::path& p) {
+  auto parent = open_parent(p, false);
+  if (!parent || parent->leaf.empty() || parent->leaf == "." || parent->leaf == "..") return;
+  remove_at(parent->dir.get(), parent->leaf);
 }
 
 void fsync_dir(const stdfs::path& dir) {
@@ -119,29 +180,39 @@ std::string random_hex(size_t n) {
 }
 
 TempFile::TempFile(const stdfs::path& dir, std::string_view stem) {
-  make_dirs(dir);
+  std::optional<Fd> d = open_dir(dir, true);
+  if (!d) throw Error(ErrorKind::kIo, "cannot open directory " + dir.string());
   for (int attempt = 0; attempt < 16; ++attempt) {
-    path_ = dir /
-            (std::string(stem) + "." + std::to_string(::getpid()) + "." + random_hex(12) + ".part");
-    fd_ = ::open(path_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd_ >= 0) return;
+    name_ = std::string(stem) + "." + std::to_string(::getpid()) + "." + random_hex(12) + ".part";
+    path_ = dir / name_;
+    fd_ =
+        ::openat(d->get(), name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd_ >= 0) {
+      dir_fd_ = d->release();
+      return;
+    }
     if (errno != EEXIST) throw_errno("cannot create temp file " + path_.string());
   }
   throw Error(ErrorKind::kIo, "cannot create a unique temp file in " + dir.string());
 }
 
 TempFile::TempFile(TempFile&& other) noexcept
-    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), size_(other.size_) {}
+    : path_(std::move(other.path_)),
+      name_(std::move(other.name_)),
+      dir_fd_(std::exchange(other.dir_fd_, -1)),
+      fd_(std::exchange(other.fd_, -1)),
+      size_(other.size_) {}
 
 TempFile::~TempFile() {
   discard();
+  if (dir_fd_ >= 0) ::close(dir_fd_);
 }
 
 void TempFile::discard() {
   if (fd_ >= 0) {
     ::close(fd_);
     fd_ = -1;
-    ::unlink(path_.c_str());
+    ::unlinkat(dir_fd_, name_.c_str(), 0);
   }
 }
 
@@ -169,30 +240,49 @@ void TempFile::truncate() {
 bool TempFile::commit(const stdfs::path& dest, mode_t mode, bool keep_existing) {
   if (::fsync(fd_) != 0) throw_errno("cannot fsync " + path_.string());
   if (::fchmod(fd_, mode) != 0) throw_errno("cannot chmod " + path_.string());
+  // Both ends by descriptor: beneath a guarded root no link on the way to dest is followed.
+  std::optional<ParentDir> parent = open_parent(dest, true);
+  if (!parent) throw Error(ErrorKind::kIo, "cannot open the directory of " + dest.string());
+  const int to = parent->dir.get();
   if (keep_existing) {
-    // link() fails with EEXIST instead of replacing: the first complete writer wins.
-    bool created = ::link(path_.c_str(), dest.c_str()) == 0;
+    // linkat() fails with EEXIST instead of replacing: the first complete writer wins.
+    bool created = ::linkat(dir_fd_, name_.c_str(), to, parent->leaf.c_str(), 0) == 0;
     if (!created && errno != EEXIST) {
       throw_errno("cannot move " + path_.string() + " to " + dest.string());
     }
     discard();
-    fsync_dir(dest.parent_path());
+    ::fsync(to);
     return created;
   }
-  if (::rename(path_.c_str(), dest.c_str()) != 0) {
+  if (::renameat(dir_fd_, name_.c_str(), to, parent->leaf.c_str()) != 0) {
     throw_errno("cannot move " + path_.string() + " to " + dest.string());
   }
   ::close(fd_);
   fd_ = -1;
-  fsync_dir(dest.parent_path().empty() ? stdfs::path(".") : dest.parent_path());
+  ::fsync(to);  // best effort: some file systems refuse fsync on directories
   return true;
 }
 
 namespace {
 int open_lock_file(const stdfs::path& path) {
-  make_dirs(path.parent_path());
-  int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
-  if (fd < 0) throw_errno("cannot open lock file " + path.string());
+  std::optional<ParentDir> parent = open_parent(path, true);
+  if (!parent) throw Error(ErrorKind::kIo, "cannot open the directory of lock " + path.string());
+  const mode_t mode = parent->guarded ? lock_file_mode(parent->sharing) : 0644;
+  int fd = ::openat(parent->dir.get(), parent->leaf.c_str(),
+                    O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, mode);
+  if (fd < 0) {
+    if (errno == ELOOP)
+      throw Error(ErrorKind::kRefused, "lock file " + path.string() +
+                                           " is a symbolic link; links are never followed: "
+                                           "remove it");
+    throw_errno("cannot open lock file " + path.string());
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(ErrorKind::kRefused,
+                "lock file " + path.string() + " is not a regular file: remove it");
+  }
   return fd;
 }
 struct flock whole_file_write_lock() {
@@ -201,18 +291,74 @@ struct flock whole_file_write_lock() {
   fl.l_whence = SEEK_SET;
   return fl;
 }
+// Who holds a lock: the holder writes "<pid> <command>" into the lock file once it has it.
+std::string lock_holder(int fd) {
+  char buf[256];
+  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return "another process";
+  std::string s(buf, static_cast<size_t>(n));
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\0')) s.pop_back();
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';  // never print controls
+  return "pid " + s;
+}
+void record_holder(int fd) {
+  std::string cmd;
+  if (auto comm = read_file_if_exists("/proc/self/comm", 64)) cmd = *comm;
+  while (!cmd.empty() && cmd.back() == '\n') cmd.pop_back();
+  std::string text = std::to_string(::getpid()) + " (" + cmd + ")\n";
+  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, text.data(), text.size(), 0);
+}
 }  // namespace
 
+int64_t lock_timeout_s() {
+  const char* v = std::getenv("KERNEL_HUB_LOCK_TIMEOUT");
+  if (!v || !*v) return kDefaultLockTimeoutS;
+  char* end = nullptr;
+  errno = 0;
+  long long n = std::strtoll(v, &end, 10);
+  if (errno != 0 || *end != '\0' || n < 0)
+    throw Error(ErrorKind::kInvalidInput, std::string("KERNEL_HUB_LOCK_TIMEOUT='") + v +
+                                              "' is not a number of seconds (0 = wait forever)");
+  return n;
+}
+
 FileLock FileLock::acquire(const stdfs::path& path) {
+  const int64_t timeout_s = lock_timeout_s();
   int fd = open_lock_file(path);
   struct flock fl = whole_file_write_lock();
-  while (::fcntl(fd, F_OFD_SETLKW, &fl) != 0) {
+  const auto start = std::chrono::steady_clock::now();
+  bool told = false;
+  int sleep_ms = 2;
+  for (;;) {
+    if (::fcntl(fd, F_OFD_SETLK, &fl) == 0) break;
     if (errno == EINTR) continue;
-    int e = errno;
-    ::close(fd);
-    errno = e;
-    throw_errno("cannot lock " + path.string());
+    if (errno != EAGAIN && errno != EACCES) {
+      int e = errno;
+      ::close(fd);
+      errno = e;
+      throw_errno("cannot lock " + path.string());
+    }
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (timeout_s > 0 && waited >= static_cast<double>(timeout_s)) {
+      std::string holder = lock_holder(fd);
+      ::close(fd);
+      throw Error(ErrorKind::kIo,
+                  "gave up after " + std::to_string(timeout_s) + " s waiting for the lock " +
+                      path.string() + ", held by " + holder +
+                      ". If that process is stuck (stopped with Ctrl-Z, or hung), resume or end "
+                      "it; KERNEL_HUB_LOCK_TIMEOUT sets how long to wait (0 = forever)");
+    }
+    if (!told && waited >= 2.0) {
+      std::fprintf(stderr, "kernel-hub: waiting for the lock %s, held by %s\n", path.c_str(),
+                   lock_holder(fd).c_str());
+      told = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+    sleep_ms = std::min(sleep_ms * 2, 100);
   }
+  record_holder(fd);
   return FileLock(fd);
 }
 
@@ -226,6 +372,7 @@ std::optional<FileLock> FileLock::try_acquire(const stdfs::path& path) {
     errno = e;
     throw_errno("cannot lock " + path.string());
   }
+  record_holder(fd);
   return FileLock(fd);
 }
 

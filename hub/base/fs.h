@@ -23,6 +23,9 @@ std::optional<std::string> read_file_if_exists(const stdfs::path& path,
 
 // Writes bytes to path atomically with the given mode; creates parent directories.
 void write_file_atomic(const stdfs::path& path, std::string_view bytes, mode_t mode = 0644);
+// Beneath a guarded root (hub/base/guarded_root.h) every function here resolves the path without
+// following symlinks and creates directories with the root's exact mode. Reads open only
+// regular files (a FIFO or device is refused at once, never waited on).
 
 void fsync_dir(const stdfs::path& dir);
 // Removes a file or a whole tree, also where entries were made read-only (blobs are 0444,
@@ -56,15 +59,27 @@ class TempFile {
 
  private:
   stdfs::path path_;
+  std::string name_;  // path_'s last component, in dir_fd_
+  int dir_fd_ = -1;   // the directory, opened once (beneath a guarded root: without links)
   int fd_ = -1;
   uint64_t size_ = 0;
 };
 
+// How long FileLock::acquire waits by default before giving up (KERNEL_HUB_LOCK_TIMEOUT
+// overrides; 0 = forever).
+constexpr int64_t kDefaultLockTimeoutS = 600;
+int64_t lock_timeout_s();
+
+// "a regular file", "a FIFO", "a symbolic link", ... for messages.
+const char* file_type_name(mode_t mode);
+
 // An open-file-description lock (fcntl F_OFD_SETLK*): released when the process dies.
-// Locks only avoid duplicate work; correctness never depends on them.
+// Locks only avoid duplicate work; correctness never depends on them. The holder writes its pid
+// and command into the lock file so that a waiter can say who it waits for.
 class FileLock {
  public:
-  // Blocks until the lock is held. The lock file is created and never removed.
+  // Waits until the lock is held; says on stderr who holds it after 2 s, and gives up (kIo,
+  // naming the holder) after lock_timeout_s(). The lock file is created and never removed.
   static FileLock acquire(const stdfs::path& path);
   // Returns nullopt when another process holds it.
   static std::optional<FileLock> try_acquire(const stdfs::path& path);

@@ -20,6 +20,7 @@
 #include "hub/base/cache_layout.h"
 #include "hub/base/digest.h"
 #include "hub/base/error.h"
+#include "hub/base/guarded_root.h"
 #include "hub/oci/closure.h"
 
 namespace kh {
@@ -284,14 +285,22 @@ void mark_reachable(const Store& store, const RefEntry& ref, const oci::GraphLim
 }  // namespace
 
 Store::Store(stdfs::path root) : root_(std::move(root)) {
+  // The cache is storage someone else may touch: private (or group-shared) whatever the umask,
+  // refused when others could write it, and no link inside it is ever followed.
+  fs::guard_root(root_, fs::cache_sharing_from_env(), "cache");
   for (const char* sub : {"blobs/sha256", "tmp", "refs", "unpacked", "locks"}) {
     fs::make_dirs(root_ / sub);
   }
   stdfs::path tag = root_ / "CACHEDIR.TAG";
   std::error_code ec;
   if (!stdfs::exists(tag, ec)) fs::write_file_atomic(tag, kCacheDirTag, 0644);
-  sweep_stale(root_ / "tmp", false, kStaleTempAgeS, false, nullptr);
-  sweep_stale(root_ / "unpacked", true, kStaleTempAgeS, false, nullptr);
+}
+
+void Store::sweep_before_first_write() {
+  std::call_once(swept_, [this] {
+    sweep_stale(root_ / "tmp", false, kStaleTempAgeS, false, nullptr);
+    sweep_stale(root_ / "unpacked", true, kStaleTempAgeS, false, nullptr);
+  });
 }
 
 stdfs::path Store::default_root() {
@@ -317,14 +326,14 @@ std::optional<std::string> Store::read_blob(const Digest& d, uint64_t max_size) 
                  "kernel-hub: warning: cache entry %s is damaged (content hashes to %s); "
                  "removed it, it will be fetched again\n",
                  p.c_str(), actual.str().c_str());
-    ::chmod(p.c_str(), 0644);
-    ::unlink(p.c_str());
+    fs::remove_tree(p);  // by descriptor: never follows a link planted in its place
     return std::nullopt;
   }
   return bytes;
 }
 
 void Store::put_blob(const oci::Descriptor& desc, std::string_view bytes) {
+  sweep_before_first_write();
   stdfs::path dest = blob_path(desc.digest);
   oci::verify_bytes(desc, bytes, "blob " + desc.digest.str());
   if (has_blob(desc.digest)) return;
@@ -334,6 +343,7 @@ void Store::put_blob(const oci::Descriptor& desc, std::string_view bytes) {
 }
 
 std::unique_ptr<BlobWriter> Store::begin_blob(const oci::Descriptor& desc) {
+  sweep_before_first_write();
   stdfs::path dest = blob_path(desc.digest);
   if (desc.size < 0) {
     throw Error(ErrorKind::kInvalidInput,
@@ -397,6 +407,7 @@ std::vector<std::pair<RefRecord, stdfs::path>> scan_ref_records(const stdfs::pat
 }  // namespace
 
 void Store::write_ref(const RefRecord& r) {
+  sweep_before_first_write();
   nlohmann::json j;
   j["hub_id"] = r.hub_id;
   j["repo"] = r.repo;
@@ -438,6 +449,7 @@ std::optional<std::string> Store::read_signatures(const Digest& index) const {
 }
 
 void Store::write_signatures(const Digest& index, std::string_view set_json) {
+  sweep_before_first_write();
   checked_hex(index);
   fs::make_dirs(root_ / "signatures");
   fs::write_file_atomic(root_ / "signatures" / (index.hex + ".json"), set_json, 0644);
@@ -458,6 +470,7 @@ std::optional<stdfs::path> Store::unpacked_path(const Digest& layer) const {
 
 stdfs::path Store::unpack(const Digest& layer, const ArchiveLimits& limits) {
   if (auto p = unpacked_path(layer)) return *p;
+  sweep_before_first_write();
   fs::FileLock held = lock("unpack-" + checked_hex(layer));
   if (auto p = unpacked_path(layer)) return *p;  // another process finished while we waited
   if (!has_blob(layer)) {
@@ -469,7 +482,7 @@ stdfs::path Store::unpack(const Digest& layer, const ArchiveLimits& limits) {
   // The blob was verified when stored; check again so that a damaged disk never yields code.
   Digest actual = sha256_of_file(blob);
   if (actual != layer) {
-    ::unlink(blob.c_str());
+    fs::remove_tree(blob);
     throw Error(ErrorKind::kIntegrity, "cache entry " + blob.string() +
                                            " is damaged (content hashes to " + actual.str() +
                                            "); removed it, pull the package again");
@@ -479,7 +492,11 @@ stdfs::path Store::unpack(const Digest& layer, const ArchiveLimits& limits) {
       dir / ("." + layer.hex + "." + std::to_string(::getpid()) + "." + fs::random_hex(12));
   stdfs::path dest = dir / layer.hex;
   extract_archive(blob, tmp, limits);
-  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0) {
+  // By descriptor: a link planted at unpacked/ cannot redirect the tree.
+  std::optional<fs::Fd> dir_fd = fs::open_dir(dir, true);
+  if (!dir_fd) throw Error(ErrorKind::kIo, "cannot open " + dir.string());
+  if (::renameat2(dir_fd->get(), tmp.filename().c_str(), dir_fd->get(), layer.hex.c_str(),
+                  RENAME_NOREPLACE) != 0) {
     int e = errno;
     fs::remove_tree(tmp);
     // Lost a race with a process that ignored or could not take the lock: theirs is as good.

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -66,7 +67,9 @@ struct GcResult {
 
 class Store {
  public:
-  // Opens (creating if needed) a cache at root; sweeps stale temp files.
+  // Opens (creating if needed) a cache at root, refusing one others could write
+  // (hub/base/guarded_root.h). Deletes nothing: stale temp files are swept by the first write of
+  // this Store (and by gc), so read-only commands (ls, verify, gc --dry-run) modify nothing.
   explicit Store(std::filesystem::path root);
   // $KERNEL_HUB_CACHE, else $XDG_CACHE_HOME/kernel-hub, else ~/.cache/kernel-hub.
   static std::filesystem::path default_root();
@@ -114,7 +117,11 @@ class Store {
   uint64_t blobs_size() const;
 
  private:
+  // Once per Store, before its first write: sweeps temp files of crashed writers.
+  void sweep_before_first_write();
+
   std::filesystem::path root_;
+  std::once_flag swept_;
 };
 
 }  // namespace kh

@@ -42,7 +42,7 @@ stdfs::path TrustState::path_for(const std::string& hub_id, const std::string& r
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("invalid tag '{}' for the trust state", tag.substr(0, 200)));
   }
-  return root_ / "trust" / hub_id / repo / (tag + ".json");
+  return root_ / hub_id / repo / (tag + ".json");
 }
 
 std::optional<SerialRecord> TrustState::read(const std::string& hub_id, const std::string& repo,
@@ -97,7 +97,7 @@ void TrustState::write(const SerialRecord& r) {
 bool TrustState::advance(const SerialRecord& r) {
   path_for(r.hub_id, r.repo, r.tag);  // validate before taking the lock
   // One lock for all records: the critical section is one small read and write.
-  fs::FileLock lock = fs::FileLock::acquire(root_ / "locks" / "trust-state.lock");
+  fs::FileLock lock = fs::FileLock::acquire(root_ / ".lock");
   auto current = read(r.hub_id, r.repo, r.tag);
   if (current && current->serial >= r.serial) return false;
   write(r);

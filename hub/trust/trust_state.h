@@ -1,5 +1,6 @@
-// Rollback state (REFERENCE 4.3 step 4), kept in the cache directory:
-//   <cache root>/trust/<hub-id>/<org>/<name>/<tag>.json
+// Rollback state (REFERENCE 4.3 step 4), kept with the trust store, not in the cache (clearing
+// or sharing a cache must not reset it):
+//   <trust dir>/state/<hub-id>/<org>/<name>/<tag>.json
 //       {"hub_id", "repo", "tag", "serial", "index", "expires", "seen_at"}
 // The highest statement serial verified for each (hub id, repo, tag), so that a hub or mirror
 // serving an older, validly signed statement is refused. Every write is temp -> fsync ->
@@ -28,8 +29,8 @@ struct SerialRecord {
 
 class TrustState {
  public:
-  // root is the Store root; nothing is created until the first write.
-  explicit TrustState(std::filesystem::path cache_root);
+  // dir holds the records (TrustStore::state_dir()); nothing is created until the first write.
+  explicit TrustState(std::filesystem::path dir);
 
   // Throws kInvalidInput when hub_id is not [A-Za-z0-9._-]+ (no leading '.'), repo not a
   // valid repository name or tag not a valid tag. A damaged record is reported on stderr and

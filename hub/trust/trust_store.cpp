@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/base/guarded_root.h"
 #include "hub/oci/ref.h"
 
 namespace kh::trust {
@@ -113,6 +115,9 @@ TrustStore TrustStore::open(const stdfs::path& dir) {
   TrustStore store;
   store.dir_ = dir;
   std::error_code ec;
+  // Keys decide what code runs: the directory must be this user's and private (StrictModes), and
+  // no link inside it is followed.
+  if (stdfs::exists(dir, ec)) fs::guard_root(dir, fs::Sharing::kPrivate, "trust store");
   stdfs::directory_iterator it(dir, ec);
   if (ec) {
     if (ec == std::errc::no_such_file_or_directory) return store;
@@ -140,6 +145,18 @@ TrustStore TrustStore::open(const stdfs::path& dir) {
     std::string stem = path.stem().string();
     if (stem.size() != 64 || !is_lower_hex(stem)) {
       problem("the name is not <keyid>.json (64 lowercase hex characters)");
+      continue;
+    }
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      problem("it is not a regular file (links are not followed in the trust store)");
+      continue;
+    }
+    if ((st.st_uid != ::geteuid() && st.st_uid != 0) || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+      problem(
+          fmt::format("it is owned by uid {} with mode {:04o}; a trusted key must be yours "
+                      "(or root's) and writable by no one else",
+                      st.st_uid, st.st_mode & 07777));
       continue;
     }
     try {
@@ -182,6 +199,7 @@ const TrustedKey& TrustStore::add(const PublicKey& key, const std::vector<std::s
                                     "TrustStore::open");
   }
   if (now == 0) now = static_cast<int64_t>(::time(nullptr));
+  fs::guard_root(dir_, fs::Sharing::kPrivate, "trust store");  // created private if missing
   stdfs::path path = dir_ / (key.key_id() + ".json");
   TrustedKey* existing = nullptr;
   for (auto& k : keys_) {

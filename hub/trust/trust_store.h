@@ -51,6 +51,8 @@ class TrustStore {
   static std::filesystem::path default_dir();
 
   const std::filesystem::path& dir() const { return dir_; }
+  // Where rollback state lives (TrustState): <dir>/state. Empty without a directory.
+  std::filesystem::path state_dir() const { return dir_.empty() ? dir_ : dir_ / "state"; }
 
   // Trusts key for the patterns (at least one, each valid, else kInvalidInput), written
   // atomically to dir/<keyid>.json. Re-adding a key replaces its patterns (added_at is kept).

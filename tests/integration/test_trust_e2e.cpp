@@ -30,8 +30,8 @@
 #include "hub/base/fs.h"
 #include "hub/hub.h"
 #include "hub/oci/oci.h"
-#include "hub/trust/signature.h"
 #include "hub/transport/source.h"
+#include "hub/trust/signature.h"
 #include "hub/trust/trust_store.h"
 #include "loader/log.h"
 #include "registry/kernelize.h"
@@ -705,11 +705,22 @@ TEST_F(TrustE2E, ReplayedOlderSerialIsRefusedAsRollback) {
   ASSERT_TRUE(old_dir.has_value());  // fetched and unpacked, but never loaded
   EXPECT_FALSE(is_loaded(*old_dir / "libtoy.so"));
 
-  // A cache that never saw serial 10 accepts serial 5: the refusal came from the state.
+  // The state lives with the trust store, not in the cache: a cleared (fresh) cache still
+  // refuses serial 5...
+  {
+    Runtime cleared;
+    add_toy_slots(cleared);
+    expect_refused([&] { kernelize_fresh(keys, cleared); }, kRef,
+                   "rollback: serial 5 is older than serial 10");
+    EXPECT_TRUE(stdfs::exists(keys.state_dir()));
+    EXPECT_FALSE(stdfs::exists(store.root() / "trust"));
+  }
+  // ...while a trust store that never saw serial 10 accepts it: the refusal came from the state.
+  trust::TrustStore other = trust_keys(key);
   Runtime fresh;
   add_toy_slots(fresh);
   KernelizeReport r;
-  Store& clean = kernelize_fresh(keys, fresh, {}, &r);
+  Store& clean = kernelize_fresh(other, fresh, {}, &r);
   expect_loaded(r, fresh, clean, signed_by(key));
 }
 

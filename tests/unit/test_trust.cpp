@@ -647,7 +647,7 @@ TEST(TrustStateFiles, PersistsAcrossObjectsAndOnlyAdvances) {
     EXPECT_FALSE(state.read(r.hub_id, r.repo, r.tag).has_value());
     state.write(r);
   }
-  EXPECT_TRUE(stdfs::exists(dir / "trust/kernel-hub.dev/kernel-hub/norm/v1.json"));
+  EXPECT_TRUE(stdfs::exists(dir / "kernel-hub.dev/kernel-hub/norm/v1.json"));
   TrustState state(dir.path());
   EXPECT_EQ(state.read(r.hub_id, r.repo, r.tag), r);
   SerialRecord older = r;
