@@ -10,16 +10,12 @@
 #include <set>
 #include <thread>
 
+#include "hub/base/env.h"
 #include "hub/base/error.h"
 
 namespace kh {
 
 namespace {
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0" && std::string(v) != "false";
-}
 
 bool is_index(std::string_view media_type) {
   return media_type == oci::kMediaTypeIndex ||

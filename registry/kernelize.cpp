@@ -7,9 +7,11 @@
 #include <cstdlib>
 #include <set>
 
+#include "hub/base/clock.h"
+#include "hub/base/env.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
-#include "loader/log.h"
+#include "hub/base/log.h"
 #include "loader/package_dir.h"
 #include "registry/package_manifest.h"
 
@@ -68,15 +70,6 @@ std::map<std::string, stdfs::path> parse_local_overrides(std::string_view text) 
 }
 
 namespace {
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0" && std::string(v) != "false";
-}
 
 Mode loader_mode(KernelMode m) {
   return m == KernelMode::kTrain ? Mode::kTrain : Mode::kEval;
@@ -310,12 +303,11 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
                   "kernelize: requested modes must be eval or train (fallback is a config entry)");
 
   std::vector<std::string> slots;
-  for (uint32_t i = 0; i < runtime.table().num_slots(); ++i)
-    slots.push_back(runtime.table().slot_name(i));
+  for (uint32_t i = 0; i < runtime.num_slots(); ++i) slots.push_back(runtime.slot_name(i));
 
   bool disabled = options.disable ? *options.disable : env_flag("KERNEL_HUB_DISABLE");
   if (disabled) {
-    log_line(KH_LOG_INFO, "kernelize: KERNEL_HUB_DISABLE is set: every slot keeps its fallback");
+    log_line(kLogInfo, "kernelize: KERNEL_HUB_DISABLE is set: every slot keeps its fallback");
     for (KernelMode mode : options.modes)
       for (auto& s : slots) {
         KernelizeBinding b;
@@ -429,7 +421,7 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
     std::string key = ref.str() + "|" + r.index_digest.str();
     if (trust_of.count(key)) continue;
     trust::TrustDecision d = hub.check_trust(ref, r.index_digest, *keys);
-    if (!d.warning.empty()) log_line(KH_LOG_WARN, "kernelize: " + d.warning);
+    if (!d.warning.empty()) log_line(kLogWarn, "kernelize: " + d.warning);
     trust_of[key] = d.signed_ok ? fmt::format("signed by {} serial {}{}", d.key_id.substr(0, 16),
                                               d.serial, d.in_grace ? " (expired, grace)" : "")
                                 : "UNSIGNED (allowed)";
@@ -444,7 +436,7 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
       if (auto m = provider.local_manifest(ref)) {
         verify_package_files(p.dir, *m);
       } else {
-        log_line(KH_LOG_INFO,
+        log_line(kLogInfo,
                  fmt::format("kernelize: local package {} has no \"files\" digests in kernel.json; "
                              "not file-verified",
                              p.dir.string()));
@@ -478,8 +470,8 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
     b.mode = p.resolution.requested;
     if (p.resolution.fallback) {
       b.note = p.resolution.trace.empty() ? "runtime fallback" : p.resolution.trace.back().reason;
-      log_line(KH_LOG_INFO, fmt::format("kernelize: {} {}: runtime fallback ({})", b.layer,
-                                        kernel_mode_name(b.mode), b.note));
+      log_line(kLogInfo, fmt::format("kernelize: {} {}: runtime fallback ({})", b.layer,
+                                     kernel_mode_name(b.mode), b.note));
     } else {
       auto tb = std::chrono::steady_clock::now();
       b.kernel = p.resolution.kernel.str();
@@ -503,7 +495,7 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
       b.load_ms = ms_since(tb);
       if (outcome == BindOutcome::kBound) {
         b.source = p.source;
-        log_line(KH_LOG_INFO,
+        log_line(kLogInfo,
                  fmt::format("kernelize: {} {}: {} ({}, {})", b.layer, kernel_mode_name(b.mode),
                              b.kernel, b.package, binding_source_name(b.source)));
       } else {
