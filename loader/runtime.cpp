@@ -1,17 +1,47 @@
+// kh::Runtime (kernel_hub.hpp): the embedding API over the layer table and package loading.
 #include <fmt/format.h>
 
 #include "hub/base/error.h"
+#include "kernel_hub/kernel_hub.hpp"
 #include "loader/cuda_driver.h"
 #include "loader/device_backend.h"
 #include "loader/host_services.h"
-#include "kernel_hub/kernel_hub.hpp"
+#include "loader/layer_table.h"
+#include "loader/loaded_package.h"
 
 namespace kh {
 
-Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)) {
+Runtime::Runtime(RuntimeOptions options)
+    : options_(std::move(options)), table_(std::make_unique<LayerTable>()) {
   install_cuda_device_backend();
   if (!options_.jit_cache_dir.empty())
     CudaDeviceBackend::instance().set_jit_cache_dir(options_.jit_cache_dir);
+}
+
+Runtime::~Runtime() = default;
+
+uint32_t Runtime::add_slot(const std::string& name, SlotOps fallback) {
+  return table_->add_slot(name, fallback);
+}
+
+uint32_t Runtime::num_slots() const {
+  return table_->num_slots();
+}
+
+std::string Runtime::slot_name(uint32_t slot) const {
+  return table_->slot_name(slot);
+}
+
+void Runtime::set_mode(Mode mode) {
+  table_->set_mode(mode);
+}
+
+Mode Runtime::mode() const noexcept {
+  return table_->mode();
+}
+
+void Runtime::set_capturing(bool capturing) noexcept {
+  table_->set_capturing(capturing);
 }
 
 void Runtime::set_mode(Mode mode, const std::vector<void*>& streams) {
@@ -26,26 +56,13 @@ void Runtime::set_mode(Mode mode, const std::vector<void*>& streams) {
               mode_name(mode), stream,
               status == cuda::CU_STREAM_CAPTURE_STATUS_ACTIVE ? "in" : "in an invalidated"));
   }
-  table_.set_mode(mode);
+  table_->set_mode(mode);
 }
 
 std::optional<uint32_t> Runtime::find_slot(const std::string& name) const {
-  int i = table_.find_slot(name);
+  int i = table_->find_slot(name);
   if (i < 0) return std::nullopt;
   return static_cast<uint32_t>(i);
-}
-
-LoadedPackage Runtime::load_package(const std::filesystem::path& package_dir) {
-  LoadedPackage p{read_package_dir(package_dir), nullptr};
-  p.module = &load_module(p.dir.host_library);
-  const ModuleView& v = p.module->view;
-  if (v.name != p.dir.name || v.version != p.dir.version)
-    throw Error(
-        ErrorKind::kRefused,
-        fmt::format("{}: refused by rule package-identity: kernel.json says {} {} but "
-                    "the host library says {} {}; repack the package",
-                    p.dir.host_library.string(), p.dir.name, p.dir.version, v.name, v.version));
-  return p;
 }
 
 BindOutcome Runtime::bind(const std::string& slot, const std::filesystem::path& package_dir,
@@ -83,12 +100,12 @@ BindOutcome Runtime::bind(const std::string& slot, const std::filesystem::path& 
     backend->prepare(p.module->host->package, device);
   }
   std::string source = fmt::format("{} {} {}", v.name, v.version, l->name);
-  return table_.bind(*index, device, mode, ops, source, strict.value_or(options_.strict));
+  return table_->bind(*index, device, mode, ops, source, strict.value_or(options_.strict));
 }
 
 int32_t Runtime::call(uint32_t slot, int device, bool backward, const kh_arg_t* args, int32_t nargs,
                       void* stream) const noexcept {
-  const Table* t = table_.current();
+  const Table* t = table_->current();
   if (slot >= t->num_slots) {
     try {
       set_last_op_error(fmt::format("no layer slot {} (the table has {})", slot, t->num_slots));
@@ -103,7 +120,7 @@ int32_t Runtime::call(uint32_t slot, int device, bool backward, const kh_arg_t* 
       set_last_op_error(fmt::format(
           "layer slot {} has no {} for device {} in {} mode: nothing bound and no fallback; "
           "bind a package layer or give the slot a fallback",
-          table_.slot_name(slot), backward ? "backward" : "forward", device, mode_name(t->mode)));
+          table_->slot_name(slot), backward ? "backward" : "forward", device, mode_name(t->mode)));
     } catch (...) {
     }
     return KH_ERR_NOT_FOUND;
