@@ -11,16 +11,12 @@
 #include <set>
 #include <thread>
 
+#include "hub/base/env.h"
 #include "hub/base/error.h"
 
 namespace kh {
 
 namespace {
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0" && std::string(v) != "false";
-}
 
 // Tag under which a pull is recorded: the tag, or the digest for pinned refs.
 std::string record_name(const Ref& ref) {

@@ -12,7 +12,7 @@
 
 #include "hub/base/dynamic_library.h"
 #include "hub/base/error.h"
-#include "loader/log.h"
+#include "hub/base/log.h"
 
 namespace kh::cuda {
 
@@ -67,7 +67,7 @@ template <typename Fn>
 void optional(GetProcAddressFn get, const char* name, int version, Fn& out) {
   std::string why;
   out = reinterpret_cast<Fn>(resolve(get, name, version, why));
-  if (!out) log_line(KH_LOG_DEBUG, fmt::format("CUDA driver: optional entry missing: {}", why));
+  if (!out) log_line(kLogDebug, fmt::format("CUDA driver: optional entry missing: {}", why));
 }
 
 std::string version_text(int v) {
@@ -144,8 +144,8 @@ void load(State& s) {
     throw Error(ErrorKind::kNotFound,
                 fmt::format("the NVIDIA driver found no CUDA device; {}", kNoGpuHint));
   s.devices.resize(static_cast<size_t>(s.device_count));
-  log_line(KH_LOG_DEBUG, fmt::format("CUDA driver {} loaded from {}: {} device(s)",
-                                     version_text(d.driver_version), lib_name, s.device_count));
+  log_line(kLogDebug, fmt::format("CUDA driver {} loaded from {}: {} device(s)",
+                                  version_text(d.driver_version), lib_name, s.device_count));
 }
 
 }  // namespace
@@ -208,8 +208,8 @@ const DeviceInfo& device(int ordinal) {
   // The primary context coexists with runtime-API frameworks; retained once, never released.
   check(d.cuDevicePrimaryCtxRetain(&info->primary_context, info->handle),
         fmt::format("cuDevicePrimaryCtxRetain(device {})", ordinal));
-  log_line(KH_LOG_DEBUG, fmt::format("CUDA device {}: {}, sm_{}{}, {} MiB", ordinal, info->name,
-                                     info->sm_major, info->sm_minor, info->total_memory >> 20));
+  log_line(kLogDebug, fmt::format("CUDA device {}: {}, sm_{}{}, {} MiB", ordinal, info->name,
+                                  info->sm_major, info->sm_minor, info->total_memory >> 20));
   slot = std::move(info);
   return *slot;
 }

@@ -10,9 +10,9 @@
 #include "hub/base/cache_layout.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/base/log.h"
 #include "loader/cuda_driver.h"
 #include "loader/jit_cache.h"
-#include "loader/log.h"
 #include "loader/nvrtc.h"
 #include "loader/package_dir.h"
 #include "loader/verified_file.h"
@@ -187,15 +187,15 @@ void CudaDeviceBackend::load(Entry& e, const PackageIdentity& package, int devic
       info.arch = choice.arch;
       info.file = choice.file;
       info.description = fmt::format("{} ({})", choice.reason, choice.file.filename().string());
-      log_line(KH_LOG_DEBUG,
+      log_line(kLogDebug,
                fmt::format("{} on {}: {}", package_label(package), gpu_label, info.description));
       return;
     } catch (const Error& err) {
       if (pkg.cuda_source.empty()) throw;
-      log_line(KH_LOG_WARN, fmt::format("{} on {}: the packaged cubin {} did not load ({}); "
-                                        "compiling {} with NVRTC instead",
-                                        package_label(package), gpu_label, choice.file.string(),
-                                        err.what(), pkg.cuda_source.filename().string()));
+      log_line(kLogWarn, fmt::format("{} on {}: the packaged cubin {} did not load ({}); "
+                                     "compiling {} with NVRTC instead",
+                                     package_label(package), gpu_label, choice.file.string(),
+                                     err.what(), pkg.cuda_source.filename().string()));
       choice.kind = DeviceCodeKind::kSource;
       choice.arch = gpu;
       choice.file = pkg.cuda_source;
@@ -235,7 +235,7 @@ void CudaDeviceBackend::load(Entry& e, const PackageIdentity& package, int devic
       fmt::format("NVRTC {} build of {} for {} (JIT cache {}: {})", compiler.version.str(),
                   choice.file.filename().string(), choice.arch.sm(),
                   compiled ? "miss, compiled" : "hit", info.jit_entry.string());
-  log_line(KH_LOG_DEBUG,
+  log_line(kLogDebug,
            fmt::format("{} on {}: {}", package_label(package), gpu_label, info.description));
 }
 

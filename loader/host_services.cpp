@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "loader/log.h"
+#include "hub/base/log.h"
 
 namespace kh {
 

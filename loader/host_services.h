@@ -9,7 +9,7 @@
 #include <string>
 
 #include "hub/base/digest.h"
-#include "kernel_hub/kernel_hub_abi.h"
+#include "kernel_hub/kernel_hub.hpp"  // last_op_error (the message host->set_error sets)
 
 namespace kh {
 
@@ -58,10 +58,5 @@ struct HostContext {
 
 // Builds the context and its table (ctx points back to the HostContext).
 HostContext* make_host_context(PackageIdentity package);
-
-// The message the last failing op or host service set on this thread (host->set_error).
-const std::string& last_op_error();
-void set_last_op_error(std::string message);
-void clear_last_op_error();
 
 }  // namespace kh

@@ -9,7 +9,7 @@
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
-#include "loader/log.h"
+#include "hub/base/log.h"
 
 namespace kh {
 
@@ -116,8 +116,8 @@ std::optional<std::string> JitCache::lookup(const Digest& key) const {
   try {
     bytes = fs::read_file_if_exists(path, kMaxEntrySize);
   } catch (const Error& e) {
-    log_line(KH_LOG_WARN, fmt::format("JIT cache entry {} unreadable ({}); rebuilding it",
-                                      path.string(), e.what()));
+    log_line(kLogWarn, fmt::format("JIT cache entry {} unreadable ({}); rebuilding it",
+                                   path.string(), e.what()));
     ::unlink(path.c_str());
     return std::nullopt;
   }
@@ -125,9 +125,9 @@ std::optional<std::string> JitCache::lookup(const Digest& key) const {
   std::string why;
   auto payload = decode_jit_entry(*bytes, &why);
   if (!payload) {
-    log_line(KH_LOG_WARN, fmt::format("JIT cache entry {} is damaged ({}); deleting and "
-                                      "rebuilding it",
-                                      path.string(), why));
+    log_line(kLogWarn, fmt::format("JIT cache entry {} is damaged ({}); deleting and "
+                                   "rebuilding it",
+                                   path.string(), why));
     ::unlink(path.c_str());
   }
   return payload;
@@ -148,9 +148,9 @@ JitCache::Result JitCache::get_or_build(const Digest& key,
   try {
     store(key, r.payload);
   } catch (const Error& e) {  // a full or read-only disk costs a rebuild later, nothing more
-    log_line(KH_LOG_WARN, fmt::format("JIT cache: could not store {} ({}); continuing without "
-                                      "caching it",
-                                      entry_path(key).string(), e.what()));
+    log_line(kLogWarn, fmt::format("JIT cache: could not store {} ({}); continuing without "
+                                   "caching it",
+                                   entry_path(key).string(), e.what()));
   }
   return r;
 }

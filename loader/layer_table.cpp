@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "hub/base/error.h"
-#include "loader/log.h"
+#include "hub/base/log.h"
 
 namespace kh {
 
@@ -96,7 +96,7 @@ BindOutcome LayerTable::bind(uint32_t slot, int device, Mode mode, const SlotOps
                   why +
                       "; bind it for eval only, or choose a package whose layer has "
                       "HAS_BACKWARD");
-    log_line(KH_LOG_WARN, why + "; keeping the built-in fallback");
+    log_line(kLogWarn, why + "; keeping the built-in fallback");
     return BindOutcome::kKeptFallback;
   }
   bindings_[{slot, device, mode}] = {ops, source};

@@ -15,24 +15,12 @@
 #include <tuple>
 #include <vector>
 
-#include "kernel_hub/kernel_hub_abi.h"
+#include "kernel_hub/kernel_hub.hpp"  // Mode, kCpuDevice, SlotOps, BindOutcome
 
 namespace kh {
 
-enum class Mode : uint8_t { kEval = 0, kTrain = 1 };
-const char* mode_name(Mode mode);
-
-// Device index of a slot's table row: kCpuDevice for host tensors, 0.. for CUDA ordinals.
-constexpr int kCpuDevice = -1;
+// Highest CUDA ordinal a slot can be bound on.
 constexpr int kMaxDeviceIndex = 255;
-
-// The functions serving a slot: the runtime's fallback, or a package layer's ops.
-struct SlotOps {
-  kh_op_fn forward = nullptr;        // eval
-  kh_op_fn forward_train = nullptr;  // train; nullptr = forward
-  kh_op_fn backward = nullptr;
-  uint32_t flags = 0;  // KH_FLAG_*; a fallback with a backward should set HAS_BACKWARD
-};
 
 // What one slot does on one device in one mode.
 struct SlotEntry {
@@ -57,8 +45,6 @@ struct Table {
     return entries[static_cast<size_t>(row) * num_slots + slot];
   }
 };
-
-enum class BindOutcome { kBound, kKeptFallback };
 
 class LayerTable {
  public:

@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "hub/base/error.h"
-#include "loader/log.h"
+#include "hub/base/log.h"
 #include "loader/verified_file.h"
 
 namespace kh {
@@ -118,9 +118,9 @@ LoadResult try_load_module(const std::filesystem::path& library,
   module->host->package.name = module->view.name;
   module->host->package.version = module->view.version;
   if (module->view.abi_minor > KH_ABI_MINOR)
-    log_line(KH_LOG_DEBUG, fmt::format("{}: package ABI minor {} is newer than the loader's {}; "
-                                       "newer fields are ignored",
-                                       file, module->view.abi_minor, KH_ABI_MINOR));
+    log_line(kLogDebug, fmt::format("{}: package ABI minor {} is newer than the loader's {}; "
+                                    "newer fields are ignored",
+                                    file, module->view.abi_minor, KH_ABI_MINOR));
   result.module = module.release();
   registry()[key] = result.module;
   return result;

@@ -13,7 +13,7 @@
 
 #include "hub/base/dynamic_library.h"
 #include "hub/base/error.h"
-#include "loader/log.h"
+#include "hub/base/log.h"
 
 namespace kh {
 
@@ -127,8 +127,7 @@ void load(State& s) {
     s.info.archs.resize(static_cast<size_t>(count));
     if (a.nvrtcGetSupportedArchs(s.info.archs.data()) != NVRTC_SUCCESS) s.info.archs.clear();
   }
-  log_line(KH_LOG_DEBUG,
-           fmt::format("NVRTC {} loaded from {}", s.info.version.str(), s.info.library));
+  log_line(kLogDebug, fmt::format("NVRTC {} loaded from {}", s.info.version.str(), s.info.library));
 }
 
 std::string result_text(const Api& a, nvrtcResult r) {
@@ -248,7 +247,7 @@ std::string nvrtc_compile_cubin(std::string_view source, const std::string& file
                             log.empty() ? "(no compile log)" : log));
   }
   if (!log.empty())
-    log_line(KH_LOG_DEBUG, fmt::format("NVRTC warnings for {}:\n{}", display_path, log));
+    log_line(kLogDebug, fmt::format("NVRTC warnings for {}:\n{}", display_path, log));
   size_t size = 0;
   r = a.nvrtcGetCUBINSize(prog, &size);
   if (r != NVRTC_SUCCESS || size == 0)

@@ -1,3 +1,4 @@
+// kh::Runtime (kernel_hub.hpp): the embedding API over the layer table and package loading.
 #include <fmt/format.h>
 
 #include "hub/base/error.h"
@@ -5,13 +6,42 @@
 #include "loader/cuda_driver.h"
 #include "loader/device_backend.h"
 #include "loader/host_services.h"
+#include "loader/layer_table.h"
+#include "loader/loaded_package.h"
 
 namespace kh {
 
-Runtime::Runtime(RuntimeOptions options) : options_(std::move(options)) {
+Runtime::Runtime(RuntimeOptions options)
+    : options_(std::move(options)), table_(std::make_unique<LayerTable>()) {
   install_cuda_device_backend();
   if (!options_.jit_cache_dir.empty())
     CudaDeviceBackend::instance().set_jit_cache_dir(options_.jit_cache_dir);
+}
+
+Runtime::~Runtime() = default;
+
+uint32_t Runtime::add_slot(const std::string& name, SlotOps fallback) {
+  return table_->add_slot(name, fallback);
+}
+
+uint32_t Runtime::num_slots() const {
+  return table_->num_slots();
+}
+
+std::string Runtime::slot_name(uint32_t slot) const {
+  return table_->slot_name(slot);
+}
+
+void Runtime::set_mode(Mode mode) {
+  table_->set_mode(mode);
+}
+
+Mode Runtime::mode() const noexcept {
+  return table_->mode();
+}
+
+void Runtime::set_capturing(bool capturing) noexcept {
+  table_->set_capturing(capturing);
 }
 
 void Runtime::set_mode(Mode mode, const std::vector<void*>& streams) {
@@ -26,39 +56,26 @@ void Runtime::set_mode(Mode mode, const std::vector<void*>& streams) {
               mode_name(mode), stream,
               status == cuda::CU_STREAM_CAPTURE_STATUS_ACTIVE ? "in" : "in an invalidated"));
   }
-  table_.set_mode(mode);
+  table_->set_mode(mode);
 }
 
 std::optional<uint32_t> Runtime::find_slot(const std::string& name) const {
-  int i = table_.find_slot(name);
+  int i = table_->find_slot(name);
   if (i < 0) return std::nullopt;
   return static_cast<uint32_t>(i);
 }
 
-LoadedPackage Runtime::load_package(const std::filesystem::path& package_dir) {
-  LoadedPackage p{read_package_dir(package_dir), nullptr};
-  // The host library is checked against kernel.json's digest for it, from the descriptor it is
-  // then mapped through.
-  p.module = &load_module(p.dir.host_library, p.dir.expected_digest(p.dir.host_library));
-  p.module->host->package.manifest_digest = p.dir.manifest_digest;
-  const ModuleView& v = p.module->view;
-  if (v.name != p.dir.name || v.version != p.dir.version)
-    throw Error(
-        ErrorKind::kRefused,
-        fmt::format("{}: refused by rule package-identity: kernel.json says {} {} but "
-                    "the host library says {} {}; repack the package",
-                    p.dir.host_library.string(), p.dir.name, p.dir.version, v.name, v.version));
-  return p;
-}
-
 BindOutcome Runtime::bind(const std::string& slot, const std::filesystem::path& package_dir,
                           Mode mode, int device, const std::string& layer,
-                          std::optional<bool> strict) {
+                          std::optional<bool> strict, const std::string& manifest_digest) {
   auto index = find_slot(slot);
   if (!index)
     throw Error(ErrorKind::kNotFound,
                 fmt::format("no layer slot named {}; add it with add_slot first", slot));
-  LoadedPackage p = load_package(package_dir);
+  LoadedPackage p = load_package(
+      package_dir, manifest_digest.empty()
+                       ? std::nullopt
+                       : std::optional<Digest>(Digest::parse(manifest_digest)));
   const ModuleView& v = p.module->view;
   const std::string layer_name = layer.empty() ? slot : layer;
   const kh_layer_v1_t* l = v.find_layer(layer_name);
@@ -86,12 +103,12 @@ BindOutcome Runtime::bind(const std::string& slot, const std::filesystem::path& 
     backend->prepare(p.module->host->package, device);
   }
   std::string source = fmt::format("{} {} {}", v.name, v.version, l->name);
-  return table_.bind(*index, device, mode, ops, source, strict.value_or(options_.strict));
+  return table_->bind(*index, device, mode, ops, source, strict.value_or(options_.strict));
 }
 
 int32_t Runtime::call(uint32_t slot, int device, bool backward, const kh_arg_t* args, int32_t nargs,
                       void* stream) const noexcept {
-  const Table* t = table_.current();
+  const Table* t = table_->current();
   if (slot >= t->num_slots) {
     try {
       set_last_op_error(fmt::format("no layer slot {} (the table has {})", slot, t->num_slots));
@@ -106,7 +123,7 @@ int32_t Runtime::call(uint32_t slot, int device, bool backward, const kh_arg_t* 
       set_last_op_error(fmt::format(
           "layer slot {} has no {} for device {} in {} mode: nothing bound and no fallback; "
           "bind a package layer or give the slot a fallback",
-          table_.slot_name(slot), backward ? "backward" : "forward", device, mode_name(t->mode)));
+          table_->slot_name(slot), backward ? "backward" : "forward", device, mode_name(t->mode)));
     } catch (...) {
     }
     return KH_ERR_NOT_FOUND;

@@ -6,8 +6,12 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "hub/base/clock.h"
+#include "hub/base/env.h"
 #include "hub/base/error.h"
-#include "loader/log.h"
+#include "hub/base/clock.h"
+#include "hub/base/env.h"
+#include "hub/base/log.h"
 #include "registry/kernelize/stages.h"
 
 namespace kh {
@@ -57,15 +61,6 @@ KernelizeIndexProvider::KernelizeIndexProvider(Hub& hub, const LockFile* lock)
 
 namespace {
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0" && std::string(v) != "false";
-}
-
 // Plan and fetch rounds: one when every index carries kernelhub.layers; an older index is planned
 // again once its package's kernel.json is unpacked (each round can only learn more packages).
 constexpr int kMaxPlanRounds = 4;
@@ -80,12 +75,11 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
   report.device = device;
 
   std::vector<std::string> slots;
-  for (uint32_t i = 0; i < runtime.table().num_slots(); ++i)
-    slots.push_back(runtime.table().slot_name(i));
+  for (uint32_t i = 0; i < runtime.num_slots(); ++i) slots.push_back(runtime.slot_name(i));
 
   bool disabled = options.disable ? *options.disable : env_flag("KERNEL_HUB_DISABLE");
   if (disabled) {
-    log_line(KH_LOG_INFO, "kernelize: KERNEL_HUB_DISABLE is set: every slot keeps its fallback");
+    log_line(kLogInfo, "kernelize: KERNEL_HUB_DISABLE is set: every slot keeps its fallback");
     report.bindings = stage::keep_fallbacks(slots, options.modes,
                                             "KERNEL_HUB_DISABLE=1: kernel mapping disabled");
     report.total_ms = ms_since(t0);

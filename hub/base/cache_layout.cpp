@@ -3,24 +3,20 @@
 #include <pwd.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <string>
 
+#include "hub/base/env.h"
 #include "hub/base/error.h"
 
 namespace kh::cache_layout {
 
 std::filesystem::path default_root() {
-  auto env = [](const char* name) -> std::string {
-    const char* v = std::getenv(name);
-    return v ? std::string(v) : std::string();
-  };
-  if (std::string v = env("KERNEL_HUB_CACHE"); !v.empty()) return v;
+  if (std::string v = env_string("KERNEL_HUB_CACHE"); !v.empty()) return v;
   // The XDG spec says relative paths in XDG_CACHE_HOME are invalid and must be ignored.
-  if (std::string v = env("XDG_CACHE_HOME"); !v.empty() && v.front() == '/') {
+  if (std::string v = env_string("XDG_CACHE_HOME"); !v.empty() && v.front() == '/') {
     return std::filesystem::path(v) / "kernel-hub";
   }
-  std::string home = env("HOME");
+  std::string home = env_string("HOME");
   if (home.empty()) {
     if (const struct passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir) home = pw->pw_dir;
   }

@@ -3,6 +3,7 @@
 #include "hub/store/store.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -21,6 +22,7 @@
 #include "hub/base/digest.h"
 #include "hub/base/error.h"
 #include "hub/base/guarded_root.h"
+#include "hub/base/log.h"
 #include "hub/oci/closure.h"
 
 namespace kh {
@@ -166,10 +168,9 @@ std::optional<RefRecord> parse_ref_record(const std::string& text, const stdfs::
     r.resolved_at = j.at("resolved_at").get<int64_t>();
     return r;
   } catch (const std::exception& e) {
-    std::fprintf(stderr,
-                 "kernel-hub: warning: ignoring damaged ref record %s (%s); the next online "
-                 "resolve of this tag rewrites it\n",
-                 path.c_str(), e.what());
+    log_warning(fmt::format(
+        "ignoring damaged ref record {} ({}); the next online resolve of this tag rewrites it",
+        path.string(), e.what()));
     return std::nullopt;
   }
 }
@@ -322,10 +323,9 @@ std::optional<std::string> Store::read_blob(const Digest& d, uint64_t max_size) 
   if (!bytes) return std::nullopt;
   Digest actual = sha256_of(*bytes);
   if (actual != d) {
-    std::fprintf(stderr,
-                 "kernel-hub: warning: cache entry %s is damaged (content hashes to %s); "
-                 "removed it, it will be fetched again\n",
-                 p.c_str(), actual.str().c_str());
+    log_warning(fmt::format(
+        "cache entry {} is damaged (content hashes to {}); removed it, it will be fetched again",
+        p.string(), actual.str()));
     fs::remove_tree(p);  // by descriptor: never follows a link planted in its place
     return std::nullopt;
   }
@@ -393,8 +393,7 @@ std::vector<std::pair<RefRecord, stdfs::path>> scan_ref_records(const stdfs::pat
         try {
           text = fs::read_file_if_exists(p, kMaxRefRecordBytes);
         } catch (const Error& e) {
-          std::fprintf(stderr, "kernel-hub: warning: ignoring unreadable ref record %s (%s)\n",
-                       p.c_str(), e.what());
+          log_warning(fmt::format("ignoring unreadable ref record {} ({})", p.string(), e.what()));
           continue;
         }
         if (!text) continue;
@@ -425,15 +424,14 @@ std::optional<RefRecord> Store::read_ref(const std::string& hub_id, const std::s
   try {
     text = fs::read_file_if_exists(p, kMaxRefRecordBytes);
   } catch (const Error& e) {
-    std::fprintf(stderr, "kernel-hub: warning: ignoring unreadable ref record %s (%s)\n", p.c_str(),
-                 e.what());
+    log_warning(fmt::format("ignoring unreadable ref record {} ({})", p.string(), e.what()));
     return std::nullopt;
   }
   if (!text) return std::nullopt;
   auto r = parse_ref_record(*text, p);
   if (r && (r->hub_id != hub_id || r->repo != repo || r->tag != tag)) {
-    std::fprintf(stderr, "kernel-hub: warning: ignoring ref record %s: it describes %s %s@%s\n",
-                 p.c_str(), r->hub_id.c_str(), r->repo.c_str(), r->tag.c_str());
+    log_warning(fmt::format("ignoring ref record {}: it describes {} {}@{}", p.string(), r->hub_id,
+                            r->repo, r->tag));
     return std::nullopt;
   }
   return r;

@@ -13,8 +13,9 @@
 #include <random>
 #include <thread>
 
-#include "hub/transport/curl_api.h"
+#include "hub/base/env.h"
 #include "hub/base/error.h"
+#include "hub/transport/curl_api.h"
 
 namespace kh::http {
 
@@ -308,21 +309,6 @@ size_t transfer_write(char* data, size_t size, size_t nmemb, void* user) {
 }  // namespace
 
 // ---- Options ----
-
-namespace {
-long env_long(const char* name, long fallback, long min_value) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  if (*end != 0 || x < min_value) {
-    throw Error(ErrorKind::kInvalidInput,
-                std::string("invalid ") + name + "='" + v +
-                    "': expected an integer >= " + std::to_string(min_value));
-  }
-  return x;
-}
-}  // namespace
 
 Options Options::from_env() {
   Options o;

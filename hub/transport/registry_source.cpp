@@ -2,6 +2,8 @@
 // Bearer token and Basic authentication. Quirks of docker-registry 2.8.2 (REFERENCE §2.4)
 // are handled: OCI-only Accept matching, absolute upload Locations with a query, explicit
 // octet-stream on upload PUTs, Content-Range without "bytes ", no Link paging.
+#include <fmt/format.h>
+
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -16,8 +18,9 @@
 
 #include "hub/base/digest.h"
 #include "hub/base/error.h"
-#include "hub/trust/signature.h"
+#include "hub/base/log.h"
 #include "hub/transport/source.h"
+#include "hub/trust/signature.h"
 
 namespace kh {
 
@@ -624,7 +627,7 @@ class RegistrySource : public Source {
     std::string w = resp.header("warning");
     std::lock_guard lock(auth_mu_);
     if (w.empty() || !warned_.insert(w).second) return;
-    std::fprintf(stderr, "Warning: %s says: %s\n", address_.host.c_str(), w.c_str());
+    log_warning(fmt::format("{} says: {}", address_.host, w));
   }
 
   // Sends a request with the cached credentials; on 401 authenticates once and retries.

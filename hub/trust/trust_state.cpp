@@ -7,6 +7,7 @@
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/base/log.h"
 #include "hub/oci/ref.h"
 #include "hub/trust/signature.h"
 
@@ -50,10 +51,9 @@ std::optional<SerialRecord> TrustState::read(const std::string& hub_id, const st
   stdfs::path p = path_for(hub_id, repo, tag);
   std::optional<std::string> text;
   auto warn = [&](const std::string& why) {
-    std::fprintf(stderr,
-                 "kernel-hub: warning: ignoring damaged trust state %s (%s); the next verified "
-                 "signature for %s@%s rewrites it\n",
-                 p.c_str(), why.c_str(), repo.c_str(), tag.c_str());
+    log_warning(fmt::format(
+        "ignoring damaged trust state {} ({}); the next verified signature for {}@{} rewrites it",
+        p.string(), why, repo, tag));
   };
   try {
     text = fs::read_file_if_exists(p, kMaxRecordBytes);

@@ -8,13 +8,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <ctime>
 #include <nlohmann/json.hpp>
 
+#include "hub/base/env.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "hub/base/guarded_root.h"
+#include "hub/base/log.h"
 #include "hub/oci/ref.h"
 
 namespace kh::trust {
@@ -30,11 +31,6 @@ constexpr size_t kMaxPatterns = 256;
 bool is_lower_hex(std::string_view s) {
   return std::all_of(s.begin(), s.end(),
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : std::string();
 }
 
 // Validates and de-duplicates patterns, keeping the order given.
@@ -95,12 +91,12 @@ std::string TrustedKey::repos_text() const {
 }
 
 stdfs::path TrustStore::default_dir() {
-  if (std::string v = env("KERNEL_HUB_TRUST_DIR"); !v.empty()) return v;
+  if (std::string v = env_string("KERNEL_HUB_TRUST_DIR"); !v.empty()) return v;
   // The XDG spec says relative paths in XDG_CONFIG_HOME are invalid and must be ignored.
-  if (std::string v = env("XDG_CONFIG_HOME"); !v.empty() && v.front() == '/') {
+  if (std::string v = env_string("XDG_CONFIG_HOME"); !v.empty() && v.front() == '/') {
     return stdfs::path(v) / "kernel-hub" / "trust";
   }
-  std::string home = env("HOME");
+  std::string home = env_string("HOME");
   if (home.empty()) {
     if (const struct passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir) home = pw->pw_dir;
   }
@@ -139,7 +135,7 @@ TrustStore TrustStore::open(const stdfs::path& dir) {
           "ignoring trust file {}: {}; its key is not trusted until "
           "it is fixed, or re-add the key with `kernel-hub trust add`",
           path.string(), why);
-      std::fprintf(stderr, "kernel-hub: warning: %s\n", msg.c_str());
+      log_warning(msg);
       store.problems_.push_back(std::move(msg));
     };
     std::string stem = path.stem().string();

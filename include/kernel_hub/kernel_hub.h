@@ -2,14 +2,35 @@
  * languages (Python ctypes, Rust, Go). Every function returns KH_OK or a KH_ERR_* status; after a
  * failure kh_last_error() gives this thread's message (what failed, which input, what to do).
  *
+ * Statuses (kernel_hub_abi.h), one per kind of failure:
+ *   KH_ERR_INVALID_ARGUMENT  malformed input: config, device, address, lock, NULL argument
+ *   KH_ERR_NOT_FOUND         no such slot, layer, package, ref or file
+ *   KH_ERR_UNSUPPORTED       something kernel-hub does not handle (a server, a file format)
+ *   KH_ERR_REFUSED           a safety rule refused: preflight, ABI, trust, strict, graph capture
+ *   KH_ERR_NETWORK           the hub could not be reached, or kept failing after retries
+ *   KH_ERR_AUTH              the hub refused the credentials
+ *   KH_ERR_INTEGRITY         a digest, size or lock mismatch: a tampered or damaged hub or cache
+ *   KH_ERR_OFFLINE           offline, and the cache cannot answer
+ *   KH_ERR_IO                a local file system failure
+ *   KH_ERR_INTERNAL          anything else (out of memory, a bug); the message says what
+ * kh_runtime_forward and kh_runtime_backward return the op's own status (any KH_ERR_*).
+ *
+ * The smallest embedding (tools/examples/embed_minimal.c is a complete one):
+ *
  *   kh_runtime_t* rt = kh_runtime_create(0);
  *   uint32_t slot;
- *   kh_runtime_add_slot(rt, "Scale", my_fwd, my_fwd, my_bwd, KH_FLAG_HAS_BACKWARD, &slot);
- *   kh_runtime_bind(rt, "Scale", "/path/to/package", NULL, KH_MODE_EVAL, KH_DEVICE_CPU, NULL);
+ *   kh_runtime_add_slot(rt, "SiluAndMul", my_fwd, my_fwd, NULL, 0, &slot);
+ *   int32_t status = kh_runtime_kernelize(rt, "{\"SiluAndMul\": \"kernel-hub/activation@v1\"}",
+ *                                         NULL, NULL, 0, 0, NULL, NULL);
+ *   if (status != KH_OK) fprintf(stderr, "%s: %s\n", kh_status_name(status), kh_last_error());
  *   kh_runtime_set_mode(rt, KH_MODE_EVAL);
  *   if (kh_runtime_forward(rt, slot, KH_DEVICE_CPU, args, nargs, NULL) != KH_OK)
  *     fprintf(stderr, "%s\n", kh_last_error());
  *   kh_runtime_destroy(rt);
+ *
+ * Binding one package directory by hand instead of kernelize:
+ *
+ *   kh_runtime_bind(rt, "Scale", "/path/to/package", NULL, KH_MODE_EVAL, KH_DEVICE_CPU, NULL);
  */
 #ifndef KERNEL_HUB_H_
 #define KERNEL_HUB_H_
@@ -65,18 +86,24 @@ KH_EXPORT int32_t kh_runtime_backward(const kh_runtime_t* rt, uint32_t slot, int
 
 /* kernelize: resolves every slot of the runtime (layer name = slot name) against a KernelConfig
  * for each requested mode, fetches only the chosen variants into the cache ($KERNEL_HUB_CACHE),
- * verifies their files, and binds them; slots the config does not serve keep their fallback.
- * After it returns, set_mode and calls do no I/O.
+ * verifies their signatures and files, and binds them; slots the config does not serve keep
+ * their fallback. After it returns, set_mode and calls do no I/O.
+ *
  *   config_json  the KernelConfig as JSON text (native or Transformers forms)
- *   hub          hub address (oci://HOST[/NS], http(s)://URL, file://DIR); NULL:
- * $KERNEL_HUB_ENDPOINT, else the embedded default hub device       NULL or "cpu" (this machine), or
- * "cuda:sm_90:cuda_13.0[:OS/ARCH]" (binds CUDA device 0) modes        KH_KERNELIZE_EVAL |
- * KH_KERNELIZE_TRAIN (0: both) strict       != 0: a mapped layer that falls back, or a train bind
- * without backward, fails lock_path    NULL, or a kernels.lock: only its digests are accepted
+ *   hub          hub address: oci://HOST[/NS], http(s)://URL or file://DIR;
+ *                NULL: $KERNEL_HUB_ENDPOINT, else the embedded default hub
+ *   device       NULL or "cpu" (this machine), or "cuda:sm_90:cuda_13.0[:OS/ARCH]"
+ *                (binds CUDA device 0)
+ *   modes        KH_KERNELIZE_EVAL | KH_KERNELIZE_TRAIN (0: both)
+ *   strict       != 0: a mapped layer that falls back, or a train bind without backward, fails
+ *   lock_path    NULL, or a kernels.lock: only its digests are accepted
  *   report_json  NULL, or receives a malloc'ed JSON report (per layer and mode: package, index
  *                digest, variant, source, load time, trace); free it with
  *                kh_runtime_free_report.
- * KERNEL_HUB_OFFLINE, KERNEL_HUB_LOCAL, KERNEL_HUB_DISABLE and KERNEL_HUB_REF_TTL apply. */
+ *
+ * KERNEL_HUB_OFFLINE, KERNEL_HUB_LOCAL, KERNEL_HUB_DISABLE and KERNEL_HUB_REF_TTL apply. A hub
+ * that is missing, offline or unreachable leaves the fallbacks in place (with strict, that is
+ * KH_ERR_REFUSED); a tampered one is KH_ERR_INTEGRITY. */
 #define KH_KERNELIZE_EVAL 0x1u
 #define KH_KERNELIZE_TRAIN 0x2u
 KH_EXPORT int32_t kh_runtime_kernelize(kh_runtime_t* rt, const char* config_json, const char* hub,
@@ -87,6 +114,8 @@ KH_EXPORT void kh_runtime_free_report(char* report_json);
 
 /* This thread's last error message ("" when none). Valid until this thread's next call. */
 KH_EXPORT const char* kh_last_error(void);
+/* The name of a status: "KH_OK", "KH_ERR_OFFLINE", ...; "unknown status" for other values. */
+KH_EXPORT const char* kh_status_name(int32_t status);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,26 +1,74 @@
-// kernel-hub's C++ embedding API: a runtime declares layer slots (each with its own fallback
-// implementation), binds package layers to them per mode and device, switches modes with one
-// atomic store, and calls ops with DLPack tensors.
+// kernel_hub.hpp: kernel-hub's C++ embedding API, the one header an embedder includes.
+//
+// A runtime declares layer slots, each with its own implementation as the fallback; kernelize
+// resolves a KernelConfig against a hub, fetches and verifies the chosen kernels and binds them
+// to the slots for every mode up front; set_mode switches modes with one atomic store; calls
+// take DLPack tensors (kernel_hub_abi.h) and never lock, allocate or do I/O.
 //
 //   kh::Runtime rt;
-//   uint32_t scale = rt.add_slot("Scale", {my_scale, my_scale, my_scale_bwd,
-//   KH_FLAG_HAS_BACKWARD}); rt.bind("Scale", "/cache/unpacked/<hex>", kh::Mode::kEval);   // cpu by
-//   default rt.set_mode(kh::Mode::kEval); int32_t status = rt.forward(scale, kh::kCpuDevice, args,
-//   nargs, nullptr); if (status != KH_OK) std::cerr << kh::last_op_error();
+//   uint32_t norm = rt.add_slot("RMSNorm", {my_rms_norm, my_rms_norm, my_rms_norm_bwd,
+//                                           KH_FLAG_HAS_BACKWARD});
+//   kh::EmbedReport report = kh::kernelize(rt, R"({"RMSNorm": "kernel-hub/norm@v1"})");
+//   std::printf("%s", report.text.c_str());  // per layer and mode: package, variant, trust
+//
+//   rt.set_mode(kh::Mode::kEval);            // one atomic store; no I/O from here on
+//   if (rt.forward(norm, kh::kCpuDevice, args, nargs, /*stream=*/nullptr) != KH_OK)
+//     std::fprintf(stderr, "%s\n", kh::last_op_error().c_str());
+//
+// Errors are kh::Error exceptions (kernel_hub_base.hpp) whose message says what failed, on which
+// input and what to do; calls (forward, backward) return a KH_* status instead. Every log line,
+// the hub's warnings included, goes through the sink set with kh::set_log_sink.
+//
+// Link: the static libraries of the build, through the CMake target kh_embed (see
+// tools/examples/CMakeLists.txt). C and other languages use kernel_hub.h (libkernel_hub.so).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernel_hub/kernel_hub_abi.h"
-#include "loader/layer_table.h"
-#include "loader/log.h"
-#include "loader/module.h"
-#include "loader/package_dir.h"
+#include "kernel_hub/kernel_hub_base.hpp"
 
 namespace kh {
+
+static_assert(kLogDebug == KH_LOG_DEBUG && kLogInfo == KH_LOG_INFO && kLogWarn == KH_LOG_WARN &&
+                  kLogError == KH_LOG_ERROR,
+              "kh::LogLevel and KH_LOG_* must agree");
+
+// ---- Slots and modes ----
+
+enum class Mode : uint8_t { kEval = 0, kTrain = 1 };
+// "eval" or "train".
+const char* mode_name(Mode mode);
+
+// The device of a call or a binding: kCpuDevice for host tensors, 0.. for CUDA ordinals.
+constexpr int kCpuDevice = -1;
+
+// The functions serving a slot: the runtime's fallback, or a package layer's ops.
+struct SlotOps {
+  kh_op_fn forward = nullptr;        // eval
+  kh_op_fn forward_train = nullptr;  // train; nullptr = forward
+  kh_op_fn backward = nullptr;
+  uint32_t flags = 0;  // KH_FLAG_*; a fallback with a backward should set HAS_BACKWARD
+};
+
+// What a bind did: bound the package layer, or kept the fallback because a train bind found no
+// backward op (and the runtime is not strict).
+enum class BindOutcome { kBound, kKeptFallback };
+
+// The message the last failing op or host service set on this thread (empty when none). Ops
+// written by the embedder (fallbacks) may set it too before returning a status other than KH_OK.
+const std::string& last_op_error();
+void set_last_op_error(std::string message);
+void clear_last_op_error();
+
+// ---- The runtime ----
 
 struct RuntimeOptions {
   // Binding a layer without a backward op for train fails instead of keeping the fallback.
@@ -30,44 +78,51 @@ struct RuntimeOptions {
   std::filesystem::path jit_cache_dir = {};
 };
 
-// A package directory loaded into this process: its kernel.json and its module.
-struct LoadedPackage {
-  PackageDir dir;
-  const LoadedModule* module = nullptr;
-};
+class LayerTable;  // the slots and their per-mode tables (loader/layer_table.h)
 
 class Runtime {
  public:
   // Installs the process-wide CUDA device backend (touches no driver: libcuda and NVRTC load on
   // the first GPU bind).
   explicit Runtime(RuntimeOptions options = {});
+  // No thread may still call through the runtime. Packages stay loaded.
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
 
-  // Adds a layer slot with the runtime's own implementation as its fallback.
-  uint32_t add_slot(const std::string& name, SlotOps fallback = {}) {
-    return table_.add_slot(name, fallback);
-  }
+  // Adds a layer slot with the runtime's own implementation as its fallback. The name must be
+  // new (kh::Error kInvalidInput otherwise). Returns its index, valid for the runtime's life.
+  uint32_t add_slot(const std::string& name, SlotOps fallback = {});
   // Looks up a slot by name: its index, or nullopt.
   std::optional<uint32_t> find_slot(const std::string& name) const;
+  uint32_t num_slots() const;
+  std::string slot_name(uint32_t slot) const;
 
-  // Reads kernel.json, preflights, dlopens and validates the package's host library; checks that
-  // the module's name and version match kernel.json. Each library loads once per process.
-  // Throws kh::Error (kRefused with every failed check, kNotFound, kInvalidInput).
-  static LoadedPackage load_package(const std::filesystem::path& package_dir);
-
-  // Binds the package's layer `layer` (default: the slot's name) to `slot` for `mode` on
-  // `device`. Returns kKeptFallback when a train bind lacks a backward op (not strict). For a
-  // CUDA device (>= 0) the package's device code is loaded or compiled now; without a driver,
-  // device or suitable device code this throws kh::Error naming the cause.
+  // Binds the package directory's layer `layer` (default: the slot's name) to `slot` for
+  // `mode` on `device`. Loading reads kernel.json, preflights the host library (ELF checks),
+  // dlopens it once per process and checks its module table. Returns kKeptFallback when a train
+  // bind lacks a backward op (not strict). For a CUDA device (>= 0) the package's device code
+  // is loaded or compiled now. Every file is opened once (no symlink followed inside the cache),
+  // checked against kernel.json's "files" digests from that descriptor and used through it (the
+  // library is dlopen'ed as /proc/self/fd/N). `manifest_digest` ("sha256:<hex>"), when given,
+  // is what the caller's signed chain says kernel.json is: a different kernel.json is refused
+  // (kIntegrity) before anything is loaded; kernelize always passes it for hub packages.
+  // Throws kh::Error: kRefused (every failed check), kIntegrity, kNotFound, kInvalidInput,
+  // kUnsupported (no device code backend).
   BindOutcome bind(const std::string& slot, const std::filesystem::path& package_dir, Mode mode,
                    int device = kCpuDevice, const std::string& layer = "",
-                   std::optional<bool> strict = std::nullopt);
+                   std::optional<bool> strict = std::nullopt,
+                   const std::string& manifest_digest = "");
 
-  void set_mode(Mode mode) { table_.set_mode(mode); }
+  // Publishes the table of `mode` with one atomic store: no lock, I/O or allocation. Refused
+  // (kh::Error kRefused) while a CUDA graph capture is declared with set_capturing.
+  void set_mode(Mode mode);
   // As set_mode, but first asks the driver whether any of `streams` (CUstream; nullptr = the
   // legacy default stream) is capturing a CUDA graph, and refuses (kh::Error kRefused) if so.
   void set_mode(Mode mode, const std::vector<void*>& streams);
-  Mode mode() const noexcept { return table_.mode(); }
-  void set_capturing(bool capturing) noexcept { table_.set_capturing(capturing); }
+  Mode mode() const noexcept;
+  // Declares a CUDA graph capture in progress (true) or over (false).
+  void set_capturing(bool capturing) noexcept;
 
   // Calls the slot's forward (eval: forward, train: forward_train) or backward for `device`
   // through the published table. On failure the status is not KH_OK and last_op_error() says
@@ -77,15 +132,90 @@ class Runtime {
   int32_t backward(uint32_t slot, int device, const kh_arg_t* args, int32_t nargs,
                    void* stream) const noexcept;
 
-  LayerTable& table() noexcept { return table_; }
-  const LayerTable& table() const noexcept { return table_; }
+  // The layer table behind the runtime, for tools that read its tables (include
+  // loader/layer_table.h to use it).
+  LayerTable& table() noexcept { return *table_; }
+  const LayerTable& table() const noexcept { return *table_; }
 
  private:
   int32_t call(uint32_t slot, int device, bool backward, const kh_arg_t* args, int32_t nargs,
                void* stream) const noexcept;
 
   RuntimeOptions options_;
-  LayerTable table_;
+  std::unique_ptr<LayerTable> table_;  // never null; its tables outlive every call
 };
+
+// ---- kernelize: a KernelConfig to bound slots, in one call ----
+//
+// It picks the cache and the hub itself. (Inside kernel-hub, registry/kernelize.h has the
+// kernelize underneath, over a given Hub and Device, with its own KernelizeOptions and
+// KernelizeReport.)
+
+struct EmbedOptions {
+  // The hub: oci://HOST[/NS], http(s)://URL or file://DIR (a layout directory). Empty:
+  // $KERNEL_HUB_ENDPOINT, else the embedded default hub.
+  std::string hub = {};
+  // The device to resolve for: "cpu" (this machine), "cpu:linux/arm64",
+  // "cuda:sm_90:cuda_13.0" or "cuda:sm_90:cuda_13.0:linux/amd64".
+  std::string device = "cpu";
+  // The CUDA device bound when `device` is a cuda device.
+  int cuda_ordinal = 0;
+  // The modes resolved and bound (at least one).
+  std::vector<Mode> modes = {Mode::kEval, Mode::kTrain};
+  // A mapped layer that falls back, or a train bind without a backward op, is an error.
+  bool strict = false;
+  // A kernels.lock (`kernel-hub lock`): only its digests are accepted. Empty: no lock.
+  std::filesystem::path lock = {};
+  // Progress bars on stderr while fetching (shown on a terminal only).
+  bool progress = false;
+};
+
+// What kernelize did.
+struct EmbedReport {
+  // One slot in one mode.
+  struct Binding {
+    std::string layer;  // the slot name
+    Mode mode = Mode::kEval;
+    bool bound = false;          // false: the runtime's fallback serves it (note says why)
+    std::string source;          // "hub" (fetched by this call), "cache", "local" or "fallback"
+    std::string kernel;          // the config's ref, "org/name@v1:Layer"; empty for a fallback
+    std::string package;         // "name@version" from kernel.json
+    std::string index_digest;    // "sha256:..." of the package index
+    std::string variant_digest;  // "sha256:..." of the chosen variant
+    std::string variant;         // "variant 0 host code", "variant 2 cubin sm_90", ...
+    std::filesystem::path package_dir;  // the unpacked package that was loaded
+    std::string trust;   // "signed by <keyid> serial N", "UNSIGNED (allowed)", "local ..."
+    std::string note;    // why the fallback serves, when it does
+    double load_ms = 0;  // verify + preflight + dlopen + bind (fetch excluded)
+  };
+
+  std::string device;             // the device resolved for, in full form
+  std::vector<Binding> bindings;  // per slot, per requested mode
+  size_t fetched = 0;             // variants fetched from the hub by this call
+  double total_ms = 0;
+  std::string text;  // one line per binding: kernel, package, index, variant, source, trust
+  std::string json;  // the full report with each resolution's trace (kh_runtime_kernelize's)
+
+  // The binding of `layer` in `mode`, or nullptr.
+  const Binding* find(std::string_view layer, Mode mode) const;
+};
+
+// Resolves every slot of the runtime (layer name = slot name) against the KernelConfig for
+// each requested mode, fetches only the chosen variants into the cache ($KERNEL_HUB_CACHE),
+// verifies their signatures and files, and binds them; slots the config does not serve keep
+// their fallback. After it returns, set_mode and calls do no I/O. `config_json` is the
+// KernelConfig as JSON text (native or Transformers forms).
+//
+// KERNEL_HUB_OFFLINE, KERNEL_HUB_LOCAL, KERNEL_HUB_DISABLE, KERNEL_HUB_REF_TTL and the trust
+// variables apply. Throws kh::Error: kInvalidInput (config, device, options), kIntegrity (lock
+// or file digests), kRefused (preflight, trust, strict), kOffline, kNetwork, kAuth, kNotFound,
+// kIo. A hub that is missing, offline or unreachable leaves the fallbacks in place instead.
+EmbedReport kernelize(Runtime& runtime, const std::string& config_json,
+                      const EmbedOptions& options = {});
+
+// As above, for a KernelConfig already parsed (registry/kernel_config.h).
+struct KernelConfig;
+EmbedReport kernelize(Runtime& runtime, const KernelConfig& config,
+                      const EmbedOptions& options = {});
 
 }  // namespace kh

@@ -55,9 +55,13 @@ extern "C" {
 #define KH_ERR_LAUNCH 5           /* the driver refused a launch */
 #define KH_ERR_ABI 6              /* incompatible ABI version */
 #define KH_ERR_INTERNAL 7         /* anything else; the message says what */
-/* Embedding APIs only: a safety rule refused (preflight, ABI, strict bind, mode switch during a
- * graph capture). */
-#define KH_ERR_REFUSED 8
+/* Embedding APIs only (kernel_hub.h); each is one kind of kh::Error (kernel_hub_base.hpp). */
+#define KH_ERR_REFUSED 8    /* a safety rule refused: preflight, trust, strict, graph capture */
+#define KH_ERR_NETWORK 9    /* the hub could not be reached, or kept failing after retries */
+#define KH_ERR_AUTH 10      /* the hub refused the credentials (401/403) */
+#define KH_ERR_INTEGRITY 11 /* digest, size or lock mismatch: a tampered or damaged hub or cache */
+#define KH_ERR_OFFLINE 12   /* offline mode, and the cache cannot answer */
+#define KH_ERR_IO 13        /* a local file system failure */
 
 /* Log levels for kh_host_v1_t.log. */
 #define KH_LOG_DEBUG 0

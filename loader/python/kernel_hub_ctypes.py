@@ -1,5 +1,6 @@
-"""ctypes declarations of kernel-hub's C API (include/kernel_hub/kernel_hub.h, include/kernel_hub/kernel_hub_abi.h) and
-DLPack's DLTensor, for Python callers: tests, benchmarks, scripts. No dependencies.
+"""ctypes declarations of kernel-hub's C API (include/kernel_hub/kernel_hub.h and
+include/kernel_hub/kernel_hub_abi.h) and DLPack's DLTensor, for Python callers: tests,
+benchmarks, scripts. No dependencies.
 
     import kernel_hub_ctypes as kh
     lib = kh.load("build/libkernel_hub.so")
@@ -7,8 +8,27 @@ DLPack's DLTensor, for Python callers: tests, benchmarks, scripts. No dependenci
 """
 import ctypes as C
 
-KH_OK, KH_ERR_NOT_FOUND, KH_ERR_REFUSED = 0, 4, 8
+# Statuses (kernel_hub_abi.h): KH_OK and one KH_ERR_* per kind of failure.
+KH_OK = 0
+KH_ERR_INVALID_ARGUMENT = 1
+KH_ERR_UNSUPPORTED = 2
+KH_ERR_NO_DEVICE = 3
+KH_ERR_NOT_FOUND = 4
+KH_ERR_LAUNCH = 5
+KH_ERR_ABI = 6
+KH_ERR_INTERNAL = 7
+KH_ERR_REFUSED = 8
+KH_ERR_NETWORK = 9
+KH_ERR_AUTH = 10
+KH_ERR_INTEGRITY = 11
+KH_ERR_OFFLINE = 12
+KH_ERR_IO = 13
+# value -> name, as kh_status_name() answers.
+STATUS_NAMES = {v: k for k, v in dict(globals()).items()
+                if k == "KH_OK" or k.startswith("KH_ERR_")}
+
 KH_MODE_EVAL, KH_MODE_TRAIN, KH_DEVICE_CPU = 0, 1, -1
+KH_KERNELIZE_EVAL, KH_KERNELIZE_TRAIN = 0x1, 0x2
 KH_ARG_TENSOR, KH_ARG_INT, KH_ARG_FLOAT = 1, 2, 3
 KH_FLAG_HAS_BACKWARD = 1
 kDLCPU, kDLCUDA = 1, 2
@@ -60,5 +80,11 @@ def load(path):
     lib.kh_runtime_forward.argtypes = [C.c_void_p, C.c_uint32, C.c_int32, C.POINTER(Arg),
                                        C.c_int32, C.c_void_p]
     lib.kh_runtime_backward.argtypes = lib.kh_runtime_forward.argtypes
+    lib.kh_runtime_kernelize.argtypes = [C.c_void_p, C.c_char_p, C.c_char_p, C.c_char_p,
+                                         C.c_uint32, C.c_int32, C.c_char_p,
+                                         C.POINTER(C.c_void_p)]
+    lib.kh_runtime_free_report.argtypes = [C.c_void_p]
     lib.kh_last_error.restype = C.c_char_p
+    lib.kh_status_name.restype = C.c_char_p
+    lib.kh_status_name.argtypes = [C.c_int32]
     return lib

@@ -2,10 +2,19 @@
 
 #include <chrono>
 
-#include "loader/log.h"
+#include "hub/base/log.h"
 #include "registry/kernelize/stages.h"
 
 namespace kh::kernelize_stage {
+
+namespace {
+// kernel.json's digest from the signed index, for the loader to check again ("" for locals and
+// indexes without it).
+std::string signed_manifest_digest(const Verified& v, const std::filesystem::path& dir) {
+  auto it = v.manifest_digest.find(dir);
+  return it == v.manifest_digest.end() ? std::string() : it->second.str();
+}
+}  // namespace
 
 std::vector<KernelizeBinding> bind(std::vector<Planned> plan, Runtime& runtime,
                                    const BindInput& in) {
@@ -17,7 +26,7 @@ std::vector<KernelizeBinding> bind(std::vector<Planned> plan, Runtime& runtime,
     b.mode = r.requested;
     if (r.fallback) {
       b.note = r.trace.empty() ? "runtime fallback" : r.trace.back().reason;
-      log_line(KH_LOG_INFO, fmt::format("kernelize: {} {}: runtime fallback ({})", b.layer,
+      log_line(kLogInfo, fmt::format("kernelize: {} {}: runtime fallback ({})", b.layer,
                                         mode_name(b.mode), b.note));
     } else {
       auto t0 = std::chrono::steady_clock::now();
@@ -32,12 +41,13 @@ std::vector<KernelizeBinding> bind(std::vector<Planned> plan, Runtime& runtime,
       b.trust =
           p.source == BindingSource::kLocal ? "local (not signature-checked)" : in.trust.summary(r);
       BindOutcome outcome =
-          runtime.bind(b.layer, p.dir, b.mode, in.device_index, r.kernel.layer, in.strict);
+          runtime.bind(b.layer, p.dir, b.mode, in.device_index, r.kernel.layer, in.strict,
+                       signed_manifest_digest(in.verified, p.dir));
       b.load_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (outcome == BindOutcome::kBound) {
         b.source = p.source;
-        log_line(KH_LOG_INFO,
+        log_line(kLogInfo,
                  fmt::format("kernelize: {} {}: {} ({}, {})", b.layer, mode_name(b.mode), b.kernel,
                              b.package, binding_source_name(b.source)));
       } else {

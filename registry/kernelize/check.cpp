@@ -3,7 +3,7 @@
 #include <optional>
 
 #include "hub/base/error.h"
-#include "loader/log.h"
+#include "hub/base/log.h"
 #include "registry/kernelize/stages.h"
 
 namespace kh::kernelize_stage {
@@ -32,7 +32,7 @@ TrustChecked check_trust(const std::vector<Planned>& plan, Hub& hub, const trust
     const LayerResolution& r = p.resolution;
     if (r.fallback || p.source == BindingSource::kLocal || out.contains(r)) continue;
     trust::TrustDecision d = hub.check_trust(out.checked_ref(r), r.index_digest, keys);
-    if (!d.warning.empty()) log_line(KH_LOG_WARN, "kernelize: " + d.warning);
+    if (!d.warning.empty()) log_line(kLogWarn, "kernelize: " + d.warning);
     out.add(r, d.signed_ok ? fmt::format("signed by {} serial {}{}", d.key_id.substr(0, 16),
                                          d.serial, d.in_grace ? " (expired, grace)" : "")
                            : "UNSIGNED (allowed)");
@@ -89,7 +89,7 @@ Verified verify(const std::vector<Planned>& plan, const LocalIndexProvider& loca
       if (l->manifest) {
         verify_package_files(p.dir, *l->manifest);
       } else {
-        log_line(KH_LOG_INFO,
+        log_line(kLogInfo,
                  fmt::format("kernelize: local package {} has no \"files\" digests in kernel.json; "
                              "not file-verified",
                              p.dir.string()));

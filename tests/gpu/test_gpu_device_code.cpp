@@ -14,10 +14,11 @@
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "kernel_hub/kernel_hub.hpp"
 #include "loader/cuda_driver.h"
 #include "loader/device_backend.h"
 #include "loader/jit_cache.h"
-#include "kernel_hub/kernel_hub.hpp"
+#include "loader/loaded_package.h"
 
 namespace kh {
 namespace {
@@ -137,7 +138,7 @@ void run_and_check(const Runtime& rt, uint32_t slot, int device, int64_t n, doub
 }
 
 const PackageIdentity& identity(const std::string& variant) {
-  return Runtime::load_package(pkg(variant)).module->host->package;
+  return load_package(pkg(variant)).module->host->package;
 }
 
 TEST(GpuDeviceCode, DeviceProperties) {
@@ -217,7 +218,7 @@ TEST(GpuDeviceCode, KernelLookupByName) {
   Runtime rt(RuntimeOptions{false, jit / "jit"});
   rt.add_slot("Scale");
   rt.bind("Scale", pkg("toy-source-only"), Mode::kEval, 0);
-  const kh_host_v1_t& host = Runtime::load_package(pkg("toy-source-only")).module->host->table;
+  const kh_host_v1_t& host = load_package(pkg("toy-source-only")).module->host->table;
   void* a = nullptr;
   void* b = nullptr;
   ASSERT_EQ(host.get_function(host.ctx, 0, "toy_scale_f32", &a), KH_OK) << last_op_error();
@@ -267,7 +268,7 @@ TEST(GpuDeviceCode, TwoDevicesEachGetTheirOwnCode) {
   if (d0.sm_major != d1.sm_major || d0.sm_minor != d1.sm_minor) {
     EXPECT_NE(c0.arch, c1.arch);
   }
-  const kh_host_v1_t& host = Runtime::load_package(pkg("toy-1.0.0")).module->host->table;
+  const kh_host_v1_t& host = load_package(pkg("toy-1.0.0")).module->host->table;
   void* f0 = nullptr;
   void* f1 = nullptr;
   ASSERT_EQ(host.get_function(host.ctx, 0, "toy_scale_f32", &f0), KH_OK) << last_op_error();

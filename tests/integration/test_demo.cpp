@@ -14,6 +14,7 @@
 #include "hub/hub.h"
 #include "hub/store/store.h"
 #include "loader/cuda_driver.h"
+#include "loader/layer_table.h"
 #include "registry/kernelize.h"
 #include "tests/fixtures/process.h"
 #include "tools/demo/data.h"

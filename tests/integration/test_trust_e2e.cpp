@@ -28,12 +28,12 @@
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/base/log.h"
 #include "hub/hub.h"
 #include "hub/oci/oci.h"
 #include "hub/transport/source.h"
 #include "hub/trust/signature.h"
 #include "hub/trust/trust_store.h"
-#include "loader/log.h"
 #include "registry/kernelize.h"
 #include "tests/fixtures/process.h"
 #include "tests/fixtures/registry_fixture.h"

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "hub/base/error.h"
+#include "hub/base/log.h"
 #include "loader/layer_table.h"
-#include "loader/log.h"
 
 namespace kh {
 namespace {

@@ -13,6 +13,8 @@
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "kernel_hub/kernel_hub.hpp"
+#include "loader/layer_table.h"
+#include "loader/loaded_package.h"
 #include "loader/package_check.h"
 #include "tests/fixtures/process.h"
 
@@ -315,7 +317,7 @@ TEST(LoaderModule, PackageDirectoryRules) {
   EXPECT_THROW(
       {
         try {
-          Runtime::load_package(dir.path());
+          load_package(dir.path());
         } catch (const Error& e) {
           EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
           throw;
@@ -324,13 +326,13 @@ TEST(LoaderModule, PackageDirectoryRules) {
       Error);
   fs::write_file_atomic(dir.path() / "kernel.json",
                         R"({"name":"toy","version":"1.0.0","host_library":"../libtoy.so"})");
-  EXPECT_THROW(Runtime::load_package(dir.path()), Error);
+  EXPECT_THROW(load_package(dir.path()), Error);
   // kernel.json and the module must agree on name and version.
   fs::write_file_atomic(dir.path() / "libtoy.so", fs::read_file(toy("toy-1.0.0")), 0755);
   fs::write_file_atomic(dir.path() / "kernel.json",
                         R"({"name":"toy","version":"9.9.9","host_library":"libtoy.so"})");
   try {
-    Runtime::load_package(dir.path());
+    load_package(dir.path());
     FAIL() << "identity mismatch accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kRefused);

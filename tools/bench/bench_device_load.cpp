@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "hub/base/clock.h"
 #include "hub/base/digest.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
@@ -29,10 +30,7 @@ namespace {
 
 namespace stdfs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
+using kh::ms_since;
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;

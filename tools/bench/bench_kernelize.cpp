@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "hub/base/clock.h"
 #include "hub/base/fs.h"
 #include "registry/kernelize.h"
 #include "registry/pack.h"
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
       fill(rt, layers);
       auto t0 = Clock::now();
       auto r = kh::kernelize(rt, config, hub, cpu, options);
-      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      ms.push_back(kh::ms_since(t0));
       if (r.fetched != 0 || r.bindings.size() != 16 ||
           r.find("Layer7", kh::Mode::kTrain)->source != kh::BindingSource::kCache) {
         fmt::print(stderr, "unexpected kernelize result:\n{}", r.str());

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernel_hub/kernel_hub.hpp"
+#include "loader/layer_table.h"
 
 namespace {
 

@@ -6,16 +6,13 @@
 #include <chrono>
 #include <cmath>
 
+#include "hub/base/clock.h"
 #include "hub/base/error.h"
 #include "tools/demo/data.h"
 
 namespace kh::demo {
 
 namespace {
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // Entropy of the generator's next-token distribution (nats).
 float generator_entropy(int vocab, double follow) {
@@ -98,7 +95,7 @@ DemoRun run_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& o) {
 
   run.staging = call.stats();
   for (uint32_t s : {slots.rms_norm, slots.rotary, slots.silu_and_mul, slots.cross_entropy})
-    if (call.staged(s)) run.staged_slots.push_back(rt.table().slot_name(s));
+    if (call.staged(s)) run.staged_slots.push_back(rt.slot_name(s));
   return run;
 }
 

@@ -7,6 +7,7 @@
 #include "hub/base/error.h"
 #include "loader/cuda_driver.h"
 #include "loader/host_services.h"
+#include "loader/layer_table.h"
 
 namespace kh::demo {
 
@@ -76,7 +77,7 @@ void SlotCaller::call(uint32_t slot, bool backward, const OpArgs& args) {
                                                 static_cast<int32_t>(list.args.size()), nullptr);
   if (status != KH_OK)
     throw Error(ErrorKind::kUnsupported,
-                fmt::format("{} {} failed (status {}): {}", runtime_.table().slot_name(slot),
+                fmt::format("{} {} failed (status {}): {}", runtime_.slot_name(slot),
                             backward ? "backward" : "forward", status, last_op_error()));
 }
 
@@ -117,14 +118,13 @@ void SlotCaller::call_staged(uint32_t slot, bool backward, const OpArgs& args) {
                              : runtime_.forward(slot, ordinal_, list.args.data(),
                                                 static_cast<int32_t>(list.args.size()), nullptr);
   if (status != KH_OK)
-    throw Error(
-        ErrorKind::kUnsupported,
-        fmt::format("{} {} on cuda:{} failed (status {}): {}", runtime_.table().slot_name(slot),
-                    backward ? "backward" : "forward", ordinal_, status, last_op_error()));
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("{} {} on cuda:{} failed (status {}): {}", runtime_.slot_name(slot),
+                            backward ? "backward" : "forward", ordinal_, status, last_op_error()));
   // Launch errors surface here, before any result is read. The legacy default stream (nullptr)
   // orders the ops after the pageable copies above.
   cuda::check(d.cuStreamSynchronize(nullptr),
-              fmt::format("cuStreamSynchronize after {} {}", runtime_.table().slot_name(slot),
+              fmt::format("cuStreamSynchronize after {} {}", runtime_.slot_name(slot),
                           backward ? "backward" : "forward"));
   for (size_t i = 0; i < args.size(); ++i) {
     const OpArg& a = args[i];

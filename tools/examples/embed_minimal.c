@@ -39,14 +39,21 @@ static DLTensor tensor(float* data, int64_t* shape) {
 
 int main(void) {
   kh_runtime_t* rt = kh_runtime_create(0);
-  uint32_t slot;
-  char* report = NULL;
-  if (!rt ||
-      kh_runtime_add_slot(rt, "SiluAndMul", my_silu_and_mul, my_silu_and_mul, NULL, 0, &slot) ||
-      /* NULL hub: $KERNEL_HUB_ENDPOINT, else the embedded default hub; NULL device: this cpu. */
-      kh_runtime_kernelize(rt, "{\"SiluAndMul\": \"kernel-hub/activation@v1\"}", NULL, NULL, 0, 1,
-                           NULL, &report) != KH_OK) {
+  if (!rt) {
     fprintf(stderr, "error: %s\n", kh_last_error());
+    return 1;
+  }
+  uint32_t slot;
+  int32_t status =
+      kh_runtime_add_slot(rt, "SiluAndMul", my_silu_and_mul, my_silu_and_mul, NULL, 0, &slot);
+  char* report = NULL;
+  /* NULL hub: $KERNEL_HUB_ENDPOINT, else the embedded default hub; NULL device: this cpu;
+   * modes 0: eval and train; strict 1: a mapped layer that would keep its fallback fails. */
+  if (status == KH_OK)
+    status = kh_runtime_kernelize(rt, "{\"SiluAndMul\": \"kernel-hub/activation@v1\"}", NULL, NULL,
+                                  0, 1, NULL, &report);
+  if (status != KH_OK) {
+    fprintf(stderr, "error (%s): %s\n", kh_status_name(status), kh_last_error());
     return 1;
   }
   printf("%s\n", report);

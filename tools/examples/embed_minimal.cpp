@@ -2,14 +2,13 @@
 // layer slot, RMSNorm, whose fallback is the runtime's own code; kernelize binds the signed
 // kernel-hub/norm package from the hub (the embedded default hub unless KERNEL_HUB_ENDPOINT says
 // otherwise) for eval and train; then one call through the slot, checked against the fallback.
-// Built by the project and run by CTest (example.cpp).
+// One header, one kernelize call; built against include/ alone (CMake target kh_embed) and run
+// by CTest (example.cpp).
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
-#include "hub/hub.h"
 #include "kernel_hub/kernel_hub.hpp"
-#include "registry/kernelize.h"
 
 namespace {
 
@@ -49,14 +48,11 @@ int main() {
     const uint32_t slot = rt.add_slot("RMSNorm", {my_rms_norm, my_rms_norm, nullptr, 0});
 
     // Which kernel serves which layer: here every device and mode from kernel-hub/norm@v1.
-    kh::KernelConfig config = kh::KernelConfig::parse(R"({"RMSNorm": "kernel-hub/norm@v1"})");
-    kh::Store store(kh::Store::default_root());
-    kh::HubOptions options = kh::HubOptions::from_env();
-    options.progress = false;
-    kh::Hub hub(kh::default_hub_address(store, false), store, options);
-    // Resolve, fetch, verify (signature, digests, files), load and bind both modes up front.
-    kh::KernelizeReport report = kh::kernelize(rt, config, hub, kh::local_cpu_device(), {});
-    std::printf("%s", report.str().c_str());
+    // Resolve, fetch, verify (signature, digests, files), load and bind both modes up front;
+    // strict: a mapped layer that would keep its fallback is an error.
+    kh::EmbedReport report =
+        kh::kernelize(rt, R"({"RMSNorm": "kernel-hub/norm@v1"})", {.strict = true});
+    std::printf("%s", report.text.c_str());
 
     rt.set_mode(kh::Mode::kEval);  // one atomic store; no I/O from here on
     std::vector<float> x = {1, -2, 3, -4, 5, -6, 7, -8}, w(4, 0.5f), y(8), ref(8);

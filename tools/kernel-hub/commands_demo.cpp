@@ -10,6 +10,7 @@
 #include <iostream>
 #include <memory>
 
+#include "hub/base/clock.h"
 #include "hub/base/error.h"
 #include "loader/cuda_driver.h"
 #include "registry/device.h"
@@ -108,10 +109,6 @@ class StepReporter {
 
 std::string tokens_text(const std::vector<int64_t>& tokens) {
   return fmt::format("[{}]", fmt::join(tokens, " "));
-}
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 int run_demo_command(Context& ctx, const DemoArgs& a) {

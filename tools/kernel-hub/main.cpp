@@ -7,17 +7,9 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "hub/base/env.h"
 #include "hub/base/error.h"
 #include "tools/kernel-hub/cli.h"
-
-namespace {
-
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::string(v) != "0" && std::string(v) != "false";
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   using namespace kh::cli;
@@ -64,8 +56,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  g.offline = g.offline || env_flag("KERNEL_HUB_OFFLINE");
-  g.plain_http = g.plain_http || env_flag("KERNEL_HUB_PLAIN_HTTP");
+  g.offline = g.offline || kh::env_flag("KERNEL_HUB_OFFLINE");
+  g.plain_http = g.plain_http || kh::env_flag("KERNEL_HUB_PLAIN_HTTP");
 
   try {
     Context ctx(g);

@@ -1,4 +1,4 @@
-#include "loader/log.h"
+#include "hub/base/log.h"
 
 #include <cstdio>
 #include <mutex>
@@ -17,6 +17,13 @@ LogSink& sink() {
   return s;
 }
 
+// Without a sink: warnings and errors to stderr, labelled; debug and info lines are dropped.
+void default_sink(int level, const std::string& line) {
+  if (level < kLogWarn) return;
+  std::fprintf(stderr, "kernel-hub: %s: %s\n", level >= kLogError ? "error" : "warning",
+               line.c_str());
+}
+
 }  // namespace
 
 LogSink set_log_sink(LogSink next) {
@@ -30,9 +37,13 @@ void log_line(int level, const std::string& line) {
   std::lock_guard lock(sink_mutex());
   if (sink()) {
     sink()(level, line);
-  } else if (level >= KH_LOG_WARN) {
-    std::fprintf(stderr, "kernel-hub: %s\n", line.c_str());
+  } else {
+    default_sink(level, line);
   }
+}
+
+void log_warning(const std::string& line) {
+  log_line(kLogWarn, line);
 }
 
 }  // namespace kh

@@ -1,19 +1,15 @@
-// The C embedding API over kh::Runtime: exceptions become statuses plus a thread-local message.
+// The C embedding API (kernel_hub.h, libkernel_hub.so) over the C++ one (kernel_hub.hpp):
+// exceptions become statuses (status.h, one per error kind) plus a thread-local message.
 #include <fmt/format.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <new>
-#include <optional>
 #include <string>
 
-#include "hub/base/error.h"
-#include "loader/host_services.h"
 #include "kernel_hub/kernel_hub.h"
 #include "kernel_hub/kernel_hub.hpp"
-// kernelize lives in the registry (which builds on the loader); only this shared library joins
-// the two, so kh_loader itself never depends on kh_registry.
-#include "registry/kernelize.h"
+#include "registry/embed/status.h"
 
 struct kh_runtime {
   kh::Runtime runtime;
@@ -22,19 +18,6 @@ struct kh_runtime {
 namespace {
 
 thread_local std::string t_last_error;
-
-int32_t status_of(const kh::Error& e) {
-  switch (e.kind()) {
-    case kh::ErrorKind::kInvalidInput:
-      return KH_ERR_INVALID_ARGUMENT;
-    case kh::ErrorKind::kNotFound:
-      return KH_ERR_NOT_FOUND;
-    case kh::ErrorKind::kRefused:
-      return KH_ERR_REFUSED;
-    default:
-      return KH_ERR_INTERNAL;
-  }
-}
 
 // Runs `body`, mapping exceptions to a status and this thread's message.
 template <typename F>
@@ -45,7 +28,7 @@ int32_t guarded(F&& body) noexcept {
     return KH_OK;
   } catch (const kh::Error& e) {
     t_last_error = e.what();
-    return status_of(e);
+    return kh::status_of(e.kind());
   } catch (const std::exception& e) {
     t_last_error = e.what();
     return KH_ERR_INTERNAL;
@@ -172,29 +155,19 @@ int32_t kh_runtime_kernelize(kh_runtime_t* rt, const char* config_json, const ch
     return KH_ERR_INVALID_ARGUMENT;
   }
   return guarded([&] {
-    kh::KernelConfig config = kh::KernelConfig::parse(config_json, "config_json");
-    kh::Device dev = kh::parse_device_target(device ? device : "cpu");
-    std::optional<kh::LockFile> lock;
-    if (lock_path) lock = kh::LockFile::load(lock_path);
-    kh::Store store(kh::Store::default_root());
-    kh::HubOptions hub_options = kh::HubOptions::from_env();
-    hub_options.progress = false;
-    kh::HubAddress address =
-        hub ? kh::HubAddress::parse(hub, hub_options.source.http.allow_plain_http)
-            : kh::default_hub_address(store, hub_options.source.http.allow_plain_http);
-    kh::Hub h(address, store, hub_options);
-    kh::KernelizeOptions options;
+    kh::EmbedOptions options;
+    if (hub) options.hub = hub;
+    if (device) options.device = device;
     options.modes.clear();
     if (modes == 0 || (modes & KH_KERNELIZE_EVAL)) options.modes.push_back(kh::Mode::kEval);
     if (modes == 0 || (modes & KH_KERNELIZE_TRAIN)) options.modes.push_back(kh::Mode::kTrain);
     options.strict = strict != 0;
-    options.lock = lock ? &*lock : nullptr;
-    kh::KernelizeReport report = kh::kernelize(rt->runtime, config, h, dev, options);
+    if (lock_path) options.lock = lock_path;
+    kh::EmbedReport report = kh::kernelize(rt->runtime, config_json, options);
     if (report_json) {
-      std::string text = report.to_json().dump();
-      char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+      char* copy = static_cast<char*>(std::malloc(report.json.size() + 1));
       if (!copy) throw std::bad_alloc();
-      std::memcpy(copy, text.c_str(), text.size() + 1);
+      std::memcpy(copy, report.json.c_str(), report.json.size() + 1);
       *report_json = copy;
     }
   });
@@ -206,6 +179,10 @@ void kh_runtime_free_report(char* report_json) {
 
 const char* kh_last_error(void) {
   return t_last_error.c_str();
+}
+
+const char* kh_status_name(int32_t status) {
+  return kh::status_name(status);
 }
 
 }  // extern "C"
