@@ -73,9 +73,8 @@ BindOutcome Runtime::bind(const std::string& slot, const std::filesystem::path& 
     throw Error(ErrorKind::kNotFound,
                 fmt::format("no layer slot named {}; add it with add_slot first", slot));
   LoadedPackage p = load_package(
-      package_dir, manifest_digest.empty()
-                       ? std::nullopt
-                       : std::optional<Digest>(Digest::parse(manifest_digest)));
+      package_dir, manifest_digest.empty() ? std::nullopt
+                                           : std::optional<Digest>(Digest::parse(manifest_digest)));
   const ModuleView& v = p.module->view;
   const std::string layer_name = layer.empty() ? slot : layer;
   const kh_layer_v1_t* l = v.find_layer(layer_name);

@@ -131,7 +131,7 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
   if (!keys) keys = &default_keys.emplace(default_trust_store());
   stage::TrustChecked trust = stage::check_trust(plan, hub, *keys, options.lock != nullptr);
 
-  stage::Verified verified = stage::verify(plan, provider.local(), hub.address());
+  stage::Verified verified = stage::verify(plan, provider.local(), hub);
 
   const int device_index = device.is_cuda() ? options.cuda_ordinal : kCpuDevice;
   report.bindings = stage::bind(std::move(plan), runtime,

@@ -395,6 +395,9 @@ PackReport pack_package(const PackOptions& o) {
     std::string manifest_text = m.serialize();
     PackageManifest::parse(manifest_text, "generated kernel.json");  // our own output validates
     fs::write_file_atomic(stage / kPackageManifestName, manifest_text, 0644);
+    // kernel.json's digest in the signed index: what a load may use is fixed by the signature,
+    // not by whatever kernel.json a cache holds.
+    ann[std::string(kAnnotationPackageManifest)] = sha256_of(manifest_text).str();
 
     Staged s;
     s.device = device;
@@ -411,8 +414,9 @@ PackReport pack_package(const PackOptions& o) {
     manifest.artifact_type = std::string(oci::kArtifactTypeKernel);
     manifest.config = oci::empty_descriptor();
     manifest.layers.push_back(s.layer);
-    if (auto it = ann.find(std::string(kAnnotationLayers)); it != ann.end())
-      manifest.annotations[it->first] = it->second;
+    for (auto key : {kAnnotationLayers, kAnnotationPackageManifest})
+      if (auto it = ann.find(std::string(key)); it != ann.end())
+        manifest.annotations[it->first] = it->second;
     s.manifest_bytes = oci::serialize(manifest);
     s.entry = oci::describe(s.manifest_bytes, oci::kMediaTypeManifest);
     s.entry.platform = oci::Platform{os, arch, ""};

@@ -57,6 +57,9 @@ inline constexpr std::string_view kAnnotationAbi = "kernelhub.abi";
 inline constexpr std::string_view kAnnotationSource = "kernelhub.source";
 // The variant's layers in kernel.json's "layers" form, compact JSON (parse_package_layers).
 inline constexpr std::string_view kAnnotationLayers = "kernelhub.layers";
+// The SHA-256 of the variant's kernel.json ("sha256:<hex>"): through the signed index it ties
+// kernel.json, and by its "files" every file of the package, to the signature.
+inline constexpr std::string_view kAnnotationPackageManifest = "kernelhub.package-manifest";
 
 struct ResolveOptions {
   int abi_major =

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "hub/base/env.h"
 #include "hub/base/error.h"
 
 namespace kh::fs {
@@ -313,14 +314,7 @@ std::optional<Fd> open_dir(const stdfs::path& dir, bool create) {
 }
 
 Sharing cache_sharing_from_env() {
-  const char* v = std::getenv("KERNEL_HUB_SHARED_CACHE");
-  std::string s = v ? v : "";
-  if (s.empty() || s == "0" || s == "false" || s == "no" || s == "off") return Sharing::kPrivate;
-  if (s == "1" || s == "true" || s == "yes" || s == "on") return Sharing::kShared;
-  throw Error(ErrorKind::kInvalidInput,
-              fmt::format("KERNEL_HUB_SHARED_CACHE='{}' is not a boolean: use 1 or 0 (also "
-                          "true/false, yes/no, on/off)",
-                          s.substr(0, 64)));
+  return env_flag("KERNEL_HUB_SHARED_CACHE") ? Sharing::kShared : Sharing::kPrivate;
 }
 
 }  // namespace kh::fs

@@ -327,10 +327,7 @@ Options Options::from_env() {
     o.backoff_max_s = std::max(o.backoff_max_s, x);
   }
   // Offline mode is also switched on by the environment (HF_HUB_OFFLINE precedent).
-  if (const char* v = std::getenv("KERNEL_HUB_OFFLINE"); v && *v) {
-    std::string s = lower(v);
-    o.offline = !(s == "0" || s == "false" || s == "no" || s == "off");
-  }
+  o.offline = env_flag("KERNEL_HUB_OFFLINE");
   return o;
 }
 

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "hub/base/digest.h"
+#include "hub/base/env.h"
 #include "hub/base/error.h"
 #include "hub/base/log.h"
 #include "hub/transport/source.h"
@@ -147,12 +148,8 @@ struct Credentials {
 };
 
 std::filesystem::path credentials_file() {
-  if (const char* p = std::getenv("KERNEL_HUB_CREDENTIALS"); p && *p) return p;
-  if (const char* x = std::getenv("XDG_CONFIG_HOME"); x && *x) {
-    return std::filesystem::path(x) / "kernel-hub" / "credentials.json";
-  }
-  const char* home = std::getenv("HOME");
-  return std::filesystem::path(home ? home : "/") / ".config" / "kernel-hub" / "credentials.json";
+  return user_dir("KERNEL_HUB_CREDENTIALS", "XDG_CONFIG_HOME", ".config",
+                  "kernel-hub/credentials.json");
 }
 
 std::optional<Credentials> load_credentials(const SourceOptions& o, const std::string& host) {

@@ -91,20 +91,7 @@ std::string TrustedKey::repos_text() const {
 }
 
 stdfs::path TrustStore::default_dir() {
-  if (std::string v = env_string("KERNEL_HUB_TRUST_DIR"); !v.empty()) return v;
-  // The XDG spec says relative paths in XDG_CONFIG_HOME are invalid and must be ignored.
-  if (std::string v = env_string("XDG_CONFIG_HOME"); !v.empty() && v.front() == '/') {
-    return stdfs::path(v) / "kernel-hub" / "trust";
-  }
-  std::string home = env_string("HOME");
-  if (home.empty()) {
-    if (const struct passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir) home = pw->pw_dir;
-  }
-  if (home.empty()) {
-    throw Error(ErrorKind::kInvalidInput,
-                "cannot find the trust directory: set KERNEL_HUB_TRUST_DIR (or HOME)");
-  }
-  return stdfs::path(home) / ".config" / "kernel-hub" / "trust";
+  return user_dir("KERNEL_HUB_TRUST_DIR", "XDG_CONFIG_HOME", ".config", "kernel-hub/trust");
 }
 
 TrustStore TrustStore::open(const stdfs::path& dir) {

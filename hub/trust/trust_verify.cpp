@@ -11,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include "hub/base/env.h"
 #include "hub/base/error.h"
 
 namespace kh::trust {
@@ -62,11 +63,6 @@ int64_t saturating_add(int64_t a, int64_t b) {
 std::string time_text(int64_t t) {
   if (t < 0 || t > 253402300799) return fmt::format("@{}", t);
   return format_time_rfc3339(t);
-}
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
 }
 
 // One envelope through every check; returns the candidate or the first failure.
@@ -233,17 +229,7 @@ std::string format_duration(int64_t s) {
 
 TrustPolicy TrustPolicy::from_env() {
   TrustPolicy p;
-  if (const char* v = std::getenv("KERNEL_HUB_ALLOW_UNSIGNED"); v && *v) {
-    std::string s = lower(v);
-    if (s == "1" || s == "true" || s == "yes" || s == "on") {
-      p.allow_unsigned = true;
-    } else if (!(s == "0" || s == "false" || s == "no" || s == "off")) {
-      throw Error(ErrorKind::kInvalidInput,
-                  fmt::format("KERNEL_HUB_ALLOW_UNSIGNED='{}' is not 1 or 0; set it to 1 to load "
-                              "unsigned packages (development only) or unset it",
-                              std::string(v).substr(0, 80)));
-    }
-  }
+  if (env_flag("KERNEL_HUB_ALLOW_UNSIGNED")) p.allow_unsigned = true;
   if (const char* v = std::getenv("KERNEL_HUB_OFFLINE_GRACE"); v && *v) {
     char* end = nullptr;
     errno = 0;

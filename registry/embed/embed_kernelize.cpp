@@ -16,14 +16,6 @@ namespace kh {
 
 namespace {
 
-KernelMode kernel_mode(Mode mode) {
-  return mode == Mode::kTrain ? KernelMode::kTrain : KernelMode::kEval;
-}
-
-Mode runtime_mode(KernelMode mode) {
-  return mode == KernelMode::kTrain ? Mode::kTrain : Mode::kEval;
-}
-
 EmbedReport embed_report(const KernelizeReport& r) {
   EmbedReport out;
   out.device = r.device.str();
@@ -34,7 +26,7 @@ EmbedReport embed_report(const KernelizeReport& r) {
   for (const KernelizeBinding& b : r.bindings) {
     EmbedReport::Binding e;
     e.layer = b.layer;
-    e.mode = runtime_mode(b.mode);
+    e.mode = b.mode;
     e.bound = b.source != BindingSource::kFallback;
     e.source = binding_source_name(b.source);
     e.kernel = b.kernel;
@@ -63,8 +55,7 @@ EmbedReport kernelize(Runtime& runtime, const KernelConfig& config, const EmbedO
     throw Error(ErrorKind::kInvalidInput,
                 "kernelize: no mode requested; set EmbedOptions::modes to eval, train or both");
   KernelizeOptions ko;
-  ko.modes.clear();
-  for (Mode m : options.modes) ko.modes.push_back(kernel_mode(m));
+  ko.modes = options.modes;
   ko.strict = options.strict;
   ko.cuda_ordinal = options.cuda_ordinal;
   const Device device = parse_device_target(options.device.empty() ? "cpu" : options.device);

@@ -27,7 +27,7 @@ std::vector<KernelizeBinding> bind(std::vector<Planned> plan, Runtime& runtime,
     if (r.fallback) {
       b.note = r.trace.empty() ? "runtime fallback" : r.trace.back().reason;
       log_line(kLogInfo, fmt::format("kernelize: {} {}: runtime fallback ({})", b.layer,
-                                        mode_name(b.mode), b.note));
+                                     mode_name(b.mode), b.note));
     } else {
       auto t0 = std::chrono::steady_clock::now();
       b.kernel = r.kernel.str();
@@ -40,16 +40,14 @@ std::vector<KernelizeBinding> bind(std::vector<Planned> plan, Runtime& runtime,
       b.package_dir = p.dir;
       b.trust =
           p.source == BindingSource::kLocal ? "local (not signature-checked)" : in.trust.summary(r);
-      BindOutcome outcome =
-          runtime.bind(b.layer, p.dir, b.mode, in.device_index, r.kernel.layer, in.strict,
-                       signed_manifest_digest(in.verified, p.dir));
+      BindOutcome outcome = runtime.bind(b.layer, p.dir, b.mode, in.device_index, r.kernel.layer,
+                                         in.strict, signed_manifest_digest(in.verified, p.dir));
       b.load_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (outcome == BindOutcome::kBound) {
         b.source = p.source;
-        log_line(kLogInfo,
-                 fmt::format("kernelize: {} {}: {} ({}, {})", b.layer, mode_name(b.mode), b.kernel,
-                             b.package, binding_source_name(b.source)));
+        log_line(kLogInfo, fmt::format("kernelize: {} {}: {} ({}, {})", b.layer, mode_name(b.mode),
+                                       b.kernel, b.package, binding_source_name(b.source)));
       } else {
         b.source = BindingSource::kFallback;
         b.note =

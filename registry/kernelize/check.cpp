@@ -3,7 +3,9 @@
 #include <optional>
 
 #include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "hub/base/log.h"
+#include "loader/verified_file.h"
 #include "registry/kernelize/stages.h"
 
 namespace kh::kernelize_stage {
@@ -74,10 +76,77 @@ void require_annotation_matches(const LayerResolution& r, const PackageManifest&
                             r.kernel.ref.str(), kAnnotationLayers, variant.digest.str(), diff));
 }
 
+// kernel.json's digest as the signed index gives it for the chosen variant, if it does.
+std::optional<Digest> signed_manifest_digest(const LayerResolution& r) {
+  if (!r.variant) return std::nullopt;
+  const auto& ann = r.variant->descriptor.annotations;
+  auto it = ann.find(std::string(kAnnotationPackageManifest));
+  if (it == ann.end()) return std::nullopt;
+  try {
+    return Digest::parse(it->second);
+  } catch (const Error&) {
+    throw Error(
+        ErrorKind::kIntegrity,
+        fmt::format("{}: the index's {} annotation '{}' is not a sha256 digest; repack "
+                    "and republish the package with kernel-hub pack",
+                    r.kernel.ref.str(), kAnnotationPackageManifest, it->second.substr(0, 80)));
+  }
+}
+
+// The digest of the tree's kernel.json; nullopt when it has none.
+std::optional<Digest> tree_manifest_digest(const stdfs::path& dir) {
+  try {
+    return open_verified(dir / kPackageManifestName).digest;
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kNotFound || e.kind() == ErrorKind::kRefused) return std::nullopt;
+    throw;
+  }
+}
+
+// An unpacked tree is derived data: when its kernel.json is not the one the signature covers (a
+// replaced or planted tree), unpack it again from the blob, whose digest the signed manifest
+// fixes (fetched first when the cache does not hold it), once.
+void rederive_if_tampered(const LayerResolution& r, const stdfs::path& dir, const Digest& want,
+                          Hub& hub) {
+  if (tree_manifest_digest(dir) == want) return;
+  Store& store = hub.store();
+  std::optional<oci::Descriptor> layer_desc = r.package_layer;
+  if (!layer_desc && r.variant) {  // planned from the index alone: the manifest is cached now
+    if (auto bytes = store.read_blob(r.variant->descriptor.digest, oci::kMaxManifestBytes))
+      layer_desc = package_layer_of(oci::parse_manifest(*bytes, r.kernel.ref.str()));
+  }
+  if (!layer_desc || !r.variant || dir != store.unpacked_path(layer_desc->digest))
+    throw Error(ErrorKind::kIntegrity,
+                fmt::format("{}: {} in {} is not the kernel.json the signed index names ({}); "
+                            "nothing was loaded. Remove that directory and pull again",
+                            r.kernel.ref.str(), kPackageManifestName, dir.string(), want.str()));
+  log_warning(
+      fmt::format("kernelize: {}: the unpacked package {} does not match its signed "
+                  "index; unpacking it again from the verified blob",
+                  r.kernel.ref.str(), dir.string()));
+  fs::remove_tree(dir);
+  const Digest& layer = layer_desc->digest;
+  try {
+    if (!store.has_blob(layer)) hub.pull(Ref{r.kernel.ref.repo, "", r.variant->descriptor.digest});
+    store.unpack(layer);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kIntegrity,
+                fmt::format("{}: the unpacked package did not match its signed index and could "
+                            "not be unpacked again ({}); nothing was loaded",
+                            r.kernel.ref.str(), e.what()));
+  }
+  if (tree_manifest_digest(dir) != want)
+    throw Error(ErrorKind::kIntegrity,
+                fmt::format("{}: the package layer {} holds a kernel.json other than the one the "
+                            "signed index names ({}); the publisher's index and package disagree: "
+                            "nothing was loaded",
+                            r.kernel.ref.str(), layer.str(), want.str()));
+}
+
 }  // namespace
 
-Verified verify(const std::vector<Planned>& plan, const LocalIndexProvider& local,
-                const HubAddress& hub) {
+Verified verify(const std::vector<Planned>& plan, const LocalIndexProvider& local, Hub& hub_) {
+  const HubAddress& hub = hub_.address();
   Verified out;
   std::map<stdfs::path, PackageManifest> manifests;  // hub packages, verified
   for (auto& p : plan) {
@@ -99,6 +168,10 @@ Verified verify(const std::vector<Planned>& plan, const LocalIndexProvider& loca
     }
     auto it = manifests.find(p.dir);
     if (it == manifests.end()) {
+      if (std::optional<Digest> want = signed_manifest_digest(r)) {
+        rederive_if_tampered(r, p.dir, *want, hub_);
+        out.manifest_digest[p.dir] = *want;
+      }
       PackageManifest m;
       try {
         m = read_package_manifest(p.dir);

@@ -94,13 +94,19 @@ TrustChecked check_trust(const std::vector<Planned>& plan, Hub& hub, const trust
 
 struct Verified {
   std::map<std::filesystem::path, std::string> identity;  // package dir -> "name@version"
+  // package dir -> kernel.json's digest as the signed index gives it (hub packages whose index
+  // carries kernelhub.package-manifest); the loader checks kernel.json against it again from the
+  // descriptor it parses, and every file against kernel.json.
+  std::map<std::filesystem::path, Digest> manifest_digest;
 };
 
 // Checks every package's files against its kernel.json (kIntegrity naming the ref and file), and
 // kernel.json against the kernelhub.layers annotation the plan relied on (kIntegrity: the index
-// says other layers than the package has). Locals without a "files" map are logged, not checked.
-Verified verify(const std::vector<Planned>& plan, const LocalIndexProvider& local,
-                const HubAddress& hub);
+// says other layers than the package has). Where the signed index gives kernel.json's digest, an
+// unpacked tree that does not match it is derived data gone bad: it is unpacked again from the
+// verified blob, and refused (kIntegrity) if it still does not match. Locals without a "files"
+// map are logged, not checked.
+Verified verify(const std::vector<Planned>& plan, const LocalIndexProvider& local, Hub& hub);
 
 struct BindInput {
   int device_index = kCpuDevice;  // kCpuDevice or the CUDA ordinal

@@ -1,5 +1,5 @@
 // Helpers shared by the GPU tests of the kernel packages (test_kernels_gpu.cpp,
-// test_kernels_gpu_more.cpp): the few CUDA driver calls they need, through dlopen of
+// test_kernels_gpu_rotary_softmax.cpp): the few CUDA driver calls they need, through dlopen of
 // libcuda.so.1 (no CUDA runtime is linked, like the packages), an Executor that mirrors host
 // tensors in device memory, cubin package copies, and the fixture that skips without a device.
 #pragma once

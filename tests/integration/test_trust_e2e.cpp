@@ -31,6 +31,7 @@
 #include "hub/base/log.h"
 #include "hub/hub.h"
 #include "hub/oci/oci.h"
+#include "hub/store/archive.h"
 #include "hub/transport/source.h"
 #include "hub/trust/signature.h"
 #include "hub/trust/trust_store.h"
@@ -722,6 +723,67 @@ TEST_F(TrustE2E, ReplayedOlderSerialIsRefusedAsRollback) {
   KernelizeReport r;
   Store& clean = kernelize_fresh(other, fresh, {}, &r);
   expect_loaded(r, fresh, clean, signed_by(key));
+}
+
+// The cache as a security boundary: an unpacked tree is derived data. A tree whose library was
+// replaced together with a kernel.json that lists it (or a tree planted before the first pull)
+// is not the kernel.json the signed index names: it is unpacked again from the verified blob, and
+// the genuine package is what loads, online and offline; where it cannot be, nothing loads.
+TEST_F(TrustE2E, ReplacedOrPlantedUnpackedTreeIsDerivedAgainFromTheBlob) {
+  trust::PrivateKey key = trust::PrivateKey::generate();
+  Packed p = pack_signed(key);  // toy 1.0.0: y = x * alpha
+  push(p);
+  trust::TrustStore keys = trust_keys(key);
+  const Digest layer = p.report.variants.at(0).layer.digest;
+  // The attacker's tree: toy 2.0.0 (y = x * alpha + 1), self-consistent (its own kernel.json).
+  Packed evil = pack_unsigned("toy-2.0.0");
+  const Digest evil_layer = evil.report.variants.at(0).layer.digest;
+  auto plant = [&](const stdfs::path& dir) {
+    if (stdfs::exists(dir)) test::remove_tree(dir);
+    extract_archive(evil.layout / "blobs/sha256" / evil_layer.hex, dir, ArchiveLimits{});
+  };
+  auto expect_genuine = [&](Runtime& rt, const KernelizeReport& r) {
+    SCOPED_TRACE(r.str());
+    EXPECT_EQ(r.find("Scale", Mode::kEval)->package, "toy@1.0.0");
+    Vec x({1, -2}), y({0, 0});
+    ASSERT_EQ(call_scale(rt, "Scale", x, 3, y), KH_OK);
+    EXPECT_EQ(y.data, (std::vector<float>{3, -6}));  // 2.0.0 would give {4, -5}
+  };
+
+  Store& store = cache();
+  {
+    Runtime rt;
+    add_toy_slots(rt);
+    expect_genuine(rt, kernelize_with(*hub(store), keys, rt));
+  }
+  auto dir = store.unpacked_path(layer);
+  ASSERT_TRUE(dir.has_value());
+  for (bool offline : {false, true}) {
+    plant(*dir);
+    Runtime rt;
+    add_toy_slots(rt);
+    expect_genuine(rt, kernelize_with(*hub(store, offline), keys, rt));
+  }
+
+  // Planted before the first pull: online, the blob is fetched and the tree derived from it.
+  Store& planted = cache();
+  plant(planted.root() / "unpacked" / layer.hex);
+  {
+    Runtime rt;
+    add_toy_slots(rt);
+    expect_genuine(rt, kernelize_with(*hub(planted), keys, rt));
+  }
+  // Offline with no blob to derive it from: refused, nothing loaded.
+  Store& stranded = cache();
+  hub(stranded)->pull(Ref::parse(kRef));
+  plant(stranded.root() / "unpacked" / layer.hex);
+  fs::remove_tree(stranded.blob_path(layer));
+  registry_.stop();
+  Runtime rt;
+  add_toy_slots(rt);
+  expect_refused([&] { kernelize_with(*hub(stranded, true), keys, rt); }, kRef,
+                 "could not be unpacked again", ErrorKind::kIntegrity);
+  expect_nothing_loaded(rt, stranded);
 }
 
 // 4e. Unsigned: refused under the default policy; allowed with a warning by allow_unsigned.

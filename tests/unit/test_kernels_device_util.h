@@ -1,5 +1,5 @@
 // Helpers shared by the device-code tests of the kernel packages (test_kernels_device_code.cpp,
-// test_kernels_device_code_more.cpp): the NVRTC compile check of a shipped .cu, a device backend
+// test_kernels_device_code_rotary_softmax.cpp): the NVRTC compile check of a shipped .cu, a device backend
 // that records the launches a host library asks for, and the packaging checks (`kernel-hub
 // check`, kernel.json against the module table).
 #pragma once

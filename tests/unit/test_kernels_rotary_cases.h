@@ -1,5 +1,5 @@
-// Test cases of the rotary package shared by the cpu tests (tests/unit/test_kernels_more.cpp)
-// and the GPU tests (tests/gpu/test_kernels_gpu_more.cpp): a float64 reference of the rotation
+// Test cases of the rotary package shared by the cpu tests (tests/unit/test_kernels_rotary_softmax.cpp)
+// and the GPU tests (tests/gpu/test_kernels_gpu_rotary_softmax.cpp): a float64 reference of the rotation
 // and one function that runs the forward and the backward for a dtype, layout and shape on an
 // Executor. query and key are [tokens, heads, head_dim] views with gaps between heads and between
 // tokens; cos and sin are the two halves of one [max_pos, rot_dim] cache (row stride rot_dim).

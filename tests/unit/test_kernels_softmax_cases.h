@@ -1,5 +1,5 @@
-// Test cases of the softmax package shared by the cpu tests (tests/unit/test_kernels_more.cpp)
-// and the GPU tests (tests/gpu/test_kernels_gpu_more.cpp): float64 references of softmax, its
+// Test cases of the softmax package shared by the cpu tests (tests/unit/test_kernels_rotary_softmax.cpp)
+// and the GPU tests (tests/gpu/test_kernels_gpu_rotary_softmax.cpp): float64 references of softmax, its
 // backward and cross-entropy with its gradient, and functions that run them for a dtype and
 // shape on an Executor (outputs poisoned before each call, strided rows).
 #pragma once

@@ -7,21 +7,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.devlibs/gpu
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKH_FUZZ_SECONDS=1 >/dev/null
-cmake --build build-gpu -j "$(nproc)" --target test_gpu_device_code test_kernels_gpu \
-  test_kernels_gpu_more bench_device_load kernel_hub kernel_packages toy_packages \
+# KH_GPU_BUILD_DIR=build reuses the RelWithDebInfo tree tools/bootstrap made (no second build;
+# binaries are stripped below either way).
+bdir=${KH_GPU_BUILD_DIR:-build-gpu}
+[ "$bdir" != build-gpu ] || cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKH_FUZZ_SECONDS=1 >/dev/null
+cmake --build "$bdir" -j "$(nproc)" --target test_gpu_device_code test_kernels_gpu \
+  test_kernels_gpu_rotary_softmax bench_device_load kernel_hub kernel_packages toy_packages \
   kernel-hub default_hub test_demo bench_kernelize \
   | grep -E "error|FAILED" || true
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
-cp build-gpu/tests/test_gpu_device_code build-gpu/tests/test_kernels_gpu \
-   build-gpu/tests/test_kernels_gpu_more build-gpu/tools/bench/bench_device_load \
-   build-gpu/libkernel_hub.so build-gpu/kernel-hub build-gpu/tests/test_demo \
-   build-gpu/tools/bench/bench_kernelize "$out/bin/"
+cp "$bdir"/tests/test_gpu_device_code "$bdir"/tests/test_kernels_gpu \
+   "$bdir"/tests/test_kernels_gpu_rotary_softmax "$bdir"/tools/bench/bench_device_load \
+   "$bdir"/libkernel_hub.so "$bdir"/kernel-hub "$bdir"/tests/test_demo \
+   "$bdir"/tools/bench/bench_kernelize "$out/bin/"
 strip "$out"/bin/*
-cp -r build-gpu/kernels "$out/kernels"
-cp -r build-gpu/tests/packages "$out/packages"
-cp -r build-gpu/default-hub "$out/default-hub"
-mkdir -p "$out/default-hub-key" && cp build-gpu/default-hub-key/signing.pub "$out/default-hub-key/"
+cp -r "$bdir"/kernels "$out/kernels"
+cp -r "$bdir"/tests/packages "$out/packages"
+cp -r "$bdir"/default-hub "$out/default-hub"
+mkdir -p "$out/default-hub-key" && cp "$bdir"/default-hub-key/signing.pub "$out/default-hub-key/"
 find "$out/kernels" "$out/packages" -name 'CMakeFiles' -prune -exec rm -rf {} + 2>/dev/null || true
 find "$out/kernels" "$out/packages" \( -name '*.cmake' -o -name 'Makefile' \) -delete
 # Runtime libraries missing on the GPU machine (seen there: libarchive and ICU).

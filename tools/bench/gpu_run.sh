@@ -11,9 +11,9 @@ for f in "$g"/lib/*; do n=$(basename "$f"); ldconfig -p | grep -qF "$n (" || ln 
 export LD_LIBRARY_PATH=/tmp/kh-dl
 export KERNEL_HUB_CACHE=/tmp/kh-cache
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv | tee "$out/gpu.txt"
-# The test binaries look for packages where gpu_bundle.sh built them (build-gpu/ of this
-# checkout, which does not travel): put the bundled ones there.
-build=$root/build-gpu
+# The test binaries look for packages where gpu_bundle.sh built them ($KH_GPU_BUILD_DIR, default
+# build-gpu/, of this checkout, which does not travel): put the bundled ones there.
+build=$root/${KH_GPU_BUILD_DIR:-build-gpu}
 mkdir -p "$build/tests"
 rm -rf "$build/kernels" "$build/tests/packages" "$build/default-hub" "$build/default-hub-key" \
   "$build/kernel-hub"
@@ -25,7 +25,7 @@ ln -s "$g/default-hub" "$build/default-hub"
 ln -s "$g/default-hub-key" "$build/default-hub-key"
 ln -s "$g/bin/kernel-hub" "$build/kernel-hub"
 status=0
-for t in test_gpu_device_code test_kernels_gpu test_kernels_gpu_more; do
+for t in test_gpu_device_code test_kernels_gpu test_kernels_gpu_rotary_softmax; do
   "$g/bin/$t" --gtest_filter="${KH_GTEST_FILTER:-*}" 2>&1 | tee "$out/$t.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|rel' | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done

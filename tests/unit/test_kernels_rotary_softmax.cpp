@@ -17,7 +17,7 @@
 namespace kh::kernels_test {
 namespace {
 
-TEST(KernelsMoreFloat64, SoftmaxAndCrossEntropyGradientsMatchFiniteDifferences) {
+TEST(KernelsRotarySoftmaxFloat64, SoftmaxAndCrossEntropyGradientsMatchFiniteDifferences) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);

@@ -34,7 +34,7 @@
 namespace kh::kernels_test {
 namespace {
 
-class KernelsGpuMore : public GpuKernelsTest<KernelsGpuMore> {
+class KernelsGpuRotarySoftmax : public GpuKernelsTest<KernelsGpuRotarySoftmax> {
  public:
   static constexpr const char* kJitDirName = "kh-kernels-more-jit";
 };
@@ -46,7 +46,7 @@ const rope_cases::Case kGpuRopeCases[] = {
     {3, 2, 1, 130, 130, 3, 1, 8, true},            // odd head stride (misaligned heads)
 };
 
-TEST_F(KernelsGpuMore, RotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
+TEST_F(KernelsGpuRotarySoftmax, RotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
@@ -72,7 +72,7 @@ const softmax_cases::Case kGpuCeCases[] = {
     {64, 128256, 0}, {17, 152064, 0}, {5, 128256, 3}, {1000, 1024, 0}, {3, 4097, 1},
 };
 
-TEST_F(KernelsGpuMore, SoftmaxEveryDtypeAndShapeMatchesFloat64) {
+TEST_F(KernelsGpuRotarySoftmax, SoftmaxEveryDtypeAndShapeMatchesFloat64) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
@@ -90,7 +90,7 @@ TEST_F(KernelsGpuMore, SoftmaxEveryDtypeAndShapeMatchesFloat64) {
   }
 }
 
-TEST_F(KernelsGpuMore, CrossEntropyEveryDtypeAndShapeMatchesFloat64) {
+TEST_F(KernelsGpuRotarySoftmax, CrossEntropyEveryDtypeAndShapeMatchesFloat64) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
@@ -115,7 +115,7 @@ bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
   return true;
 }
 
-TEST_F(KernelsGpuMore, CubinAndNvrtcPathsGiveIdenticalResults) {
+TEST_F(KernelsGpuRotarySoftmax, CubinAndNvrtcPathsGiveIdenticalResults) {
   if (!Nvrtc::get().ok()) GTEST_SKIP() << Nvrtc::get().load_error;
   test::TempDir tmp("kh-kernels-more-cubin");
   Package rope_src("rotary"), sm_src("softmax");
@@ -176,7 +176,7 @@ TEST_F(KernelsGpuMore, CubinAndNvrtcPathsGiveIdenticalResults) {
 
 // Rough timings of the headline shapes (KH_GPU_TIMINGS=1; skipped otherwise): CUDA events around
 // 20 back-to-back calls on the same buffers (no L2 flush; tools/bench is the real benchmark).
-TEST_F(KernelsGpuMore, ReportsTimingsOfHeadlineShapes) {
+TEST_F(KernelsGpuRotarySoftmax, ReportsTimingsOfHeadlineShapes) {
   if (!getenv("KH_GPU_TIMINGS")) GTEST_SKIP() << "set KH_GPU_TIMINGS=1 to time the headline shapes";
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(h, nullptr);

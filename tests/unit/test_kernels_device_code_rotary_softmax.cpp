@@ -155,13 +155,13 @@ TEST_F(MoreCudaDispatch, HeadlineShapesGetTheIntendedGeometry) {
   EXPECT_EQ(l[0].cfg.grid[0], 125u);
 }
 
-TEST(KernelsMorePackage, KernelHubCheckAcceptsEachPackageDirectory) {
+TEST(KernelsRotarySoftmaxPackage, KernelHubCheckAcceptsEachPackageDirectory) {
   if (!std::filesystem::exists(test::cli_path()))
     GTEST_SKIP() << "kernel-hub CLI not built at " << test::cli_path();
   expect_kernel_hub_check_accepts(kPackages);
 }
 
-TEST(KernelsMorePackage, KernelJsonIsAValidPackageManifestMatchingTheModule) {
+TEST(KernelsRotarySoftmaxPackage, KernelJsonIsAValidPackageManifestMatchingTheModule) {
   expect_manifest_matches_module(kPackages);
 }
 
