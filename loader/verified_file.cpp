@@ -6,6 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <compare>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -18,6 +22,29 @@ namespace kh {
 namespace {
 
 constexpr unsigned kSeals = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL;
+
+// Digests of files this process hashed, by inode and change time. A hit needs the same inode
+// (a rename swaps in another one) with the same size, mtime and ctime: any write to the content
+// moves ctime, which no user can set back, so the bytes are the ones hashed. This keeps warm
+// kernelize from hashing every library once per slot and mode. Files another user owns are never
+// remembered (they are copied and hashed each time).
+struct InodeVersion {
+  dev_t dev;
+  ino_t ino;
+  off_t size;
+  int64_t mtime_ns, ctime_ns;
+  auto operator<=>(const InodeVersion&) const = default;
+};
+InodeVersion version_of(const struct stat& st) {
+  return {st.st_dev, st.st_ino, st.st_size,
+          int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec,
+          int64_t{st.st_ctim.tv_sec} * 1000000000 + st.st_ctim.tv_nsec};
+}
+std::mutex g_memo_mutex;
+std::map<InodeVersion, Digest>& digest_memo() {
+  static auto* m = new std::map<InodeVersion, Digest>();
+  return *m;
+}
 
 // Reads from `fd` at `offset`, retrying on EINTR. Returns the bytes read (0 at the end).
 size_t pread_some(int fd, char* buf, size_t n, uint64_t offset, const std::filesystem::path& p) {
@@ -93,18 +120,36 @@ VerifiedFile open_verified(const std::filesystem::path& path,
     sealed = fs::Fd(::memfd_create(path.filename().c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (!sealed) throw_errno("cannot make a sealed copy of " + path.string());
   }
-  Sha256 hash;
-  std::vector<char> buf(1 << 16);
-  uint64_t at = 0;
-  for (;;) {
-    size_t n = pread_some(fd.get(), buf.data(), buf.size(), at, path);
-    if (n == 0) break;
-    hash.update(buf.data(), n);
-    if (copy) write_all(sealed.get(), buf.data(), n, path);
-    at += n;
+  const InodeVersion version = version_of(st);
+  std::optional<Digest> known;
+  if (!copy) {
+    std::lock_guard lock(g_memo_mutex);
+    if (auto it = digest_memo().find(version); it != digest_memo().end()) known = it->second;
   }
-  out.digest = hash.finish();
-  out.size = at;
+  if (known) {
+    out.digest = *known;
+    out.size = static_cast<uint64_t>(st.st_size);
+  } else {
+    Sha256 hash;
+    std::vector<char> buf(1 << 16);
+    uint64_t at = 0;
+    for (;;) {
+      size_t n = pread_some(fd.get(), buf.data(), buf.size(), at, path);
+      if (n == 0) break;
+      hash.update(buf.data(), n);
+      if (copy) write_all(sealed.get(), buf.data(), n, path);
+      at += n;
+    }
+    out.digest = hash.finish();
+    out.size = at;
+    struct stat after {};
+    // Remember it only when nothing moved while it was read.
+    if (!copy && ::fstat(fd.get(), &after) == 0 && version_of(after) == version &&
+        at == static_cast<uint64_t>(st.st_size)) {
+      std::lock_guard lock(g_memo_mutex);
+      digest_memo()[version] = out.digest;
+    }
+  }
   if (copy) {
     if (::fcntl(sealed.get(), F_ADD_SEALS, kSeals) != 0)
       throw_errno("cannot seal the copy of " + path.string());

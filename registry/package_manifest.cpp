@@ -7,6 +7,7 @@
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "loader/verified_file.h"
 #include "registry/device.h"
 #include "registry/json_path.h"
 #include "registry/kernel_config.h"
@@ -409,7 +410,7 @@ void verify_package_files(const std::filesystem::path& dir, const PackageManifes
         return;
       }
       seen.insert(rel);
-      Digest found = sha256_of_file(abs);
+      Digest found = open_verified(abs).digest;  // no link followed; remembered per inode
       if (found != it->second)
         problems.push_back(fmt::format("'{}' has digest {}, kernel.json expects {}", rel,
                                        found.str(), it->second.str()));
