@@ -733,12 +733,15 @@ ImportReport import_mirror(Store& store, const stdfs::path& dir_in, const Import
         recorded(info->source_hub_id);  // already recorded, as recently
         continue;
       }
-      if (prev && prev->resolved_at > resolved_at) {
+      // Another hub's record is never replaced by a mirror (a hostile mirror must not redirect
+      // a hub's tags); the mirror only fills in a record the cache does not have.
+      if (prev) {
         out.kept.push_back(info->source_hub_id);
         std::string w = fmt::format(
-            "{}@{}: the cache's record for {} ({}, resolved {}) is newer "
-            "than the mirror's ({}); kept",
-            s.repo, name, info->source_hub_id, prev->digest.str(), prev->resolved_at, resolved_at);
+            "{}@{}: the cache already records {} for {} (resolved {}); a mirror never replaces "
+            "another hub's record, so it is kept (the mirror's {} is recorded under {})",
+            s.repo, name, prev->digest.str(), info->source_hub_id, prev->resolved_at, s.index.str(),
+            report.mirror_hub_id);
         report.warnings.push_back(w);
         say(options.note, "warning: " + w);
         continue;

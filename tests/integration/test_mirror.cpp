@@ -264,6 +264,34 @@ TEST_F(MirrorE2E, ExportStopImportOfflineKernelizeAgainstTheOriginalHub) {
   }
 }
 
+// A mirror never replaces another hub's ref record (a hostile mirror must not redirect the
+// registry's tags): the cache's own record for the registry is kept, the mirror's is recorded
+// under the mirror's id.
+TEST_F(MirrorE2E, ImportNeverReplacesAnotherHubsRef) {
+  const auto cache_a = work_ / "cache-a", cache_b = work_ / "cache-b";
+  const auto dir = work_ / "mirror";
+  {
+    Store store(cache_a);
+    Runtime rt;
+    add_slots(rt, {"Scale"});
+    kernelize(rt, config_, *hub(store), local_cpu_device(), {});
+  }
+  ASSERT_FALSE(export_cpu(cache_a, dir).is_null());
+  const Digest other = sha256_of("another index the registry served earlier");
+  {
+    Store store_b(cache_b);
+    store_b.write_ref(RefRecord{registry_address().id(), "test/toy", "v1", other, 1});
+  }
+  ProcessResult im = import_offline(dir, cache_b);
+  ASSERT_EQ(im.exit_code, 0) << im.err << im.out;
+  EXPECT_NE((im.err + im.out).find("never replaces another hub's record"), std::string::npos)
+      << im.err << im.out;
+  Store store_b(cache_b);
+  EXPECT_EQ(store_b.read_ref(registry_address().id(), "test/toy", "v1")->digest, other);
+  EXPECT_EQ(store_b.read_ref(HubAddress::parse(dir.string(), false).id(), "test/toy", "v1")->digest,
+            index_);
+}
+
 TEST_F(MirrorE2E, TheMirrorServesAsAHubWithItsPartialIndex) {
   const auto dir = work_ / "mirror";
   ASSERT_FALSE(export_cpu(work_ / "cache-a", dir).is_null());
