@@ -21,10 +21,26 @@ LogSink& sink() {
 void default_sink(int level, const std::string& line) {
   if (level < kLogWarn) return;
   std::fprintf(stderr, "kernel-hub: %s: %s\n", level >= kLogError ? "error" : "warning",
-               line.c_str());
+               terminal_safe(line).c_str());
 }
 
 }  // namespace
+
+std::string terminal_safe(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
 
 LogSink set_log_sink(LogSink next) {
   std::lock_guard lock(sink_mutex());

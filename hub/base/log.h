@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "kernel_hub/kernel_hub_base.hpp"
 
@@ -13,5 +14,10 @@ namespace kh {
 void log_line(int level, const std::string& line);
 // log_line(kLogWarn, line): printed by default as "kernel-hub: warning: <line>".
 void log_warning(const std::string& line);
+
+// `text` with control characters (but newline and tab) written as \xNN: hub-supplied text (error
+// bodies, Warning headers, names) can carry escape sequences that would drive the terminal.
+// The default sink and the CLI print through it.
+std::string terminal_safe(std::string_view text);
 
 }  // namespace kh

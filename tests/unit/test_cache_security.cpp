@@ -19,6 +19,7 @@
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "hub/base/guarded_root.h"
+#include "hub/base/log.h"
 #include "hub/store/store.h"
 #include "hub/trust/signature.h"
 #include "hub/trust/trust_store.h"
@@ -244,6 +245,18 @@ TEST_F(CacheSecurity, TrustStoreMustBePrivateAndKeysYours) {
   fs::unguard_all_roots_for_tests();
   expect_error([&] { trust::TrustStore::open(dir); }, ErrorKind::kRefused,
                {dir.string(), "writable by its group"});
+}
+
+// Text that reaches the terminal (errors, warnings) carries no control characters: an escape
+// sequence in a hub's answer or a name is printed as \xNN.
+TEST_F(CacheSecurity, HubTextIsEscapedBeforeItReachesTheTerminal) {
+  EXPECT_EQ(terminal_safe("a\x1b[2Jb\r\x07\x7f\tc\n"), "a\\x1b[2Jb\\x0d\\x07\\x7f\tc\n");
+  auto r = test::run_process({test::cli_path(), "info", "org/\x1b[2Jname\x07"},
+                             {{"KERNEL_HUB_CACHE", (tmp_ / "cache").string()}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\x07'), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("\\x1b[2J"), std::string::npos) << r.err;
 }
 
 }  // namespace

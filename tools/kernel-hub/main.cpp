@@ -9,6 +9,7 @@
 
 #include "hub/base/env.h"
 #include "hub/base/error.h"
+#include "hub/base/log.h"
 #include "tools/kernel-hub/cli.h"
 
 int main(int argc, char** argv) {
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
     Context ctx(g);
     return run(ctx);
   } catch (const kh::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    std::cerr << "error: " << kh::terminal_safe(e.what()) << "\n";
     if (g.json) {
       std::cout << nlohmann::json{{"error",
                                    {{"kind", kh::error_kind_name(e.kind())},
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
     }
     return e.kind() == kh::ErrorKind::kInvalidInput ? 2 : 1;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    std::cerr << "error: " << kh::terminal_safe(e.what()) << "\n";
     return 1;
   }
 }
