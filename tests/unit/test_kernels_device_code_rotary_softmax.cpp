@@ -25,29 +25,29 @@ namespace {
 
 const char* kPackages[] = {"rotary", "softmax"};
 
-class MoreDeviceSourceCompiles
+class RotarySoftmaxDeviceSourceCompiles
     : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
-TEST_P(MoreDeviceSourceCompiles, WithNvrtcAndNoSpills) {
+TEST_P(RotarySoftmaxDeviceSourceCompiles, WithNvrtcAndNoSpills) {
   if (!Nvrtc::get().ok()) GTEST_SKIP() << Nvrtc::get().load_error;
   const std::string package = std::get<0>(GetParam()), sm = std::get<1>(GetParam());
   expect_compiles_without_spills(package, sm);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, MoreDeviceSourceCompiles,
+INSTANTIATE_TEST_SUITE_P(Kernels, RotarySoftmaxDeviceSourceCompiles,
                          ::testing::Combine(::testing::Values("rotary", "softmax"),
                                             ::testing::Values("sm_80", "sm_86", "sm_89", "sm_90",
                                                               "sm_90a")),
                          package_sm_name);
 
-class MoreCudaDispatch : public ::testing::Test {
+class RotarySoftmaxCudaDispatch : public ::testing::Test {
  protected:
   void SetUp() override { set_device_backend(&backend_); }
   void TearDown() override { set_device_backend(nullptr); }
   RecordingBackend backend_;
 };
 
-TEST_F(MoreCudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsItsBounds) {
+TEST_F(RotarySoftmaxCudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsItsBounds) {
   if (!Nvrtc::get().ok()) GTEST_SKIP() << Nvrtc::get().load_error;
   Package rotary("rotary"), softmax("softmax");
   std::map<std::string, std::set<std::string>> names;
@@ -127,7 +127,7 @@ TEST_F(MoreCudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsItsBounds) 
     EXPECT_TRUE(seen.count(k)) << k << " was never chosen";
 }
 
-TEST_F(MoreCudaDispatch, HeadlineShapesGetTheIntendedGeometry) {
+TEST_F(RotarySoftmaxCudaDispatch, HeadlineShapesGetTheIntendedGeometry) {
   Package softmax("softmax");
   std::string err;
   CpuExecutor cpu;

@@ -50,7 +50,7 @@ TEST(KernelsRotarySoftmaxFloat64, SoftmaxAndCrossEntropyGradientsMatchFiniteDiff
   }
 }
 
-class MoreCpu : public ::testing::Test {
+class RotarySoftmaxCpu : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     rotary_ = new Package("rotary");
@@ -59,10 +59,10 @@ class MoreCpu : public ::testing::Test {
   static Package* rotary_;
   static Package* softmax_;
 };
-Package* MoreCpu::rotary_ = nullptr;
-Package* MoreCpu::softmax_ = nullptr;
+Package* RotarySoftmaxCpu::rotary_ = nullptr;
+Package* RotarySoftmaxCpu::softmax_ = nullptr;
 
-TEST_F(MoreCpu, RotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
+TEST_F(RotarySoftmaxCpu, RotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
@@ -75,7 +75,7 @@ TEST_F(MoreCpu, RotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
       }
 }
 
-TEST_F(MoreCpu, SoftmaxEveryDtypeAndShapeMatchesFloat64) {
+TEST_F(RotarySoftmaxCpu, SoftmaxEveryDtypeAndShapeMatchesFloat64) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
@@ -87,7 +87,7 @@ TEST_F(MoreCpu, SoftmaxEveryDtypeAndShapeMatchesFloat64) {
     }
 }
 
-TEST_F(MoreCpu, CrossEntropyEveryDtypeAndShapeMatchesFloat64) {
+TEST_F(RotarySoftmaxCpu, CrossEntropyEveryDtypeAndShapeMatchesFloat64) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
@@ -99,7 +99,7 @@ TEST_F(MoreCpu, CrossEntropyEveryDtypeAndShapeMatchesFloat64) {
     }
 }
 
-TEST_F(MoreCpu, BadArgumentsAreRefusedWithAMessage) {
+TEST_F(RotarySoftmaxCpu, BadArgumentsAreRefusedWithAMessage) {
   std::string err;
   // Rotary: rot_dim > head_dim, bad layout attribute, 2-D query, int32 positions.
   HostTensor q(kBF16, 3, 2 * 8), cache(kFP32, 10, 8), wide(kFP32, 10, 10);
@@ -166,7 +166,7 @@ TEST_F(MoreCpu, BadArgumentsAreRefusedWithAMessage) {
 }
 
 // In place: softmax y = x and cross_entropy_train dlogits = logits give the same results.
-TEST_F(MoreCpu, InPlaceCallsMatchOutOfPlace) {
+TEST_F(RotarySoftmaxCpu, InPlaceCallsMatchOutOfPlace) {
   std::mt19937_64 rng(fresh_seed());
   std::normal_distribution<double> n(0.0, 2.0);
   CpuExecutor cpu;
