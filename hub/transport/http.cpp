@@ -242,6 +242,7 @@ struct Transfer {
   std::map<std::string, std::string> response_headers;
   std::string error_body;
   std::string abort_reason;  // set when the write callback stopped the transfer
+  bool abort_final = false;  // ...for a reason a retry would meet again (fail at once)
   std::string last_cause;
 
   void restart_sink() {
@@ -298,6 +299,12 @@ size_t transfer_write(char* data, size_t size, size_t nmemb, void* user) {
     t->job->sink->write(data, n);
     if (t->progress) t->progress->advance(static_cast<int64_t>(n));
     return n;
+  } catch (const Error& e) {
+    // The sink refused the bytes for a reason another attempt would meet again (more bytes than
+    // the descriptor says, a disk error): not worth a retry.
+    t->abort_reason = e.what();
+    t->abort_final = e.kind() == ErrorKind::kIntegrity || e.kind() == ErrorKind::kRefused ||
+                     e.kind() == ErrorKind::kIo;
   } catch (const std::exception& e) {
     t->abort_reason = e.what();
   } catch (...) {
@@ -613,8 +620,10 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
       t.restart_sink();
       t.state = Transfer::State::kWaiting;
       t.not_before = Clock::now();
+    } else if (rc == CURLE_WRITE_ERROR && t.abort_final) {
+      fail_now(t.abort_reason);  // deterministic (too many bytes, disk error): no retry
     } else if (rc == CURLE_WRITE_ERROR && !t.abort_reason.empty()) {
-      // The sink refused the bytes (too many, disk error) or the range was wrong: restart.
+      // The range was wrong (a server quirk): restart from 0.
       t.restart_sink();
       retry_later(t.abort_reason, 0);
     } else if (transient_error(rc)) {
