@@ -234,6 +234,7 @@ struct Transfer {
   char errbuf[CURL_ERROR_SIZE] = {};
   enum class State { kWaiting, kRunning, kDone } state = State::kWaiting;
   Clock::time_point not_before{};
+  Clock::time_point deadline = Clock::time_point::max();  // over every attempt of this blob
   int failures = 0;
   // Per attempt:
   uint64_t start_offset = 0;
@@ -322,6 +323,7 @@ Options Options::from_env() {
   if (const char* v = std::getenv("KERNEL_HUB_CA_BUNDLE"); v && *v) o.ca_bundle = v;
   o.connect_timeout_ms = env_long("KERNEL_HUB_CONNECT_TIMEOUT_MS", o.connect_timeout_ms, 1);
   o.low_speed_time_s = env_long("KERNEL_HUB_STALL_TIMEOUT_S", o.low_speed_time_s, 1);
+  o.transfer_deadline_s = env_long("KERNEL_HUB_TRANSFER_TIMEOUT_S", o.transfer_deadline_s, 0);
   o.max_attempts = static_cast<int>(env_long("KERNEL_HUB_MAX_ATTEMPTS", o.max_attempts, 1));
   if (const char* v = std::getenv("KERNEL_HUB_BACKOFF_S"); v && *v) {
     char* end = nullptr;
@@ -531,6 +533,9 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     t.response_headers.clear();
     t.error_body.clear();
     t.abort_reason.clear();
+    const auto now = Clock::now();
+    if (t.deadline == Clock::time_point::max() && options_.transfer_deadline_s > 0)
+      t.deadline = now + std::chrono::seconds(options_.transfer_deadline_s);
     CURL* c = api.easy_init();
     if (!c) throw Error(ErrorKind::kNetwork, "curl_easy_init failed");
     t.easy = c;
@@ -548,6 +553,12 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     api.easy_setopt(c, CURLOPT_PRIVATE, static_cast<void*>(&t));
     // Sends "Range: bytes=<offset>-" when resuming.
     api.easy_setopt(c, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(t.start_offset));
+    // What is left of the blob's deadline bounds this attempt: a trickle just fast enough to
+    // pass the stall check still ends.
+    if (t.deadline != Clock::time_point::max()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t.deadline - now);
+      api.easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max<int64_t>(1, left.count())));
+    }
     t.state = Transfer::State::kRunning;
     ++running;
     ++requests_;
@@ -575,6 +586,15 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     auto retry_later = [&](const std::string& cause, double retry_after_s) {
       ++t.failures;
       t.last_cause = cause;
+      if (Clock::now() >= t.deadline) {
+        job.ok = false;
+        job.error = "GET " + job.url + " did not complete within " +
+                    std::to_string(options_.transfer_deadline_s) + " s over " +
+                    std::to_string(t.failures) + " attempt(s) (last: " + cause +
+                    "); KERNEL_HUB_TRANSFER_TIMEOUT_S sets this deadline";
+        t.state = Transfer::State::kDone;
+        return;
+      }
       if (t.failures >= std::max(1, options_.max_attempts)) {
         job.ok = false;
         job.error = "GET " + job.url + " failed after " + std::to_string(t.failures) + " attempts" +

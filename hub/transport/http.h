@@ -14,29 +14,33 @@
 #include <string_view>
 #include <vector>
 
-#include "hub/transport/blob_sink.h"
 #include "hub/base/progress.h"
+#include "hub/transport/blob_sink.h"
 
 namespace kh::http {
 
 struct Options {
-  bool offline = false;            // refuse every request with kOffline
-  bool allow_plain_http = false;   // permit http:// URLs (else https only)
+  bool offline = false;           // refuse every request with kOffline
+  bool allow_plain_http = false;  // permit http:// URLs (else https only)
   long connect_timeout_ms = 10000;
-  long low_speed_limit = 1024;     // bytes/s; slower than this for low_speed_time_s = stall
+  long low_speed_limit = 1024;  // bytes/s; slower than this for low_speed_time_s = stall
   long low_speed_time_s = 30;
-  long metadata_timeout_s = 120;   // whole-request limit for small requests, never for blobs
+  long metadata_timeout_s = 120;  // whole-request limit for small requests, never for blobs
+  // Overall deadline for one blob download, over all its attempts (0 = none): a hub serving a
+  // slow trickle cannot hold a pull forever. KERNEL_HUB_TRANSFER_TIMEOUT_S.
+  long transfer_deadline_s = 3600;
   int max_attempts = 5;
   double backoff_initial_s = 1.0;  // doubled per attempt, capped, plus jitter
   double backoff_max_s = 8.0;
   double retry_after_cap_s = 60.0;
-  int max_parallel = 8;            // concurrent blob transfers
-  std::string ca_bundle;           // KERNEL_HUB_CA_BUNDLE
-  bool progress = false;           // progress bar on a TTY
+  int max_parallel = 8;   // concurrent blob transfers
+  std::string ca_bundle;  // KERNEL_HUB_CA_BUNDLE
+  bool progress = false;  // progress bar on a TTY
   std::string user_agent = "kernel-hub/0.1.0";
 
   // Defaults overridden from the environment: KERNEL_HUB_CA_BUNDLE,
-  // KERNEL_HUB_CONNECT_TIMEOUT_MS, KERNEL_HUB_STALL_TIMEOUT_S, KERNEL_HUB_MAX_ATTEMPTS,
+  // KERNEL_HUB_CONNECT_TIMEOUT_MS, KERNEL_HUB_STALL_TIMEOUT_S, KERNEL_HUB_TRANSFER_TIMEOUT_S,
+  // KERNEL_HUB_MAX_ATTEMPTS,
   // KERNEL_HUB_BACKOFF_S (initial backoff; tests use small values).
   static Options from_env();
 };
@@ -50,9 +54,9 @@ struct Request {
   std::filesystem::path upload_file;
   uint64_t upload_offset = 0;
   uint64_t upload_length = 0;
-  uint64_t max_body = 4 << 20;       // responses larger than this fail (kRefused)
+  uint64_t max_body = 4 << 20;  // responses larger than this fail (kRefused)
   bool follow_redirects = true;
-  bool retry = true;                 // retry transient failures (408, 429, 5xx, transport)
+  bool retry = true;  // retry transient failures (408, 429, 5xx, transport)
 };
 
 struct Response {

@@ -94,6 +94,25 @@ TEST_F(FaultTest, StallTimesOutAndRetries) {
   EXPECT_GT(range_start(gets[1].range), 0u);
 }
 
+// A blob that keeps coming just fast enough to pass the stall check (here: stall detection
+// effectively off, the proxy holding the socket) ends at the overall deadline, attempts included.
+TEST_F(FaultTest, ABlobThatNeverFinishesEndsAtTheTransferDeadline) {
+  proxy->add_rule({"GET", "/blobs/", Action::kStall, 10, 1000, 60});
+  SourceOptions o = fast_source_options();
+  o.http.low_speed_time_s = 600;
+  o.http.transfer_deadline_s = 2;
+  o.http.max_attempts = 5;
+  MemorySink sink(desc);
+  auto t0 = Clock::now();
+  BlobFetch r = fetch(sink, o);
+  double took = seconds_since(t0);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("did not complete within 2 s"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("KERNEL_HUB_TRANSFER_TIMEOUT_S"), std::string::npos) << r.error;
+  EXPECT_GE(took, 1.5);
+  EXPECT_LT(took, 20.0);
+}
+
 TEST_F(FaultTest, CorruptedBytesFailTheDigestCheckAndKeepNothing) {
   proxy->add_rule({"GET", "/blobs/", Action::kCorrupt, 100, 12345});
   MemorySink sink(desc);
