@@ -152,11 +152,17 @@ std::filesystem::path credentials_file() {
                   "kernel-hub/credentials.json");
 }
 
-std::optional<Credentials> load_credentials(const SourceOptions& o, const std::string& host) {
-  if (!o.username.empty()) return Credentials{o.username, o.password, "options"};
+// Credentials for `host`: the options', then KERNEL_HUB_USERNAME/PASSWORD, then the credentials
+// file's entry for host[:port] or host. `file_only`: only a file entry naming this host (for a
+// token realm on another host than the registry's: credentials go there only when configured
+// for it).
+std::optional<Credentials> load_credentials(const SourceOptions& o, const std::string& host,
+                                            bool file_only = false) {
+  if (!file_only && !o.username.empty()) return Credentials{o.username, o.password, "options"};
   const char* u = std::getenv("KERNEL_HUB_USERNAME");
   const char* p = std::getenv("KERNEL_HUB_PASSWORD");
-  if (u && *u) return Credentials{u, p ? p : "", "KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD"};
+  if (!file_only && u && *u)
+    return Credentials{u, p ? p : "", "KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD"};
   auto path = credentials_file();
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return std::nullopt;
@@ -197,6 +203,17 @@ std::optional<Credentials> load_credentials(const SourceOptions& o, const std::s
                        path.string()};
   }
   return std::nullopt;
+}
+
+// "host[:port]" of an http(s) URL, as HubAddress::host spells a registry ("" when unparsable).
+std::string host_port_of(const std::string& url) {
+  size_t start = url.find("://");
+  if (start == std::string::npos) return "";
+  start += 3;
+  size_t end = url.find_first_of("/?#", start);
+  std::string authority = url.substr(start, end == std::string::npos ? end : end - start);
+  if (size_t at = authority.rfind('@'); at != std::string::npos) authority.erase(0, at + 1);
+  return authority;
 }
 
 // Hashes what passes through to the real sink, so a blob corrupted in transit is reported
@@ -699,7 +716,12 @@ class RegistrySource : public Source {
     http::Request req;
     req.url = url;
     req.max_body = kMaxTokenBytes;
-    if (const auto& creds = credentials()) {
+    // The registry's credentials go to its own host only; a realm elsewhere gets the credentials
+    // file's entry for that host, or none (an anonymous token request).
+    const std::string realm_host = host_port_of(realm);
+    const std::optional<Credentials> creds =
+        realm_host == address_.host ? credentials() : load_credentials(options_, realm_host, true);
+    if (creds) {
       req.headers.push_back("Authorization: Basic " +
                             base64_encode(creds->username + ":" + creds->password));
     }

@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 
+#include "hub/base/base64.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "hub/transport/http.h"
@@ -454,6 +455,43 @@ TEST_F(RegistryTest, BearerTokenIsFetchedOnceAndReused) {
   push_bytes(*via, "org/bearer", tmp.path(), extra, layer_descriptor(extra));
   EXPECT_EQ(proxy.token_requests(), 2u);
   EXPECT_TRUE(src->has_blob("org/bearer", layer_descriptor(extra)));
+}
+
+// Credentials are scoped to a host: a token realm on another host than the registry gets the
+// registry's credentials never, and the credentials file's entry for the realm's host only.
+TEST_F(RegistryTest, ATokenRealmOnAnotherHostGetsOnlyItsOwnCredentials) {
+  Pushed p = push_artifact(*src, "org/realm", tmp.path(), 10, 14);
+  FaultProxy realm(reg.port());  // stands in for a token server on another host[:port]
+  realm.enable_bearer("tok-far");
+  FaultProxy proxy(reg.port());
+  proxy.enable_bearer("tok-far", "http://127.0.0.1:" + std::to_string(realm.port()) + "/token");
+  const auto file = tmp / "creds.json";
+  ScopedCredentialEnv env(file.string());
+  ::setenv("KERNEL_HUB_USERNAME", "alice", 1);
+  ::setenv("KERNEL_HUB_PASSWORD", "registry-secret", 1);
+  auto token_auth = [&] {
+    for (const auto& s : realm.requests())
+      if (s.target.starts_with("/token")) return s.authorization;
+    return std::string("(no token request)");
+  };
+  {
+    auto via = registry_source(proxy.oci_url(), fast_source_options());
+    EXPECT_EQ(via->get_manifest("org/realm", p.manifest_desc.digest.str()).bytes, p.manifest);
+    EXPECT_EQ(token_auth(), "") << "the registry's credentials went to another host's realm";
+  }
+  ::unsetenv("KERNEL_HUB_USERNAME");
+  ::unsetenv("KERNEL_HUB_PASSWORD");
+  FaultProxy realm2(reg.port());
+  realm2.enable_bearer("tok-far2");
+  proxy.enable_bearer("tok-far2", "http://127.0.0.1:" + std::to_string(realm2.port()) + "/token");
+  fs::write_file_atomic(file, R"({"127.0.0.1:)" + std::to_string(realm2.port()) +
+                                  R"(": {"username": "bob", "password": "realm-secret"}})");
+  auto via = registry_source(proxy.oci_url(), fast_source_options());
+  EXPECT_EQ(via->get_manifest("org/realm", p.manifest_desc.digest.str()).bytes, p.manifest);
+  std::string sent;
+  for (const auto& s : realm2.requests())
+    if (s.target.starts_with("/token")) sent = s.authorization;
+  EXPECT_EQ(sent, "Basic " + base64_encode("bob:realm-secret"));
 }
 
 TEST_F(RegistryTest, ExpiredBearerTokenIsRefreshedOnce) {
