@@ -486,14 +486,18 @@ stdfs::path Store::unpack(const Digest& layer, const ArchiveLimits& limits) {
                                            "); removed it, pull the package again");
   }
   stdfs::path dir = root_ / "unpacked";
-  stdfs::path tmp =
-      dir / ("." + layer.hex + "." + std::to_string(::getpid()) + "." + fs::random_hex(12));
-  stdfs::path dest = dir / layer.hex;
-  extract_archive(blob, tmp, limits);
-  // By descriptor: a link planted at unpacked/ cannot redirect the tree.
+  // By descriptor: unpacked/ is opened without following links, and the tree is written and
+  // renamed through that descriptor (/proc/self/fd/N names the very directory that was opened),
+  // so a link planted at unpacked/ cannot redirect the extraction out of the cache.
   std::optional<fs::Fd> dir_fd = fs::open_dir(dir, true);
   if (!dir_fd) throw Error(ErrorKind::kIo, "cannot open " + dir.string());
-  if (::renameat2(dir_fd->get(), tmp.filename().c_str(), dir_fd->get(), layer.hex.c_str(),
+  const std::string tmp_name =
+      "." + layer.hex + "." + std::to_string(::getpid()) + "." + fs::random_hex(12);
+  stdfs::path tmp = dir / tmp_name;
+  stdfs::path dest = dir / layer.hex;
+  extract_archive(blob, stdfs::path("/proc/self/fd") / std::to_string(dir_fd->get()) / tmp_name,
+                  limits);
+  if (::renameat2(dir_fd->get(), tmp_name.c_str(), dir_fd->get(), layer.hex.c_str(),
                   RENAME_NOREPLACE) != 0) {
     int e = errno;
     fs::remove_tree(tmp);

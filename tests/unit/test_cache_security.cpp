@@ -20,6 +20,8 @@
 #include "hub/base/fs.h"
 #include "hub/base/guarded_root.h"
 #include "hub/base/log.h"
+#include "hub/oci/oci.h"
+#include "hub/store/archive.h"
 #include "hub/store/store.h"
 #include "hub/trust/signature.h"
 #include "hub/trust/trust_store.h"
@@ -160,6 +162,25 @@ TEST_F(CacheSecurity, SymlinksInsideTheCacheAreNeverFollowed) {
                {"symbolic link"});
   EXPECT_TRUE(stdfs::is_empty(outside / "secret") == false);
   EXPECT_EQ(std::distance(stdfs::directory_iterator(outside), stdfs::directory_iterator()), 1);
+}
+
+TEST_F(CacheSecurity, UnpackingNeverFollowsALinkedUnpackedDirectory) {
+  stdfs::path root = tmp_ / "cache", outside = tmp_ / "outside";
+  stdfs::create_directories(outside);
+  Store store(root);
+  fs::write_file_atomic(tmp_ / "src/kernel.json", "{}");
+  create_archive(tmp_ / "src", tmp_ / "layer.tar.zst");
+  const std::string bytes = fs::read_file(tmp_ / "layer.tar.zst");
+  oci::Descriptor d;
+  d.media_type = std::string(oci::kMediaTypeLayerTarZstd);
+  d.digest = sha256_of(bytes);
+  d.size = static_cast<int64_t>(bytes.size());
+  store.put_blob(d, bytes);
+  fs::remove_tree(root / "unpacked");
+  stdfs::create_directory_symlink(outside, root / "unpacked");
+  expect_error([&] { store.unpack(d.digest); }, ErrorKind::kRefused,
+               {"'unpacked' is a symbolic link"});
+  EXPECT_TRUE(stdfs::is_empty(outside)) << "the extraction went through the link";
 }
 
 TEST_F(CacheSecurity, RemovingATreeNeverChangesWhatALinkPointsTo) {
