@@ -61,6 +61,7 @@ class Fd {
     return f;
   }
   explicit operator bool() const { return fd_ >= 0; }
+  void reset() { *this = Fd(); }
 
  private:
   int fd_ = -1;

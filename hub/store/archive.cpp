@@ -19,9 +19,10 @@
 #include <string_view>
 #include <vector>
 
-#include "hub/store/archive_api.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/base/guarded_root.h"
+#include "hub/store/archive_api.h"
 
 namespace kh {
 
@@ -42,31 +43,7 @@ struct EntryDeleter {
   void operator()(struct archive_entry* e) const { archive_api().entry_free(e); }
 };
 
-// Closes a file descriptor when it goes out of scope.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() { reset(); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = o.fd_;
-      o.fd_ = -1;
-    }
-    return *this;
-  }
-  int get() const { return fd_; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_;
-};
+using fs::Fd;
 
 bool is_component_char(char c) {
   return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
