@@ -14,8 +14,8 @@
 #include "hub/oci/graph.h"
 #include "hub/oci/oci.h"
 #include "hub/oci/ref.h"
-#include "hub/transport/source.h"
 #include "hub/store/store.h"
+#include "hub/transport/source.h"
 #include "hub/trust/trust_verify.h"
 
 namespace kh {

@@ -6,8 +6,8 @@
 #include <string_view>
 #include <vector>
 
-#include "loader/elf_preflight.h"
 #include "kernel_hub/kernel_hub_abi.h"
+#include "loader/elf_preflight.h"
 
 namespace kh {
 

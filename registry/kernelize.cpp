@@ -9,8 +9,6 @@
 #include "hub/base/clock.h"
 #include "hub/base/env.h"
 #include "hub/base/error.h"
-#include "hub/base/clock.h"
-#include "hub/base/env.h"
 #include "hub/base/log.h"
 #include "registry/kernelize/stages.h"
 

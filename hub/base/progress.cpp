@@ -25,9 +25,13 @@ Progress::Progress(std::string label, bool enabled)
   start_ = last_draw_ = std::chrono::steady_clock::now();
 }
 
-Progress::~Progress() { finish(); }
+Progress::~Progress() {
+  finish();
+}
 
-void Progress::add_total(uint64_t bytes) { total_ += bytes; }
+void Progress::add_total(uint64_t bytes) {
+  total_ += bytes;
+}
 
 void Progress::advance(int64_t bytes) {
   done_ += bytes;
@@ -47,8 +51,7 @@ void Progress::finish() {
 }
 
 void Progress::draw(bool final) {
-  double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   double rate = secs > 0 ? static_cast<double>(done_) / secs : 0;
   constexpr int kWidth = 30;
   double frac = total_ > 0 ? static_cast<double>(done_) / static_cast<double>(total_) : 1.0;

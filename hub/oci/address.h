@@ -15,12 +15,12 @@ namespace kh {
 struct HubAddress {
   enum class Kind { kRegistry, kHttpLayout, kDirLayout };
   Kind kind = Kind::kDirLayout;
-  std::string text;               // as given, for messages
-  std::string host;               // registry: host[:port]
-  std::string ns;                 // registry: namespace prefix for repos ("" or "team/x")
-  std::string base_url;           // registry: scheme://host[:port]; http layout: base URL
-  std::filesystem::path dir;      // dir layout
-  bool plain_http = false;        // registry over http://
+  std::string text;           // as given, for messages
+  std::string host;           // registry: host[:port]
+  std::string ns;             // registry: namespace prefix for repos ("" or "team/x")
+  std::string base_url;       // registry: scheme://host[:port]; http layout: base URL
+  std::filesystem::path dir;  // dir layout
+  bool plain_http = false;    // registry over http://
 
   // Throws kInvalidInput with the accepted forms in the message.
   static HubAddress parse(std::string_view text, bool plain_http);

@@ -93,5 +93,4 @@ std::string serialize(const Manifest& m);
 std::string serialize(const Index& i);
 std::string serialize(const Descriptor& d);
 
-
 }  // namespace kh::oci

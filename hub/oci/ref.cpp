@@ -55,6 +55,8 @@ Ref Ref::parse(std::string_view text) {
   return r;
 }
 
-std::string Ref::str() const { return repo + "@" + reference(); }
+std::string Ref::str() const {
+  return repo + "@" + reference();
+}
 
 }  // namespace kh

@@ -13,9 +13,9 @@ namespace kh {
 inline constexpr std::string_view kDefaultTag = "v1";
 
 struct Ref {
-  std::string repo;             // "org/name", OCI repository name rules, at least two parts
-  std::string tag;              // "v1", "1.4.2"; empty when pinned by digest
-  std::optional<Digest> digest; // pinned content
+  std::string repo;              // "org/name", OCI repository name rules, at least two parts
+  std::string tag;               // "v1", "1.4.2"; empty when pinned by digest
+  std::optional<Digest> digest;  // pinned content
 
   // Throws kInvalidInput naming the text and the rule it broke.
   static Ref parse(std::string_view text);

@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "hub/store/archive.h"
-#include "hub/transport/blob_sink.h"
 #include "hub/base/fs.h"
 #include "hub/oci/graph.h"
 #include "hub/oci/oci.h"
+#include "hub/store/archive.h"
+#include "hub/transport/blob_sink.h"
 
 namespace kh {
 

@@ -9,11 +9,11 @@
 #include <string_view>
 #include <vector>
 
+#include "hub/base/progress.h"
 #include "hub/oci/address.h"
+#include "hub/oci/oci.h"
 #include "hub/transport/blob_sink.h"
 #include "hub/transport/http.h"
-#include "hub/oci/oci.h"
-#include "hub/base/progress.h"
 
 namespace kh {
 

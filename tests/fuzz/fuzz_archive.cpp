@@ -9,8 +9,8 @@
 #include <fstream>
 #include <string>
 
-#include "hub/store/archive.h"
 #include "hub/base/error.h"
+#include "hub/store/archive.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::filesystem::path root = [] {

@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <string>
 
-#include "hub/oci/address.h"
 #include "hub/base/error.h"
+#include "hub/oci/address.h"
 #include "hub/oci/ref.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

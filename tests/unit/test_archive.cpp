@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "hub/store/archive.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/store/archive.h"
 #include "tests/fixtures/process.h"
 
 namespace kh {

@@ -2,8 +2,8 @@
 
 #include "hub/base/digest.h"
 #include "hub/base/error.h"
-#include "tests/fixtures/process.h"
 #include "hub/base/fs.h"
+#include "tests/fixtures/process.h"
 
 namespace kh {
 
@@ -34,7 +34,7 @@ TEST(Digest, ParseRejectsBadSyntax) {
   EXPECT_THROW(Digest::parse("sha256:abc"), Error);
   EXPECT_THROW(Digest::parse("sha512:" + std::string(128, 'a')), Error);
   EXPECT_THROW(Digest::parse("sha256:" + std::string(64, 'A')), Error);  // uppercase
-  EXPECT_THROW(Digest::parse(std::string(64, 'a')), Error);               // no algorithm
+  EXPECT_THROW(Digest::parse(std::string(64, 'a')), Error);              // no algorithm
   EXPECT_NO_THROW(Digest::parse("sha256:" + std::string(64, 'a')));
   try {
     Digest::parse("md5:1234");

@@ -18,12 +18,12 @@
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "kernel_hub/kernel_hub.hpp"
 #include "loader/cuda_arch.h"
 #include "loader/cuda_driver.h"
 #include "loader/device_backend.h"
 #include "loader/device_code.h"
 #include "loader/jit_cache.h"
-#include "kernel_hub/kernel_hub.hpp"
 #include "loader/nvrtc.h"
 #include "loader/package_dir.h"
 #include "tests/fixtures/process.h"

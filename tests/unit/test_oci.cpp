@@ -6,7 +6,9 @@
 namespace kh::oci {
 
 namespace {
-std::string hex(char c) { return std::string(64, c); }
+std::string hex(char c) {
+  return std::string(64, c);
+}
 
 void expect_invalid(const std::string& doc, const std::string& needle, bool index = false) {
   try {

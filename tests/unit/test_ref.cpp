@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "hub/oci/address.h"
 #include "hub/base/error.h"
+#include "hub/oci/address.h"
 #include "hub/oci/ref.h"
 
 namespace kh {

@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "hub/store/archive.h"
 #include "hub/base/digest.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "hub/oci/oci.h"
+#include "hub/store/archive.h"
 #include "hub/store/store.h"
 #include "tests/fixtures/process.h"
 

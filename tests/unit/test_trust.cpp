@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "hub/base/base64.h"
 #include "hub/base/digest.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "hub/oci/oci.h"
-#include "hub/base/base64.h"
 #include "hub/trust/signature.h"
 #include "hub/trust/trust_state.h"
 #include "hub/trust/trust_store.h"
@@ -26,7 +26,6 @@
 
 namespace kh::trust {
 namespace {
-
 
 namespace stdfs = std::filesystem;
 using test::TempDir;

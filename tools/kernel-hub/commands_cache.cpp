@@ -3,8 +3,8 @@
 
 #include <iostream>
 
-#include "hub/oci/closure.h"
 #include "hub/base/error.h"
+#include "hub/oci/closure.h"
 #include "tools/kernel-hub/cli.h"
 
 namespace kh::cli {
