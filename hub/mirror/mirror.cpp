@@ -35,6 +35,13 @@ void say(const NoteFn& note, const std::string& line) {
   if (note) note(line);
 }
 
+// Keeps a warning in the report (export or import) and says it.
+template <typename Report>
+void warn(Report& report, const NoteFn& note, const std::string& w) {
+  report.warnings.push_back(w);
+  say(note, "warning: " + w);
+}
+
 std::string ref_name(const oci::Descriptor& d) {
   auto it = d.annotations.find(std::string(oci::kAnnotationRefName));
   return it == d.annotations.end() ? std::string() : it->second;
@@ -459,8 +466,7 @@ std::vector<Layout> find_layouts(const stdfs::path& dir, ImportReport& report, c
     if (!is_valid_repo_name(repo)) {
       std::string w =
           fmt::format("{}: '{}' is not a repository name; skipped", it->path().string(), repo);
-      report.warnings.push_back(w);
-      say(note, "warning: " + w);
+      warn(report, note, w);
       continue;
     }
     out.push_back(Layout{repo, it->path()});
@@ -508,8 +514,7 @@ ImportReport import_mirror(Store& store, const stdfs::path& dir_in, const Import
         "{} has no {}: its refs are recorded under the directory's hub "
         "id only",
         dir.string(), kMirrorFile);
-    report.warnings.push_back(w);
-    say(options.note, "warning: " + w);
+    warn(report, options.note, w);
   }
 
   auto source = open_layout_source(address, SourceOptions{});
@@ -528,8 +533,7 @@ ImportReport import_mirror(Store& store, const stdfs::path& dir_in, const Import
       if (!tag.empty() && !is_valid_tag(tag)) {
         std::string w =
             fmt::format("{}: index.json entry with invalid tag '{}' skipped", layout.repo, tag);
-        report.warnings.push_back(w);
-        say(options.note, "warning: " + w);
+        warn(report, options.note, w);
         continue;
       }
       const std::string what = layout.repo + "@" + (tag.empty() ? entry.digest.str() : tag);
@@ -574,8 +578,7 @@ ImportReport import_mirror(Store& store, const stdfs::path& dir_in, const Import
                   "{}: variant manifest {} is not in the mirror; offline "
                   "resolution of this ref needs every variant manifest",
                   what, d.digest.str());
-              report.warnings.push_back(w);
-              say(options.note, "warning: " + w);
+              warn(report, options.note, w);
               if (listed && listed->variants.count(d.digest))
                 throw Error(ErrorKind::kNotFound,
                             fmt::format("import {}: {}: variant manifest {} is listed in {} but "
@@ -698,8 +701,7 @@ ImportReport import_mirror(Store& store, const stdfs::path& dir_in, const Import
             "{}: the mirror holds no signatures for {}; it loads only "
             "with --allow-unsigned",
             what, entry.digest.str());
-        report.warnings.push_back(w);
-        say(options.note, "warning: " + w);
+        warn(report, options.note, w);
       }
       say(options.note, fmt::format("{} {}: {} of {} variant{} complete, {} signature{}", what,
                                     entry.digest.str(), out.variants_complete, out.variants_total,
@@ -742,8 +744,7 @@ ImportReport import_mirror(Store& store, const stdfs::path& dir_in, const Import
             "another hub's record, so it is kept (the mirror's {} is recorded under {})",
             s.repo, name, prev->digest.str(), info->source_hub_id, prev->resolved_at, s.index.str(),
             report.mirror_hub_id);
-        report.warnings.push_back(w);
-        say(options.note, "warning: " + w);
+        warn(report, options.note, w);
         continue;
       }
       store.write_ref(RefRecord{info->source_hub_id, s.repo, name, s.index, resolved_at});

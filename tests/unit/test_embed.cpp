@@ -79,15 +79,7 @@ class ScopedEnv {
 // ($KERNEL_HUB_CACHE: kernelize picks the store itself).
 class EmbedLayout : public ::testing::Test {
  protected:
-  void SetUp() override {
-    PackOptions o;
-    o.package_dir = toy_package("toy-1.0.0");
-    o.output = hub_dir_.path();
-    o.repo = "test/toy";
-    o.devices = {"cpu"};
-    sign_as_test_publisher(o);
-    pack_package(o);
-  }
+  void SetUp() override { pack_toy_hub(hub_dir_.path()); }
   EmbedOptions options() const {
     EmbedOptions o;
     o.hub = hub_dir_.path().string();

@@ -177,15 +177,7 @@ TEST(KernelizeParse, LocalOverridesAndDeviceTargets) {
 // A layout hub directory holding test/toy (v1 = 1.0.0), cpu variant.
 class KernelizeLayout : public ::testing::Test {
  protected:
-  void SetUp() override {
-    PackOptions o;
-    o.package_dir = toy_package("toy-1.0.0");
-    o.output = hub_dir_.path();
-    o.repo = "test/toy";
-    o.devices = {"cpu"};
-    sign_as_test_publisher(o);
-    pack_package(o);
-  }
+  void SetUp() override { pack_toy_hub(hub_dir_.path()); }
   Hub hub(HubOptions o = {}) {
     o.progress = false;
     return Hub(HubAddress::parse(hub_dir_.path().string(), false), store_, o);

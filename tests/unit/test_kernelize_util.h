@@ -104,6 +104,17 @@ inline PackReport pack_toy(const std::string& variant, const std::filesystem::pa
   return pack_package(o);
 }
 
+// A layout hub directory at `hub_dir` holding the signed toy 1.0.0 as test/toy (cpu variant).
+inline PackReport pack_toy_hub(const std::filesystem::path& hub_dir) {
+  PackOptions o;
+  o.package_dir = toy_package("toy-1.0.0");
+  o.output = hub_dir;
+  o.repo = "test/toy";
+  o.devices = {"cpu"};
+  sign_as_test_publisher(o);
+  return pack_package(o);
+}
+
 // Scale in both modes; ScaleInfer (no backward op) in the Transformers form (both modes).
 inline std::string toy_config(const std::string& repo) {
   return R"({"Scale": {"cpu": {"eval": ")" + repo + R"(@v1", "train": ")" + repo +
