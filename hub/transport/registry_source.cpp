@@ -152,17 +152,62 @@ std::filesystem::path credentials_file() {
                   "kernel-hub/credentials.json");
 }
 
-// Credentials for `host`: the options', then KERNEL_HUB_USERNAME/PASSWORD, then the credentials
-// file's entry for host[:port] or host. `file_only`: only a file entry naming this host (for a
-// token realm on another host than the registry's: credentials go there only when configured
-// for it).
-std::optional<Credentials> load_credentials(const SourceOptions& o, const std::string& host,
-                                            bool file_only = false) {
-  if (!file_only && !o.username.empty()) return Credentials{o.username, o.password, "options"};
+std::string lower_ascii(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The host[:port] KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD belong to: KERNEL_HUB_CREDENTIALS_HOST
+// (host[:port], a scheme or path around it ignored), else the registry KERNEL_HUB_ENDPOINT names
+// (oci://HOST[:PORT]), else "" (they go to no host). Lower-case: host names are.
+std::string env_credentials_host() {
+  if (const char* h = std::getenv("KERNEL_HUB_CREDENTIALS_HOST"); h && *h) {
+    std::string host = h;
+    if (size_t s = host.find("://"); s != std::string::npos) host.erase(0, s + 3);
+    return lower_ascii(host.substr(0, host.find('/')));
+  }
+  const char* endpoint = std::getenv("KERNEL_HUB_ENDPOINT");
+  if (!endpoint || !*endpoint) return "";
+  try {
+    HubAddress a = HubAddress::parse(endpoint, false);
+    if (a.kind == HubAddress::Kind::kRegistry) return lower_ascii(a.host);
+  } catch (const Error&) {  // the hub facade reports a malformed endpoint where it uses it
+  }
+  return "";
+}
+
+bool env_credentials_set() {
   const char* u = std::getenv("KERNEL_HUB_USERNAME");
-  const char* p = std::getenv("KERNEL_HUB_PASSWORD");
-  if (!file_only && u && *u)
-    return Credentials{u, p ? p : "", "KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD"};
+  return u && *u;
+}
+
+// Why the environment's credentials were not sent to `host` ("" when they were, or are unset).
+std::string env_credentials_note(const std::string& host) {
+  if (!env_credentials_set()) return "";
+  const std::string scoped = env_credentials_host();
+  if (scoped == lower_ascii(host)) return "";
+  return "KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD are set but were not sent to " + host +
+         (scoped.empty() ? ": they go only to the registry named by KERNEL_HUB_ENDPOINT "
+                           "(oci://HOST[:PORT]) or by KERNEL_HUB_CREDENTIALS_HOST, and neither "
+                           "names one"
+                         : ": they are scoped to " + scoped +
+                               " (KERNEL_HUB_CREDENTIALS_HOST, else the registry of "
+                               "KERNEL_HUB_ENDPOINT)") +
+         "; set KERNEL_HUB_CREDENTIALS_HOST=" + host + " to send them there";
+}
+
+// Credentials for a request to `host` (host[:port]): the source options' (for the registry
+// itself: `registry`), then KERNEL_HUB_USERNAME/PASSWORD when they are scoped to `host`
+// (env_credentials_host), then the credentials file's entry for host[:port] or host. Any other
+// host, such as another registry or a token realm elsewhere, gets only its own file entry.
+std::optional<Credentials> load_credentials(const SourceOptions& o, const std::string& host,
+                                            bool registry) {
+  if (registry && !o.username.empty()) return Credentials{o.username, o.password, "options"};
+  if (env_credentials_set() && env_credentials_host() == lower_ascii(host)) {
+    const char* p = std::getenv("KERNEL_HUB_PASSWORD");
+    return Credentials{std::getenv("KERNEL_HUB_USERNAME"), p ? p : "",
+                       "KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD"};
+  }
   auto path = credentials_file();
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return std::nullopt;
@@ -608,16 +653,22 @@ class RegistrySource : public Source {
     return absolute(link.substr(lt + 1, gt - lt - 1));
   }
 
-  std::string auth_hint() const {
-    return "set KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD or add \"" + address_.host +
-           "\" to the credentials file " + credentials_file().string() +
-           R"( ({"HOST[:PORT]": {"username": "...", "password": "..."}}))";
+  // What to do about a refused authentication at `host` (the registry's, or a token realm's).
+  std::string auth_hint(const std::string& host) const {
+    std::string hint =
+        "set KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD (with KERNEL_HUB_ENDPOINT or "
+        "KERNEL_HUB_CREDENTIALS_HOST naming " +
+        host + ") or add \"" + host + "\" to the credentials file " + credentials_file().string() +
+        R"( ({"HOST[:PORT]": {"username": "...", "password": "..."}}))";
+    std::string note = env_credentials_note(host);
+    return note.empty() ? hint : note + "; or " + hint;
   }
+  std::string auth_hint() const { return auth_hint(address_.host); }
 
   const std::optional<Credentials>& credentials() {
     std::lock_guard lock(auth_mu_);
     if (!credentials_loaded_) {
-      credentials_ = load_credentials(options_, address_.host);
+      credentials_ = load_credentials(options_, address_.host, /*registry=*/true);
       credentials_loaded_ = true;
     }
     return credentials_;
@@ -717,10 +768,12 @@ class RegistrySource : public Source {
     req.url = url;
     req.max_body = kMaxTokenBytes;
     // The registry's credentials go to its own host only; a realm elsewhere gets the credentials
-    // file's entry for that host, or none (an anonymous token request).
+    // file's entry for that host (or the environment's when they are scoped to it), or none (an
+    // anonymous token request).
     const std::string realm_host = host_port_of(realm);
     const std::optional<Credentials> creds =
-        realm_host == address_.host ? credentials() : load_credentials(options_, realm_host, true);
+        realm_host == address_.host ? credentials()
+                                    : load_credentials(options_, realm_host, /*registry=*/false);
     if (creds) {
       req.headers.push_back("Authorization: Basic " +
                             base64_encode(creds->username + ":" + creds->password));
@@ -729,7 +782,7 @@ class RegistrySource : public Source {
     if (resp.status == 401 || resp.status == 403) {
       throw Error(ErrorKind::kAuth, "token server " + realm + " refused a token for " +
                                         address_.host + " (HTTP " + std::to_string(resp.status) +
-                                        "); " + auth_hint());
+                                        "); " + auth_hint(realm_host));
     }
     if (resp.status != 200) {
       throw Error(ErrorKind::kAuth, "token server " + realm + " answered HTTP " +

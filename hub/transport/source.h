@@ -38,7 +38,8 @@ struct BlobFetch {
 
 struct SourceOptions {
   http::Options http;
-  // Basic credentials; default from KERNEL_HUB_USERNAME / KERNEL_HUB_PASSWORD, else the
+  // Basic credentials for this registry; default from KERNEL_HUB_USERNAME / KERNEL_HUB_PASSWORD
+  // when they are scoped to it (KERNEL_HUB_CREDENTIALS_HOST, else KERNEL_HUB_ENDPOINT), else the
   // credentials file ($KERNEL_HUB_CREDENTIALS, default ~/.config/kernel-hub/credentials.json:
   // {"HOST[:PORT]": {"username": "...", "password": "..."}}).
   std::string username;

@@ -3,6 +3,7 @@
 
 #include <chrono>
 
+#include "hub/base/base64.h"
 #include "hub/base/error.h"
 #include "hub/transport/source.h"
 #include "tests/fixtures/fault_proxy.h"
@@ -259,6 +260,50 @@ TEST_F(FaultTest, ResetDuringMonolithicUploadStartsAFreshUpload) {
   auto direct = registry_source(reg.oci_url(), fast_source_options());
   EXPECT_TRUE(direct->has_blob(repo, d));
   EXPECT_EQ(proxy->count("POST", "/blobs/uploads/"), 2u);
+}
+
+// --- credentials scoped to one host (issue 12) ---
+
+// KERNEL_HUB_USERNAME/PASSWORD go to the one host[:port] they are scoped to: the registry of
+// KERNEL_HUB_ENDPOINT, or KERNEL_HUB_CREDENTIALS_HOST. Here the registry (a proxy asking for a
+// Bearer token) sends its token realm to another proxy; each proxy records what it received.
+TEST_F(FaultTest, EnvironmentCredentialsReachOnlyTheHostTheyAreScopedTo) {
+  const char* names[] = {"KERNEL_HUB_USERNAME", "KERNEL_HUB_PASSWORD", "KERNEL_HUB_CREDENTIALS",
+                         "KERNEL_HUB_ENDPOINT", "KERNEL_HUB_CREDENTIALS_HOST"};
+  for (const char* n : names) ::unsetenv(n);
+  ::setenv("KERNEL_HUB_CREDENTIALS", (tmp / "none.json").c_str(), 1);
+  ::setenv("KERNEL_HUB_USERNAME", "alice", 1);
+  ::setenv("KERNEL_HUB_PASSWORD", "env-secret", 1);
+  const std::string basic = "Basic " + base64_encode("alice:env-secret");
+  auto received = [&](const FaultProxy& p) {
+    size_t n = 0;
+    for (const auto& s : p.requests()) n += s.authorization == basic;
+    return n;
+  };
+  auto fetch_blob_via = [&](FaultProxy& registry, FaultProxy& realm) {
+    realm.enable_bearer("tok");
+    registry.enable_bearer("tok", "http://" + realm.host() + "/token");
+    auto via = registry_source(registry.oci_url(), fast_source_options());
+    MemorySink sink(desc);
+    std::vector<BlobFetch> blobs{blob_fetch(desc, &sink)};
+    via->fetch_blobs(repo, blobs, nullptr);
+    EXPECT_TRUE(blobs[0].ok) << blobs[0].error;
+  };
+  {  // scoped to the registry: the realm on another port gets an anonymous token request
+    FaultProxy realm(reg.port());
+    ::setenv("KERNEL_HUB_ENDPOINT", proxy->oci_url().c_str(), 1);
+    fetch_blob_via(*proxy, realm);
+    EXPECT_EQ(received(realm), 0u) << "the registry's credentials went to " << realm.host();
+    EXPECT_GE(realm.token_requests(), 1u);
+  }
+  {  // scoped to the realm: it gets them, the registry never does
+    FaultProxy realm(reg.port());
+    ::setenv("KERNEL_HUB_CREDENTIALS_HOST", realm.host().c_str(), 1);
+    fetch_blob_via(*proxy, realm);
+    EXPECT_GE(received(realm), 1u);
+  }
+  EXPECT_EQ(received(*proxy), 0u) << "the password went to the registry";
+  for (const char* n : names) ::unsetenv(n);
 }
 
 }  // namespace

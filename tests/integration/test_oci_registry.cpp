@@ -22,18 +22,22 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
-// Keeps credentials from the developer's environment out of the tests.
+// Keeps credentials (and the hosts they are scoped to) from the developer's environment out of
+// the tests.
 class ScopedCredentialEnv {
  public:
   explicit ScopedCredentialEnv(const std::string& credentials_file) {
-    for (const char* n : {"KERNEL_HUB_USERNAME", "KERNEL_HUB_PASSWORD", "KERNEL_HUB_CREDENTIALS"}) {
+    for (const char* n : {"KERNEL_HUB_USERNAME", "KERNEL_HUB_PASSWORD", "KERNEL_HUB_CREDENTIALS",
+                          "KERNEL_HUB_ENDPOINT", "KERNEL_HUB_CREDENTIALS_HOST"}) {
       if (const char* v = std::getenv(n)) saved_.emplace_back(n, v);
       ::unsetenv(n);
     }
     ::setenv("KERNEL_HUB_CREDENTIALS", credentials_file.c_str(), 1);
   }
   ~ScopedCredentialEnv() {
-    ::unsetenv("KERNEL_HUB_CREDENTIALS");
+    for (const char* n : {"KERNEL_HUB_USERNAME", "KERNEL_HUB_PASSWORD", "KERNEL_HUB_CREDENTIALS",
+                          "KERNEL_HUB_ENDPOINT", "KERNEL_HUB_CREDENTIALS_HOST"})
+      ::unsetenv(n);
     for (auto& [n, v] : saved_) ::setenv(n.c_str(), v.c_str(), 1);
   }
 
@@ -396,8 +400,10 @@ TEST_F(BasicAuthTest, CredentialsFromEnvironmentAndFile) {
   ScopedCredentialEnv env(file.string());
   ::setenv("KERNEL_HUB_USERNAME", "alice", 1);
   ::setenv("KERNEL_HUB_PASSWORD", "s3cret-pass", 1);
+  ::setenv("KERNEL_HUB_ENDPOINT", reg.oci_url().c_str(), 1);  // the registry they belong to
   auto from_env = registry_source(reg.oci_url(), fast_source_options());
   EXPECT_FALSE(from_env->has_blob("org/private", layer_descriptor("x")));
+  ::unsetenv("KERNEL_HUB_ENDPOINT");
   ::unsetenv("KERNEL_HUB_USERNAME");
   ::unsetenv("KERNEL_HUB_PASSWORD");
 
@@ -415,6 +421,67 @@ TEST_F(BasicAuthTest, CredentialsFromEnvironmentAndFile) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
     EXPECT_TRUE(contains(e.what(), file.string())) << e.what();
   }
+}
+
+// KERNEL_HUB_USERNAME/PASSWORD belong to one registry: the one KERNEL_HUB_ENDPOINT names, or
+// KERNEL_HUB_CREDENTIALS_HOST. Another registry (here: the same one through a proxy on another
+// port, which records what it receives) never gets them, and its 401 error says why.
+TEST_F(BasicAuthTest, EnvironmentCredentialsGoOnlyToTheRegistryTheyAreScopedTo) {
+  ScopedCredentialEnv env((tmp / "none.json").string());
+  ::setenv("KERNEL_HUB_USERNAME", "alice", 1);
+  ::setenv("KERNEL_HUB_PASSWORD", "s3cret-pass", 1);
+  const std::string basic = "Basic " + base64_encode("alice:s3cret-pass");
+  FaultProxy other(reg.port());
+  auto never_sent_to_other = [&] {
+    for (const auto& s : other.requests())
+      EXPECT_NE(s.authorization, basic) << "the password went to " << other.host() << s.target;
+  };
+  auto expect_refused = [&](const std::string& scoped_to) {
+    auto via = registry_source(other.oci_url(), fast_source_options());
+    try {
+      via->list_tags("org/private");
+      ADD_FAILURE() << "expected kAuth";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kAuth) << e.what();
+      EXPECT_TRUE(contains(e.what(),
+                           "KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD are set but were "
+                           "not sent to " +
+                               other.host()))
+          << e.what();
+      EXPECT_TRUE(contains(e.what(), scoped_to)) << e.what();
+      EXPECT_TRUE(contains(e.what(), "KERNEL_HUB_CREDENTIALS_HOST=" + other.host())) << e.what();
+    }
+    EXPECT_GE(other.total(), 1u);
+    never_sent_to_other();
+  };
+  // Scoped by neither variable: sent nowhere.
+  expect_refused("neither names one");
+  // Scoped to the registry KERNEL_HUB_ENDPOINT names: it gets them, the other port does not.
+  ::setenv("KERNEL_HUB_ENDPOINT", reg.oci_url().c_str(), 1);
+  EXPECT_FALSE(registry_source(reg.oci_url(), fast_source_options())
+                   ->has_blob("org/private", layer_descriptor("x")));
+  expect_refused("scoped to " + reg.host());
+  // KERNEL_HUB_CREDENTIALS_HOST overrides the endpoint's host.
+  ::setenv("KERNEL_HUB_CREDENTIALS_HOST", other.host().c_str(), 1);
+  EXPECT_FALSE(registry_source(other.oci_url(), fast_source_options())
+                   ->has_blob("org/private", layer_descriptor("x")));
+  bool sent = false;
+  for (const auto& s : other.requests()) sent = sent || s.authorization == basic;
+  EXPECT_TRUE(sent) << "KERNEL_HUB_CREDENTIALS_HOST did not send them to " << other.host();
+  try {
+    registry_source(reg.oci_url(), fast_source_options())->list_tags("org/private");
+    ADD_FAILURE() << "the endpoint's registry still got the credentials";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kAuth) << e.what();
+    EXPECT_TRUE(contains(e.what(), "scoped to " + other.host())) << e.what();
+  }
+  // A credentials file entry for the other host is used there, whatever the scope.
+  ::unsetenv("KERNEL_HUB_CREDENTIALS_HOST");
+  fs::write_file_atomic(
+      tmp / "none.json",
+      R"({")" + other.host() + R"(": {"username": "alice", "password": "s3cret-pass"}})");
+  EXPECT_FALSE(registry_source(other.oci_url(), fast_source_options())
+                   ->has_blob("org/private", layer_descriptor("x")));
 }
 
 // --- Bearer tokens through the proxy's fake realm ---
@@ -469,6 +536,7 @@ TEST_F(RegistryTest, ATokenRealmOnAnotherHostGetsOnlyItsOwnCredentials) {
   ScopedCredentialEnv env(file.string());
   ::setenv("KERNEL_HUB_USERNAME", "alice", 1);
   ::setenv("KERNEL_HUB_PASSWORD", "registry-secret", 1);
+  ::setenv("KERNEL_HUB_ENDPOINT", proxy.oci_url().c_str(), 1);  // scoped to the registry
   auto token_auth = [&] {
     for (const auto& s : realm.requests())
       if (s.target.starts_with("/token")) return s.authorization;
