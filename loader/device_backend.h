@@ -42,7 +42,8 @@ class CudaDeviceBackend final : public DeviceBackend {
   static CudaDeviceBackend& instance();
 
   // Where NVRTC output is cached; empty (the default) = <store root>/jit, where the store root
-  // is $KERNEL_HUB_CACHE or ~/.cache/kernel-hub. Affects compiles that start afterwards.
+  // is $KERNEL_HUB_CACHE or ~/.cache/kernel-hub (in the shared mode JitCache keeps each user's
+  // entries in <dir>/u<uid>). Affects compiles that start afterwards.
   void set_jit_cache_dir(std::filesystem::path dir);
   std::filesystem::path jit_cache_dir() const;
 

@@ -1,5 +1,7 @@
 #include "loader/jit_cache.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/base/guarded_root.h"
 #include "hub/base/log.h"
 
 namespace kh {
@@ -46,6 +49,34 @@ std::string raw_sha256(std::string_view payload) {
   for (size_t i = 0; i < d.hex.size(); i += 2)
     raw.push_back(static_cast<char>(std::stoi(d.hex.substr(i, 2), nullptr, 16)));
   return raw;
+}
+
+// The shared mode: the cache's root is guarded as shared, or (a directory under no guarded root)
+// KERNEL_HUB_SHARED_CACHE asks for it.
+bool shared_mode(const std::filesystem::path& dir) {
+  if (auto root = fs::guarded_root_of(dir)) return root->sharing == fs::Sharing::kShared;
+  return fs::cache_sharing_from_env() == fs::Sharing::kShared;
+}
+
+// Opens the per-user directory (created when missing) and checks through its descriptor that
+// this user owns it and no one else may write it; made 0700 when it is ours but looser.
+fs::Fd open_private_dir(const std::filesystem::path& dir) {
+  std::optional<fs::Fd> fd = fs::open_dir(dir, /*create=*/true);
+  if (!fd) throw_errno("cannot open the JIT cache directory " + dir.string());
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0) throw_errno("cannot stat " + dir.string());
+  if (st.st_uid != ::geteuid()) {
+    throw Error(ErrorKind::kRefused,
+                fmt::format("the JIT cache directory {} is owned by uid {}, not by you (uid {}): "
+                            "in a shared cache each user's compiled device code lives in a "
+                            "directory only that user can write, and kernel-hub will not load "
+                            "code another user could have placed. Remove {} (another member of "
+                            "the cache's group renamed or made it)",
+                            dir.string(), st.st_uid, ::geteuid(), dir.string()));
+  }
+  if ((st.st_mode & 077) != 0 && ::fchmod(fd->get(), 0700) != 0)
+    throw_errno("cannot make the JIT cache directory " + dir.string() + " private");
+  return std::move(*fd);
 }
 
 }  // namespace
@@ -104,18 +135,67 @@ std::optional<std::string> decode_jit_entry(std::string_view entry, std::string*
   return std::string(payload);
 }
 
-JitCache::JitCache(std::filesystem::path dir) : dir_(std::move(dir)) {}
+JitCache::JitCache(const std::filesystem::path& dir) : dir_(dir), per_user_(shared_mode(dir)) {
+  if (per_user_) dir_ /= "u" + std::to_string(::geteuid());
+}
 
 std::filesystem::path JitCache::entry_path(const Digest& key) const {
   return dir_ / (key.hex + ".cubin");
+}
+
+// Shared mode: the entry read relative to the checked private directory, a regular file this user
+// owns; a foreign, special or oversized file is removed (the directory is ours) and is a miss.
+std::optional<std::string> JitCache::read_private_entry(const Digest& key) const {
+  fs::Fd dir = open_private_dir(dir_);
+  const std::string name = key.hex + ".cubin";
+  fs::Fd fd(::openat(dir.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ENOENT) return std::nullopt;
+    if (errno != ELOOP) throw_errno("cannot open " + entry_path(key).string());
+  }
+  struct stat st {};
+  std::string foreign;
+  if (!fd) {
+    foreign = "a symbolic link";
+  } else if (::fstat(fd.get(), &st) != 0) {
+    throw_errno("cannot stat " + entry_path(key).string());
+  } else if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+    foreign = fmt::format("a {} owned by uid {}", fs::file_type_name(st.st_mode), st.st_uid);
+  } else if (static_cast<uint64_t>(st.st_size) > kMaxEntrySize) {
+    foreign = fmt::format("{} bytes, over the limit of {}", st.st_size, kMaxEntrySize);
+  }
+  if (!foreign.empty()) {
+    log_line(kLogWarn, fmt::format("JIT cache entry {} is not one of yours ({}); deleting and "
+                                   "rebuilding it",
+                                   entry_path(key).string(), foreign));
+    ::unlinkat(dir.get(), name.c_str(), 0);
+    return std::nullopt;
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    ssize_t n = ::read(fd.get(), out.data() + got, out.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("cannot read " + entry_path(key).string());
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  out.resize(got);
+  return out;
+}
+
+std::optional<std::string> JitCache::read_entry(const Digest& key) const {
+  if (per_user_) return read_private_entry(key);
+  return fs::read_file_if_exists(entry_path(key), kMaxEntrySize);
 }
 
 std::optional<std::string> JitCache::lookup(const Digest& key) const {
   std::filesystem::path path = entry_path(key);
   std::optional<std::string> bytes;
   try {
-    bytes = fs::read_file_if_exists(path, kMaxEntrySize);
+    bytes = read_entry(key);
   } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kRefused && per_user_) throw;  // not our directory: say so
     log_line(kLogWarn, fmt::format("JIT cache entry {} unreadable ({}); rebuilding it",
                                    path.string(), e.what()));
     ::unlink(path.c_str());
@@ -134,6 +214,7 @@ std::optional<std::string> JitCache::lookup(const Digest& key) const {
 }
 
 void JitCache::store(const Digest& key, std::string_view payload) const {
+  if (per_user_) open_private_dir(dir_);  // created private before anything is written in it
   fs::TempFile tmp(dir_, key.hex);
   tmp.write(encode_jit_entry(payload));
   tmp.commit(entry_path(key), 0644);

@@ -8,6 +8,17 @@
 // Writes are atomic (temp file + rename); readers never lock. A miss takes an OFD lock
 // (<dir>/locks/<key-hex>.lock) and checks again before building, so N processes asking for one
 // key build it once.
+//
+// Whose entries: the key is a hash of the inputs, not of the output, and the checksum is the
+// entry's own, so an entry is only as good as whoever could write it. A private cache (one
+// user) keeps entries in the directory given. In the shared mode (the directory lies beneath a
+// guarded root shared by a group, or KERNEL_HUB_SHARED_CACHE is set) each user gets a private
+// subdirectory <dir>/u<uid>/, mode 0700: a group member can rename it away (its parent is
+// group-writable) and put their own in its place, but not write into it. So every read opens
+// that subdirectory, checks through the descriptor that this user owns it and no one else may
+// write it, and opens the entry relative to it (no link followed), accepting only a regular file
+// this user owns. Anything else is never returned: a subdirectory owned by another user is
+// refused (kRefused naming it and its owner), a foreign entry is deleted and rebuilt.
 #pragma once
 
 #include <cstdint>
@@ -47,12 +58,16 @@ std::optional<std::string> decode_jit_entry(std::string_view entry, std::string*
 
 class JitCache {
  public:
-  explicit JitCache(std::filesystem::path dir);
+  // `dir`: <cache root>/jit (cache_layout::kJit). In the shared mode entries live in dir/u<uid>.
+  explicit JitCache(const std::filesystem::path& dir);
 
+  // Where entries live: `dir`, or dir/u<uid> in the shared mode.
   const std::filesystem::path& dir() const { return dir_; }
+  bool per_user() const { return per_user_; }
   std::filesystem::path entry_path(const Digest& key) const;
 
-  // The verified payload, or nullopt (absent, or damaged: then deleted and logged).
+  // The verified payload, or nullopt (absent, or damaged or another user's: then deleted and
+  // logged). Shared mode: kRefused when dir() is not this user's private directory.
   std::optional<std::string> lookup(const Digest& key) const;
   // Writes the entry atomically.
   void store(const Digest& key, std::string_view payload) const;
@@ -65,7 +80,11 @@ class JitCache {
   Result get_or_build(const Digest& key, const std::function<std::string()>& build) const;
 
  private:
+  std::optional<std::string> read_entry(const Digest& key) const;
+  std::optional<std::string> read_private_entry(const Digest& key) const;
+
   std::filesystem::path dir_;
+  bool per_user_ = false;
 };
 
 }  // namespace kh

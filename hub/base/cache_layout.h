@@ -13,7 +13,11 @@
 //   signatures/<index-hex>.json  hub/store (Store), for hub/trust: signature sets seen
 //   trust/<hub-id>/<repo>/...    hub/trust (TrustState): rollback serials
 //   locks/<name>.lock            hub/store (Store): single-flight locks
-//   jit/<key>.cubin              loader (JitCache): NVRTC output
+//   jit/<key>.cubin              loader (JitCache): NVRTC output, keyed by its inputs (not signed)
+//   jit/u<uid>/<key>.cubin       the same in the shared mode: one directory per user, 0700 and
+//                                owned by that user, checked through its descriptor on every read
+//                                (a group member can rename it, not write into it); an entry is
+//                                used only when that user owns it
 //   CACHEDIR.TAG                 hub/store (Store)
 #pragma once
 

@@ -1,7 +1,7 @@
 // The cache and trust store as storage someone else may touch (issue 12): directories private
 // whatever the umask, StrictModes-style refusals (a second user via setpriv), no symlink inside
 // a guarded root ever followed, special files refused without blocking, lock waits that name the
-// holder and give up.
+// holder and give up, a per-user JIT cache in the shared mode.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -25,6 +25,7 @@
 #include "hub/store/store.h"
 #include "hub/trust/signature.h"
 #include "hub/trust/trust_store.h"
+#include "loader/jit_cache.h"
 #include "tests/fixtures/process.h"
 
 namespace kh {
@@ -266,6 +267,78 @@ TEST_F(CacheSecurity, TrustStoreMustBePrivateAndKeysYours) {
   fs::unguard_all_roots_for_tests();
   expect_error([&] { trust::TrustStore::open(dir); }, ErrorKind::kRefused,
                {dir.string(), "writable by its group"});
+}
+
+// NVRTC output is keyed by its inputs, not signed: in the shared mode each user's JIT cache is a
+// private directory (jit/u<uid>, 0700) checked through its descriptor, and a cubin another member
+// of the cache's group plants (beside it, in a u<uid> they made or swapped in by renaming ours, or
+// in ours while it was group-writable) is never returned. The private mode keeps jit/ itself.
+TEST_F(CacheSecurity, SharedModeJitCacheIsPerUserAndNeverReturnsAPlantedCubin) {
+  {
+    Store store(tmp_ / "private");
+    JitCache cache(tmp_ / "private/jit");
+    EXPECT_FALSE(cache.per_user());
+    EXPECT_EQ(cache.dir(), tmp_ / "private/jit");
+  }
+  if (::geteuid() != 0 || !test::have_program("setpriv"))
+    GTEST_SKIP() << "needs root and setpriv to act as a second user";
+  ::setenv("KERNEL_HUB_SHARED_CACHE", "1", 1);
+  ::chmod(tmp_.path().c_str(), 0755);
+  const stdfs::path root = tmp_ / "shared";
+  Store store(root);  // 02770, group of this user (0)
+  const stdfs::path jit = root / "jit", mine = jit / ("u" + std::to_string(::geteuid()));
+  fs::make_dirs(jit);
+  const Digest key = sha256_of("the inputs of one compile");
+  const std::string name = key.hex + ".cubin";
+  fs::write_file_atomic(tmp_ / "planted", encode_jit_entry("planted cubin"), 0644);
+  // Another member of the cache's group: nobody, with the group 0.
+  auto as_member = [&](const std::string& script) {
+    auto r = test::run_process(
+        {"setpriv", "--reuid=65534", "--regid=0", "--clear-groups", "sh", "-ec", script}, {});
+    ASSERT_EQ(r.exit_code, 0) << script << ": " << r.err;
+  };
+  const std::string planted = (tmp_ / "planted").string();
+  const std::string build_result = "built by this user";
+  auto build = [&] { return build_result; };
+
+  JitCache cache(jit);
+  EXPECT_TRUE(cache.per_user());
+  EXPECT_EQ(cache.dir(), mine);
+  // 1. A u<uid> the member made first, with a cubin in it (and one beside it in jit/).
+  as_member("mkdir " + mine.string() + "; cp " + planted + " " + (mine / name).string() + "; cp " +
+            planted + " " + (jit / name).string());
+  expect_error([&] { cache.lookup(key); }, ErrorKind::kRefused,
+               {mine.string(), "owned by uid 65534", "not by you"});
+  expect_error([&] { cache.get_or_build(key, build); }, ErrorKind::kRefused, {mine.string()});
+
+  // 2. Made by this user: private whatever the umask, entries read back.
+  fs::remove_tree(mine);
+  const mode_t old = ::umask(0);
+  JitCache::Result r = cache.get_or_build(key, build);
+  ::umask(old);
+  EXPECT_TRUE(r.built);
+  EXPECT_EQ(r.payload, build_result);
+  EXPECT_EQ(mode_of(mine), 0700u);
+  EXPECT_EQ(cache.lookup(key), build_result);
+
+  // 3. The member renames ours away (its parent is group-writable) and puts theirs in its place.
+  as_member("mv " + mine.string() + " " + mine.string() + ".old; mkdir " + mine.string() + "; cp " +
+            planted + " " + (mine / name).string());
+  expect_error([&] { cache.lookup(key); }, ErrorKind::kRefused, {"owned by uid 65534"});
+  fs::remove_tree(mine);
+  stdfs::rename(mine.string() + ".old", mine);
+  EXPECT_EQ(cache.lookup(key), build_result);
+
+  // 4. Ours, but left group-writable (as an older kernel-hub made it): the member's entry is
+  // deleted, not returned, and the directory is made private again.
+  ::chmod(mine.c_str(), 02770);
+  as_member("rm -f " + (mine / name).string() + "; cp " + planted + " " + (mine / name).string());
+  EXPECT_EQ(cache.lookup(key), std::nullopt);
+  EXPECT_FALSE(stdfs::exists(mine / name));
+  EXPECT_EQ(mode_of(mine), 0700u);
+  r = cache.get_or_build(key, build);
+  EXPECT_TRUE(r.built);
+  EXPECT_EQ(r.payload, build_result);
 }
 
 // Text that reaches the terminal (errors, warnings) carries no control characters: an escape
