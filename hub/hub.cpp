@@ -212,6 +212,7 @@ void Hub::fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blob
     // Commits (digest check, fsync, rename) in parallel: the fsyncs overlap on the device.
     std::vector<char> committed(fetches.size(), 0), damaged(fetches.size(), 0);
     run_parallel(fetches.size(), 8, [&](size_t i) {
+      damaged[i] = fetches[i].integrity;
       if (!fetches[i].ok) return;
       try {
         writers[i]->commit();

@@ -34,13 +34,29 @@ NodeKind document_kind(std::string_view media_type) {
   return is_index(media_type) ? NodeKind::kIndex : NodeKind::kManifest;
 }
 
+bool is_manifest(std::string_view media_type) {
+  return media_type == kMediaTypeManifest ||
+         media_type == "application/vnd.docker.distribution.manifest.v2+json";
+}
+
 Document parse_document(std::string_view bytes, NodeKind kind, std::string_view what) {
   Document doc;
   if (kind == NodeKind::kIndex) {
     Index index = parse_index(bytes, what);
     doc.artifact_type = std::move(index.artifact_type);
     doc.children.reserve(index.manifests.size());
-    for (auto& d : index.manifests) doc.children.push_back(Child{document_kind(d.media_type), d});
+    for (auto& d : index.manifests) {
+      // An index lists documents only: anything else (a layer posing as a variant) would be
+      // fetched from the manifest endpoint and misread.
+      if (!is_index(d.media_type) && !is_manifest(d.media_type)) {
+        throw Error(ErrorKind::kInvalidInput,
+                    fmt::format("{}: lists {} as media type '{}', which is neither an image "
+                                "manifest nor an index: an index lists only those (the hub serves "
+                                "a malformed index)",
+                                what, d.digest.str(), d.media_type));
+      }
+      doc.children.push_back(Child{document_kind(d.media_type), d});
+    }
     return doc;
   }
   Manifest m = parse_manifest(bytes, what);

@@ -36,6 +36,10 @@ namespace kh::oci {
 // documents parse_index then refuses: kernel-hub reads OCI documents only).
 bool is_index(std::string_view media_type);
 
+// The media types of a manifest: the OCI image manifest and the Docker image manifest (refused
+// by parse_manifest like the Docker list). An index lists only indexes and manifests.
+bool is_manifest(std::string_view media_type);
+
 enum class NodeKind { kIndex, kManifest, kConfig, kLayer };
 const char* node_kind_name(NodeKind kind);  // "index", "manifest", "config", "layer"
 inline bool is_document(NodeKind kind) {
@@ -55,7 +59,8 @@ struct Document {
   std::string artifact_type;
   std::vector<Child> children;
 };
-// Parses bytes as `kind` (kIndex or kManifest). kInvalidInput naming `what` when they do not.
+// Parses bytes as `kind` (kIndex or kManifest). kInvalidInput naming `what` when they do not,
+// or when an index lists a descriptor that is neither an index nor a manifest.
 Document parse_document(std::string_view bytes, NodeKind kind, std::string_view what);
 
 // Bounds on one walk. The defaults leave room far beyond a kernel package (one index of tens

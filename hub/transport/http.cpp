@@ -242,8 +242,9 @@ struct Transfer {
   bool to_sink = false;
   std::map<std::string, std::string> response_headers;
   std::string error_body;
-  std::string abort_reason;  // set when the write callback stopped the transfer
-  bool abort_final = false;  // ...for a reason a retry would meet again (fail at once)
+  std::string abort_reason;      // set when the write callback stopped the transfer
+  bool abort_final = false;      // ...for a reason a retry would meet again (fail at once)
+  bool abort_integrity = false;  // ...because the bytes were not the ones named
   std::string last_cause;
 
   void restart_sink() {
@@ -306,6 +307,7 @@ size_t transfer_write(char* data, size_t size, size_t nmemb, void* user) {
     t->abort_reason = e.what();
     t->abort_final = e.kind() == ErrorKind::kIntegrity || e.kind() == ErrorKind::kRefused ||
                      e.kind() == ErrorKind::kIo;
+    t->abort_integrity = e.kind() == ErrorKind::kIntegrity;
   } catch (const std::exception& e) {
     t->abort_reason = e.what();
   } catch (...) {
@@ -642,6 +644,7 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
       t.not_before = Clock::now();
     } else if (rc == CURLE_WRITE_ERROR && t.abort_final) {
       fail_now(t.abort_reason);  // deterministic (too many bytes, disk error): no retry
+      job.integrity = t.abort_integrity;
     } else if (rc == CURLE_WRITE_ERROR && !t.abort_reason.empty()) {
       // The range was wrong (a server quirk): restart from 0.
       t.restart_sink();

@@ -76,7 +76,9 @@ struct Download {
   // Filled in by download():
   bool ok = false;
   long status = 0;
-  std::string error;  // why it failed after all attempts
+  std::string error;       // why it failed after all attempts
+  bool integrity = false;  // failed because the bytes were not the ones named (more than
+                           // expected_size): another attempt would get the same
 };
 
 class Client {

@@ -41,6 +41,7 @@ struct StreamJob {
   BlobSink* sink = nullptr;
   bool ok = false;
   std::string error;
+  bool integrity = false;  // the file is not the blob the descriptor names (BlobFetch::integrity)
 };
 
 // The transport under a layout hub.
@@ -134,6 +135,7 @@ class DirReader final : public HubReader {
       job.error = "blob file " + path.string() + " is " + std::to_string(st.st_size) +
                   " bytes, the descriptor says " + std::to_string(job.size) +
                   ": the layout is damaged; re-publish it";
+      job.integrity = true;
       return;
     }
     uint64_t offset = job.sink->offset();
@@ -200,6 +202,7 @@ class HttpReader final : public HubReader {
     client_.download(downloads, progress);
     for (size_t i = 0; i < jobs.size(); ++i) {
       jobs[i].ok = downloads[i].ok;
+      jobs[i].integrity = downloads[i].integrity;
       if (downloads[i].ok) continue;
       if (downloads[i].status == 404 || downloads[i].status == 410) {
         jobs[i].error = "blob " + downloads[i].url + " is missing (HTTP " +
@@ -342,6 +345,7 @@ class LayoutSource final : public Source {
     for (size_t j = 0; j < jobs.size(); ++j) {
       blobs[job_of[j]].ok = jobs[j].ok;
       blobs[job_of[j]].error = jobs[j].error;
+      blobs[job_of[j]].integrity = jobs[j].integrity;
     }
   }
 

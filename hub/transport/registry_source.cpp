@@ -375,6 +375,7 @@ class RegistrySource : public Source {
             b.ok = true;
           } else {
             b.sink->restart();
+            b.integrity = true;
             b.error = "blob " + b.desc.digest.str() + " from " + d.url + " hashes to " + got.str() +
                       ": corrupted in transit or on the registry; nothing was kept, "
                       "retry the pull and tell the hub operator if it persists";
@@ -386,6 +387,7 @@ class RegistrySource : public Source {
                     address_.text + " (" + d.error + ")";
         } else {
           b.error = d.error;
+          b.integrity = d.integrity;
         }
       }
       if (unauthorized.empty()) break;

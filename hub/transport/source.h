@@ -34,6 +34,7 @@ struct BlobFetch {
   // Filled in by fetch_blobs():
   bool ok = false;
   std::string error;
+  bool integrity = false;  // the hub served other bytes than desc names (not worth a retry)
 };
 
 struct SourceOptions {

@@ -20,6 +20,7 @@
 #include "hub/oci/oci.h"
 #include "hub/store/store.h"
 #include "hub/transport/source.h"
+#include "tests/fixtures/hostile_hub.h"
 #include "tests/fixtures/process.h"
 
 namespace kh {
@@ -31,92 +32,17 @@ using oci::NodeKind;
 using test::TempDir;
 
 constexpr const char* kRepo = "org/graph";
-constexpr std::string_view kTestArtifact = "application/vnd.kernelhub.test.v1";
-constexpr std::string_view kConfigType = "application/vnd.kernelhub.test.config.v1+json";
-
 // Generous bound for walks that are linear in distinct nodes (they take milliseconds); the
 // naive expansion of the 2^20-path graph would not finish in hours.
 constexpr auto kGenerous = std::chrono::seconds(60);
 
-using Blob = std::pair<Descriptor, std::string>;
-
-// A graph as documents and blobs, children before parents; the root is documents.back().
-struct TestGraph {
-  std::vector<Blob> documents;
-  std::vector<Blob> blobs;
-  const Descriptor& root() const { return documents.back().first; }
-  std::map<Digest, std::string> by_digest() const {
-    std::map<Digest, std::string> out;
-    for (auto& [d, bytes] : documents) out[d.digest] = bytes;
-    return out;
-  }
-};
-
-Blob document(const oci::Index& index) {
-  std::string bytes = oci::serialize(index);
-  Descriptor d = oci::describe(bytes, oci::kMediaTypeIndex);
-  d.artifact_type = index.artifact_type;
-  return {d, bytes};
-}
-
-Blob document(const oci::Manifest& m) {
-  std::string bytes = oci::serialize(m);
-  Descriptor d = oci::describe(bytes, oci::kMediaTypeManifest);
-  d.artifact_type = m.artifact_type;
-  return {d, bytes};
-}
-
-// A manifest with its own config and layer (`seed` makes them distinct), added to g.
-Descriptor add_manifest(TestGraph& g, int seed) {
-  std::string config = "{\"seed\":" + std::to_string(seed) + "}";
-  std::string layer = "layer " + std::to_string(seed) + std::string(1000, 'x');
-  Descriptor cd = oci::describe(config, kConfigType);
-  Descriptor ld = oci::describe(layer, oci::kMediaTypeOctetStream);
-  g.blobs.push_back({cd, config});
-  g.blobs.push_back({ld, layer});
-  oci::Manifest m;
-  m.artifact_type = kTestArtifact;
-  m.config = cd;
-  m.layers = {ld};
-  g.documents.push_back(document(m));
-  return g.documents.back().first;
-}
-
-// An index listing one manifest `times` times.
-TestGraph repeated_manifest(int times) {
-  TestGraph g;
-  Descriptor m = add_manifest(g, 0);
-  oci::Index index;
-  index.artifact_type = kTestArtifact;
-  index.manifests.assign(static_cast<size_t>(times), m);
-  g.documents.push_back(document(index));
-  return g;
-}
-
-// `levels` indexes, each listing the next one twice, the last listing one manifest twice:
-// 2^levels paths to the manifest, which sits `levels` edges below the root.
-TestGraph index_chain(int levels) {
-  TestGraph g;
-  Descriptor next = add_manifest(g, 0);
-  for (int level = levels - 1; level >= 0; --level) {
-    oci::Index index;
-    index.artifact_type = kTestArtifact;
-    index.annotations["level"] = std::to_string(level);
-    index.manifests = {next, next};
-    g.documents.push_back(document(index));
-    next = g.documents.back().first;
-  }
-  return g;
-}
-
-// An index of `variants` distinct manifests.
-TestGraph wide_index(int variants) {
-  TestGraph g;
-  oci::Index index;
-  for (int v = 0; v < variants; ++v) index.manifests.push_back(add_manifest(g, v));
-  g.documents.push_back(document(index));
-  return g;
-}
+// The graphs (repeated children, chains of indexes, wide indexes) are the hostile hub's.
+using test::add_manifest;
+using test::document;
+using test::index_chain;
+using test::repeated_manifest;
+using test::TestGraph;
+using test::wide_index;
 
 // Documents from memory, verified, each call counted.
 struct CountingFetch {
@@ -357,11 +283,7 @@ TEST(OciGraph, AbsentAndInvalidDocumentsAreLeavesWhenTolerated) {
 
 // Writes g into the hub directory at dir, tagged v1.
 void publish(const TestGraph& g, const stdfs::path& dir) {
-  auto src = open_layout_source(HubAddress::parse(dir.string(), false), SourceOptions{});
-  for (auto& [d, bytes] : g.blobs) push_small_blob(*src, kRepo, d, bytes);
-  for (auto& [d, bytes] : g.documents)
-    src->push_manifest(kRepo, d.digest.str(), bytes, d.media_type);
-  src->push_manifest(kRepo, "v1", g.documents.back().second, g.root().media_type);
+  test::HostileHub::layout(dir).publish(g, kRepo, "v1");
 }
 
 HubOptions hub_options() {
