@@ -108,6 +108,18 @@ TEST(OciGraph, ChildrenAreManifestsOfAnIndexAndConfigAndLayersOfAManifest) {
   ASSERT_EQ(doc.children.size(), 2u);
   EXPECT_EQ(doc.children[0].kind, NodeKind::kConfig);
   EXPECT_EQ(doc.children[1].kind, NodeKind::kLayer);
+
+  // An index lists indexes and manifests only: a layer listed as a variant is refused.
+  oci::Index bad;
+  bad.manifests = {g.blobs[1].first};
+  try {
+    oci::parse_document(oci::serialize(bad), NodeKind::kIndex, "index");
+    ADD_FAILURE() << "an index listing a layer was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    expect_contains(e.what(), g.blobs[1].first.digest.str());
+    expect_contains(e.what(), "neither an image manifest nor an index");
+  }
 }
 
 TEST(OciGraph, RepeatedChildrenAreFetchedOnce) {
