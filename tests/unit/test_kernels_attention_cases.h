@@ -203,31 +203,39 @@ inline void run_backward(Executor& ex, const Package& pkg, int dtype, const Forw
                     : std::vector<int64_t>{B, seqlen, heads, D};
   };
   const int64_t sq = c.lens_q[0], sk = c.lens_k[0];
-  NdView qv(ex.arg(q), shape(tq, H, sq)), kv(ex.arg(k), shape(tk, HK, sk)),
-      vv(ex.arg(v), shape(tk, HK, sk)), gv(ex.arg(g), shape(tq, H, sq)),
-      ov(ex.arg(out), shape(tq, H, sq)), lv(ex.arg(lse), {H, tq}),
-      dqv(ex.arg(dq), shape(tq, H, sq)), dkv(ex.arg(dk), shape(tk, HK, sk)),
-      dvv(ex.arg(dv), shape(tk, HK, sk)), wv(ex.arg(ws), {std::max<int64_t>(tq * H * (D + 1), 1)}),
-      cqv(ex.arg(cuq), {B + 1}, kInt32), ckv(ex.arg(cuk), {B + 1}, kInt32);
   const int32_t max_q = *std::max_element(c.lens_q.begin(), c.lens_q.end());
   const int32_t max_k = *std::max_element(c.lens_k.begin(), c.lens_k.end());
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  const DLTensor* cu_qt = c.packed ? &cqv.t : nullptr;
-  const DLTensor* cu_kt = c.packed ? &ckv.t : nullptr;
   std::string err;
-  KH_EXPECT_OK(ex.call(pkg, "attention_forward",
-                       {targ(&qv.t), targ(&kv.t), targ(&vv.t), targ(cu_qt), targ(cu_kt),
-                        iarg(c.packed ? max_q : 0), iarg(c.causal), iarg(c.window), farg(scale),
-                        targ(&ov.t), targ(&lv.t)},
-                       &err),
-               err);
-  KH_EXPECT_OK(ex.call(pkg, "attention_backward",
-                       {targ(&gv.t), targ(&qv.t), targ(&kv.t), targ(&vv.t), targ(&ov.t),
-                        targ(&lv.t), targ(cu_qt), targ(cu_kt), iarg(c.packed ? max_q : 0),
-                        iarg(c.packed ? max_k : 0), iarg(c.causal), iarg(c.window), farg(scale),
-                        targ(&dqv.t), targ(&dkv.t), targ(&dvv.t), targ(&wv.t)},
-                       &err),
-               err);
+  {  // Views are taken per call: an Executor's device copies last one call.
+    NdView qv(ex.arg(q), shape(tq, H, sq)), kv(ex.arg(k), shape(tk, HK, sk)),
+        vv(ex.arg(v), shape(tk, HK, sk)), ov(ex.arg(out), shape(tq, H, sq)),
+        lv(ex.arg(lse), {H, tq}), cqv(ex.arg(cuq), {B + 1}, kInt32),
+        ckv(ex.arg(cuk), {B + 1}, kInt32);
+    KH_EXPECT_OK(ex.call(pkg, "attention_forward",
+                         {targ(&qv.t), targ(&kv.t), targ(&vv.t), targ(c.packed ? &cqv.t : nullptr),
+                          targ(c.packed ? &ckv.t : nullptr), iarg(c.packed ? max_q : 0),
+                          iarg(c.causal), iarg(c.window), farg(scale), targ(&ov.t), targ(&lv.t)},
+                         &err),
+                 err);
+  }
+  {
+    NdView qv(ex.arg(q), shape(tq, H, sq)), kv(ex.arg(k), shape(tk, HK, sk)),
+        vv(ex.arg(v), shape(tk, HK, sk)), gv(ex.arg(g), shape(tq, H, sq)),
+        ov(ex.arg(out), shape(tq, H, sq)), lv(ex.arg(lse), {H, tq}),
+        dqv(ex.arg(dq), shape(tq, H, sq)), dkv(ex.arg(dk), shape(tk, HK, sk)),
+        dvv(ex.arg(dv), shape(tk, HK, sk)),
+        wv(ex.arg(ws), {std::max<int64_t>(tq * H * (D + 1), 1)}), cqv(ex.arg(cuq), {B + 1}, kInt32),
+        ckv(ex.arg(cuk), {B + 1}, kInt32);
+    KH_EXPECT_OK(ex.call(pkg, "attention_backward",
+                         {targ(&gv.t), targ(&qv.t), targ(&kv.t), targ(&vv.t), targ(&ov.t),
+                          targ(&lv.t), targ(c.packed ? &cqv.t : nullptr),
+                          targ(c.packed ? &ckv.t : nullptr), iarg(c.packed ? max_q : 0),
+                          iarg(c.packed ? max_k : 0), iarg(c.causal), iarg(c.window), farg(scale),
+                          targ(&dqv.t), targ(&dkv.t), targ(&dvv.t), targ(&wv.t)},
+                         &err),
+                 err);
+  }
   V want_dq(static_cast<size_t>(tq * H * D), 0.0), want_dk(static_cast<size_t>(tk * HK * D), 0.0),
       want_dv(static_cast<size_t>(tk * HK * D), 0.0);
   for (int64_t b = 0; b < B; ++b) {
@@ -327,16 +335,17 @@ inline void run_decode(Executor& ex, const Package& pkg, int dtype, const Decode
   HostTensor q = random_tensor(dtype, B * NQ, H * D, rng), out(dtype, B * NQ, H * D);
   const int64_t ws_elems = B * NQ * H * 32 * (D + 2);
   HostTensor ws(kFP32, 1, ws_elems);
-  NdView kcv(ex.arg(kc), {pages, P, HK, D}), vcv(ex.arg(vc), {pages, P, HK, D}),
-      knv(ex.arg(kn), {B, NN, HK, D}), vnv(ex.arg(vn), {B, NN, HK, D}),
-      tv(ex.arg(tab), {B, per_seq}, kInt32), lv(ex.arg(lens), {B}, kInt32),
-      qv(ex.arg(q), {B, NQ, H, D}), ov(ex.arg(out), {B, NQ, H, D}), wv(ex.arg(ws), {ws_elems});
   std::string err;
-  KH_EXPECT_OK(
-      ex.call(pkg, "paged_kv_append",
-              {targ(&knv.t), targ(&vnv.t), targ(&tv.t), targ(&lv.t), targ(&kcv.t), targ(&vcv.t)},
-              &err),
-      err);
+  {  // Views are taken per call: an Executor's device copies last one call.
+    NdView kcv(ex.arg(kc), {pages, P, HK, D}), vcv(ex.arg(vc), {pages, P, HK, D}),
+        knv(ex.arg(kn), {B, NN, HK, D}), vnv(ex.arg(vn), {B, NN, HK, D}),
+        tv(ex.arg(tab), {B, per_seq}, kInt32), lv(ex.arg(lens), {B}, kInt32);
+    KH_EXPECT_OK(
+        ex.call(pkg, "paged_kv_append",
+                {targ(&knv.t), targ(&vnv.t), targ(&tv.t), targ(&lv.t), targ(&kcv.t), targ(&vcv.t)},
+                &err),
+        err);
+  }
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = c.lens[b] - NN; t < c.lens[b]; ++t) {
       const int64_t row = table[b * per_seq + t / P] * P + t % P;
@@ -347,12 +356,17 @@ inline void run_decode(Executor& ex, const Package& pkg, int dtype, const Decode
       }
     }
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  KH_EXPECT_OK(
-      ex.call(pkg, "paged_attention_decode",
-              {targ(&qv.t), targ(&kcv.t), targ(&vcv.t), targ(&tv.t), targ(&lv.t), iarg(c.window),
-               farg(scale), targ(&ov.t), targ(c.workspace ? &wv.t : nullptr)},
-              &err),
-      err);
+  {
+    NdView kcv(ex.arg(kc), {pages, P, HK, D}), vcv(ex.arg(vc), {pages, P, HK, D}),
+        tv(ex.arg(tab), {B, per_seq}, kInt32), lv(ex.arg(lens), {B}, kInt32),
+        qv(ex.arg(q), {B, NQ, H, D}), ov(ex.arg(out), {B, NQ, H, D}), wv(ex.arg(ws), {ws_elems});
+    KH_EXPECT_OK(
+        ex.call(pkg, "paged_attention_decode",
+                {targ(&qv.t), targ(&kcv.t), targ(&vcv.t), targ(&tv.t), targ(&lv.t), iarg(c.window),
+                 farg(scale), targ(&ov.t), targ(c.workspace ? &wv.t : nullptr)},
+                &err),
+        err);
+  }
   V got, want;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < NQ; ++i) {
