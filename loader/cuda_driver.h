@@ -102,7 +102,8 @@ constexpr int kMaxRequestedCudaVersion = 13000;
   X(cuMemsetD32, (CUdeviceptr dst, unsigned value, size_t count))   \
   X(cuStreamCreate, (CUstream* stream, unsigned flags))             \
   X(cuStreamSynchronize, (CUstream stream))                         \
-  X(cuStreamDestroy, (CUstream stream))
+  X(cuStreamDestroy, (CUstream stream))                             \
+  X(cuFuncSetAttribute, (CUfunction fn, int attrib, int value))
 // clang-format on
 
 struct Driver {

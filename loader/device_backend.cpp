@@ -24,6 +24,9 @@ namespace {
 constexpr uint64_t kFunctionMagic = 0x6b682d636f646531ull;  // "kh-code1"
 
 // The opaque handle get_function hands out: never freed.
+// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (cuda.h).
+constexpr int kMaxDynamicSharedSizeBytes = 8;
+
 struct DeviceFunction {
   uint64_t magic = kFunctionMagic;
   cuda::CUfunction function = nullptr;
@@ -31,6 +34,10 @@ struct DeviceFunction {
   cuda::CUcontext context = nullptr;
   int device = -1;
   std::string name;
+  // The dynamic shared memory the function was allowed past the default 48 KiB
+  // (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), raised on the first launch that asks.
+  std::atomic<uint32_t> max_dynamic_smem{kDefaultDynamicSmem};
+  static constexpr uint32_t kDefaultDynamicSmem = 48 * 1024;
 };
 
 struct StringHash {
@@ -329,6 +336,30 @@ int32_t CudaDeviceBackend::launch(const PackageIdentity& package, void* fn,
       return KH_ERR_LAUNCH;
     }
     pushed = true;
+  }
+  if (cfg.shared_mem_bytes > f->max_dynamic_smem.load(std::memory_order_acquire)) {
+    // Above 48 KiB a kernel must opt in; the attribute is per function, so the first launch
+    // that needs more sets it (concurrent setters write the same or a larger value).
+    cuda::CUresult a = d.cuFuncSetAttribute
+                           ? d.cuFuncSetAttribute(f->function, kMaxDynamicSharedSizeBytes,
+                                                  static_cast<int>(cfg.shared_mem_bytes))
+                           : cuda::CUDA_ERROR_INVALID_VALUE;
+    if (a != cuda::CUDA_SUCCESS) {
+      if (pushed) {
+        cuda::CUcontext popped = nullptr;
+        d.cuCtxPopCurrent(&popped);
+      }
+      error = fmt::format(
+          "launch of {}: {} B of dynamic shared memory needs cuFuncSetAttribute(MAX_DYNAMIC_"
+          "SHARED_SIZE_BYTES), which failed: {} (more than the device allows per block?)",
+          f->name, cfg.shared_mem_bytes,
+          d.cuFuncSetAttribute ? cuda::result_text(a) : "the driver lacks it");
+      return KH_ERR_LAUNCH;
+    }
+    uint32_t seen = f->max_dynamic_smem.load(std::memory_order_relaxed);
+    while (seen < cfg.shared_mem_bytes &&
+           !f->max_dynamic_smem.compare_exchange_weak(seen, cfg.shared_mem_bytes)) {
+    }
   }
   cuda::CUresult r = d.cuLaunchKernel(
       f->function, cfg.grid[0], cfg.grid[1], cfg.grid[2], cfg.block[0], cfg.block[1], cfg.block[2],

@@ -61,7 +61,7 @@ struct ArgDecl {
 
 class OpSchema {
  public:
-  static constexpr int kMaxArgs = 12;
+  static constexpr int kMaxArgs = 20;
   static constexpr int kMaxName = 48;
 
   constexpr explicit OpSchema(const char* schema) : schema_(schema) { parse(); }
@@ -115,7 +115,7 @@ class OpSchema {
     if (!take(p, "(")) op_schema_is_malformed("expected '(' after the op name");
     if (!take(p, ")")) {
       for (;;) {
-        if (nargs_ == kMaxArgs) op_schema_is_malformed("more than 12 arguments");
+        if (nargs_ == kMaxArgs) op_schema_is_malformed("more than 20 arguments");
         ArgDecl& a = args_[nargs_];
         if (take(p, "Tensor")) {
           a.type = ArgType::kTensor;
@@ -211,6 +211,14 @@ constexpr kh_op_v1_t op(uint32_t flags = kOpFlags) {
   using A = typename BodyArgs<decltype(body)>::type;
   return {KH_HEADER_INIT(kh_op_v1_t), A::schema().name(), A::schema().schema(), flags,
           &call_op<body>};
+}
+
+// A layer without a backward op: eval only, or train with the runtime's fallback (a train bind
+// keeps it: KH_FLAG_HAS_BACKWARD is not set).
+constexpr kh_layer_v1_t layer(const char* name, const OpSchema& forward,
+                              const OpSchema& forward_train, uint32_t flags, uint32_t dtypes) {
+  return {KH_HEADER_INIT(kh_layer_v1_t), name,  forward.name(), forward_train.name(), nullptr,
+          flags & ~KH_FLAG_HAS_BACKWARD, dtypes};
 }
 
 // A layer table entry naming its ops by their schemas (forward_train may be the forward op).

@@ -188,14 +188,17 @@ int32_t expect_device(const TensorArg& a, DLDevice got, DLDevice want) {
   return KH_OK;
 }
 
-int32_t index_vector_arg(const TensorArg& a, int64_t expected_count, const char* per_what,
-                         DLDevice device, const int64_t** out) {
+namespace {
+
+// A contiguous integer tensor of `bits` bits with `expected_count` elements on `device`.
+int32_t int_tensor_arg(const TensorArg& a, uint8_t bits, int64_t expected_count,
+                       const char* per_what, DLDevice device, const void** out) {
   const char *op = a.op, *name = a.name;
   const DLTensor* t = a.t;
-  if (t->dtype.code != kDLInt || t->dtype.bits != 64 || t->dtype.lanes != 1)
-    return fail(KH_ERR_UNSUPPORTED,
-                "%s: tensor %s has dtype code %u bits %u; expected int64 (torch.long)", op, name,
-                t->dtype.code, t->dtype.bits);
+  if (t->dtype.code != kDLInt || t->dtype.bits != bits || t->dtype.lanes != 1)
+    return fail(KH_ERR_UNSUPPORTED, "%s: tensor %s has dtype code %u bits %u; expected %s", op,
+                name, t->dtype.code, t->dtype.bits,
+                bits == 64 ? "int64 (torch.long)" : "int32 (torch.int32)");
   int64_t count = 1, expect_stride = 1;
   for (int32_t d = t->ndim - 1; d >= 0; --d) {
     if (t->shape[d] < 0)
@@ -212,7 +215,25 @@ int32_t index_vector_arg(const TensorArg& a, int64_t expected_count, const char*
   KH_TRY(expect_device(a, t->device, device));
   if (count > 0 && !t->data)
     return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor %s has a NULL data pointer", op, name);
-  *out = reinterpret_cast<const int64_t*>(static_cast<const char*>(t->data) + t->byte_offset);
+  *out = static_cast<const char*>(t->data) + t->byte_offset;
+  return KH_OK;
+}
+
+}  // namespace
+
+int32_t index_vector_arg(const TensorArg& a, int64_t expected_count, const char* per_what,
+                         DLDevice device, const int64_t** out) {
+  const void* p = nullptr;
+  KH_TRY(int_tensor_arg(a, 64, expected_count, per_what, device, &p));
+  *out = static_cast<const int64_t*>(p);
+  return KH_OK;
+}
+
+int32_t int32_tensor_arg(const TensorArg& a, int64_t expected_count, const char* per_what,
+                         DLDevice device, const int32_t** out) {
+  const void* p = nullptr;
+  KH_TRY(int_tensor_arg(a, 32, expected_count, per_what, device, &p));
+  *out = static_cast<const int32_t*>(p);
   return KH_OK;
 }
 
@@ -223,6 +244,110 @@ bool vectorizable(const RowsView& v, int64_t vec_cols) {
 
 bool vectorizable(const VectorView& v) {
   return aligned16(v.data) && (v.n % dtype_vec16(v.dtype)) == 0;
+}
+
+int32_t heads_view(const TensorArg& a, HeadsView* out, bool allow_batch) {
+  const char *op = a.op, *name = a.name;
+  const DLTensor* t = a.t;
+  if (!t) return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor %s is NULL", op, name);
+  // A 4-D [batch, seqlen, heads, head_dim] tensor is viewed as [batch * seqlen, heads, head_dim]
+  // when its batch stride is seqlen token strides (or either extent is 1).
+  DLTensor flat;
+  int64_t flat_shape[3], flat_strides[3];
+  int64_t batch = 1, seqlen = -1;
+  if (allow_batch && t && t->ndim == 4 && t->shape) {
+    const int64_t* s4 = t->shape;
+    batch = s4[0];
+    seqlen = s4[1];
+    int64_t tok_stride = t->strides ? t->strides[1] : s4[2] * s4[3];
+    if (t->strides && s4[1] == 1) tok_stride = t->strides[0];
+    if (t->strides && s4[0] > 1 && s4[1] > 1 && t->strides[0] != s4[1] * t->strides[1])
+      return fail(KH_ERR_UNSUPPORTED,
+                  "%s: tensor %s [batch, seqlen, heads, head_dim] has batch stride %lld but "
+                  "seqlen * token stride is %lld; batch and sequence must collapse into one "
+                  "token stride (make it contiguous)",
+                  op, name, static_cast<long long>(t->strides[0]),
+                  static_cast<long long>(s4[1] * t->strides[1]));
+    flat = *t;
+    flat.ndim = 3;
+    flat_shape[0] = s4[0] * s4[1];
+    flat_shape[1] = s4[2];
+    flat_shape[2] = s4[3];
+    flat.shape = flat_shape;
+    if (t->strides) {
+      flat_strides[0] = tok_stride;
+      flat_strides[1] = t->strides[2];
+      flat_strides[2] = t->strides[3];
+      flat.strides = flat_strides;
+    }
+    t = &flat;
+  }
+  if (t->ndim != 3 || !t->shape)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                allow_batch ? "%s: tensor %s has %d dimensions; expected [tokens, heads, "
+                              "head_dim] or [batch, seqlen, heads, head_dim]"
+                            : "%s: tensor %s has %d dimensions; expected 3: [tokens, heads, "
+                              "head_dim]",
+                op, name, a.t->ndim);
+  const int64_t* sh = t->shape;
+  const bool empty = sh[0] == 0 || sh[1] == 0 || sh[2] == 0;
+  // dtype, device and extents through the shared checks, on a one-element view of the same
+  // tensor (an empty tensor may have no storage: the checks then see a placeholder pointer that
+  // nothing dereferences).
+  DLTensor one = *t;
+  int64_t one_shape = 1;
+  one.ndim = 1;
+  one.shape = &one_shape;
+  one.strides = nullptr;
+  one.byte_offset = 0;
+  if (empty && !one.data) one.data = reinterpret_cast<void*>(uintptr_t{16});
+  for (int d = 0; d < 3; ++d)
+    if (sh[d] < 0)
+      return fail(KH_ERR_INVALID_ARGUMENT, "%s: tensor %s has a negative extent in dimension %d",
+                  op, name, d);
+  RowsView probe;
+  KH_TRY(rows_view({op, name, &one}, &probe));
+  HeadsView v;
+  v.data = static_cast<char*>(t->data) + t->byte_offset;
+  v.tokens = sh[0];
+  v.heads = sh[1];
+  v.head_dim = sh[2];
+  v.dtype = probe.dtype;
+  v.device = probe.device;
+  v.head_stride = v.head_dim;
+  v.token_stride = v.heads * v.head_dim;
+  if (t->strides) {
+    if (v.head_dim > 1 && t->strides[2] != 1)
+      return fail(KH_ERR_UNSUPPORTED,
+                  "%s: tensor %s has stride %lld in its last dimension; head_dim must be "
+                  "contiguous (stride 1)",
+                  op, name, static_cast<long long>(t->strides[2]));
+    if (v.heads > 1) v.head_stride = t->strides[1];
+    if (v.tokens > 1) v.token_stride = t->strides[0];
+  }
+  if (v.head_stride < 0 || v.token_stride < 0)
+    return fail(KH_ERR_UNSUPPORTED, "%s: tensor %s has a negative stride", op, name);
+  // Non-overlapping: heads inside tokens, or tokens inside heads (a transposed view).
+  const bool token_major =
+      (v.heads <= 1 || v.head_stride >= v.head_dim) &&
+      (v.tokens <= 1 || v.token_stride >= (v.heads - 1) * v.head_stride + v.head_dim);
+  const bool head_major =
+      (v.tokens <= 1 || v.token_stride >= v.head_dim) &&
+      (v.heads <= 1 || v.head_stride >= (v.tokens - 1) * v.token_stride + v.head_dim);
+  if (!empty && !token_major && !head_major)
+    return fail(KH_ERR_UNSUPPORTED,
+                "%s: tensor %s (token stride %lld, head stride %lld, head_dim %lld) has "
+                "overlapping heads; the op writes in place and needs distinct elements",
+                op, name, static_cast<long long>(v.token_stride),
+                static_cast<long long>(v.head_stride), static_cast<long long>(v.head_dim));
+  if (v.heads * v.head_dim >= (int64_t{1} << 31) || v.tokens > 0x7FFFFFFF)
+    return fail(KH_ERR_UNSUPPORTED,
+                "%s: tensor %s is too large (at most 2^31-1 tokens and heads * head_dim < 2^31)",
+                op, name);
+  v.batch = batch;
+  v.seqlen = seqlen < 0 ? v.tokens : seqlen;
+  *out = v;
+  return KH_OK;
 }
 
 }  // namespace khk

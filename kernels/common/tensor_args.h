@@ -68,6 +68,27 @@ int32_t expect_device(const TensorArg& a, DLDevice got, DLDevice want);
 int32_t index_vector_arg(const TensorArg& a, int64_t expected_count, const char* per_what,
                          DLDevice device, const int64_t** out);
 
+// A [tokens, heads, head_dim] tensor with token and head strides (elements), the last dimension
+// contiguous. From a 4-D [batch, seqlen, heads, head_dim] tensor (heads_view's allow_batch) when
+// its batch and sequence dimensions collapse into one token stride; batch and seqlen say how.
+struct HeadsView {
+  char* data = nullptr;
+  int64_t tokens = 0, heads = 0, head_dim = 0;
+  int64_t token_stride = 0, head_stride = 0;
+  int64_t batch = 1, seqlen = 0;  // 4-D input: its first two extents; 3-D: 1 and tokens
+  int dtype = -1;
+  DLDevice device{};
+};
+
+// Views `a` as HeadsView: dtype, device and extent checks, a contiguous last dimension, heads
+// that do not overlap, sizes the kernels index (tokens < 2^31, heads * head_dim < 2^31).
+int32_t heads_view(const TensorArg& a, HeadsView* out, bool allow_batch = false);
+
+// An int32 contiguous tensor of `expected_count` elements (sequence boundaries, lengths, block
+// tables) on `device`. Sets *out to its first element.
+int32_t int32_tensor_arg(const TensorArg& a, int64_t expected_count, const char* per_what,
+                         DLDevice device, const int32_t** out);
+
 inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }

@@ -29,7 +29,7 @@ from kernel_hub_ctypes import (  # noqa: E402
 
 DL_CUDA, DL_FLOAT, DL_BFLOAT = 2, 2, 4
 DTYPES = {torch.bfloat16: (DL_BFLOAT, 16), torch.float16: (DL_FLOAT, 16),
-          torch.float32: (DL_FLOAT, 32), torch.int64: (0, 64)}  # kDLInt
+          torch.float32: (DL_FLOAT, 32), torch.int64: (0, 64), torch.int32: (0, 32)}  # kDLInt
 
 
 class Loader:
@@ -71,6 +71,8 @@ class Loader:
                              DLDataType(code, bits, 1), shape, strides, 0)
                 self.keep += [shape, strides, t, v]
                 arr[i].kind, arr[i].v.t = KH_ARG_TENSOR, C.pointer(t)
+            elif v is None:  # an optional tensor not passed
+                arr[i].kind, arr[i].v.t = KH_ARG_TENSOR, None
             elif isinstance(v, int):
                 arr[i].kind, arr[i].v.i = KH_ARG_INT, v
             else:

@@ -12,12 +12,13 @@ out=.devlibs/gpu
 bdir=${KH_GPU_BUILD_DIR:-build-gpu}
 [ "$bdir" != build-gpu ] || cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKH_FUZZ_SECONDS=1 >/dev/null
 cmake --build "$bdir" -j "$(nproc)" --target test_gpu_device_code test_kernels_gpu \
-  test_kernels_gpu_rotary_softmax bench_device_load kernel_hub kernel_packages toy_packages \
+  test_kernels_gpu_rotary_softmax test_kernels_gpu_attention bench_device_load kernel_hub kernel_packages toy_packages \
   kernel-hub default_hub test_demo bench_kernelize \
   | grep -E "error|FAILED" || true
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
 cp "$bdir"/tests/test_gpu_device_code "$bdir"/tests/test_kernels_gpu \
-   "$bdir"/tests/test_kernels_gpu_rotary_softmax "$bdir"/tools/bench/bench_device_load \
+   "$bdir"/tests/test_kernels_gpu_rotary_softmax "$bdir"/tests/test_kernels_gpu_attention \
+   "$bdir"/tools/bench/bench_device_load \
    "$bdir"/libkernel_hub.so "$bdir"/kernel-hub "$bdir"/tests/test_demo \
    "$bdir"/tools/bench/bench_kernelize "$out/bin/"
 strip "$out"/bin/*
@@ -34,5 +35,5 @@ for deb in "$tmp"/*.deb; do dpkg -x "$deb" "$tmp/x"; done
 cp -a "$tmp"/x/usr/lib/x86_64-linux-gnu/lib{archive.so.13*,icuuc.so.72*,icudata.so.72*,xml2.so.2*} \
   "$out/lib/"
 rm -rf "$tmp"
-cp tools/bench/gpu_run.sh tools/bench/bench_kernels.py loader/python/kernel_hub_ctypes.py "$out/"
+cp tools/bench/gpu_run.sh tools/bench/bench_kernels.py tools/bench/bench_attention.py loader/python/kernel_hub_ctypes.py "$out/"
 du -sh "$out"

@@ -25,7 +25,7 @@ ln -s "$g/default-hub" "$build/default-hub"
 ln -s "$g/default-hub-key" "$build/default-hub-key"
 ln -s "$g/bin/kernel-hub" "$build/kernel-hub"
 status=0
-for t in test_gpu_device_code test_kernels_gpu test_kernels_gpu_rotary_softmax; do
+for t in test_gpu_device_code test_kernels_gpu test_kernels_gpu_rotary_softmax test_kernels_gpu_attention; do
   "$g/bin/$t" --gtest_filter="${KH_GTEST_FILTER:-*}" 2>&1 | tee "$out/$t.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|rel' | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done
@@ -36,6 +36,10 @@ if [ -x "$g/bin/test_demo" ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   "$build/kernel-hub" demo --device cuda:0 2>&1 | tee "$out/demo_cuda.log" | tail -14
   "$g/bin/bench_kernelize" 2>&1 | tee "$out/bench_kernelize.log" | tail -6
+fi
+if [ -f "$g/bench_attention.py" ] && [ -z "${KH_SKIP_ATTENTION_BENCH:-}" ]; then
+  (cd "$g" && python3 bench_attention.py --lib "$g/bin/libkernel_hub.so" --packages "$g/kernels") \
+    2>&1 | tee "$out/bench_attention.log" | tail -30
 fi
 if [ -f "$g/bench_kernels.py" ] && [ -z "${KH_SKIP_KERNEL_BENCH:-}" ]; then
   # KH_BENCH_ARGS: extra options, e.g. "--sweep-src .devlibs/gpu/kernels" for the variant sweep.

@@ -1,0 +1,148 @@
+// Kernel parameters of the attention package, shared by the host library (host.cpp, cpu.cpp)
+// and the device source (attention.cu): one struct passed by value, so the layout is the one
+// the host compiler and NVRTC both give a struct of 8-byte then 4-byte members.
+#ifndef KH_ATTENTION_PARAMS_H_
+#define KH_ATTENTION_PARAMS_H_
+
+#include "kh_prelude.cuh"
+
+// Attention over packed variable-length sequences. Sequence b's queries are tokens
+// [q_start(b), q_start(b) + len_q(b)) of q and o, its keys/values tokens of k and v likewise:
+// from cu_seqlens_q/k (int32 [batch + 1]) when given, else b * seqlen_q/k with length
+// seqlen_q/k (a padded [batch, seqlen, heads, head_dim] tensor viewed as tokens).
+// Causal and window masks are bottom-right aligned as FlashAttention's: query i of a sequence
+// sees key j when j <= i + (len_k - len_q) and, with window_left >= 0,
+// j >= i + (len_k - len_q) - window_left.
+struct kh_attn_params {
+  const void* q;  // [tokens_q, q_heads, head_dim]
+  const void* k;  // [tokens_k, kv_heads, head_dim]
+  const void* v;
+  void* o;     // [tokens_q, q_heads, head_dim]
+  float* lse;  // [q_heads, tokens_q] natural-log sum of exp(scale * s) per row, or NULL
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  kh_i64 q_row, q_head, k_row, k_head, v_row, v_head, o_row, o_head;  // strides, elements
+  kh_i64 lse_head;                                                    // lse[h * lse_head + t]
+  int batch, q_heads, kv_heads;
+  int seqlen_q, seqlen_k;  // padded batches: every sequence's length (cu_seqlens NULL)
+  int max_seqlen_q;        // grid size over query blocks
+  int causal;
+  int window_left;   // < 0: no window
+  float scale;       // softmax scale (1 / sqrt(head_dim) usually)
+  float scale_log2;  // scale * log2(e)
+};
+
+// Forward geometry per head_dim, for the host's launch and the kernel's template: warps per CTA
+// (16 query rows each), keys per block, dynamic shared memory (Q tile, K tile, V tile).
+KH_HD constexpr int kh_attn_fwd_warps(int head_dim) {
+  return head_dim == 256 ? 4 : 8;
+}
+KH_HD constexpr int kh_attn_fwd_block_n(int head_dim) {
+  return head_dim == 256 ? 32 : 64;
+}
+KH_HD constexpr int kh_attn_fwd_smem_bytes(int head_dim) {
+  return (16 * kh_attn_fwd_warps(head_dim) + 2 * kh_attn_fwd_block_n(head_dim)) * head_dim * 2;
+}
+
+// Sequence b's token ranges.
+KH_HD void kh_attn_seq(const kh_attn_params& p, int b, int* q0, int* len_q, int* k0, int* len_k) {
+  if (p.cu_seqlens_q) {
+    *q0 = p.cu_seqlens_q[b];
+    *len_q = p.cu_seqlens_q[b + 1] - *q0;
+  } else {
+    *q0 = b * p.seqlen_q;
+    *len_q = p.seqlen_q;
+  }
+  if (p.cu_seqlens_k) {
+    *k0 = p.cu_seqlens_k[b];
+    *len_k = p.cu_seqlens_k[b + 1] - *k0;
+  } else {
+    *k0 = b * p.seqlen_k;
+    *len_k = p.seqlen_k;
+  }
+}
+
+// Whether query i sees key j (positions inside their sequence; offset = len_k - len_q).
+KH_HD bool kh_attn_visible(int i, int j, int offset, int causal, int window_left) {
+  if (causal && j > i + offset) return false;
+  if (window_left >= 0 && j < i + offset - window_left) return false;
+  return true;
+}
+
+// Backward of attention_forward (FlashAttention-2's algorithm): f holds the forward's inputs, its
+// output (f.o) and log-sum-exp (f.lse); dq_accum and delta are the caller's fp32 workspace.
+struct kh_attn_bwd_params {
+  kh_attn_params f;
+  const void* dout;  // [tokens_q, q_heads, head_dim]
+  void* dq;
+  void* dk;  // [tokens_k, kv_heads, head_dim]
+  void* dv;
+  float* dq_accum;  // [tokens_q, q_heads, head_dim], contiguous
+  float* delta;     // [q_heads, tokens_q]: rowsum(dout * out)
+  kh_i64 do_row, do_head, dq_row, dq_head, dk_row, dk_head, dv_row, dv_head;
+  kh_i64 tokens_q;
+  int max_seqlen_k;
+};
+
+// Backward geometry: 4 warps, BN = 64 keys per CTA (16 per warp), BM = 64 queries per step.
+KH_HD constexpr int kh_attn_bwd_warps() {
+  return 4;
+}
+KH_HD constexpr int kh_attn_bwd_block() {
+  return 64;
+}
+// K, V, Q, dO tiles, the dS tile and the step's LSE and delta.
+KH_HD constexpr int kh_attn_bwd_smem_bytes(int head_dim) {
+  return 4 * 64 * head_dim * 2 + 64 * 64 * 2 + 2 * 64 * 4;
+}
+
+// Decode against a paged KV cache. Sequence b has seq_lens[b] tokens in the cache (the new ones
+// included: append them first); its token t is row t % page_size of page
+// block_table[b * table_stride + t / page_size]. Its q_tokens queries are its last tokens: query
+// i is at position seq_lens[b] - q_tokens + i and sees keys up to it (and back window_left).
+// q and o: [batch * q_tokens, q_heads, head_dim] with token and head strides.
+// The context is split into `splits` parts of split_tokens tokens (flash-decoding); with more
+// than one, each part writes (unnormalised out, max, sum) to `partial` and a second kernel
+// combines them: partial holds batch * q_tokens * q_heads * splits * (head_dim + 2) floats.
+struct kh_decode_params {
+  const void* q;
+  void* o;
+  const void* k_cache;  // [pages, page_size, kv_heads, head_dim] with strides
+  const void* v_cache;
+  const int* block_table;
+  const int* seq_lens;
+  float* partial;
+  kh_i64 q_row, q_head, o_row, o_head;
+  kh_i64 k_page, k_row, k_head, v_page, v_row, v_head;
+  int table_stride, page_size;
+  int batch, q_tokens, q_heads, kv_heads;
+  int splits, split_tokens;
+  int window_left;
+  float scale_log2;
+};
+
+// Rows (query head, query token) one decode CTA serves, out of a KV head's
+// q_heads / kv_heads * q_tokens: 4 (kernels _r4) when they are at most 4, else 8 (_r8).
+KH_HD constexpr int kh_decode_rows(int rows_per_kv_head) {
+  return rows_per_kv_head <= 4 ? 4 : 8;
+}
+KH_HD constexpr int kh_decode_warps() {
+  return 4;
+}
+
+// Appends new tokens' K and V into the pages: token i of sequence b (n_new per sequence, the last
+// ones of seq_lens[b]) from k_new/v_new [batch * n_new, kv_heads, head_dim].
+struct kh_append_params {
+  const void* k_new;
+  const void* v_new;
+  void* k_cache;
+  void* v_cache;
+  const int* block_table;
+  const int* seq_lens;
+  kh_i64 kn_row, kn_head, vn_row, vn_head;
+  kh_i64 k_page, k_row, k_head, v_page, v_row, v_head;
+  int table_stride, page_size;
+  int batch, n_new, kv_heads, head_dim;
+};
+
+#endif  // KH_ATTENTION_PARAMS_H_

@@ -1,0 +1,590 @@
+// Host library of the kernel-hub/attention package: layers Attention (forward and backward,
+// FlashAttention-2 style on sm_80+ tensor cores: packed varlen or padded batches, MHA/GQA/MQA, causal and
+// sliding-window masks, optional fp32 log-sum-exp), PagedAttention (decode of one or a few query
+// tokens per sequence against a paged KV cache, split over the context) and PagedKVAppend
+// (writes new tokens' K and V into the pages). Ops check their DLPack arguments, then run
+// cpu.cpp on kDLCPU tensors or launch attention.cu's kernels through the loader on kDLCUDA ones.
+//
+// Attention's forward_train is the forward op with its lse output (backward recomputes the
+// probabilities from q, k and lse); its backward takes the caller's fp32 workspace on cuda.
+#include <math.h>
+#include <stdio.h>
+
+#include "kernels/attention/attention_params.h"
+#include "kernels/attention/cpu.h"
+#include "kernels/common/op_schema.h"
+#include "kernels/common/package_host.h"
+#include "kernels/common/tensor_args.h"
+
+namespace khk {
+namespace {
+
+constexpr const char* kPackageName = "kernel-hub/attention";
+constexpr const char* kPackageVersion = "1.0.0";
+constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
+// Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
+constexpr int kMinSplitTokens = 256;
+constexpr int kMaxSplits = 32;
+// CTAs a decode aims for (4 per SM of an H100/H200-class GPU) before it splits the context.
+constexpr int kDecodeTargetCtas = 528;
+
+const char* dtype_tag(int dtype) {
+  return dtype == kBF16 ? "bf16" : "fp16";
+}
+
+// q, k, v, out agree: dtype, device; k and v the same heads and head_dim.
+int32_t same_kind(const TensorArg& a, const HeadsView& v, const HeadsView& like,
+                  const char* like_name) {
+  KH_TRY(expect_dtype(a, v.dtype, like.dtype, like_name));
+  KH_TRY(expect_device(a, v.device, like.device));
+  if (v.head_dim != like.head_dim)
+    return fail(KH_ERR_INVALID_ARGUMENT, "%s: %s has head_dim %lld, %s has %lld", a.op, a.name,
+                static_cast<long long>(v.head_dim), like_name,
+                static_cast<long long>(like.head_dim));
+  return KH_OK;
+}
+
+int32_t same_shape(const TensorArg& a, const HeadsView& v, const HeadsView& like,
+                   const char* like_name) {
+  KH_TRY(same_kind(a, v, like, like_name));
+  if (v.tokens != like.tokens || v.heads != like.heads)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: %s is [%lld tokens, %lld heads]; expected the shape of %s [%lld, %lld]", a.op,
+                a.name, static_cast<long long>(v.tokens), static_cast<long long>(v.heads),
+                like_name, static_cast<long long>(like.tokens), static_cast<long long>(like.heads));
+  return KH_OK;
+}
+
+// The device kernels read rows in 16-byte chunks and take head_dim 64, 128 or 256.
+int32_t cuda_layout_ok(const TensorArg& a, const HeadsView& v) {
+  if (v.dtype == kFP32)
+    return fail(KH_ERR_UNSUPPORTED,
+                "%s: %s is fp32; the cuda kernels take bf16 or fp16 (fp32 runs on cpu only)", a.op,
+                a.name);
+  if (v.head_dim != 64 && v.head_dim != 128 && v.head_dim != 256)
+    return fail(KH_ERR_UNSUPPORTED, "%s: head_dim %lld; the cuda kernels take 64, 128 or 256", a.op,
+                static_cast<long long>(v.head_dim));
+  if (!aligned16(v.data) || (v.token_stride * 2) % 16 || (v.head_stride * 2) % 16)
+    return fail(KH_ERR_UNSUPPORTED,
+                "%s: %s must start on a 16-byte boundary with token and head strides that are "
+                "multiples of 8 elements (got %lld and %lld)",
+                a.op, a.name, static_cast<long long>(v.token_stride),
+                static_cast<long long>(v.head_stride));
+  return KH_OK;
+}
+
+int32_t heads_ratio(const char* op, int64_t q_heads, int64_t kv_heads) {
+  if (kv_heads <= 0 || q_heads % kv_heads)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: %lld query heads is not a multiple of %lld key/value heads (GQA groups "
+                "query heads evenly)",
+                op, static_cast<long long>(q_heads), static_cast<long long>(kv_heads));
+  return KH_OK;
+}
+
+int32_t window_arg(const char* op, int64_t window_left) {
+  if (window_left < -1 || window_left > 0x7FFFFFFF)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: window_left %lld; expected -1 (no window) or the number of earlier keys a "
+                "query sees",
+                op, static_cast<long long>(window_left));
+  return KH_OK;
+}
+
+int32_t scale_arg(const char* op, double scale) {
+  if (!(scale > 0.0) || !isfinite(scale))
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: scale %g; expected a positive softmax scale (1 / sqrt(head_dim) usually)", op,
+                scale);
+  return KH_OK;
+}
+
+// ---- Attention ----
+
+constexpr OpSchema kForward{
+    "attention_forward(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
+    "int max_seqlen_q, int causal, int window_left, float scale, Tensor(a!) out, Tensor(b!)? "
+    "lse) -> ()"};
+constexpr OpSchema kBackward{
+    "attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+    "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, int causal, "
+    "int window_left, float scale, Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, Tensor(d!)? "
+    "workspace) -> ()"};
+
+// The arguments forward and backward share: q, k, v, out (the forward's output), the sequences,
+// the masks and the scale, checked and gathered into p (lse is the caller's).
+struct AttnInputs {
+  HeadsView q, k, v, o;
+};
+
+template <const OpSchema& S>
+int32_t attention_inputs(const Args<S>& a, kh_attn_params* pp, AttnInputs* in) {
+  const char* op = S.name();
+  const TensorArg cu_q_arg = a.optional_tensor("cu_seqlens_q");
+  const TensorArg cu_k_arg = a.optional_tensor("cu_seqlens_k");
+  const bool varlen = cu_q_arg.t != nullptr;
+  if ((cu_k_arg.t != nullptr) != varlen)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: pass both cu_seqlens_q and cu_seqlens_k (packed sequences) or neither "
+                "(padded [batch, seqlen, heads, head_dim] tensors)",
+                op);
+  HeadsView &q = in->q, &k = in->k, &v = in->v, &o = in->o;
+  KH_TRY(heads_view(a.tensor("q"), &q, !varlen));
+  KH_TRY(heads_view(a.tensor("k"), &k, !varlen));
+  KH_TRY(heads_view(a.tensor("v"), &v, !varlen));
+  KH_TRY(heads_view(a.tensor("out"), &o, !varlen));
+  KH_TRY(same_kind(a.tensor("k"), k, q, "q"));
+  KH_TRY(same_shape(a.tensor("v"), v, k, "k"));
+  KH_TRY(same_shape(a.tensor("out"), o, q, "q"));
+  KH_TRY(heads_ratio(op, q.heads, k.heads));
+  const int64_t causal = a.integer("causal"), window_left = a.integer("window_left");
+  if (causal != 0 && causal != 1)
+    return fail(KH_ERR_INVALID_ARGUMENT, "%s: causal must be 0 or 1, got %lld", op,
+                static_cast<long long>(causal));
+  KH_TRY(window_arg(op, window_left));
+  const double scale = a.real("scale");
+  KH_TRY(scale_arg(op, scale));
+
+  kh_attn_params p{};
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.o = o.data;
+  p.q_row = q.token_stride;
+  p.q_head = q.head_stride;
+  p.k_row = k.token_stride;
+  p.k_head = k.head_stride;
+  p.v_row = v.token_stride;
+  p.v_head = v.head_stride;
+  p.o_row = o.token_stride;
+  p.o_head = o.head_stride;
+  p.q_heads = static_cast<int>(q.heads);
+  p.kv_heads = static_cast<int>(k.heads);
+  p.causal = static_cast<int>(causal);
+  p.window_left = static_cast<int>(window_left);
+  p.scale = static_cast<float>(scale);
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.lse_head = q.tokens;
+  if (varlen) {
+    const int64_t batch = cu_q_arg.t->ndim == 1 ? cu_q_arg.t->shape[0] - 1 : -1;
+    if (batch < 0)
+      return fail(KH_ERR_INVALID_ARGUMENT,
+                  "%s: cu_seqlens_q must be a 1-D int32 tensor of batch + 1 offsets", op);
+    KH_TRY(int32_tensor_arg(cu_q_arg, batch + 1, "sequence plus one", q.device, &p.cu_seqlens_q));
+    KH_TRY(int32_tensor_arg(cu_k_arg, batch + 1, "sequence plus one", q.device, &p.cu_seqlens_k));
+    const int64_t max_q = a.integer("max_seqlen_q");
+    if (max_q < 0 || max_q > q.tokens)
+      return fail(KH_ERR_INVALID_ARGUMENT,
+                  "%s: max_seqlen_q %lld; expected the longest query sequence (0..%lld tokens)", op,
+                  static_cast<long long>(max_q), static_cast<long long>(q.tokens));
+    p.batch = static_cast<int>(batch);
+    p.max_seqlen_q = static_cast<int>(max_q);
+  } else {
+    if (k.batch != q.batch)
+      return fail(KH_ERR_INVALID_ARGUMENT, "%s: k has batch %lld, q has %lld", op,
+                  static_cast<long long>(k.batch), static_cast<long long>(q.batch));
+    p.batch = static_cast<int>(q.batch);
+    p.seqlen_q = static_cast<int>(q.seqlen);
+    p.seqlen_k = static_cast<int>(k.seqlen);
+    p.max_seqlen_q = p.seqlen_q;
+  }
+  *pp = p;
+  return KH_OK;
+}
+
+// lse: fp32 [q_heads, tokens_q], contiguous.
+int32_t lse_arg(const TensorArg& a, const HeadsView& q, float** out) {
+  VectorView lse;
+  KH_TRY(vector_view(a, q.heads * q.tokens, &lse));
+  KH_TRY(expect_dtype(a, lse.dtype, kFP32, "fp32 ([q_heads, tokens])"));
+  KH_TRY(expect_device(a, lse.device, q.device));
+  *out = reinterpret_cast<float*>(lse.data);
+  return KH_OK;
+}
+
+int32_t cuda_inputs_ok(const Args<kForward>& a, const AttnInputs& in) {
+  KH_TRY(cuda_layout_ok(a.tensor("q"), in.q));
+  KH_TRY(cuda_layout_ok(a.tensor("k"), in.k));
+  KH_TRY(cuda_layout_ok(a.tensor("v"), in.v));
+  return cuda_layout_ok(a.tensor("out"), in.o);
+}
+
+int32_t attention_forward(const Args<kForward>& a, void* stream) {
+  kh_attn_params p;
+  AttnInputs in;
+  KH_TRY(attention_inputs(a, &p, &in));
+  const HeadsView& q = in.q;
+  if (const TensorArg lse = a.optional_tensor("lse"); lse.t) KH_TRY(lse_arg(lse, q, &p.lse));
+  if (q.tokens == 0 || p.batch == 0) return KH_OK;
+
+  if (is_cpu(q.device)) {
+    attention_cpu::forward(q.dtype, static_cast<int>(q.head_dim), p);
+    return KH_OK;
+  }
+  KH_TRY(cuda_inputs_ok(a, in));
+  if (p.max_seqlen_q == 0) return KH_OK;
+  const int d = static_cast<int>(q.head_dim);
+  char name[48];
+  snprintf(name, sizeof name, "attn_fwd_%s_d%d", dtype_tag(q.dtype), d);
+  const int bm = 16 * kh_attn_fwd_warps(d);
+  LaunchDims dims;
+  dims.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + bm - 1) / bm);
+  dims.grid[1] = static_cast<uint32_t>(p.q_heads);
+  dims.grid[2] = static_cast<uint32_t>(p.batch);
+  dims.block[0] = static_cast<uint32_t>(32 * kh_attn_fwd_warps(d));
+  dims.shared_mem_bytes = static_cast<uint32_t>(kh_attn_fwd_smem_bytes(d));
+  void* params[] = {&p};
+  return launch_kernel(q.device.device_id, name, dims, params, stream);
+}
+
+int32_t attention_backward(const Args<kBackward>& a, void* stream) {
+  const char* op = kBackward.name();
+  kh_attn_bwd_params bp{};
+  AttnInputs in;
+  KH_TRY(attention_inputs(a, &bp.f, &in));
+  const HeadsView &q = in.q, &k = in.k;
+  KH_TRY(lse_arg(a.tensor("lse"), q, &bp.f.lse));
+  HeadsView g, dq, dk, dv;
+  const bool varlen = bp.f.cu_seqlens_q != nullptr;
+  KH_TRY(heads_view(a.tensor("dout"), &g, !varlen));
+  KH_TRY(heads_view(a.tensor("dq"), &dq, !varlen));
+  KH_TRY(heads_view(a.tensor("dk"), &dk, !varlen));
+  KH_TRY(heads_view(a.tensor("dv"), &dv, !varlen));
+  KH_TRY(same_shape(a.tensor("dout"), g, q, "q"));
+  KH_TRY(same_shape(a.tensor("dq"), dq, q, "q"));
+  KH_TRY(same_shape(a.tensor("dk"), dk, k, "k"));
+  KH_TRY(same_shape(a.tensor("dv"), dv, k, "k"));
+  bp.dout = g.data;
+  bp.dq = dq.data;
+  bp.dk = dk.data;
+  bp.dv = dv.data;
+  bp.do_row = g.token_stride;
+  bp.do_head = g.head_stride;
+  bp.dq_row = dq.token_stride;
+  bp.dq_head = dq.head_stride;
+  bp.dk_row = dk.token_stride;
+  bp.dk_head = dk.head_stride;
+  bp.dv_row = dv.token_stride;
+  bp.dv_head = dv.head_stride;
+  bp.tokens_q = q.tokens;
+  if (varlen) {
+    const int64_t max_k = a.integer("max_seqlen_k");
+    if (max_k < 0 || max_k > k.tokens)
+      return fail(KH_ERR_INVALID_ARGUMENT,
+                  "%s: max_seqlen_k %lld; expected the longest key sequence (0..%lld tokens)", op,
+                  static_cast<long long>(max_k), static_cast<long long>(k.tokens));
+    bp.max_seqlen_k = static_cast<int>(max_k);
+  } else {
+    bp.max_seqlen_k = bp.f.seqlen_k;
+  }
+  if (bp.f.batch == 0 || (q.tokens == 0 && k.tokens == 0)) return KH_OK;
+
+  if (is_cpu(q.device)) {
+    attention_cpu::backward(q.dtype, static_cast<int>(q.head_dim), bp);
+    return KH_OK;
+  }
+  KH_TRY(cuda_layout_ok(a.tensor("q"), q));
+  KH_TRY(cuda_layout_ok(a.tensor("k"), k));
+  KH_TRY(cuda_layout_ok(a.tensor("v"), in.v));
+  KH_TRY(cuda_layout_ok(a.tensor("out"), in.o));
+  KH_TRY(cuda_layout_ok(a.tensor("dout"), g));
+  KH_TRY(cuda_layout_ok(a.tensor("dq"), dq));
+  KH_TRY(cuda_layout_ok(a.tensor("dk"), dk));
+  KH_TRY(cuda_layout_ok(a.tensor("dv"), dv));
+  const int d = static_cast<int>(q.head_dim);
+  if (d == 256)
+    return fail(KH_ERR_UNSUPPORTED, "%s: head_dim 256 has no cuda backward yet (64 and 128 do)",
+                op);
+  const TensorArg ws_arg = a.optional_tensor("workspace");
+  const int64_t need = q.tokens * q.heads * (q.head_dim + 1);
+  if (!ws_arg.t)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: the cuda backward needs workspace: an fp32 tensor of at least tokens_q * "
+                "q_heads * (head_dim + 1) = %lld elements",
+                op, static_cast<long long>(need));
+  VectorView ws;
+  int64_t n = 1;
+  for (int i = 0; i < ws_arg.t->ndim; ++i) n *= ws_arg.t->shape[i];
+  KH_TRY(vector_view(ws_arg, n, &ws));
+  KH_TRY(expect_dtype(ws_arg, ws.dtype, kFP32, "fp32"));
+  KH_TRY(expect_device(ws_arg, ws.device, q.device));
+  if (n < need)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: workspace has %lld elements; the backward needs tokens_q * q_heads * "
+                "(head_dim + 1) = %lld",
+                op, static_cast<long long>(n), static_cast<long long>(need));
+  bp.dq_accum = reinterpret_cast<float*>(ws.data);
+  bp.delta = bp.dq_accum + q.tokens * q.heads * q.head_dim;
+
+  void* params[] = {&bp};
+  char name[48];
+  LaunchDims pre;
+  pre.grid[0] = static_cast<uint32_t>((q.tokens * q.heads + 3) / 4);
+  pre.block[0] = 128;
+  snprintf(name, sizeof name, "attn_bwd_pre_%s_d%d", dtype_tag(q.dtype), d);
+  if (q.tokens > 0) KH_TRY(launch_kernel(q.device.device_id, name, pre, params, stream));
+  if (bp.max_seqlen_k > 0) {
+    LaunchDims main;
+    main.grid[0] =
+        static_cast<uint32_t>((bp.max_seqlen_k + kh_attn_bwd_block() - 1) / kh_attn_bwd_block());
+    main.grid[1] = static_cast<uint32_t>(bp.f.kv_heads);
+    main.grid[2] = static_cast<uint32_t>(bp.f.batch);
+    main.block[0] = static_cast<uint32_t>(32 * kh_attn_bwd_warps());
+    main.shared_mem_bytes = static_cast<uint32_t>(kh_attn_bwd_smem_bytes(d));
+    snprintf(name, sizeof name, "attn_bwd_%s_d%d", dtype_tag(q.dtype), d);
+    KH_TRY(launch_kernel(q.device.device_id, name, main, params, stream));
+  }
+  if (q.tokens == 0) return KH_OK;
+  LaunchDims post;
+  post.grid[0] = static_cast<uint32_t>(q.tokens * q.heads);
+  post.block[0] = 128;
+  snprintf(name, sizeof name, "attn_bwd_post_%s_d%d", dtype_tag(q.dtype), d);
+  return launch_kernel(q.device.device_id, name, post, params, stream);
+}
+
+// ---- PagedAttention ----
+
+// A paged cache [pages, page_size, kv_heads, head_dim]: its page stride and the view of one page
+// row as heads.
+struct PagedCache {
+  HeadsView rows;  // tokens = pages * page_size
+  int64_t pages = 0, page_size = 0, page_stride = 0;
+};
+
+int32_t paged_cache_view(const TensorArg& a, PagedCache* out) {
+  const DLTensor* t = a.t;
+  if (t->ndim != 4 || !t->shape)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: tensor %s has %d dimensions; expected [pages, page_size, kv_heads, "
+                "head_dim]",
+                a.op, a.name, t->ndim);
+  PagedCache c;
+  c.pages = t->shape[0];
+  c.page_size = t->shape[1];
+  // Rows inside a page are viewed as tokens; the page stride is kept apart so that a cache
+  // whose pages are padded or interleaved with others (K and V of one allocation) works too.
+  DLTensor page = *t;
+  page.ndim = 3;
+  page.shape = t->shape + 1;
+  page.strides = t->strides ? t->strides + 1 : nullptr;
+  KH_TRY(heads_view({a.op, a.name, &page}, &c.rows));
+  c.page_stride = t->strides ? t->strides[0] : c.page_size * c.rows.token_stride;
+  if (c.page_size <= 0 || c.pages <= 0)
+    return fail(KH_ERR_INVALID_ARGUMENT, "%s: %s has no pages", a.op, a.name);
+  *out = c;
+  return KH_OK;
+}
+
+// block_table int32 [batch, pages per sequence] (contiguous) and seq_lens int32 [batch].
+int32_t table_args(const TensorArg& table_arg, const TensorArg& lens_arg, int64_t batch,
+                   DLDevice device, const int32_t** table, int* table_stride,
+                   const int32_t** lens) {
+  const DLTensor* t = table_arg.t;
+  if (t->ndim != 2 || t->shape[0] != batch)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: block_table must be int32 [batch = %lld, pages per sequence]", table_arg.op,
+                static_cast<long long>(batch));
+  KH_TRY(int32_tensor_arg(table_arg, t->shape[0] * t->shape[1], "(sequence, page)", device, table));
+  *table_stride = static_cast<int>(t->shape[1]);
+  return int32_tensor_arg(lens_arg, batch, "sequence", device, lens);
+}
+
+constexpr OpSchema kDecode{
+    "paged_attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor "
+    "seq_lens, int window_left, float scale, Tensor(a!) out, Tensor(b!)? workspace) -> ()"};
+
+int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
+  const char* op = kDecode.name();
+  // q and out: [batch, q_tokens, q_heads, head_dim].
+  HeadsView q, o;
+  KH_TRY(heads_view(a.tensor("q"), &q, true));
+  KH_TRY(heads_view(a.tensor("out"), &o, true));
+  if (a.tensor("q").t->ndim != 4)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: q must be [batch, q_tokens, q_heads, head_dim] (q_tokens = 1 for plain "
+                "decode)",
+                op);
+  KH_TRY(same_shape(a.tensor("out"), o, q, "q"));
+  PagedCache kc, vc;
+  KH_TRY(paged_cache_view(a.tensor("k_cache"), &kc));
+  KH_TRY(paged_cache_view(a.tensor("v_cache"), &vc));
+  KH_TRY(same_kind(a.tensor("k_cache"), kc.rows, q, "q"));
+  KH_TRY(same_shape(a.tensor("v_cache"), vc.rows, kc.rows, "k_cache"));
+  KH_TRY(heads_ratio(op, q.heads, kc.rows.heads));
+  const int64_t window_left = a.integer("window_left");
+  KH_TRY(window_arg(op, window_left));
+  const double scale = a.real("scale");
+  KH_TRY(scale_arg(op, scale));
+
+  kh_decode_params p{};
+  KH_TRY(table_args(a.tensor("block_table"), a.tensor("seq_lens"), q.batch, q.device,
+                    &p.block_table, &p.table_stride, &p.seq_lens));
+  p.q = q.data;
+  p.o = o.data;
+  p.k_cache = kc.rows.data;
+  p.v_cache = vc.rows.data;
+  p.q_row = q.token_stride;
+  p.q_head = q.head_stride;
+  p.o_row = o.token_stride;
+  p.o_head = o.head_stride;
+  p.k_page = kc.page_stride;
+  p.k_row = kc.rows.token_stride;
+  p.k_head = kc.rows.head_stride;
+  p.v_page = vc.page_stride;
+  p.v_row = vc.rows.token_stride;
+  p.v_head = vc.rows.head_stride;
+  p.page_size = static_cast<int>(kc.page_size);
+  p.batch = static_cast<int>(q.batch);
+  p.q_tokens = static_cast<int>(q.seqlen);
+  p.q_heads = static_cast<int>(q.heads);
+  p.kv_heads = static_cast<int>(kc.rows.heads);
+  p.window_left = static_cast<int>(window_left);
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.splits = 1;
+  // The longest context the table can address: the split plan depends on shapes only, so a
+  // captured CUDA graph replays correctly for any seq_lens.
+  const int64_t max_ctx = static_cast<int64_t>(p.table_stride) * p.page_size;
+  p.split_tokens = static_cast<int>(max_ctx > 0x7FFFFFFF ? 0x7FFFFFFF : max_ctx);
+  if (q.tokens == 0) return KH_OK;
+
+  if (is_cpu(q.device)) {
+    attention_cpu::decode(q.dtype, static_cast<int>(q.head_dim), p);
+    return KH_OK;
+  }
+  KH_TRY(cuda_layout_ok(a.tensor("q"), q));
+  KH_TRY(cuda_layout_ok(a.tensor("out"), o));
+  KH_TRY(cuda_layout_ok(a.tensor("k_cache"), kc.rows));
+  KH_TRY(cuda_layout_ok(a.tensor("v_cache"), vc.rows));
+  const int d = static_cast<int>(q.head_dim);
+  const int rows = p.q_heads / p.kv_heads * p.q_tokens;
+  const int r = kh_decode_rows(rows), groups = (rows + r - 1) / r;
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.kv_heads * groups;
+  int64_t splits = (kDecodeTargetCtas + ctas - 1) / ctas;
+  splits = splits < (max_ctx + kMinSplitTokens - 1) / kMinSplitTokens
+               ? splits
+               : (max_ctx + kMinSplitTokens - 1) / kMinSplitTokens;
+  if (splits > kMaxSplits) splits = kMaxSplits;
+  const TensorArg ws_arg = a.optional_tensor("workspace");
+  const int64_t per_split = q.tokens * q.heads * (q.head_dim + 2);
+  if (splits > 1) {
+    if (!ws_arg.t) {
+      splits = 1;  // no workspace: one pass over the context per CTA
+    } else {
+      VectorView ws;
+      const DLTensor* w = ws_arg.t;
+      int64_t n = 1;
+      for (int i = 0; i < w->ndim; ++i) n *= w->shape[i];
+      KH_TRY(vector_view(ws_arg, n, &ws));
+      KH_TRY(expect_dtype(ws_arg, ws.dtype, kFP32, "fp32"));
+      KH_TRY(expect_device(ws_arg, ws.device, q.device));
+      if (n / per_split < splits) splits = n / per_split;
+      if (splits < 1) splits = 1;
+      p.partial = reinterpret_cast<float*>(ws.data);
+    }
+  }
+  p.splits = static_cast<int>(splits);
+  p.split_tokens = static_cast<int>((max_ctx + splits - 1) / splits);
+
+  char name[48];
+  snprintf(name, sizeof name, "attn_decode_%s_d%d_r%d", dtype_tag(q.dtype), d, r);
+  LaunchDims dims;
+  dims.grid[0] = static_cast<uint32_t>(p.splits);
+  dims.grid[1] = static_cast<uint32_t>(p.kv_heads * groups);
+  dims.grid[2] = static_cast<uint32_t>(p.batch);
+  dims.block[0] = static_cast<uint32_t>(32 * kh_decode_warps());
+  void* params[] = {&p};
+  KH_TRY(launch_kernel(q.device.device_id, name, dims, params, stream));
+  if (p.splits == 1) return KH_OK;
+  snprintf(name, sizeof name, "attn_decode_combine_%s_d%d", dtype_tag(q.dtype), d);
+  LaunchDims combine;
+  combine.grid[0] = static_cast<uint32_t>(q.tokens * q.heads);
+  combine.block[0] = static_cast<uint32_t>(d);
+  return launch_kernel(q.device.device_id, name, combine, params, stream);
+}
+
+// ---- PagedKVAppend ----
+
+constexpr OpSchema kAppend{
+    "paged_kv_append(Tensor k_new, Tensor v_new, Tensor block_table, Tensor seq_lens, Tensor(a!) "
+    "k_cache, Tensor(b!) v_cache) -> ()"};
+
+int32_t paged_kv_append(const Args<kAppend>& a, void* stream) {
+  const char* op = kAppend.name();
+  HeadsView kn, vn;
+  KH_TRY(heads_view(a.tensor("k_new"), &kn, true));
+  KH_TRY(heads_view(a.tensor("v_new"), &vn, true));
+  if (a.tensor("k_new").t->ndim != 4)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: k_new must be [batch, new_tokens, kv_heads, head_dim]", op);
+  KH_TRY(same_shape(a.tensor("v_new"), vn, kn, "k_new"));
+  PagedCache kc, vc;
+  KH_TRY(paged_cache_view(a.tensor("k_cache"), &kc));
+  KH_TRY(paged_cache_view(a.tensor("v_cache"), &vc));
+  KH_TRY(same_kind(a.tensor("k_cache"), kc.rows, kn, "k_new"));
+  KH_TRY(same_shape(a.tensor("v_cache"), vc.rows, kc.rows, "k_cache"));
+  if (kc.rows.heads != kn.heads)
+    return fail(KH_ERR_INVALID_ARGUMENT, "%s: k_cache has %lld kv heads, k_new %lld", op,
+                static_cast<long long>(kc.rows.heads), static_cast<long long>(kn.heads));
+  kh_append_params p{};
+  KH_TRY(table_args(a.tensor("block_table"), a.tensor("seq_lens"), kn.batch, kn.device,
+                    &p.block_table, &p.table_stride, &p.seq_lens));
+  p.k_new = kn.data;
+  p.v_new = vn.data;
+  p.k_cache = kc.rows.data;
+  p.v_cache = vc.rows.data;
+  p.kn_row = kn.token_stride;
+  p.kn_head = kn.head_stride;
+  p.vn_row = vn.token_stride;
+  p.vn_head = vn.head_stride;
+  p.k_page = kc.page_stride;
+  p.k_row = kc.rows.token_stride;
+  p.k_head = kc.rows.head_stride;
+  p.v_page = vc.page_stride;
+  p.v_row = vc.rows.token_stride;
+  p.v_head = vc.rows.head_stride;
+  p.page_size = static_cast<int>(kc.page_size);
+  p.batch = static_cast<int>(kn.batch);
+  p.n_new = static_cast<int>(kn.seqlen);
+  p.kv_heads = static_cast<int>(kn.heads);
+  p.head_dim = static_cast<int>(kn.head_dim);
+  if (kn.tokens == 0) return KH_OK;
+  if (is_cpu(kn.device)) {
+    attention_cpu::append(kn.dtype, p);
+    return KH_OK;
+  }
+  KH_TRY(cuda_layout_ok(a.tensor("k_new"), kn));
+  KH_TRY(cuda_layout_ok(a.tensor("v_new"), vn));
+  KH_TRY(cuda_layout_ok(a.tensor("k_cache"), kc.rows));
+  KH_TRY(cuda_layout_ok(a.tensor("v_cache"), vc.rows));
+  char name[48];
+  snprintf(name, sizeof name, "paged_kv_append_%s", dtype_tag(kn.dtype));
+  LaunchDims dims;
+  dims.grid[0] = static_cast<uint32_t>(kn.tokens);
+  dims.grid[1] = static_cast<uint32_t>(p.kv_heads);
+  dims.block[0] = 32;
+  void* params[] = {&p};
+  return launch_kernel(kn.device.device_id, name, dims, params, stream);
+}
+
+constexpr kh_op_v1_t kOps[] = {
+    op<attention_forward>(),
+    op<attention_backward>(KH_FLAG_GRAPH_SAFE),  // dQ sums with atomics: not deterministic
+    op<paged_attention_decode>(KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC | KH_FLAG_INFERENCE_ONLY),
+    op<paged_kv_append>(KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC | KH_FLAG_INFERENCE_ONLY),
+};
+
+constexpr uint32_t kLayerFlagsNoBackward = KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
+constexpr kh_layer_v1_t kLayers[] = {
+    layer("Attention", kForward, kForward, kBackward, KH_FLAG_HAS_BACKWARD | KH_FLAG_GRAPH_SAFE,
+          kAttnDtypes),
+    layer("PagedAttention", kDecode, kDecode, kLayerFlagsNoBackward, kAttnDtypes),
+    layer("PagedKVAppend", kAppend, kAppend, kLayerFlagsNoBackward, kAttnDtypes),
+};
+
+constexpr kh_module_v1_t kModule =
+    make_module(kPackageName, kPackageVersion, "kernel-hub/attention " KH_BUILD_ID, kLayers, kOps);
+
+}  // namespace
+}  // namespace khk
+
+KH_PACKAGE_ENTRY(khk::kModule)
