@@ -102,9 +102,12 @@ KERNEL_HUB_CACHE=$tmp/cache-demo "$prefix/bin/kernel-hub" demo --device cpu --st
 grep -q "kernel-hub/norm" demo.out || { cat demo.out; fail "the demo bound no kernel-hub/norm"; }
 
 step "man page and bash completion"
-man -l "$prefix/share/man/man1/kernel-hub.1" 2>/dev/null | grep -q "kernel-hub demo" ||
-  groff -man -Tutf8 "$prefix/share/man/man1/kernel-hub.1" 2>/dev/null | grep -q "demo" ||
-  fail "the man page does not render or lacks the demo command"
+grep -qF '.SS "kernel\-hub demo"' "$prefix/share/man/man1/kernel-hub.1" ||
+  fail "the man page lacks the demo command"
+if command -v man >/dev/null; then
+  man -l "$prefix/share/man/man1/kernel-hub.1" 2>/dev/null | grep -q "kernel-hub demo" ||
+    fail "the man page does not render"
+fi
 completion=$(bash -c 'source "$1"; COMP_WORDS=(kernel-hub pu); COMP_CWORD=1; _kernel_hub;
                       echo "${COMPREPLY[*]}"; COMP_WORDS=(kernel-hub --hub x gc --ma); COMP_CWORD=4;
                       _kernel_hub; echo "${COMPREPLY[*]}"' _ "$prefix/share/bash-completion/completions/kernel-hub")
