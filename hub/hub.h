@@ -159,8 +159,12 @@ trust::TrustStore default_trust_store();
 // Where that key pair is: <data dir>/default-hub-key (hub/data_dir.h): signing.pem (0600, in the
 // build tree only) and signing.pub. Throws kNotFound when there is no data directory.
 std::filesystem::path default_hub_key_dir();
-// The hub id the embedded default hub's statements carry.
+// The hub id the embedded default hub's statements carry: kDefaultHubId-<first 16 hex digits of
+// its key id>. Every build (and install) makes its own key pair, so each default hub is its own
+// hub to the trust state: rollback records of one build tree's default hub never refuse another's
+// (older) one on the same machine.
 inline constexpr std::string_view kDefaultHubId = "kernel-hub-default";
+std::string default_hub_statement_id(const trust::PublicKey& key);
 
 // KERNEL_HUB_ENDPOINT when set, else the embedded default hub (a layout directory).
 HubAddress default_hub_address(const Store& store, bool plain_http);

@@ -53,6 +53,10 @@ trust::TrustStore default_trust_store() {
   return store;
 }
 
+std::string default_hub_statement_id(const trust::PublicKey& key) {
+  return fmt::format("{}-{}", kDefaultHubId, key.key_id().substr(0, 16));
+}
+
 std::string Hub::default_hub_id() const {
   std::string id = address_.id();
   std::replace(id.begin(), id.end(), '/', '_');

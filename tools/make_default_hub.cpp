@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
       o.output = hub_dir;
       o.devices = {"cpu"};
       o.sign_key = &key;
-      o.sign_hub_id = std::string(kDefaultHubId);
+      o.sign_hub_id = default_hub_statement_id(key.public_key());
       // The embedded hub lives and dies with its build tree: a freeze attack needs write access
       // to it, so its statements are long-lived.
       o.sign_expires = static_cast<int64_t>(std::time(nullptr)) + 10ll * 365 * 24 * 3600;
