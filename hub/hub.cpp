@@ -53,6 +53,7 @@ HubOptions HubOptions::from_env() {
   o.source.http.allow_plain_http = env_flag("KERNEL_HUB_PLAIN_HTTP");
   o.ref_ttl_s = HubOptions::kDefaultRefTtl;
   o.trust = trust::TrustPolicy::from_env();
+  o.unpack_budget = UnpackBudget::limit_from_env();
   if (const char* ttl = std::getenv("KERNEL_HUB_REF_TTL"); ttl && *ttl) {
     char* end = nullptr;
     long long v = std::strtoll(ttl, &end, 10);
@@ -94,6 +95,9 @@ Hub::Hub(HubAddress address, Store& store, HubOptions options)
     options_.source.http.allow_plain_http = true;
   }
   options_.source.http.progress = options_.progress;
+  // This command's hub work is timed from here, whenever the source is opened.
+  options_.source.http.start_command_clock();
+  unpack_budget_.limit = options_.unpack_budget;
 }
 
 Hub::~Hub() = default;
@@ -290,14 +294,11 @@ PullReport Hub::pull(const Ref& ref) {
 
   bool kernel_artifact = false;
   std::map<Digest, oci::Descriptor> blobs;
-  std::vector<oci::Descriptor> package_layers;
   for (const oci::GraphNode& n : graph.nodes) {
     if (n.artifact_type == oci::kArtifactTypeKernel) kernel_artifact = true;
     if (n.kind == oci::NodeKind::kManifest) ++report.manifests;
     if (oci::is_document(n.kind)) continue;
     blobs.emplace(n.desc.digest, n.desc);
-    if (n.kind == oci::NodeKind::kLayer && n.desc.media_type == oci::kMediaTypeLayerTarZstd)
-      package_layers.push_back(n.desc);
   }
   report.blobs = blobs.size();
   std::vector<oci::Descriptor> list;
@@ -307,14 +308,16 @@ PullReport Hub::pull(const Ref& ref) {
   }
   fetch_missing(ref, list, report);
 
-  if (kernel_artifact) {
-    for (auto& l : package_layers) store_.unpack(l.digest);
-  }
+  // Nothing is unpacked here: trees are made by unpack(), after the trust check of their index.
   // The index's signatures travel into the cache with it, so that offline loads can verify.
   report.kernel_index = kernel_artifact && oci::is_index(report.media_type);
   if (report.kernel_index && !options_.offline) signatures(ref.repo, report.digest, true);
   if (!report.from_cache) record_ref(ref, report.digest, resolved_at);
   return report;
+}
+
+std::filesystem::path Hub::unpack(const Digest& layer) {
+  return store_.unpack(layer, ArchiveLimits{}, &unpack_budget_);
 }
 
 void Hub::record_ref(const Ref& ref, const Digest& digest, int64_t resolved_at) {

@@ -35,10 +35,14 @@ struct HubOptions {
   // Bounds on the graph pull and push walk (nesting, fan-out, nodes, bytes; README "Graph
   // limits"): a hub serving more is refused (kRefused).
   oci::GraphLimits graph_limits;
+  // The bytes all the package layers one Hub (one command) unpacks may expand to, over the
+  // per-archive limits (KERNEL_HUB_UNPACK_BUDGET): over it, kRefused naming the layer.
+  uint64_t unpack_budget = UnpackBudget::kDefault;
 
   // Offline from KERNEL_HUB_OFFLINE=1, plain HTTP from KERNEL_HUB_PLAIN_HTTP=1, the ref TTL from
-  // KERNEL_HUB_REF_TTL (seconds, default kDefaultRefTtl), plus the http::Options environment
-  // overrides.
+  // KERNEL_HUB_REF_TTL (seconds, default kDefaultRefTtl), the unpack budget from
+  // KERNEL_HUB_UNPACK_BUDGET (bytes), plus the http::Options environment overrides (the command
+  // deadline, KERNEL_HUB_COMMAND_TIMEOUT_S, among them).
   static HubOptions from_env();
 };
 
@@ -93,6 +97,9 @@ struct SignReport {
   std::string key_id;
 };
 
+// One Hub serves one command (a CLI command, one kernelize call): its command deadline
+// (http::Options::command_timeout_s) starts when it is made, and its unpack budget covers every
+// layer it unpacks.
 class Hub {
  public:
   Hub(HubAddress address, Store& store, HubOptions options);
@@ -102,11 +109,17 @@ class Hub {
   Store& store() { return store_; }
   const HubOptions& options() const { return options_; }
 
-  // Fetches the index, every variant manifest and every blob into the store, verifies them,
-  // unpacks kernel package layers, and records the ref. Several processes pulling the same
-  // ref into one store download each blob once. Offline: resolves from the ref record and
-  // checks that everything is cached; a miss throws kOffline naming the command to run.
+  // Fetches the index, every variant manifest and every blob into the store, verifies them
+  // (each by its digest), and records the ref. Unpacks nothing: a package is unpacked (unpack())
+  // when it is about to be used, after its index passed the trust check. Several processes
+  // pulling the same ref into one store download each blob once. Offline: resolves from the ref
+  // record and checks that everything is cached; a miss throws kOffline naming the command to run.
   PullReport pull(const Ref& ref);
+
+  // The unpacked tree of a cached package layer (Store::unpack), made now if needed, within this
+  // Hub's unpack budget (HubOptions::unpack_budget). Call it only for a layer whose index passed
+  // check_trust: the trust check comes before any expansion a hub's bytes can cause.
+  std::filesystem::path unpack(const Digest& layer);
 
   // The index and its variant manifests (fetched into the store, no blobs). A tag resolved on
   // the hub is recorded as pull records it, so that the ref TTL and later offline runs (kernelize
@@ -149,6 +162,7 @@ class Hub {
   HubOptions options_;
   std::unique_ptr<Source> source_;
   std::map<std::string, trust::TrustDecision> trust_memo_;
+  UnpackBudget unpack_budget_;
 };
 
 // The keys kernelize and pull check against: the user's trust store (TrustStore::default_dir())

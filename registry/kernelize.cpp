@@ -59,8 +59,9 @@ KernelizeIndexProvider::KernelizeIndexProvider(Hub& hub, const LockFile* lock)
 
 namespace {
 
-// Plan and fetch rounds: one when every index carries kernelhub.layers; an older index is planned
-// again once its package's kernel.json is unpacked (each round can only learn more packages).
+// Plan, trust and fetch rounds: one when every index carries kernelhub.layers; an older index is
+// planned again once its package's kernel.json is unpacked (each round can only learn more
+// packages).
 constexpr int kMaxPlanRounds = 4;
 
 }  // namespace
@@ -113,21 +114,24 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
     provider.set_lock(&effective_lock);
   }
 
+  std::optional<trust::TrustStore> default_keys;
+  const trust::TrustStore* keys = options.trust_keys;
+  if (!keys) keys = &default_keys.emplace(default_trust_store());
+
+  // Trust before fetch: the index digest is known after plan, and nothing of a package is
+  // fetched or unpacked before its index is trusted.
   const stage::PlanInput plan_input{config, slots, options.modes, device, ro};
   std::vector<stage::Planned> plan;
+  stage::TrustChecked trust(options.lock != nullptr);
   stage::FetchLog fetch_log;
   for (int round = 0; round < kMaxPlanRounds; ++round) {
     plan = stage::plan(plan_input, provider);
-    if (!stage::fetch(plan, hub, provider.local(), fetch_log)) break;
+    stage::check_trust(plan, hub, *keys, provider.local(), trust);
+    if (!stage::fetch(plan, hub, provider.local(), trust, fetch_log)) break;
   }
   report.fetched = fetch_log.downloaded.size();
 
   if (options.strict) stage::require_mapped_served(plan, config, device);
-
-  std::optional<trust::TrustStore> default_keys;
-  const trust::TrustStore* keys = options.trust_keys;
-  if (!keys) keys = &default_keys.emplace(default_trust_store());
-  stage::TrustChecked trust = stage::check_trust(plan, hub, *keys, options.lock != nullptr);
 
   stage::Verified verified = stage::verify(plan, provider.local(), hub);
 

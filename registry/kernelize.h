@@ -12,10 +12,11 @@
 //     the signed index's kernelhub.layers annotation says which layers and ops each variant has,
 //     so one pass decides (a train entry without a backward op falls through the mode chain as
 //     the resolver documents).
-//  2. fetch: only the chosen variants (variant manifest + its blobs, by digest), unpacked. For
-//     an index packed without the annotation, plan and fetch run again once the package's
-//     kernel.json is at hand.
-//  3. trust: each hub package's index signed by a key trusted for its repo.
+//  2. trust: each chosen hub package's index signed by a key trusted for its repo, before
+//     anything of the package is fetched or unpacked (a refused index leaves nothing unpacked).
+//  3. fetch: only the chosen variants (variant manifest + its blobs, by digest), unpacked within
+//     the Hub's unpack budget (KERNEL_HUB_UNPACK_BUDGET). For an index packed without the
+//     annotation, plan, trust and fetch run again once the package's kernel.json is at hand.
 //  4. verify: every package's files against its kernel.json, and kernel.json against the
 //     annotation the plan relied on.
 //  5. bind: each (slot, mode) through the loader (ELF preflight, dlopen, module table).
@@ -143,14 +144,14 @@ class KernelizeIndexProvider : public IndexProvider {
   LocalIndexProvider local_;
 };
 
-// Fetches one variant (its manifest and blobs, by digest) into the hub's store and unpacks its
-// package layer; returns the unpacked directory. Nothing is fetched when the store has it.
-// *fetched (may be null) is set when the hub was asked.
-std::filesystem::path fetch_variant(Hub& hub, const std::string& repo,
-                                    const oci::Descriptor& variant,
-                                    const std::optional<oci::Descriptor>& layer, bool* fetched);
+// Fetches one variant (its manifest and blobs, by digest) into the hub's store and returns its
+// package layer's digest. Unpacks nothing: a package is unpacked (Hub::unpack) only once its
+// index passed the trust check. Nothing is fetched when the store has it. *fetched (may be null)
+// is set when the hub was asked.
+Digest fetch_variant(Hub& hub, const std::string& repo, const oci::Descriptor& variant,
+                     const std::optional<oci::Descriptor>& layer, bool* fetched);
 // fetch_variant for a lock file's pinned variant and layer.
-std::filesystem::path fetch_lock_target(Hub& hub, const std::string& repo, const LockTarget& target,
-                                        bool* fetched = nullptr);
+Digest fetch_lock_target(Hub& hub, const std::string& repo, const LockTarget& target,
+                         bool* fetched = nullptr);
 
 }  // namespace kh

@@ -592,9 +592,6 @@ ImportReport import_mirror(Store& store, const stdfs::path& dir_in, const Import
           },
           walk);
 
-      bool kernel = false;
-      for (const oci::GraphNode& n : graph.nodes)
-        kernel = kernel || n.artifact_type == oci::kArtifactTypeKernel;
       std::vector<const oci::GraphNode*> manifests;  // the variants the mirror holds
       const oci::GraphNode& top = graph.nodes.front();
       if (top.kind == oci::NodeKind::kIndex) {
@@ -611,11 +608,8 @@ ImportReport import_mirror(Store& store, const stdfs::path& dir_in, const Import
 
       for (const oci::GraphNode* manifest : manifests) {
         const oci::Descriptor& desc = manifest->desc;
-        std::vector<oci::Descriptor> blobs, layers;
-        for (size_t c : manifest->children) {
-          blobs.push_back(graph.nodes[c].desc);
-          if (graph.nodes[c].kind == oci::NodeKind::kLayer) layers.push_back(graph.nodes[c].desc);
-        }
+        std::vector<oci::Descriptor> blobs;
+        for (size_t c : manifest->children) blobs.push_back(graph.nodes[c].desc);
         std::vector<oci::Descriptor> fetch;
         bool complete = true;
         for (auto& b : blobs) {
@@ -672,9 +666,7 @@ ImportReport import_mirror(Store& store, const stdfs::path& dir_in, const Import
                                     dir.string(), what, desc.digest.str(), kMirrorFile));
           continue;  // a variant the mirror does not carry
         }
-        if (kernel)
-          for (auto& l : layers)
-            if (l.media_type == oci::kMediaTypeLayerTarZstd) store.unpack(l.digest);
+        // Nothing is unpacked: a package is unpacked when it is loaded, after its trust check.
         ++out.variants_complete;
       }
 

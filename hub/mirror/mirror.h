@@ -136,8 +136,9 @@ struct ImportReport {
 
 // Fills the store from a mirror (any layout hub directory; kernel-hub-mirror.json optional)
 // with no network: every tagged (and untagged) index of every repository, the variant manifests
-// present, the config and layer blobs present (each verified against its digest), unpacked
-// kernel package layers, the signature sets (merged into the cache's). Only when all of it
+// present, the config and layer blobs present (each verified against its digest), the signature
+// sets (merged into the cache's); nothing is unpacked (that happens on load, after the trust
+// check). Only when all of it
 // verified are ref records written, under the mirror directory's hub id and under the
 // source_hub_id of kernel-hub-mirror.json (a newer record already there is kept), so that
 // `--hub DIR --offline` and offline loads against the original hub both resolve from the cache.

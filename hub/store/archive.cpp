@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "hub/base/env.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "hub/base/guarded_root.h"
@@ -111,9 +112,10 @@ bool ends_with_so(const std::string& name) {
 // Creates entries of one archive inside a root directory, by file descriptor only.
 class Extractor {
  public:
-  Extractor(const stdfs::path& root, const ArchiveLimits& limits)
+  Extractor(const stdfs::path& root, const ArchiveLimits& limits, UnpackBudget* budget)
       : root_path_(root),
         limits_(limits),
+        budget_(budget),
         root_(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) {
     if (root_.get() < 0) throw_errno("cannot open extraction directory " + root.string());
   }
@@ -247,6 +249,7 @@ class Extractor {
         refuse(name, "the archive unpacks to more than " + std::to_string(limits_.max_total_bytes) +
                          " bytes");
       }
+      charge_budget(name, size);
       const char* p = static_cast<const char*>(buf);
       while (size > 0) {
         ssize_t n = ::write(fd.get(), p, size);
@@ -260,6 +263,20 @@ class Extractor {
     }
     if (::fsync(fd.get()) != 0) throw_errno("cannot fsync " + name);
     if (::fchmod(fd.get(), mode) != 0) throw_errno("cannot chmod " + name);
+  }
+
+  // Every byte written counts against the command's budget, before it is written.
+  void charge_budget(const std::string& name, uint64_t size) {
+    if (!budget_) return;
+    budget_->used += size;
+    if (budget_->used <= budget_->limit) return;
+    throw Error(ErrorKind::kRefused, "archive entry '" + name +
+                                         "' refused: it would take this command's unpacking " +
+                                         "past its budget of " + std::to_string(budget_->limit) +
+                                         " bytes (" + std::to_string(budget_->used - size) +
+                                         " unpacked before it); set " + UnpackBudget::kVariable +
+                                         " (bytes) higher if the packages are meant to be "
+                                         "this large");
   }
 
   // Directories become read-only only after everything inside them was written, deepest first.
@@ -281,6 +298,7 @@ class Extractor {
 
   stdfs::path root_path_;
   ArchiveLimits limits_;
+  UnpackBudget* budget_;
   Fd root_;
   std::set<std::string> dirs_;
   uint64_t total_ = 0;
@@ -341,8 +359,12 @@ void check_write(struct archive* a, int r, const std::string& what) {
 
 }  // namespace
 
+uint64_t UnpackBudget::limit_from_env() {
+  return static_cast<uint64_t>(env_long(kVariable, static_cast<long>(kDefault), 1));
+}
+
 void extract_archive(const stdfs::path& archive, const stdfs::path& dest,
-                     const ArchiveLimits& limits) {
+                     const ArchiveLimits& limits, UnpackBudget* budget) {
   // Loaded before anything is created, so a missing libarchive leaves nothing behind.
   const ArchiveApi& api = archive_api();
   std::error_code ec;
@@ -369,7 +391,7 @@ void extract_archive(const stdfs::path& archive, const stdfs::path& dest,
       throw Error(ErrorKind::kInvalidInput, "cannot open package archive " + archive.string() +
                                                 ": " + why + " (expected tar or tar+zstd)");
     }
-    Extractor(tmp, limits).run(a.get());
+    Extractor(tmp, limits, budget).run(a.get());
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0) {
       throw_errno("cannot move extracted package to " + dest.string());
     }

@@ -18,11 +18,26 @@ struct ArchiveLimits {
   uint32_t max_path_length = 512;
 };
 
+// The bytes every archive one command extracts may add up to: ArchiveLimits bound one layer, this
+// bounds a command that unpacks many (a hub cannot make one kernelize or pull expand without
+// bound). Charged with the bytes actually written, refused ones included. One per command, used
+// by one thread at a time.
+struct UnpackBudget {
+  static constexpr uint64_t kDefault = 8ull << 30;
+  static constexpr const char* kVariable = "KERNEL_HUB_UNPACK_BUDGET";
+  uint64_t limit = kDefault;
+  uint64_t used = 0;
+  // The limit from KERNEL_HUB_UNPACK_BUDGET (bytes, >= 1), else kDefault; kInvalidInput naming
+  // the variable when it is not a number.
+  static uint64_t limit_from_env();
+};
+
 // Extracts archive into dest, which must not exist; its parent must. Files are 0444
 // (0555 for .so and executables), directories 0555. Throws kRefused naming the entry and
-// the rule, kInvalidInput for a damaged archive.
+// the rule (or the budget, when the bytes written would exceed it), kInvalidInput for a damaged
+// archive. On any failure nothing is left at dest.
 void extract_archive(const std::filesystem::path& archive, const std::filesystem::path& dest,
-                     const ArchiveLimits& limits = {});
+                     const ArchiveLimits& limits = {}, UnpackBudget* budget = nullptr);
 
 // Writes a reproducible tar+zstd of every regular file and directory under src_dir to
 // out (atomically). Symlinks and special files in src_dir are refused.

@@ -466,7 +466,7 @@ std::optional<stdfs::path> Store::unpacked_path(const Digest& layer) const {
   return std::nullopt;
 }
 
-stdfs::path Store::unpack(const Digest& layer, const ArchiveLimits& limits) {
+stdfs::path Store::unpack(const Digest& layer, const ArchiveLimits& limits, UnpackBudget* budget) {
   if (auto p = unpacked_path(layer)) return *p;
   sweep_before_first_write();
   fs::FileLock held = lock("unpack-" + checked_hex(layer));
@@ -495,8 +495,12 @@ stdfs::path Store::unpack(const Digest& layer, const ArchiveLimits& limits) {
       "." + layer.hex + "." + std::to_string(::getpid()) + "." + fs::random_hex(12);
   stdfs::path tmp = dir / tmp_name;
   stdfs::path dest = dir / layer.hex;
-  extract_archive(blob, stdfs::path("/proc/self/fd") / std::to_string(dir_fd->get()) / tmp_name,
-                  limits);
+  try {
+    extract_archive(blob, stdfs::path("/proc/self/fd") / std::to_string(dir_fd->get()) / tmp_name,
+                    limits, budget);
+  } catch (const Error& e) {
+    throw Error(e.kind(), "cannot unpack layer " + layer.str() + ": " + e.what());
+  }
   if (::renameat2(dir_fd->get(), tmp_name.c_str(), dir_fd->get(), layer.hex.c_str(),
                   RENAME_NOREPLACE) != 0) {
     int e = errno;

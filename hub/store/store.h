@@ -102,8 +102,12 @@ class Store {
   void write_signatures(const Digest& index, std::string_view set_json);
 
   // Extracts a stored tar+zstd layer into unpacked/<hex>/ (once; safe across processes)
-  // and returns that directory.
-  std::filesystem::path unpack(const Digest& layer, const ArchiveLimits& limits = {});
+  // and returns that directory. Unpacked trees are derived data made when a package is about to
+  // be used, after its index passed the trust check (pull unpacks nothing). The bytes written are
+  // charged to `budget` when given (a tree already there costs nothing); a refusal (limits,
+  // budget) names the layer and leaves nothing in unpacked/.
+  std::filesystem::path unpack(const Digest& layer, const ArchiveLimits& limits = {},
+                               UnpackBudget* budget = nullptr);
   std::optional<std::filesystem::path> unpacked_path(const Digest& layer) const;
 
   // Re-hashes every blob; returns the damaged ones (and stray files in blobs/).

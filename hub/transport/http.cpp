@@ -148,6 +148,26 @@ std::string curl_cause(CURLcode rc, const char* errbuf) {
   return s;
 }
 
+// The command deadline ran out (Options::command_timeout_s): `what` names the request ("GET URL
+// was in flight", "... could not start"). Deterministic: nothing is tried after it.
+std::string command_deadline_passed(const Options& o, const std::string& what,
+                                    const std::string& cause) {
+  return what + " when this command's deadline of " + std::to_string(o.command_timeout_s) +
+         " s for hub work passed" + (cause.empty() ? std::string() : " (last: " + cause + ")") +
+         "; nothing more is tried. Run the command again when the hub is faster, or raise "
+         "KERNEL_HUB_COMMAND_TIMEOUT_S (seconds, 0 = no deadline)";
+}
+
+// A curl timeout in milliseconds: `cap_ms` (0 = none) bounded by what is left before `deadline`
+// (time_point::max() = none), at least 1. 0 when neither bounds it.
+long timeout_ms(long cap_ms, Clock::time_point deadline, Clock::time_point now) {
+  if (deadline == Clock::time_point::max()) return cap_ms;
+  // Rounded up: a timeout that fired a fraction of a millisecond early would look like time left.
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+  left = std::max<int64_t>(1, left);
+  return static_cast<long>(cap_ms > 0 ? std::min<int64_t>(cap_ms, left) : left);
+}
+
 struct SlistDeleter {
   void operator()(curl_slist* l) const { curl_api().slist_free_all(l); }
 };
@@ -235,6 +255,7 @@ struct Transfer {
   enum class State { kWaiting, kRunning, kDone } state = State::kWaiting;
   Clock::time_point not_before{};
   Clock::time_point deadline = Clock::time_point::max();  // over every attempt of this blob
+  bool command_deadline_bounds = false;  // this attempt's timeout is the command deadline
   int failures = 0;
   // Per attempt:
   uint64_t start_offset = 0;
@@ -326,6 +347,7 @@ Options Options::from_env() {
   o.connect_timeout_ms = env_long("KERNEL_HUB_CONNECT_TIMEOUT_MS", o.connect_timeout_ms, 1);
   o.low_speed_time_s = env_long("KERNEL_HUB_STALL_TIMEOUT_S", o.low_speed_time_s, 1);
   o.transfer_deadline_s = env_long("KERNEL_HUB_TRANSFER_TIMEOUT_S", o.transfer_deadline_s, 0);
+  o.command_timeout_s = env_long("KERNEL_HUB_COMMAND_TIMEOUT_S", o.command_timeout_s, 0);
   o.max_attempts = static_cast<int>(env_long("KERNEL_HUB_MAX_ATTEMPTS", o.max_attempts, 1));
   if (const char* v = std::getenv("KERNEL_HUB_BACKOFF_S"); v && *v) {
     char* end = nullptr;
@@ -340,6 +362,12 @@ Options Options::from_env() {
   // Offline mode is also switched on by the environment (HF_HUB_OFFLINE precedent).
   o.offline = env_flag("KERNEL_HUB_OFFLINE");
   return o;
+}
+
+void Options::start_command_clock() {
+  if (command_deadline != Clock::time_point{}) return;
+  command_deadline = command_timeout_s > 0 ? Clock::now() + std::chrono::seconds(command_timeout_s)
+                                           : Clock::time_point::max();
 }
 
 std::string Response::header(std::string_view name) const {
@@ -394,7 +422,9 @@ struct Client::Impl {
   }
 };
 
-Client::Client(Options options) : options_(std::move(options)), impl_(std::make_unique<Impl>()) {}
+Client::Client(Options options) : options_(std::move(options)), impl_(std::make_unique<Impl>()) {
+  options_.start_command_clock();  // a no-op when the command's Hub started it
+}
 
 Client::~Client() = default;
 
@@ -411,8 +441,16 @@ Response Client::send(const Request& request) {
   const CurlApi& api = curl_api();
   Slist headers = make_headers(request.headers);
   int max_attempts = request.retry ? std::max(1, options_.max_attempts) : 1;
+  const Clock::time_point deadline = options_.command_deadline;
+  const std::string what = request.method + " " + request.url;
+  std::string last_cause;
 
   for (int attempt = 1;; ++attempt) {
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      throw Error(ErrorKind::kNetwork,
+                  command_deadline_passed(options_, what + " could not start", last_cause));
+    }
     Response response;
     SendState st;
     st.response = &response;
@@ -430,8 +468,14 @@ Response Client::send(const Request& request) {
     api.easy_setopt(c, CURLOPT_URL, request.url.c_str());
     api.easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
     api.easy_setopt(c, CURLOPT_FOLLOWLOCATION, request.follow_redirects ? 1L : 0L);
-    // Uploads are blobs: no whole-request limit, only the stall (low-speed) check.
-    if (upload.fd < 0) api.easy_setopt(c, CURLOPT_TIMEOUT, options_.metadata_timeout_s);
+    // Uploads are blobs: no whole-request limit of their own, only the stall (low-speed) check;
+    // the command deadline bounds every request.
+    const long cap_ms = upload.fd < 0 ? options_.metadata_timeout_s * 1000 : 0;
+    const long attempt_ms = timeout_ms(cap_ms, deadline, now);
+    // A timeout of this attempt is the command deadline when the deadline set it.
+    const bool deadline_bounds =
+        deadline != Clock::time_point::max() && (cap_ms == 0 || attempt_ms < cap_ms);
+    api.easy_setopt(c, CURLOPT_TIMEOUT_MS, attempt_ms);
     api.easy_setopt(c, CURLOPT_WRITEFUNCTION, &send_write);
     api.easy_setopt(c, CURLOPT_WRITEDATA, &st);
     api.easy_setopt(c, CURLOPT_HEADERFUNCTION, &send_header);
@@ -476,13 +520,24 @@ Response Client::send(const Request& request) {
       if (eff) response.effective_url = eff;
       api.easy_getinfo(c, CURLINFO_RETRY_AFTER, &retry_after);
       if (!retryable_status(response.status) || attempt >= max_attempts) return response;
+      last_cause = "HTTP " + std::to_string(response.status);
+    } else if (Clock::now() >= deadline || (rc == CURLE_OPERATION_TIMEDOUT && deadline_bounds)) {
+      throw Error(ErrorKind::kNetwork, command_deadline_passed(options_, what + " was in flight",
+                                                               curl_cause(rc, errbuf)));
     } else if (!transient_error(rc) || attempt >= max_attempts) {
       throw Error(ErrorKind::kNetwork,
                   request.method + " " + request.url + " failed after " + std::to_string(attempt) +
                       " attempt(s): " + curl_cause(rc, errbuf) +
                       "; check the network, proxy settings and the hub address");
     }
+    if (rc != CURLE_OK) last_cause = curl_cause(rc, errbuf);
     double delay = backoff_seconds(options_, attempt, static_cast<double>(retry_after));
+    auto wake = Clock::now() +
+                std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay));
+    if (wake >= deadline) {
+      throw Error(ErrorKind::kNetwork,
+                  command_deadline_passed(options_, what + " was to be retried", last_cause));
+    }
     std::this_thread::sleep_for(std::chrono::duration<double>(delay));
   }
 }
@@ -524,6 +579,7 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
   api.multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, parallel);
   api.multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, parallel);
 
+  const Clock::time_point command_deadline = options_.command_deadline;
   // A 429/503 with Retry-After slows every transfer to that host, not just the one hit.
   std::map<std::string, Clock::time_point> host_not_before;
   long running = 0;
@@ -555,12 +611,12 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     api.easy_setopt(c, CURLOPT_PRIVATE, static_cast<void*>(&t));
     // Sends "Range: bytes=<offset>-" when resuming.
     api.easy_setopt(c, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(t.start_offset));
-    // What is left of the blob's deadline bounds this attempt: a trickle just fast enough to
-    // pass the stall check still ends.
-    if (t.deadline != Clock::time_point::max()) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t.deadline - now);
-      api.easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max<int64_t>(1, left.count())));
-    }
+    // What is left of the blob's deadline, and of the command's, bounds this attempt: a trickle
+    // just fast enough to pass the stall check still ends.
+    if (long ms = timeout_ms(0, std::min(t.deadline, command_deadline), now); ms > 0)
+      api.easy_setopt(c, CURLOPT_TIMEOUT_MS, ms);
+    t.command_deadline_bounds =
+        command_deadline != Clock::time_point::max() && command_deadline <= t.deadline;
     t.state = Transfer::State::kRunning;
     ++running;
     ++requests_;
@@ -585,9 +641,21 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
                   (code ? " (HTTP " + std::to_string(code) + ")" : std::string()) + ": " + cause;
       t.state = Transfer::State::kDone;
     };
+    auto fail_with = [&](std::string error) {
+      job.ok = false;
+      job.error = std::move(error);
+      t.state = Transfer::State::kDone;
+    };
     auto retry_later = [&](const std::string& cause, double retry_after_s) {
       ++t.failures;
       t.last_cause = cause;
+      double delay = backoff_seconds(options_, t.failures, retry_after_s);
+      Clock::time_point wake = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(delay));
+      if (wake >= command_deadline) {
+        fail_with(command_deadline_passed(options_, "GET " + job.url + " was in flight", cause));
+        return;
+      }
       if (Clock::now() >= t.deadline) {
         job.ok = false;
         job.error = "GET " + job.url + " did not complete within " +
@@ -605,9 +673,7 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
         t.state = Transfer::State::kDone;
         return;
       }
-      double delay = backoff_seconds(options_, t.failures, retry_after_s);
-      t.not_before = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                        std::chrono::duration<double>(delay));
+      t.not_before = wake;
       if (retry_after_s > 0) {
         auto& gate = host_not_before[host_of(job.url)];
         gate = std::max(gate, t.not_before);
@@ -649,6 +715,9 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
       // The range was wrong (a server quirk): restart from 0.
       t.restart_sink();
       retry_later(t.abort_reason, 0);
+    } else if (rc == CURLE_OPERATION_TIMEDOUT && t.command_deadline_bounds) {
+      fail_with(command_deadline_passed(options_, "GET " + job.url + " was in flight",
+                                        curl_cause(rc, t.errbuf)));
     } else if (transient_error(rc)) {
       retry_later(curl_cause(rc, t.errbuf), 0);
     } else {
@@ -663,6 +732,12 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
       Clock::time_point next_wake = now + std::chrono::seconds(1);
       for (auto& t : transfers) {
         if (t->state != Transfer::State::kWaiting) continue;
+        if (now >= command_deadline) {  // waited for a free slot (or a retry) past the deadline
+          t->job->error = command_deadline_passed(
+              options_, "GET " + t->job->url + " could not start", t->last_cause);
+          t->state = Transfer::State::kDone;
+          continue;
+        }
         pending = true;
         Clock::time_point ready = t->not_before;
         if (auto it = host_not_before.find(host_of(t->job->url)); it != host_not_before.end()) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -29,6 +30,14 @@ struct Options {
   // Overall deadline for one blob download, over all its attempts (0 = none): a hub serving a
   // slow trickle cannot hold a pull forever. KERNEL_HUB_TRANSFER_TIMEOUT_S.
   long transfer_deadline_s = 3600;
+  // Overall deadline for one command's hub work (0 = none): a hub serving many slow documents or
+  // blobs, each within its own limits, cannot hold a command for their sum. Every request's
+  // timeout is capped by what is left; no request or retry starts after it.
+  // KERNEL_HUB_COMMAND_TIMEOUT_S.
+  long command_timeout_s = 7200;
+  // When the command's clock ran out: set by start_command_clock() (the Hub calls it when it is
+  // made for a command), else when the Client is made. max(): no deadline.
+  std::chrono::steady_clock::time_point command_deadline{};
   int max_attempts = 5;
   double backoff_initial_s = 1.0;  // doubled per attempt, capped, plus jitter
   double backoff_max_s = 8.0;
@@ -40,9 +49,13 @@ struct Options {
 
   // Defaults overridden from the environment: KERNEL_HUB_CA_BUNDLE,
   // KERNEL_HUB_CONNECT_TIMEOUT_MS, KERNEL_HUB_STALL_TIMEOUT_S, KERNEL_HUB_TRANSFER_TIMEOUT_S,
-  // KERNEL_HUB_MAX_ATTEMPTS,
+  // KERNEL_HUB_COMMAND_TIMEOUT_S, KERNEL_HUB_MAX_ATTEMPTS,
   // KERNEL_HUB_BACKOFF_S (initial backoff; tests use small values).
   static Options from_env();
+
+  // Starts the command deadline now (command_timeout_s from now; none when it is 0), unless it
+  // was started already.
+  void start_command_clock();
 };
 
 struct Request {

@@ -27,19 +27,17 @@ std::string TrustChecked::summary(const LayerResolution& r) const {
   return it == summaries_.end() ? std::string() : it->second;
 }
 
-TrustChecked check_trust(const std::vector<Planned>& plan, Hub& hub, const trust::TrustStore& keys,
-                         bool locked) {
-  TrustChecked out(locked);
+void check_trust(const std::vector<Planned>& plan, Hub& hub, const trust::TrustStore& keys,
+                 const LocalIndexProvider& local, TrustChecked& out) {
   for (auto& p : plan) {
     const LayerResolution& r = p.resolution;
-    if (r.fallback || p.source == BindingSource::kLocal || out.contains(r)) continue;
+    if (r.fallback || local.find(r.kernel.ref) || out.contains(r)) continue;
     trust::TrustDecision d = hub.check_trust(out.checked_ref(r), r.index_digest, keys);
     if (!d.warning.empty()) log_line(kLogWarn, "kernelize: " + d.warning);
     out.add(r, d.signed_ok ? fmt::format("signed by {} serial {}{}", d.key_id.substr(0, 16),
                                          d.serial, d.in_grace ? " (expired, grace)" : "")
                            : "UNSIGNED (allowed)");
   }
-  return out;
 }
 
 // --- verify ---
@@ -128,7 +126,7 @@ void rederive_if_tampered(const LayerResolution& r, const stdfs::path& dir, cons
   const Digest& layer = layer_desc->digest;
   try {
     if (!store.has_blob(layer)) hub.pull(Ref{r.kernel.ref.repo, "", r.variant->descriptor.digest});
-    store.unpack(layer);
+    hub.unpack(layer);  // the index passed check_trust before the first unpack
   } catch (const Error& e) {
     throw Error(ErrorKind::kIntegrity,
                 fmt::format("{}: the unpacked package did not match its signed index and could "

@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 
+#include <stdexcept>
+
 #include "hub/base/error.h"
 #include "registry/kernelize/stages.h"
 
@@ -7,15 +9,15 @@ namespace kh {
 
 namespace stdfs = std::filesystem;
 
-stdfs::path fetch_variant(Hub& hub, const std::string& repo, const oci::Descriptor& variant,
-                          const std::optional<oci::Descriptor>& layer, bool* fetched) {
+Digest fetch_variant(Hub& hub, const std::string& repo, const oci::Descriptor& variant,
+                     const std::optional<oci::Descriptor>& layer, bool* fetched) {
   Store& store = hub.store();
   if (fetched) *fetched = false;
-  if (layer) {
-    if (auto dir = store.unpacked_path(layer->digest)) return *dir;
-    if (store.has_blob(variant.digest) && store.has_blob(layer->digest))
-      return store.unpack(layer->digest);
-  }
+  // Already at hand: the tree (checked against the signed index by verify, re-derived from the
+  // blob when it does not match) or the blobs.
+  if (layer && (store.unpacked_path(layer->digest) ||
+                (store.has_blob(variant.digest) && store.has_blob(layer->digest))))
+    return layer->digest;
   PullReport r = hub.pull(Ref{repo, "", variant.digest});
   if (fetched) *fetched = !r.from_cache;
   auto bytes = store.read_blob(variant.digest, oci::kMaxManifestBytes);
@@ -34,12 +36,11 @@ stdfs::path fetch_variant(Hub& hub, const std::string& repo, const oci::Descript
     throw Error(ErrorKind::kIntegrity,
                 fmt::format("{}@{}: package layer digest mismatch: expected {}, found {}", repo,
                             variant.digest.str(), layer->digest.str(), pkg->digest.str()));
-  if (auto dir = store.unpacked_path(pkg->digest)) return *dir;
-  return store.unpack(pkg->digest);
+  return pkg->digest;
 }
 
-stdfs::path fetch_lock_target(Hub& hub, const std::string& repo, const LockTarget& target,
-                              bool* fetched) {
+Digest fetch_lock_target(Hub& hub, const std::string& repo, const LockTarget& target,
+                         bool* fetched) {
   oci::Descriptor variant;
   variant.media_type = std::string(oci::kMediaTypeManifest);
   variant.digest = target.manifest_digest;
@@ -52,7 +53,8 @@ stdfs::path fetch_lock_target(Hub& hub, const std::string& repo, const LockTarge
 
 namespace kernelize_stage {
 
-bool fetch(std::vector<Planned>& plan, Hub& hub, const LocalIndexProvider& local, FetchLog& log) {
+bool fetch(std::vector<Planned>& plan, Hub& hub, const LocalIndexProvider& local,
+           const TrustChecked& trust, FetchLog& log) {
   bool learnt = false;
   for (auto& p : plan) {
     const LayerResolution& r = p.resolution;
@@ -62,10 +64,13 @@ bool fetch(std::vector<Planned>& plan, Hub& hub, const LocalIndexProvider& local
       p.source = BindingSource::kLocal;
       continue;
     }
+    // The order is the point: nothing a hub serves is expanded before its index is trusted.
+    if (!trust.contains(r))
+      throw std::logic_error("kernelize: fetch before the trust check of " + r.kernel.ref.str());
     const oci::Descriptor& variant = r.variant->descriptor;
     bool fetched = false;
     try {
-      p.dir = fetch_variant(hub, r.kernel.ref.repo, variant, r.package_layer, &fetched);
+      p.dir = hub.unpack(fetch_variant(hub, r.kernel.ref.repo, variant, r.package_layer, &fetched));
     } catch (const Error& e) {
       // The variant is fetched by digest: name the ref the config asked for too.
       throw Error(e.kind(), fmt::format("{}: {}", r.kernel.ref.str(), e.what()));

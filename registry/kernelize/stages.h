@@ -2,15 +2,17 @@
 // the previous stage's output to its own; registry/kernelize.cpp runs them in order:
 //
 //   plan         config + slots + modes + device  -> one Planned per (slot, mode)   (no fetch)
-//   fetch        Planned                          -> + package directory and source
-//   (plan and fetch again while a fetch brought a package whose layers the plan did not know:
-//    indexes packed before the kernelhub.layers annotation)
-//   strict       Planned                          -> kRefused when a mapped layer fell back
 //   check_trust  Planned                          -> TrustChecked (signature per index)
+//   fetch        Planned + TrustChecked           -> + package directory and source
+//   (plan, check and fetch again while a fetch brought a package whose layers the plan did not
+//    know: indexes packed before the kernelhub.layers annotation)
+//   strict       Planned                          -> kRefused when a mapped layer fell back
 //   verify       Planned                          -> Verified (files checked, identities)
 //   bind         Planned + TrustChecked + Verified -> KernelizeBinding per (slot, mode)
 //
-// Nothing is loaded before bind, so a refusal in any earlier stage leaves the runtime as it was.
+// Nothing is loaded before bind, so a refusal in any earlier stage leaves the runtime as it was;
+// nothing is fetched or unpacked before its index passed check_trust (the index digest is known
+// after plan), so a refused index leaves nothing unpacked.
 #pragma once
 
 #include <filesystem>
@@ -60,11 +62,6 @@ struct FetchLog {
   std::set<std::string> learnt;      // fetched while the plan did not know the variant's layers
 };
 
-// Fetches the chosen variants (manifest and blobs by digest, unpacked; nothing for locals, which
-// are served where they are) and sets each Planned's dir and source. Returns true when a package
-// arrived whose layers the plan did not know: plan again, now that its kernel.json is at hand.
-bool fetch(std::vector<Planned>& plan, Hub& hub, const LocalIndexProvider& local, FetchLog& log);
-
 // Signature checks, one per (ref, index).
 class TrustChecked {
  public:
@@ -88,9 +85,19 @@ class TrustChecked {
 // Each hub package's index must carry a valid signature by a key trusted for its repo
 // (hub/trust/trust_verify.h), online or offline; kRefused otherwise (the hub's policy decides
 // about unsigned). Under a lock the digest is the user's pin: any statement for it counts and
-// rollback is not checked.
-TrustChecked check_trust(const std::vector<Planned>& plan, Hub& hub, const trust::TrustStore& keys,
-                         bool locked);
+// rollback is not checked. Adds the indexes `out` has not checked yet (a later plan round checks
+// only what it newly chose); locals are not checked.
+void check_trust(const std::vector<Planned>& plan, Hub& hub, const trust::TrustStore& keys,
+                 const LocalIndexProvider& local, TrustChecked& out);
+
+// Fetches the chosen variants (manifest and blobs by digest) and unpacks them within the hub's
+// unpack budget (Hub::unpack); nothing for locals, which are served where they are. Sets each
+// Planned's dir and source. Every hub resolution must be in `trust` (std::logic_error
+// otherwise): nothing is fetched or unpacked before its index is trusted. Returns true when a
+// package arrived whose layers the plan did not know: plan again, now that its kernel.json is at
+// hand.
+bool fetch(std::vector<Planned>& plan, Hub& hub, const LocalIndexProvider& local,
+           const TrustChecked& trust, FetchLog& log);
 
 struct Verified {
   std::map<std::filesystem::path, std::string> identity;  // package dir -> "name@version"

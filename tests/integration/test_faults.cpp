@@ -5,6 +5,8 @@
 
 #include "hub/base/base64.h"
 #include "hub/base/error.h"
+#include "hub/hub.h"
+#include "hub/store/store.h"
 #include "hub/transport/source.h"
 #include "tests/fixtures/fault_proxy.h"
 #include "tests/fixtures/registry_fixture.h"
@@ -112,6 +114,86 @@ TEST_F(FaultTest, ABlobThatNeverFinishesEndsAtTheTransferDeadline) {
   EXPECT_NE(r.error.find("KERNEL_HUB_TRANSFER_TIMEOUT_S"), std::string::npos) << r.error;
   EXPECT_GE(took, 1.5);
   EXPECT_LT(took, 20.0);
+}
+
+// A hub serving many slow documents, each well within its own request limit, cannot hold a
+// command for their sum: the command deadline (KERNEL_HUB_COMMAND_TIMEOUT_S, here 2 s, started
+// when the client is made) ends it, naming the request in flight. Without it: ~6 x 3 s.
+TEST_F(FaultTest, SlowDocumentsEndAtTheCommandDeadline) {
+  auto direct = registry_source(reg.oci_url(), fast_source_options());
+  push_bytes(*direct, repo, tmp.path(), "{}", oci::empty_descriptor());
+  std::string m = artifact_manifest(desc);
+  const int kDocuments = 6;
+  for (int i = 0; i < kDocuments; ++i) {
+    std::string tag = "t" + std::to_string(i);
+    direct->push_manifest(repo, tag, m, oci::kMediaTypeManifest);
+    // Each is held 3 s once (under its own 30 s limit and the 5 s stall check), then served.
+    proxy->add_rule({"GET", "/manifests/" + tag, Action::kStall, 1, 10, 3});
+  }
+  SourceOptions o = fast_source_options();
+  o.http.command_timeout_s = 2;
+  auto via = registry_source(proxy->oci_url(), o);
+  auto t0 = Clock::now();
+  try {
+    for (int i = 0; i < kDocuments; ++i) via->get_manifest(repo, "t" + std::to_string(i));
+    ADD_FAILURE() << "every document arrived: the command deadline was not applied";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNetwork) << e.what();
+    std::string what = e.what();
+    EXPECT_NE(what.find("/manifests/t0 was in flight"), std::string::npos) << what;
+    EXPECT_NE(what.find("deadline of 2 s"), std::string::npos) << what;
+    EXPECT_NE(what.find("KERNEL_HUB_COMMAND_TIMEOUT_S"), std::string::npos) << what;
+  }
+  double took = seconds_since(t0);
+  EXPECT_GE(took, 1.5);
+  EXPECT_LT(took, 10.0);
+  // Deterministic: nothing is asked again after the deadline.
+  EXPECT_EQ(proxy->count("GET", "/manifests/t0"), 1u);
+  EXPECT_EQ(proxy->count("GET", "/manifests/t1"), 0u);
+}
+
+// The same for a pull of several slow blobs, one at a time: the deadline starts when the Hub is
+// made for the command, bounds the blob in flight, and no other blob starts after it. Each blob
+// alone is far within its own deadline (KERNEL_HUB_TRANSFER_TIMEOUT_S). Without it: ~4 x 3 s.
+TEST_F(FaultTest, APullOfSlowBlobsEndsAtTheCommandDeadline) {
+  auto direct = registry_source(reg.oci_url(), fast_source_options());
+  push_bytes(*direct, repo, tmp.path(), "{}", oci::empty_descriptor());
+  oci::Manifest m;
+  m.config = oci::empty_descriptor();
+  for (int i = 0; i < 4; ++i) {
+    std::string bytes = test_bytes(200000 + i, 300 + i);
+    m.layers.push_back(layer_descriptor(bytes));
+    push_bytes(*direct, repo, tmp.path(), bytes, m.layers.back());
+    proxy->add_rule({"GET", m.layers.back().digest.hex, Action::kStall, 1, 1000, 3});
+  }
+  direct->push_manifest(repo, "slow", oci::serialize(m), oci::kMediaTypeManifest);
+
+  Store store(tmp.path() / "cache");
+  HubOptions o;
+  o.progress = false;
+  o.source = fast_source_options();
+  o.source.http.max_parallel = 1;
+  o.source.http.command_timeout_s = 2;
+  auto t0 = Clock::now();
+  Hub hub(HubAddress::parse(proxy->oci_url(), true), store, o);
+  try {
+    hub.pull(Ref::parse(repo + "@slow"));
+    ADD_FAILURE() << "every blob arrived: the command deadline was not applied";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNetwork) << e.what();
+    std::string what = e.what();
+    EXPECT_NE(what.find("was in flight when this command's deadline of 2 s"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("could not start"), std::string::npos) << what;
+    EXPECT_NE(what.find("KERNEL_HUB_COMMAND_TIMEOUT_S"), std::string::npos) << what;
+  }
+  double took = seconds_since(t0);
+  EXPECT_GE(took, 1.5);
+  EXPECT_LT(took, 10.0);
+  std::string seen;
+  for (auto& g : blob_gets()) seen += "\n  " + g.target + " " + g.range;
+  EXPECT_EQ(blob_gets().size(), 1u) << "a blob was asked for after the deadline:" << seen;
+  for (auto& l : m.layers) EXPECT_FALSE(store.has_blob(l.digest));
 }
 
 TEST_F(FaultTest, CorruptedBytesFailTheDigestCheckAndKeepNothing) {

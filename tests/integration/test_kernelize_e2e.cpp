@@ -253,12 +253,23 @@ TEST_F(KernelizeE2E, CliResolveWhyLockPull) {
   ASSERT_EQ(locked.exit_code, 0) << locked.err;
   EXPECT_EQ(nlohmann::json::parse(locked.out)[0]["manifest_digest"],
             lf.entries[0].targets.begin()->second.manifest_digest.str());
-  // Then kernelize offline from what pull --config fetched.
+  // Both only cache: nothing is unpacked before a load's trust check.
+  auto unpacked = [](const std::filesystem::path& cache_dir) {
+    std::vector<std::string> names;
+    for (auto& e : std::filesystem::directory_iterator(cache_dir / "unpacked"))
+      names.push_back(e.path().filename().string());
+    return names;
+  };
+  EXPECT_TRUE(unpacked(fresh).empty());
+  EXPECT_TRUE(unpacked(work / "fresh2").empty());
+  // Then kernelize offline from what pull --config fetched: it unpacks the package.
   Store store(fresh);
   Runtime rt;
   add_slots(rt, {"Scale"});
   KernelizeReport r = kernelize(rt, config_, *hub(store, true), local_cpu_device(), {});
   EXPECT_EQ(r.find("Scale", Mode::kEval)->source, BindingSource::kCache) << r.str();
+  EXPECT_EQ(unpacked(fresh),
+            std::vector<std::string>{lf.entries[0].targets.begin()->second.layer_digest.hex});
   EXPECT_NE(cli({"pull"}, fresh).exit_code, 0);  // nothing named: a usage error
 }
 

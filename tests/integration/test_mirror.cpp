@@ -208,7 +208,9 @@ TEST_F(MirrorE2E, ExportStopImportOfflineKernelizeAgainstTheOriginalHub) {
   ASSERT_TRUE(store_b.read_ref(registry_address().id(), "test/toy", "v1").has_value());
   EXPECT_EQ(store_b.read_ref(registry_address().id(), "test/toy", "v1")->digest, index_);
   EXPECT_TRUE(store_b.read_ref(HubAddress::parse(dir.string(), false).id(), "test/toy", "v1"));
-  EXPECT_TRUE(store_b.unpacked_path(cpu_.layer.digest).has_value());
+  // Import caches verified blobs and unpacks nothing: a load unpacks, after its trust check.
+  EXPECT_TRUE(store_b.has_blob(cpu_.layer.digest));
+  EXPECT_FALSE(store_b.unpacked_path(cpu_.layer.digest).has_value());
   EXPECT_FALSE(store_b.has_blob(cuda_.layer.digest));
 
   // Offline against the original registry address, from cache B only.
@@ -219,6 +221,7 @@ TEST_F(MirrorE2E, ExportStopImportOfflineKernelizeAgainstTheOriginalHub) {
     EXPECT_EQ(r.fetched, 0u);
     expect_bound_from(r, BindingSource::kCache);
     expect_scale_works(rt);
+    EXPECT_TRUE(store_b.unpacked_path(cpu_.layer.digest).has_value());
   }
   // Under the lock made on the registry.
   {

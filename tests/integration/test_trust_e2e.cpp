@@ -333,10 +333,11 @@ TEST_F(TrustE2E, OfflineFromTheCacheThenATamperedCacheIsRefused) {
 
   const Digest layer = p.report.variants.at(0).layer.digest;
 
-  // A byte of a file of the unpacked package.
+  // A byte of a file of the unpacked package (pull unpacks nothing: the tree a load would make is
+  // made here directly).
   {
-    auto dir = file_cache.unpacked_path(layer);
-    ASSERT_TRUE(dir.has_value());
+    EXPECT_FALSE(file_cache.unpacked_path(layer).has_value());
+    std::optional<stdfs::path> dir = file_cache.unpack(layer);
     flip_byte(*dir / "libtoy.so");
     Runtime rt;
     add_toy_slots(rt);
@@ -702,9 +703,9 @@ TEST_F(TrustE2E, ReplayedOlderSerialIsRefusedAsRollback) {
   Vec x({1}), y({0});
   EXPECT_EQ(call_scale(rt, "Scale", x, 2, y), kFallbackStatus);
   EXPECT_EQ(call_scale(rt, "ScaleInfer", x, 2, y), kFallbackStatus);
-  auto old_dir = store.unpacked_path(old_layer);
-  ASSERT_TRUE(old_dir.has_value());  // fetched and unpacked, but never loaded
-  EXPECT_FALSE(is_loaded(*old_dir / "libtoy.so"));
+  // Refused before anything of it was fetched or unpacked (the trust check comes first).
+  EXPECT_FALSE(store.unpacked_path(old_layer).has_value());
+  EXPECT_FALSE(store.has_blob(old_layer));
 
   // The state lives with the trust store, not in the cache: a cleared (fresh) cache still
   // refuses serial 5...

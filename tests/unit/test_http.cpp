@@ -1,6 +1,7 @@
 // Download client rules that need no server: backoff, offline refusal, scheme policy.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 
 #include "hub/base/error.h"
@@ -130,6 +131,48 @@ TEST(Options, FromEnvOverridesAndRejectsGarbage) {
         "KERNEL_HUB_CONNECT_TIMEOUT_MS", "KERNEL_HUB_CA_BUNDLE"}) {
     ::unsetenv(v);
   }
+}
+
+// KERNEL_HUB_COMMAND_TIMEOUT_S: the deadline starts once (the Hub starts it; a Client made later
+// keeps it), 0 means none, and once it has passed no request is even started.
+TEST(Options, CommandDeadlineStartsOnceAndStopsEveryRequest) {
+  using Clock = std::chrono::steady_clock;
+  ::setenv("KERNEL_HUB_COMMAND_TIMEOUT_S", "5", 1);
+  Options o = Options::from_env();
+  EXPECT_EQ(o.command_timeout_s, 5);
+  auto before = Clock::now();
+  o.start_command_clock();
+  auto deadline = o.command_deadline;
+  EXPECT_GE(deadline, before + std::chrono::seconds(5));
+  EXPECT_LE(deadline, Clock::now() + std::chrono::seconds(5));
+  o.start_command_clock();
+  EXPECT_EQ(o.command_deadline, deadline);
+  ::setenv("KERNEL_HUB_COMMAND_TIMEOUT_S", "0", 1);
+  Options none = Options::from_env();
+  none.start_command_clock();
+  EXPECT_EQ(none.command_deadline, Clock::time_point::max());
+  ::setenv("KERNEL_HUB_COMMAND_TIMEOUT_S", "-1", 1);
+  EXPECT_THROW(Options::from_env(), Error);
+  ::unsetenv("KERNEL_HUB_COMMAND_TIMEOUT_S");
+  EXPECT_EQ(Options::from_env().command_timeout_s, 7200);
+
+  Options passed;
+  passed.allow_plain_http = true;
+  passed.command_deadline = Clock::now() - std::chrono::seconds(1);
+  Client client(passed);
+  Request r;
+  r.url = "http://127.0.0.1:9/v2/";
+  try {
+    client.send(r);
+    ADD_FAILURE() << "a request started after the command deadline";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNetwork);
+    EXPECT_NE(std::string(e.what()).find("GET http://127.0.0.1:9/v2/ could not start"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("KERNEL_HUB_COMMAND_TIMEOUT_S"), std::string::npos);
+  }
+  EXPECT_EQ(client.requests_made(), 0u);
 }
 
 TEST(Scheme, PlainHttpRefusedUnlessAllowed) {

@@ -666,9 +666,11 @@ TEST(HubIndexProvider, ResolvesOnALayoutHub) {
   EXPECT_TRUE(trace_has(r.trace, "kernel.json not fetched yet"));
   ASSERT_TRUE(r.package_layer);
 
-  // After a pull the unpacked kernel.json is read: the layer has its backward op, and the
-  // unpacked files match it.
+  // Once the package is unpacked the kernel.json is read: the layer has its backward op, and the
+  // unpacked files match it. (pull only caches; kernelize unpacks after the trust check.)
   hub.pull(Ref::parse("org/scale"));
+  EXPECT_FALSE(store.unpacked_path(r.package_layer->digest));
+  hub.unpack(r.package_layer->digest);
   Resolution after = resolve_on_hub(config, device, Mode::kTrain, hub);
   EXPECT_FALSE(after.layers.at(0).fallback);
   EXPECT_TRUE(trace_has(after.layers.at(0).trace, "layer Scale present with a backward op"))

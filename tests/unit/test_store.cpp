@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -520,6 +521,63 @@ TEST_F(StoreTest, UnpackNeedsTheBlobAndRefusesBadLayers) {
     EXPECT_EQ(e.kind(), ErrorKind::kRefused);
   }
   EXPECT_TRUE(names_in(root() / "unpacked").empty());
+}
+
+// One budget covers every layer a command unpacks: each layer here is within the per-archive
+// limits, the third takes the total over the budget and is refused naming the layer, the budget
+// and the variable, leaving nothing of itself in unpacked/ (not even a hidden temp tree). A tree
+// already there costs nothing.
+TEST_F(StoreTest, UnpackBudgetCoversEveryLayerOfACommand) {
+  Store s(root());
+  std::vector<oci::Descriptor> layers;
+  for (uint32_t i = 0; i < 3; ++i)
+    layers.push_back(put_layer(s, tmp_.path(), {{"lib.so", pseudo_random_bytes(1 << 20, 30 + i)}}));
+  UnpackBudget budget;
+  budget.limit = (5u << 20) / 2;  // 2.5 MiB: two layers fit, three do not
+  s.unpack(layers[0].digest, {}, &budget);
+  s.unpack(layers[1].digest, {}, &budget);
+  EXPECT_EQ(budget.used, 2u << 20);
+  try {
+    s.unpack(layers[2].digest, {}, &budget);
+    ADD_FAILURE() << "the budget was not enforced";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kRefused);
+    std::string what = e.what();
+    for (const std::string& needle : {layers[2].digest.str(), std::to_string(budget.limit),
+                                      std::string("budget"), std::string(UnpackBudget::kVariable)})
+      EXPECT_NE(what.find(needle), std::string::npos) << needle << " not in: " << what;
+  }
+  std::vector<std::string> names = names_in(root() / "unpacked");
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> want{layers[0].digest.hex, layers[1].digest.hex};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(names, want);
+  EXPECT_FALSE(s.unpacked_path(layers[2].digest).has_value());
+  // Trees already made cost nothing; another command's budget unpacks the third.
+  uint64_t used = budget.used;
+  s.unpack(layers[0].digest, {}, &budget);
+  EXPECT_EQ(budget.used, used);
+  UnpackBudget next;
+  EXPECT_NO_THROW(s.unpack(layers[2].digest, {}, &next));
+  EXPECT_EQ(next.used, 1u << 20);
+}
+
+TEST_F(StoreTest, UnpackBudgetFromTheEnvironment) {
+  ::unsetenv(UnpackBudget::kVariable);
+  EXPECT_EQ(UnpackBudget::limit_from_env(), UnpackBudget::kDefault);
+  ::setenv(UnpackBudget::kVariable, "1048576", 1);
+  EXPECT_EQ(UnpackBudget::limit_from_env(), 1048576u);
+  for (const char* bad : {"8G", "-1", "0"}) {
+    ::setenv(UnpackBudget::kVariable, bad, 1);
+    try {
+      UnpackBudget::limit_from_env();
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+      EXPECT_NE(std::string(e.what()).find(UnpackBudget::kVariable), std::string::npos);
+    }
+  }
+  ::unsetenv(UnpackBudget::kVariable);
 }
 
 // A kernel package in the store: index -> manifest -> (shared empty config, one layer).

@@ -266,8 +266,9 @@ void add_mirror_commands(CLI::App& app, Runner& run) {
         "import",
         "Fill the cache from an offline mirror (kernel-hub export) or any layout hub directory, "
         "with no network (works with --offline): indexes, variant manifests, the blobs present "
-        "(each verified; a damaged one fails the import naming it, and nothing is recorded), "
-        "unpacked packages and signature sets. Refs are recorded under the directory's hub id "
+        "(each verified; a damaged one fails the import naming it, and nothing is recorded) "
+        "and signature sets (nothing is unpacked before a load checks the signature). Refs are "
+        "recorded under the directory's hub id "
         "and under the hub the mirror was exported from, so offline loads against the original "
         "hub address (and lock files made there) resolve from the cache. Signatures are checked "
         "when a package is loaded, as for any other.");

@@ -277,13 +277,11 @@ int run_pack(Context& ctx, const PackArgs& a) {
 }
 
 nlohmann::json fetched_json(const std::string& ref, const std::string& target,
-                            const Digest& manifest, const Digest& layer,
-                            const std::filesystem::path& dir, bool fetched) {
+                            const Digest& manifest, const Digest& layer, bool fetched) {
   return {{"ref", ref},
           {"target", target},
           {"manifest_digest", manifest.str()},
           {"layer_digest", layer.str()},
-          {"dir", dir.string()},
           {"fetched", fetched}};
 }
 
@@ -296,9 +294,9 @@ int fetch_lock_targets(Context& ctx, Hub& hub, const LockFile& lock, nlohmann::j
     for (auto& [target, t] : e.targets) {
       try {
         bool fetched = false;
-        auto dir = fetch_lock_target(hub, e.ref.repo, t, &fetched);
+        fetch_lock_target(hub, e.ref.repo, t, &fetched);  // cached, not unpacked (a load does)
         out.push_back(
-            fetched_json(e.ref.str(), target, t.manifest_digest, t.layer_digest, dir, fetched));
+            fetched_json(e.ref.str(), target, t.manifest_digest, t.layer_digest, fetched));
         ctx.say(fmt::format("{} {}: {} ({})", e.ref.str(), target, t.manifest_digest.str(),
                             fetched ? "fetched" : "cached"));
       } catch (const Error& err) {
