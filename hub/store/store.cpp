@@ -103,7 +103,9 @@ uint64_t sweep_stale(const stdfs::path& dir, bool hidden_only, int64_t max_age_s
     if (hidden_only && !name.starts_with(".")) continue;
     stdfs::path p = dir / name;
     auto t = touched_at(p);
-    if (!t || now - *t < max_age_s) continue;
+    // A grace of 0 means every entry: a file's timestamp can read a second ahead of the coarse
+    // clock `now` comes from (fine-grained file timestamps), so "age >= 0" is not a given.
+    if (!t || (max_age_s > 0 && now - *t < max_age_s)) continue;
     if (removed_bytes) *removed_bytes += tree_size(p);
     if (!dry_run) fs::remove_tree(p);
     ++removed;
