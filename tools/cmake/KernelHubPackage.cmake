@@ -21,9 +21,12 @@ include_guard(GLOBAL)
 
 set(_KH_PACKAGE_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
 
-# The CLI that writes kernel.json: KERNEL_HUB_EXECUTABLE if set, else the SDK's own bin/.
-find_program(KERNEL_HUB_EXECUTABLE kernel-hub HINTS "${_KH_PACKAGE_CMAKE_DIR}/../../../bin"
-             DOC "The kernel-hub CLI that writes package manifests")
+# The CLI that writes kernel.json: KERNEL_HUB_EXECUTABLE if set, else the SDK's imported
+# KernelHub::kernel-hub, else a kernel-hub in the SDK's bin/ or on PATH.
+if(NOT KERNEL_HUB_EXECUTABLE AND NOT TARGET KernelHub::kernel-hub)
+  find_program(KERNEL_HUB_EXECUTABLE kernel-hub HINTS "${_KH_PACKAGE_CMAKE_DIR}/../../../bin"
+               DOC "The kernel-hub CLI that writes package manifests")
+endif()
 
 # Reads key of the manifest's JSON text into out ("" when absent and not required).
 function(_kernel_hub_manifest_field text manifest key required out)
@@ -48,7 +51,11 @@ function(kernel_hub_add_package target)
     message(FATAL_ERROR "kernel_hub_add_package(${target}): KernelHub::package is not defined; "
                         "call find_package(KernelHub) first")
   endif()
-  if(NOT KERNEL_HUB_EXECUTABLE)
+  if(KERNEL_HUB_EXECUTABLE)
+    set(cli "${KERNEL_HUB_EXECUTABLE}")
+  elseif(TARGET KernelHub::kernel-hub)
+    set(cli "$<TARGET_FILE:KernelHub::kernel-hub>")
+  else()
     message(FATAL_ERROR "kernel_hub_add_package(${target}): the kernel-hub CLI was not found "
                         "beside this SDK (${_KH_PACKAGE_CMAKE_DIR}/../../../bin) nor on PATH; "
                         "set KERNEL_HUB_EXECUTABLE")
@@ -110,8 +117,8 @@ function(kernel_hub_add_package target)
   endif()
   add_custom_command(
     OUTPUT "${dir}/kernel.json"
-    COMMAND "${KERNEL_HUB_EXECUTABLE}" manifest "${dir}" --template "${manifest}"
-    DEPENDS ${target} ${package_files} "${manifest}" "${KERNEL_HUB_EXECUTABLE}"
+    COMMAND "${cli}" manifest "${dir}" --template "${manifest}"
+    DEPENDS ${target} ${package_files} "${manifest}" "${cli}"
     COMMENT "Writing kernel.json for ${name} ${version}")
   add_custom_target(${target}_package ALL DEPENDS "${dir}/kernel.json" ${package_files})
 endfunction()
