@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # `kernel-hub init` end to end, as a kernel author runs it against the SDK, outside the source
 # tree: scaffold a package, configure and build it with find_package(KernelHub), check it, sign
-# and pack it into a layout hub, trust the key, resolve a KernelConfig against that hub and pull
-# what it resolved (signature and digests verified).
-# Usage: test_init.sh KERNEL_HUB_CLI SDK_PREFIX
+# and pack it into a layout hub, trust the key, resolve a KernelConfig against that hub, pull what
+# it resolved (signature and digests verified), and kernelize it through libkernel_hub.so and
+# call its op (test_init_kernelize.py).
+# Usage: test_init.sh KERNEL_HUB_CLI SDK_PREFIX LIBKERNEL_HUB
 #   SDK_PREFIX is what the scaffold gets as CMAKE_PREFIX_PATH (lib/cmake/KernelHub/ inside).
 set -euo pipefail
-cli=$1 prefix=$2
+cli=$1 prefix=$2 libkernel_hub=$3
+here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # A fresh cache and trust store; no ambient hub settings.
@@ -45,4 +47,7 @@ out=$("$cli" --hub "$work/hub" resolve --config "$work/scale/kernel-config.json"
 echo "$out"
 grep -q 'acme/scale@v1' <<<"$out" || { echo "FAILED: Scale did not resolve to acme/scale@v1"; exit 1; }
 "$cli" --hub "$work/hub" pull --config "$work/scale/kernel-config.json"
-echo "init scaffold OK: built, checked, packed, signed, resolved and pulled"
+
+step kernelize through libkernel_hub.so and call Scale
+python3 "$here/test_init_kernelize.py" "$libkernel_hub" "$work/hub" "$work/scale/kernel-config.json"
+echo "init scaffold OK: built, checked, packed, signed, resolved, pulled and kernelized"
