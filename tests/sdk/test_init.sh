@@ -4,13 +4,26 @@
 # and pack it into a layout hub, trust the key, resolve a KernelConfig against that hub, pull what
 # it resolved (signature and digests verified), and kernelize it through libkernel_hub.so and
 # call its op (test_init_kernelize.py).
-# Usage: test_init.sh KERNEL_HUB_CLI SDK_PREFIX LIBKERNEL_HUB
-#   SDK_PREFIX is what the scaffold gets as CMAKE_PREFIX_PATH (lib/cmake/KernelHub/ inside).
+# Usage: test_init.sh --install BUILD_DIR
+#          installs BUILD_DIR into a temporary prefix, moves the prefix (nothing installed may
+#          depend on where it was installed) and uses the moved prefix's CLI, CMake package and
+#          libkernel_hub.so
+#        test_init.sh KERNEL_HUB_CLI SDK_PREFIX LIBKERNEL_HUB
+#          SDK_PREFIX is what the scaffold gets as CMAKE_PREFIX_PATH (lib/cmake/KernelHub/ inside)
 set -euo pipefail
-cli=$1 prefix=$2 libkernel_hub=$3
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+if [ "$1" = --install ]; then
+  echo "--- cmake --install $2, then move the prefix"
+  cmake --install "$2" --prefix "$work/installed" >/dev/null
+  mv "$work/installed" "$work/moved"
+  prefix=$work/moved cli=$work/moved/bin/kernel-hub
+  libkernel_hub=$(find "$prefix" -name libkernel_hub.so -print -quit)
+  [ -n "$libkernel_hub" ] || { echo "FAILED: the install has no libkernel_hub.so"; exit 1; }
+else
+  cli=$1 prefix=$2 libkernel_hub=$3
+fi
 # A fresh cache and trust store; no ambient hub settings.
 unset KERNEL_HUB_ENDPOINT KERNEL_HUB_OFFLINE KERNEL_HUB_DISABLE KERNEL_HUB_LOCAL \
       KERNEL_HUB_ALLOW_UNSIGNED

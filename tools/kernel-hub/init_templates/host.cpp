@@ -58,7 +58,8 @@ int32_t scale(const char* op, const kh_arg_t* args, int32_t nargs, void* stream)
       in->device.device_id != out->device.device_id)
     return fail(KH_ERR_INVALID_ARGUMENT, op, "the tensors are on different devices");
   float alpha = static_cast<float>(args[1].v.f);
-  const float* x = reinterpret_cast<const float*>(static_cast<const char*>(in->data) + in->byte_offset);
+  const float* x =
+      reinterpret_cast<const float*>(static_cast<const char*>(in->data) + in->byte_offset);
   float* y = reinterpret_cast<float*>(static_cast<char*>(out->data) + out->byte_offset);
 
   if (in->device.device_type == kDLCPU) {
