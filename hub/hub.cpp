@@ -13,6 +13,7 @@
 
 #include "hub/base/env.h"
 #include "hub/base/error.h"
+#include "hub/data_dir.h"
 
 namespace kh {
 
@@ -66,17 +67,21 @@ HubOptions HubOptions::from_env() {
   return o;
 }
 
-HubAddress default_hub_address(const Store& store, bool plain_http) {
+HubAddress default_hub_address(const Store& /*store*/, bool plain_http) {
   const char* endpoint = std::getenv("KERNEL_HUB_ENDPOINT");
   if (endpoint && *endpoint) return HubAddress::parse(endpoint, plain_http);
-  // The embedded default hub: the layout hub packed at build time. Without one (a binary
-  // moved away from its build tree), an empty layout hub in the cache.
-  std::filesystem::path embedded = KH_DEFAULT_HUB_DIR;
-  if (std::filesystem::is_directory(embedded))
-    return HubAddress::parse(embedded.string(), plain_http);
-  auto dir = store.root() / "default-hub";
-  fs::make_dirs(dir);
-  return HubAddress::parse(dir.string(), plain_http);
+  // The embedded default hub: the layout hub packed at build time, in the data directory of the
+  // install or build tree this code runs from (hub/data_dir.h). None is an error, never an
+  // empty hub: a moved binary that silently found nothing would look like a hub without kernels.
+  const std::filesystem::path embedded = data_dir() / "default-hub";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(embedded, ec)) {
+    throw Error(ErrorKind::kNotFound,
+                fmt::format("the embedded default hub {} is missing; reinstall kernel-hub (or "
+                            "build the default_hub target), or set KERNEL_HUB_ENDPOINT to a hub",
+                            embedded.string()));
+  }
+  return HubAddress::parse(embedded.string(), plain_http);
 }
 
 Hub::Hub(HubAddress address, Store& store, HubOptions options)

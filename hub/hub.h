@@ -156,7 +156,8 @@ class Hub {
 // kernel-hub/* (its private half signed the default hub at build time and never leaves the build
 // tree).
 trust::TrustStore default_trust_store();
-// Where the build keeps that key pair (KH_DEFAULT_HUB_KEY_DIR): signing.pem (0600), signing.pub.
+// Where that key pair is: <data dir>/default-hub-key (hub/data_dir.h): signing.pem (0600, in the
+// build tree only) and signing.pub. Throws kNotFound when there is no data directory.
 std::filesystem::path default_hub_key_dir();
 // The hub id the embedded default hub's statements carry.
 inline constexpr std::string_view kDefaultHubId = "kernel-hub-default";

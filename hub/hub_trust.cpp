@@ -7,6 +7,7 @@
 #include "hub/base/clock.h"
 #include "hub/base/error.h"
 #include "hub/base/guarded_root.h"
+#include "hub/data_dir.h"
 #include "hub/hub.h"
 
 namespace kh {
@@ -37,12 +38,15 @@ trust::SignatureSet cached_signatures(const Store& store, const Digest& index) {
 }  // namespace
 
 std::filesystem::path default_hub_key_dir() {
-  return KH_DEFAULT_HUB_KEY_DIR;
+  return data_dir() / "default-hub-key";
 }
 
 trust::TrustStore default_trust_store() {
   trust::TrustStore store = trust::TrustStore::open(trust::TrustStore::default_dir());
-  auto pub = default_hub_key_dir() / "signing.pub";
+  // No data directory: no built-in key (and no default hub: default_hub_address says so).
+  const DataDirLookup data = find_data_dir();
+  if (!data.dir) return store;
+  auto pub = *data.dir / "default-hub-key" / "signing.pub";
   std::error_code ec;
   if (std::filesystem::is_regular_file(pub, ec))
     store.add_builtin(trust::PublicKey::load(pub), {"kernel-hub/*"});

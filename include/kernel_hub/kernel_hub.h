@@ -43,6 +43,37 @@
 extern "C" {
 #endif
 
+/* ---- Versions ----
+ *
+ * The version of this header, MAJOR.MINOR.PATCH (the build reads it from here: there is no other
+ * copy). kh_version() is the version of the libkernel_hub.so actually loaded; a program may
+ * compare the two (same MAJOR: compatible, see below).
+ *
+ * libkernel_hub.so's SONAME is libkernel_hub.so.MAJOR (libkernel_hub.so.0 -> .so.0.1.0):
+ *   MAJOR  bumped by any change that breaks a program built against an older library of the same
+ *          MAJOR: a C function or exported C++ symbol removed or its signature changed, a public
+ *          struct or class changed in layout (the C++ API's RuntimeOptions, EmbedOptions,
+ *          EmbedReport and SlotOps are passed across the library boundary, so appending a field
+ *          to one of them is a MAJOR change too), a status or constant changing meaning. While
+ *          MAJOR is 0, such a change still bumps it (to 1): the SONAME never lies.
+ *   MINOR  bumped by additions only: a new function, a new exported C++ symbol, a new status.
+ *   PATCH  bumped by fixes that change no declaration.
+ * The C++ API (kernel_hub.hpp) passes std::string and std::function, so it also needs the
+ * libstdc++ "new" string ABI (_GLIBCXX_USE_CXX11_ABI=1, GCC's default since 5) on both sides;
+ * the C API has no such condition.
+ *
+ * The package ABI (KH_ABI_MAJOR/KH_ABI_MINOR in kernel_hub_abi.h, the contract between the loader
+ * and a package's host library) is versioned on its own: see that header. */
+#define KH_VERSION_MAJOR 0
+#define KH_VERSION_MINOR 1
+#define KH_VERSION_PATCH 0
+#define KH_VERSION_STRING "0.1.0"
+/* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
+#define KH_VERSION_NUMBER (KH_VERSION_MAJOR * 10000 + KH_VERSION_MINOR * 100 + KH_VERSION_PATCH)
+
+/* The loaded library's version, "MAJOR.MINOR.PATCH" (static storage). */
+KH_EXPORT const char* kh_version(void);
+
 #define KH_MODE_EVAL 0
 #define KH_MODE_TRAIN 1
 #define KH_DEVICE_CPU (-1)

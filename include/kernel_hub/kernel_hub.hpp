@@ -19,8 +19,10 @@
 // input and what to do; calls (forward, backward) return a KH_* status instead. Every log line,
 // the hub's warnings included, goes through the sink set with kh::set_log_sink.
 //
-// Link: the static libraries of the build, through the CMake target kh_embed (see
-// tools/examples/CMakeLists.txt). C and other languages use kernel_hub.h (libkernel_hub.so).
+// Link: libkernel_hub.so, which exports this API and the C API of kernel_hub.h (CMake:
+// find_package(KernelHub) and the target KernelHub::kernel_hub; pkg-config: kernel_hub). Inside
+// the build, the static target kh_embed gives the same API. Versions, the SONAME rule and what
+// the C++ API asks of the compiler: kernel_hub.h, "Versions".
 #pragma once
 
 #include <cstddef>
@@ -32,10 +34,15 @@
 #include <string_view>
 #include <vector>
 
+#include "kernel_hub/kernel_hub.h"
 #include "kernel_hub/kernel_hub_abi.h"
 #include "kernel_hub/kernel_hub_base.hpp"
 
 namespace kh {
+
+// The loaded library's version, "MAJOR.MINOR.PATCH" (kh_version(); the header's is
+// KH_VERSION_STRING).
+const char* version() noexcept;
 
 static_assert(kLogDebug == KH_LOG_DEBUG && kLogInfo == KH_LOG_INFO && kLogWarn == KH_LOG_WARN &&
                   kLogError == KH_LOG_ERROR,

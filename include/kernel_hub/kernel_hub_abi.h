@@ -13,6 +13,12 @@
  *    rejected before anything past the header is read. Arrays (layers, ops) are walked with a
  *    stride equal to their first element's struct_size; every element of one array has the same
  *    struct_size.
+ *    KH_ABI_MINOR is bumped when a field is appended to a struct or a status, flag or argument
+ *    kind is added; KH_ABI_MAJOR when anything else changes (a field moved, removed or retyped, a
+ *    meaning changed). A loader accepts every package of its own abi_major, whatever its
+ *    abi_minor, and refuses a package of another major at load. The package ABI is versioned
+ *    apart from libkernel_hub.so (kernel_hub.h, "Versions"): a new library keeps loading old
+ *    packages as long as KH_ABI_MAJOR stays, and a SONAME bump says nothing about packages.
  *  - The entry point is idempotent and thread-safe, does no GPU work (bind may run before any
  *    CUDA context exists) and lets no C++ exception escape. It checks host->h.abi_major (and
  *    host->h.struct_size for fields it needs) and returns NULL after host->set_error() when the

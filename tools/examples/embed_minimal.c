@@ -1,7 +1,8 @@
 /* The smallest complete C embedding of kernel-hub through libkernel_hub.so (README
  * "Embedding"): one slot, SiluAndMul, with the runtime's own code as fallback; kh_runtime_kernelize
  * binds kernel-hub/activation from the hub for both modes; one call in eval mode, checked
- * against the fallback. Built by the project and run by CTest (example.c). */
+ * against the fallback. Built by the project and run by CTest (example.c); built against the
+ * installed SDK with `cc embed_minimal.c $(pkg-config --cflags --libs kernel_hub) -lm` (sdk.install). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,8 @@ static DLTensor tensor(float* data, int64_t* shape) {
 }
 
 int main(void) {
+  /* The library loaded is the one this program was built for (same MAJOR: kernel_hub.h). */
+  printf("kernel-hub %s (built against %s)\n", kh_version(), KH_VERSION_STRING);
   kh_runtime_t* rt = kh_runtime_create(0);
   if (!rt) {
     fprintf(stderr, "error: %s\n", kh_last_error());

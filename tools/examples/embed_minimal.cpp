@@ -2,8 +2,9 @@
 // layer slot, RMSNorm, whose fallback is the runtime's own code; kernelize binds the signed
 // kernel-hub/norm package from the hub (the embedded default hub unless KERNEL_HUB_ENDPOINT says
 // otherwise) for eval and train; then one call through the slot, checked against the fallback.
-// One header, one kernelize call; built against include/ alone (CMake target kh_embed) and run
-// by CTest (example.cpp).
+// One header, one kernelize call, one library: built against the installed SDK by
+// tools/examples/sdk/CMakeLists.txt (find_package(KernelHub), KernelHub::kernel_hub), inside the
+// build against libkernel_hub.so, and run by CTest (example.cpp, sdk.install).
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -44,6 +45,8 @@ DLTensor tensor(std::vector<float>& v, int64_t* shape, int32_t ndim) {
 
 int main() {
   try {
+    // The library loaded is the one this program was built for (same MAJOR: kernel_hub.h).
+    std::printf("kernel-hub %s (built against %s)\n", kh::version(), KH_VERSION_STRING);
     kh::Runtime rt;
     const uint32_t slot = rt.add_slot("RMSNorm", {my_rms_norm, my_rms_norm, nullptr, 0});
 

@@ -10,6 +10,7 @@
 #include "hub/base/env.h"
 #include "hub/base/error.h"
 #include "hub/base/log.h"
+#include "kernel_hub/kernel_hub.h"
 #include "tools/kernel-hub/cli.h"
 
 int main(int argc, char** argv) {
@@ -22,7 +23,8 @@ int main(int argc, char** argv) {
       "(seconds a tag record is trusted, default 600), KERNEL_HUB_LOCAL (org/name=/dir,...),\n"
       "KERNEL_HUB_DISABLE=1 (every layer keeps its fallback), KERNEL_HUB_NVRTC (NVRTC library),\n"
       "KERNEL_HUB_TRUST_DIR (trusted keys), KERNEL_HUB_ALLOW_UNSIGNED=1, KERNEL_HUB_OFFLINE_GRACE\n"
-      "(seconds past expiry offline loads still accept, default 604800).",
+      "(seconds past expiry offline loads still accept, default 604800), KERNEL_HUB_DATA_DIR\n"
+      "(the embedded default hub and its key; default: ../share/kernel-hub from the binary).",
       "kernel-hub"};
   app.require_subcommand(1);
   app.fallthrough();  // global options may follow the command name too
@@ -41,7 +43,8 @@ int main(int argc, char** argv) {
   app.add_flag("--json", g.json, "Machine-readable output on stdout");
   app.add_flag("-q,--quiet", g.quiet, "No progress bar or notes");
   app.add_flag("-v,--verbose", g.verbose, "More detail on stderr");
-  app.set_version_flag("--version", "kernel-hub 0.1.0");
+  // The version of the code linked into this binary (kernel_hub.h "Versions").
+  app.set_version_flag("--version", "kernel-hub " KH_VERSION_STRING);
 
   Runner run;
   add_hub_commands(app, run);
