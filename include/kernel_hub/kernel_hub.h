@@ -123,6 +123,8 @@ KH_EXPORT int32_t kh_runtime_backward(const kh_runtime_t* rt, uint32_t slot, int
  *   config_json  the KernelConfig as JSON text (native or Transformers forms)
  *   hub          hub address: oci://HOST[/NS], http(s)://URL or file://DIR;
  *                NULL: $KERNEL_HUB_ENDPOINT, else the embedded default hub
+ *                (<prefix>/share/kernel-hub/default-hub beside the library, or
+ *                $KERNEL_HUB_DATA_DIR/default-hub; KH_ERR_NOT_FOUND when there is none)
  *   device       NULL or "cpu" (this machine), or "cuda:sm_90:cuda_13.0[:OS/ARCH]"
  *                (binds CUDA device 0)
  *   modes        KH_KERNELIZE_EVAL | KH_KERNELIZE_TRAIN (0: both)

@@ -160,7 +160,9 @@ class Runtime {
 
 struct EmbedOptions {
   // The hub: oci://HOST[/NS], http(s)://URL or file://DIR (a layout directory). Empty:
-  // $KERNEL_HUB_ENDPOINT, else the embedded default hub.
+  // $KERNEL_HUB_ENDPOINT, else the embedded default hub: <prefix>/share/kernel-hub/default-hub of
+  // the install libkernel_hub.so is in, or $KERNEL_HUB_DATA_DIR/default-hub (kh::Error kNotFound
+  // when there is none).
   std::string hub = {};
   // The device to resolve for: "cpu" (this machine), "cpu:linux/arm64",
   // "cuda:sm_90:cuda_13.0" or "cuda:sm_90:cuda_13.0:linux/amd64".

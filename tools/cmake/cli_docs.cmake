@@ -186,8 +186,9 @@ foreach(command IN LISTS commands)
 endforeach()
 foreach(sub desc IN ZIP_LISTS MAIN_SUBCOMMANDS_NAMES MAIN_SUBCOMMANDS_DESCS)
   # The first sentence, without the characters zsh's _describe or the quoting would read.
-  string(REGEX REPLACE "[.:(].*$" "" desc "${desc}")
-  string(REGEX REPLACE "['\\\\$`@]" "" desc "${desc}")
+  string(REGEX REPLACE "(@S@|@L@|[.:(]).*$" "" desc "${desc}")
+  string(REGEX REPLACE "['\\\\$`]" "" desc "${desc}")
+  string(STRIP "${desc}" desc)
   string(APPEND zsh_commands "    '${sub}:${desc}'\n")
 endforeach()
 # Nested commands are found by their first two words.

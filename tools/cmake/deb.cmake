@@ -52,7 +52,7 @@ set(CPACK_PACKAGE_NAME kernel-hub)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
     "kernel hub and dynamic loading system for CUDA kernels (SDK and CLI)")
-set(CPACK_PACKAGE_CONTACT "kernel-hub maintainers <kernel-hub@localhost>")
+set(CPACK_PACKAGE_CONTACT "kernel-hub maintainers")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_STRIP_FILES ON)
 set(CPACK_GENERATOR DEB)

@@ -16,7 +16,6 @@
 # share/kernel-hub relative to themselves (hub/data_dir.h), so a prefix can be moved.
 include(CMakePackageConfigHelpers)
 
-set(KH_INSTALL_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/KernelHub)
 set(KH_INSTALL_INCLUDE_DIR ${CMAKE_INSTALL_INCLUDEDIR}/kernel_hub)
 
 # ---- Headers ----
@@ -56,6 +55,10 @@ target_link_options(kh_sdk_package INTERFACE
   $<BUILD_INTERFACE:-Wl,--version-script=${KH_KERNEL_COMMON_DIR}/host_library.map>
   $<INSTALL_INTERFACE:-Wl,--version-script=$<INSTALL_PREFIX>/${KH_INSTALL_CMAKE_DIR}/host_library.map>)
 install(TARGETS kh_sdk_package EXPORT KernelHubTargets)
+# The installed names inside the build too, so that CMake code written for the SDK also works
+# in this tree.
+add_library(KernelHub::package ALIAS kh_sdk_package)
+add_library(KernelHub::kernel_hub ALIAS kernel_hub)
 install(FILES ${KH_KERNEL_COMMON_DIR}/host_library.map DESTINATION ${KH_INSTALL_CMAKE_DIR})
 
 # ---- CMake package files ----
