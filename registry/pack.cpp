@@ -38,6 +38,42 @@ std::optional<std::string> channel_tag_of(const std::string& version) {
 
 namespace {
 
+std::vector<std::string> dtype_list(uint32_t dtypes) {
+  std::vector<std::string> out;
+  if (dtypes & KH_DTYPE_BF16) out.push_back("bf16");
+  if (dtypes & KH_DTYPE_FP16) out.push_back("fp16");
+  if (dtypes & KH_DTYPE_FP32) out.push_back("fp32");
+  return out;
+}
+
+}  // namespace
+
+std::map<std::string, PackageLayer> package_layers_of(const ModuleView& v, const stdfs::path& dir) {
+  std::map<std::string, PackageLayer> out;
+  for (const kh_layer_v1_t* l : v.layers) {
+    PackageLayer p;
+    p.forward = l->forward;
+    if (l->forward_train) p.forward_train = l->forward_train;
+    p.has_backward = l->backward != nullptr && (l->flags & KH_FLAG_HAS_BACKWARD) != 0;
+    if (p.has_backward) p.backward = l->backward;
+    p.graph_safe = (l->flags & KH_FLAG_GRAPH_SAFE) != 0;
+    p.deterministic = (l->flags & KH_FLAG_DETERMINISTIC) != 0;
+    p.dtypes = dtype_list(l->dtypes);
+    if (p.dtypes.empty())
+      throw Error(ErrorKind::kRefused,
+                  fmt::format("{}: layer {} declares no dtype (KH_DTYPE_BF16/FP16/FP32); "
+                              "a published layer must say what it accepts",
+                              dir.string(), l->name));
+    out[l->name] = std::move(p);
+  }
+  if (out.empty())
+    throw Error(ErrorKind::kRefused,
+                fmt::format("{}: the module declares no layers; nothing to publish", dir.string()));
+  return out;
+}
+
+namespace {
+
 // What the build's kernel.json says. Read leniently: the build may write the short loader form
 // (name, version, host_library) or a fuller one; the layers come from the module itself.
 struct SourceManifest {
@@ -113,41 +149,6 @@ SourceManifest read_source_manifest(const stdfs::path& dir) {
     }
   }
   return m;
-}
-
-std::vector<std::string> dtype_list(uint32_t dtypes) {
-  std::vector<std::string> out;
-  if (dtypes & KH_DTYPE_BF16) out.push_back("bf16");
-  if (dtypes & KH_DTYPE_FP16) out.push_back("fp16");
-  if (dtypes & KH_DTYPE_FP32) out.push_back("fp32");
-  return out;
-}
-
-// The layers as the module table declares them: the loader binds from the table, so the
-// manifest must say the same.
-std::map<std::string, PackageLayer> layers_of(const ModuleView& v, const stdfs::path& dir) {
-  std::map<std::string, PackageLayer> out;
-  for (const kh_layer_v1_t* l : v.layers) {
-    PackageLayer p;
-    p.forward = l->forward;
-    if (l->forward_train) p.forward_train = l->forward_train;
-    p.has_backward = l->backward != nullptr && (l->flags & KH_FLAG_HAS_BACKWARD) != 0;
-    if (p.has_backward) p.backward = l->backward;
-    p.graph_safe = (l->flags & KH_FLAG_GRAPH_SAFE) != 0;
-    p.deterministic = (l->flags & KH_FLAG_DETERMINISTIC) != 0;
-    p.dtypes = dtype_list(l->dtypes);
-    if (p.dtypes.empty())
-      throw Error(ErrorKind::kRefused,
-                  fmt::format("pack: {}: layer {} declares no dtype (KH_DTYPE_BF16/FP16/FP32); "
-                              "a published layer must say what it accepts",
-                              dir.string(), l->name));
-    out[l->name] = std::move(p);
-  }
-  if (out.empty())
-    throw Error(
-        ErrorKind::kRefused,
-        fmt::format("pack: {}: the module declares no layers; nothing to publish", dir.string()));
-  return out;
 }
 
 std::vector<CudaArch> parse_sms(const std::vector<std::string>& sms) {
@@ -282,7 +283,7 @@ PackReport pack_package(const PackOptions& o) {
   base.abi_major = KH_ABI_MAJOR;
   base.abi_minor = module.abi_minor;
   base.host_library = src.host_library;
-  base.layers = layers_of(module, dir);
+  base.layers = package_layers_of(module, dir);
   const std::string abi_text = fmt::format("{}.{}", base.abi_major, base.abi_minor);
   const std::string os = o.os.empty() ? local_os() : o.os;
   const std::string arch = o.arch.empty() ? local_arch() : o.arch;

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,8 +30,11 @@
 #include "hub/base/digest.h"
 #include "hub/oci/oci.h"
 #include "hub/trust/signature.h"
+#include "registry/package_manifest.h"
 
 namespace kh {
+
+struct ModuleView;  // loader/module.h
 
 struct PackOptions {
   std::filesystem::path package_dir;  // the built package directory
@@ -84,6 +88,12 @@ struct PackReport {
 // or device list; kNotFound when NVRTC is missing but cubins were asked for (the message says to
 // install it or pass an empty sm list for a source-only variant).
 PackReport pack_package(const PackOptions& options);
+
+// The layers as a module table declares them, in kernel.json's form: what pack publishes and
+// `kernel-hub manifest` writes (the loader binds from the table, so the manifest must say the
+// same). kRefused naming `dir` when a layer declares no dtype or the module no layer.
+std::map<std::string, PackageLayer> package_layers_of(const ModuleView& module,
+                                                      const std::filesystem::path& dir);
 
 // "1.0.0" -> "v1"; nullopt when the version does not start with a number.
 std::optional<std::string> channel_tag_of(const std::string& version);

@@ -133,7 +133,7 @@ inline void expect_manifest_matches_module(std::span<const char* const> packages
     EXPECT_EQ(m.cuda_source, std::string(p) + ".cu");
     EXPECT_NO_THROW(verify_package_files(package_dir(p), m));
     // The manifest's layers are the module's, one for one, with the same ops, flags and dtypes
-    // (the build writes them from the module table: kernels/common/module_layers.cpp).
+    // (the build writes them from the module table: `kernel-hub manifest`).
     Package pkg(p);
     const ModuleView& view = pkg.module().view;
     EXPECT_EQ(m.layers.size(), view.layers.size());

@@ -52,6 +52,8 @@ void add_registry_commands(CLI::App& app, Runner& run);  // resolve, why, lock, 
 void add_demo_command(CLI::App& app, Runner& run);       // demo
 void add_trust_commands(CLI::App& app, Runner& run);     // keygen, sign, trust
 void add_mirror_commands(CLI::App& app, Runner& run);    // export, import
+void add_manifest_command(CLI::App& app, Runner& run);   // manifest
+void add_init_command(CLI::App& app, Runner& run);       // init
 
 std::string human_bytes(uint64_t bytes);
 std::string iso_time(int64_t unix_seconds);

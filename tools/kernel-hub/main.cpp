@@ -54,6 +54,8 @@ int main(int argc, char** argv) {
   add_demo_command(app, run);
   add_trust_commands(app, run);
   add_mirror_commands(app, run);
+  add_manifest_command(app, run);
+  add_init_command(app, run);
 
   try {
     app.parse(argc, argv);

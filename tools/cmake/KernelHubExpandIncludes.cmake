@@ -1,4 +1,4 @@
-# cmake -DIN=<pkg>.cu -DOUT=<dir>/<pkg>.cu -DINCLUDE_DIR=kernels/common -P expand_includes.cmake
+# cmake -DIN=<pkg>.cu -DOUT=<dir>/<pkg>.cu -DINCLUDE_DIR=<dir> -P KernelHubExpandIncludes.cmake
 #
 # Writes the shipped, header-free device source: every `#include "name"` line whose file exists
 # beside the including file or in INCLUDE_DIR is replaced by that file's text (once per file,
