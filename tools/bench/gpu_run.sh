@@ -10,6 +10,9 @@ mkdir -p /tmp/kh-dl
 for f in "$g"/lib/*; do n=$(basename "$f"); ldconfig -p | grep -qF "$n (" || ln -sf "$f" /tmp/kh-dl/"$n"; done
 export LD_LIBRARY_PATH=/tmp/kh-dl
 export KERNEL_HUB_CACHE=/tmp/kh-cache
+# The bundled binaries are away from their build tree: the default hub and its key are in the
+# bundle (hub/data_dir.h).
+export KERNEL_HUB_DATA_DIR=$g
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,temperature.gpu --format=csv | tee "$out/gpu.txt"
 # The test binaries look for packages where gpu_bundle.sh built them ($KH_GPU_BUILD_DIR, default
 # build-gpu/, of this checkout, which does not travel): put the bundled ones there.
