@@ -18,7 +18,9 @@ int main(int argc, char** argv) {
   CLI::App app{
       "kernel-hub: fetch, cache, verify and publish GPU kernel packages from OCI hubs.\n"
       "Environment: KERNEL_HUB_ENDPOINT (default hub), KERNEL_HUB_CACHE (cache dir),\n"
-      "KERNEL_HUB_OFFLINE=1, KERNEL_HUB_PLAIN_HTTP=1, KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD,\n"
+      "KERNEL_HUB_OFFLINE=1, KERNEL_HUB_PLAIN_HTTP=1, KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD\n"
+      "(sent only to KERNEL_HUB_CREDENTIALS_HOST, else to KERNEL_HUB_ENDPOINT's registry),\n"
+      "KERNEL_HUB_COMMAND_TIMEOUT_S, KERNEL_HUB_UNPACK_BUDGET,\n"
       "KERNEL_HUB_CREDENTIALS (credentials file), KERNEL_HUB_CA_BUNDLE, KERNEL_HUB_REF_TTL\n"
       "(seconds a tag record is trusted, default 600), KERNEL_HUB_LOCAL (org/name=/dir,...),\n"
       "KERNEL_HUB_DISABLE=1 (every layer keeps its fallback), KERNEL_HUB_NVRTC (NVRTC library),\n"
