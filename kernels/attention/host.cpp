@@ -99,6 +99,42 @@ int32_t scale_arg(const char* op, double scale) {
   return KH_OK;
 }
 
+// ---- Index checks on host tensors ----
+// The cpu ops read cu_seqlens, seq_lens and block tables on the host, so they check them before
+// indexing with them; the cuda kernels cannot without a synchronisation and trust them, as
+// FlashAttention's and paged-attention kernels do (the README says so).
+
+int32_t cpu_seqlens_ok(const char* op, const char* name, const int32_t* cu, int batch,
+                       int64_t tokens) {
+  if (!cu) return KH_OK;
+  for (int b = 0; b <= batch; ++b)
+    if (cu[b] < 0 || cu[b] > tokens || (b > 0 && cu[b] < cu[b - 1]))
+      return fail(KH_ERR_INVALID_ARGUMENT,
+                  "%s: %s[%d] = %d; offsets must rise from 0 to at most the %lld tokens", op, name,
+                  b, cu[b], static_cast<long long>(tokens));
+  return KH_OK;
+}
+
+int32_t cpu_pages_ok(const char* op, const int32_t* table, int table_stride, const int32_t* lens,
+                     int batch, int page_size, int64_t pages, int min_len) {
+  for (int b = 0; b < batch; ++b) {
+    const int64_t len = lens[b];
+    if (len < min_len || len > static_cast<int64_t>(table_stride) * page_size)
+      return fail(KH_ERR_INVALID_ARGUMENT,
+                  "%s: seq_lens[%d] = %lld; expected %d..%lld (the block table's %d pages of %d)",
+                  op, b, static_cast<long long>(len), min_len,
+                  static_cast<long long>(table_stride) * page_size, table_stride, page_size);
+    for (int64_t i = 0; i < (len + page_size - 1) / page_size; ++i) {
+      const int32_t page = table[static_cast<int64_t>(b) * table_stride + i];
+      if (page < 0 || page >= pages)
+        return fail(KH_ERR_INVALID_ARGUMENT,
+                    "%s: block_table[%d][%lld] = %d; the cache has pages 0..%lld", op, b,
+                    static_cast<long long>(i), page, static_cast<long long>(pages - 1));
+    }
+  }
+  return KH_OK;
+}
+
 // ---- Attention ----
 
 constexpr OpSchema kForward{
@@ -218,6 +254,8 @@ int32_t attention_forward(const Args<kForward>& a, void* stream) {
   if (q.tokens == 0 || p.batch == 0) return KH_OK;
 
   if (is_cpu(q.device)) {
+    KH_TRY(cpu_seqlens_ok(kForward.name(), "cu_seqlens_q", p.cu_seqlens_q, p.batch, q.tokens));
+    KH_TRY(cpu_seqlens_ok(kForward.name(), "cu_seqlens_k", p.cu_seqlens_k, p.batch, in.k.tokens));
     attention_cpu::forward(q.dtype, static_cast<int>(q.head_dim), p);
     return KH_OK;
   }
@@ -280,6 +318,8 @@ int32_t attention_backward(const Args<kBackward>& a, void* stream) {
   if (bp.f.batch == 0 || (q.tokens == 0 && k.tokens == 0)) return KH_OK;
 
   if (is_cpu(q.device)) {
+    KH_TRY(cpu_seqlens_ok(op, "cu_seqlens_q", bp.f.cu_seqlens_q, bp.f.batch, q.tokens));
+    KH_TRY(cpu_seqlens_ok(op, "cu_seqlens_k", bp.f.cu_seqlens_k, bp.f.batch, k.tokens));
     attention_cpu::backward(q.dtype, static_cast<int>(q.head_dim), bp);
     return KH_OK;
   }
@@ -448,6 +488,8 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
   if (q.tokens == 0) return KH_OK;
 
   if (is_cpu(q.device)) {
+    KH_TRY(cpu_pages_ok(op, p.block_table, p.table_stride, p.seq_lens, p.batch, p.page_size,
+                        kc.pages, p.q_tokens));
     attention_cpu::decode(q.dtype, static_cast<int>(q.head_dim), p);
     return KH_OK;
   }
@@ -549,6 +591,8 @@ int32_t paged_kv_append(const Args<kAppend>& a, void* stream) {
   p.head_dim = static_cast<int>(kn.head_dim);
   if (kn.tokens == 0) return KH_OK;
   if (is_cpu(kn.device)) {
+    KH_TRY(cpu_pages_ok(op, p.block_table, p.table_stride, p.seq_lens, p.batch, p.page_size,
+                        kc.pages, p.n_new));
     attention_cpu::append(kn.dtype, p);
     return KH_OK;
   }

@@ -117,5 +117,44 @@ TEST_F(AttentionCpu, BadArgumentsAreRefusedNamingTheArgument) {
   EXPECT_NE(e7.find("out"), std::string::npos) << e7;
 }
 
+TEST_F(AttentionCpu, IndexTensorsAreCheckedBeforeTheyAreUsed) {
+  using attention_cases::NdView;
+  // cu_seqlens that fall, then rise past the tokens.
+  HostTensor q(kFP32, 8, 64), out(kFP32, 8, 64);
+  NdView qv(q.dl(), {8, 1, 64}), ov(out.dl(), {8, 1, 64});
+  for (const std::vector<int32_t>& bad : {std::vector<int32_t>{0, 5, 3}, {0, 4, 9}}) {
+    HostTensor cu = attention_cases::int32_tensor(bad);
+    NdView cuv(cu.dl(), {3}, attention_cases::kInt32);
+    std::string err;
+    EXPECT_EQ(pkg_->call("attention_forward",
+                         {targ(&qv.t), targ(&qv.t), targ(&qv.t), targ(&cuv.t), targ(&cuv.t),
+                          iarg(5), iarg(1), iarg(-1), farg(0.125), targ(&ov.t), targ(nullptr)},
+                         &err),
+              KH_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(err.find("cu_seqlens_q["), std::string::npos) << err;
+  }
+  // seq_lens past the block table, and a block table entry past the cache.
+  HostTensor kc(kFP32, 4 * 2, 64), dq(kFP32, 1, 64), dout(kFP32, 1, 64);
+  NdView kcv(kc.dl(), {4, 2, 1, 64}), qd(dq.dl(), {1, 1, 1, 64}), od(dout.dl(), {1, 1, 1, 64});
+  struct Bad {
+    std::vector<int32_t> table, lens;
+    const char* needle;
+  };
+  for (const Bad& b :
+       {Bad{{0, 1}, {5}, "seq_lens[0] = 5"}, Bad{{0, 7}, {4}, "block_table[0][1] = 7"}}) {
+    HostTensor tab = attention_cases::int32_tensor(b.table),
+               lens = attention_cases::int32_tensor(b.lens);
+    NdView tv(tab.dl(), {1, 2}, attention_cases::kInt32),
+        lv(lens.dl(), {1}, attention_cases::kInt32);
+    std::string err;
+    EXPECT_EQ(pkg_->call("paged_attention_decode",
+                         {targ(&qd.t), targ(&kcv.t), targ(&kcv.t), targ(&tv.t), targ(&lv.t),
+                          iarg(-1), farg(0.125), targ(&od.t), targ(nullptr)},
+                         &err),
+              KH_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(err.find(b.needle), std::string::npos) << err;
+  }
+}
+
 }  // namespace
 }  // namespace kh::kernels_test
