@@ -1,15 +1,23 @@
 // The demo model runtime (tools/demo, `kernel-hub demo`):
 // - in process: the same model kernelized on cpu from the embedded default hub and with the
 //   runtime's fallbacks only gives the same logits and losses (within fp32 rounding) and learns;
+//   the Attention slot binds kernel-hub/attention's cpu variant, whose ops agree with the
+//   runtime's own attention (the fallback), which refuses what it does not implement;
 // - the CLI as a child process with an empty cache: `demo --device cpu --steps 50 --json` binds
-//   every slot from a package in both modes and the loss falls;
+//   every slot from a package in both modes and the loss falls; on cuda, Attention keeps its
+//   fallback (the package's cuda kernels take bf16/fp16, the demo is fp32);
 // - `demo --device cuda:0` fails clearly without a GPU; DemoGpu.* (CTest label gpu) runs it on a
 //   GPU and skips without one.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <string>
 
 #include "hub/hub.h"
 #include "hub/store/store.h"
@@ -28,7 +36,9 @@ using demo::DemoOptions;
 using demo::DemoRun;
 using demo::DemoSlots;
 
-constexpr const char* kLayers[] = {"RMSNorm", "RotaryEmbedding", "SiluAndMul", "CrossEntropy"};
+constexpr const char* kLayers[] = {"RMSNorm", "RotaryEmbedding", "SiluAndMul", "CrossEntropy",
+                                   "Attention"};
+constexpr size_t kBindings = 2 * std::size(kLayers);  // eval and train
 
 // The embedded default hub is signed at build time with a key the build trusts: the demo runs
 // under the default policy, so an unsigned-package override must not leak in from outside.
@@ -148,6 +158,121 @@ TEST_F(DemoInProcess, KernelizedAndFallbackRunsAgreeAndLearn) {
   EXPECT_EQ(rk.generated.size(), static_cast<size_t>(o.generate_tokens));
 }
 
+TEST_F(DemoInProcess, AttentionSlotBindsThePackagesCpuVariant) {
+  DemoRuntime kern(*hub_, /*fallback_only=*/false);
+  SCOPED_TRACE(kern.report.str());
+  for (Mode m : {Mode::kEval, Mode::kTrain}) {
+    const KernelizeBinding* b = kern.report.find("Attention", m);
+    ASSERT_NE(b, nullptr) << mode_name(m);
+    EXPECT_EQ(b->source, BindingSource::kHub) << mode_name(m);
+    EXPECT_TRUE(b->package.starts_with("kernel-hub/attention@")) << b->package;
+    EXPECT_TRUE(b->kernel.starts_with("kernel-hub/attention@v1")) << b->kernel;
+    kern.rt.set_mode(m);
+    EXPECT_FALSE(kern.rt.table().current()->entry(kCpuDevice, kern.slots.attention).is_fallback);
+  }
+}
+
+// One padded causal batch through the Attention slot of two runtimes: forward_train (out, lse)
+// and backward (dq, dk, dv) of kernel-hub/attention's cpu variant and of the runtime's own
+// attention agree. Odd length and several heads, so a wrong layout or mask shows.
+TEST_F(DemoInProcess, PackageAndFallbackAttentionAgree) {
+  DemoRuntime kern(*hub_, /*fallback_only=*/false);
+  DemoRuntime fall(*hub_, /*fallback_only=*/true);
+  constexpr int64_t B = 2, S = 7, NH = 3, HD = 16, T = B * S, N = T * NH * HD;
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> q(N), k(N), v(N), dout(N);
+  for (auto* x : {&q, &k, &v, &dout})
+    for (float& f : *x) f = u(rng);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(HD));
+  struct Result {
+    std::vector<float> out = std::vector<float>(N), lse = std::vector<float>(NH * T),
+                       dq = std::vector<float>(N), dk = std::vector<float>(N),
+                       dv = std::vector<float>(N), ws = std::vector<float>(T * NH * (HD + 1));
+  };
+  auto run = [&](DemoRuntime& r) {
+    using namespace demo;
+    r.rt.set_mode(Mode::kTrain);
+    SlotCaller call(r.rt, -1);
+    Result x;
+    call.forward(r.slots.attention,
+                 {in(q.data(), {B, S, NH, HD}), in(k.data(), {B, S, NH, HD}),
+                  in(v.data(), {B, S, NH, HD}), none(), none(), integer(S), integer(1), integer(-1),
+                  real(scale), out(x.out.data(), {B, S, NH, HD}), out(x.lse.data(), {NH, T})});
+    call.backward(
+        r.slots.attention,
+        {in(dout.data(), {B, S, NH, HD}), in(q.data(), {B, S, NH, HD}),
+         in(k.data(), {B, S, NH, HD}), in(v.data(), {B, S, NH, HD}),
+         in(x.out.data(), {B, S, NH, HD}), in(x.lse.data(), {NH, T}), none(), none(), integer(S),
+         integer(S), integer(1), integer(-1), real(scale), out(x.dq.data(), {B, S, NH, HD}),
+         out(x.dk.data(), {B, S, NH, HD}), out(x.dv.data(), {B, S, NH, HD}),
+         scratch(x.ws.data(), {static_cast<int64_t>(x.ws.size())})});
+    return x;
+  };
+  const Result a = run(kern), b = run(fall);
+  auto worst = [](const std::vector<float>& x, const std::vector<float>& y) {
+    float w = 0;
+    for (size_t i = 0; i < x.size(); ++i) w = std::max(w, std::fabs(x[i] - y[i]));
+    return w;
+  };
+  // fp32, the same formulas, different summation order: a few ulp; a wrong op is off by >1e-2.
+  EXPECT_LT(worst(a.out, b.out), 1e-5f);
+  EXPECT_LT(worst(a.lse, b.lse), 1e-5f);
+  EXPECT_LT(worst(a.dq, b.dq), 1e-5f);
+  EXPECT_LT(worst(a.dk, b.dk), 1e-5f);
+  EXPECT_LT(worst(a.dv, b.dv), 1e-5f);
+  // The first query sees only key 0 (causal): its output is v's row 0.
+  for (int64_t d = 0; d < HD; ++d) EXPECT_FLOAT_EQ(b.out[d], v[d]);
+}
+
+// The fallback implements padded causal attention only and says so for everything else.
+TEST_F(DemoInProcess, FallbackAttentionRefusesWhatItDoesNotImplement) {
+  DemoRuntime fall(*hub_, /*fallback_only=*/true);
+  fall.rt.set_mode(Mode::kEval);
+  demo::SlotCaller call(fall.rt, -1);
+  constexpr int64_t B = 1, S = 4, NH = 2, HD = 8, N = B * S * NH * HD;
+  std::vector<float> q(N, 0.5f), kv_gqa(N / 2, 0.5f), o(N);
+  const int32_t cu[] = {0, 4};
+  using namespace demo;
+  auto refuses = [&](OpArgs args, const std::string& why) {
+    try {
+      call.forward(fall.slots.attention, args);
+      ADD_FAILURE() << "accepted; expected a refusal naming " << why;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(fmt::format("(status {})", KH_ERR_UNSUPPORTED)), std::string::npos) << msg;
+      EXPECT_NE(msg.find(why), std::string::npos) << msg;
+      EXPECT_NE(msg.find("runtime fallback"), std::string::npos) << msg;
+    }
+  };
+  auto args = [&](int64_t causal, int64_t window, bool varlen, bool gqa) {
+    const float* kv = gqa ? kv_gqa.data() : q.data();
+    const int64_t kv_heads = gqa ? NH / 2 : NH;
+    OpArgs a = {in(q.data(), {B, S, NH, HD}),
+                in(kv, {B, S, kv_heads, HD}),
+                in(kv, {B, S, kv_heads, HD}),
+                none(),
+                none(),
+                integer(S),
+                integer(causal),
+                integer(window),
+                real(0.25),
+                out(o.data(), {B, S, NH, HD}),
+                none()};
+    if (varlen) {
+      a[3].t = make_tensor(cu, {2}, {kDLInt, 32, 1}, Role::kIn);
+      a[4].t = make_tensor(cu, {2}, {kDLInt, 32, 1}, Role::kIn);
+    }
+    return a;
+  };
+  refuses(args(0, -1, false, false), "causal must be 1");
+  refuses(args(1, 2, false, false), "window_left must be -1");
+  refuses(args(1, -1, true, false), "cu_seqlens");
+  refuses(args(1, -1, false, true), "no GQA");
+  call.forward(fall.slots.attention, args(1, -1, false, false));  // and runs the supported case
+  EXPECT_FLOAT_EQ(o[0], 0.5f);
+}
+
 // --- the CLI as a child process ---
 
 Env cli_env(const std::filesystem::path& cache) {
@@ -158,19 +283,24 @@ Env cli_env(const std::filesystem::path& cache) {
 }
 
 // Checks `demo --json` output: every slot bound from a package (not the fallback) in both modes,
-// and the loss fell.
-void expect_kernelized_run(const ProcessResult& r, const std::string& device) {
+// except `fallbacks`, which keep the runtime's fallback; and the loss fell.
+void expect_kernelized_run(const ProcessResult& r, const std::string& device,
+                           const std::set<std::string>& fallbacks = {}) {
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["device"], device);
   EXPECT_EQ(j["fallback_only"], false);
-  ASSERT_EQ(j["bindings"].size(), 8u) << j["bindings"].dump(2);
+  ASSERT_EQ(j["bindings"].size(), kBindings) << j["bindings"].dump(2);
   for (const char* mode : {"eval", "train"})
     for (const char* layer : kLayers) {
       bool found = false;
       for (auto& b : j["bindings"]) {
         if (b["layer"] != layer || b["mode"] != mode) continue;
         found = true;
+        if (fallbacks.contains(layer)) {
+          EXPECT_EQ(b["source"], "fallback") << b.dump(2);
+          continue;
+        }
         EXPECT_NE(b["source"], "fallback") << b.dump(2);
         EXPECT_TRUE(b["package"].get<std::string>().starts_with("kernel-hub/")) << b.dump(2);
         EXPECT_TRUE(b["index_digest"].get<std::string>().starts_with("sha256:"));
@@ -191,7 +321,7 @@ TEST(DemoCli, CpuJsonFromAnEmptyCacheBindsEverySlot) {
                                 cli_env(cache.path()), 240);
   ASSERT_NO_FATAL_FAILURE(expect_kernelized_run(r, "cpu"));
   nlohmann::json j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["fetched"], 4);  // the cache was empty: each package came from the hub, once
+  EXPECT_EQ(j["fetched"], 5);  // the cache was empty: each package came from the hub, once
   for (auto& b : j["bindings"]) EXPECT_EQ(b["source"], "hub") << b.dump(2);
   EXPECT_TRUE(j["staging"]["staged_slots"].empty());
 }
@@ -224,11 +354,13 @@ TEST(DemoGpu, CudaJsonBindsEverySlotAndLearns) {
   ProcessResult r =
       run_process({cli_path(), "demo", "--device", "cuda:0", "--steps", "50", "--json"},
                   cli_env(cache.path()), 480);
-  ASSERT_NO_FATAL_FAILURE(expect_kernelized_run(r, "cuda:0"));
+  // The cuda attention kernels take bf16/fp16; the fp32 demo maps Attention on cpu only.
+  ASSERT_NO_FATAL_FAILURE(expect_kernelized_run(r, "cuda:0", {"Attention"}));
   nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["staging"]["staged_slots"].size(), 4u) << j["staging"].dump(2);
+  for (auto& s : j["staging"]["staged_slots"]) EXPECT_NE(s, "Attention");
   EXPECT_GT(j["staging"]["staged_calls"].get<int>(), 0);
-  EXPECT_EQ(j["staging"]["host_calls"], 0);
+  EXPECT_GT(j["staging"]["host_calls"].get<int>(), 0);  // Attention's fallback, on host tensors
 }
 
 }  // namespace

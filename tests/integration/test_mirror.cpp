@@ -384,12 +384,13 @@ TEST_F(MirrorE2E, ExportRefusesANonEmptyDirectoryAndForceReplacesOnlyAMirror) {
 
 // --- the demo from a mirror of the embedded default hub ---
 
-constexpr const char* kDemoLayers[] = {"RMSNorm", "RotaryEmbedding", "SiluAndMul", "CrossEntropy"};
+constexpr const char* kDemoLayers[] = {"RMSNorm", "RotaryEmbedding", "SiluAndMul", "CrossEntropy",
+                                       "Attention"};
 
 void expect_demo_from(const ProcessResult& r, const std::string& source) {
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   json j = json::parse(r.out);
-  ASSERT_EQ(j["bindings"].size(), 8u) << j["bindings"].dump(2);
+  ASSERT_EQ(j["bindings"].size(), 10u) << j["bindings"].dump(2);
   for (const char* mode : {"eval", "train"})
     for (const char* layer : kDemoLayers) {
       bool found = false;
@@ -418,7 +419,7 @@ TEST(MirrorDemo, ExportTheDemoConfigImportOfflineAndRunTheDemo) {
                   clean_env(), 240);
   ASSERT_EQ(ex.exit_code, 0) << ex.err << ex.out;
   json ej = json::parse(ex.out);
-  EXPECT_EQ(ej["refs"].size(), 4u) << ej.dump(2);
+  EXPECT_EQ(ej["refs"].size(), 5u) << ej.dump(2);
   for (auto& r : ej["refs"]) {
     EXPECT_EQ(r["variants_exported"], 1) << r.dump(2);
     EXPECT_GE(r["signatures"].get<int>(), 1) << r.dump(2);
@@ -430,7 +431,7 @@ TEST(MirrorDemo, ExportTheDemoConfigImportOfflineAndRunTheDemo) {
       {cli_path(), "--cache", (work / "cache-b").string(), "import", dir.string(), "--json"},
       offline, 240);
   ASSERT_EQ(im.exit_code, 0) << im.err << im.out;
-  EXPECT_EQ(json::parse(im.out)["refs"].size(), 4u);
+  EXPECT_EQ(json::parse(im.out)["refs"].size(), 5u);
   ProcessResult demo = run_process({cli_path(), "--cache", (work / "cache-b").string(), "demo",
                                     "--device", "cpu", "--steps", "30", "--json"},
                                    offline, 240);
@@ -443,7 +444,7 @@ TEST(MirrorDemo, ExportTheDemoConfigImportOfflineAndRunTheDemo) {
                    "demo", "--device", "cpu", "--steps", "30", "--json"},
                   clean_env(), 240);
   ASSERT_NO_FATAL_FAILURE(expect_demo_from(served, "hub"));
-  EXPECT_EQ(json::parse(served.out)["fetched"], 4);
+  EXPECT_EQ(json::parse(served.out)["fetched"], 5);
 }
 
 }  // namespace

@@ -94,7 +94,8 @@ DemoRun run_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& o) {
   run.generate_ms = ms_since(t0);
 
   run.staging = call.stats();
-  for (uint32_t s : {slots.rms_norm, slots.rotary, slots.silu_and_mul, slots.cross_entropy})
+  for (uint32_t s :
+       {slots.rms_norm, slots.rotary, slots.silu_and_mul, slots.cross_entropy, slots.attention})
     if (call.staged(s)) run.staged_slots.push_back(rt.slot_name(s));
   return run;
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "loader/host_services.h"
+#include "tools/demo/layers.h"
 
 namespace kh::demo {
 
@@ -355,6 +356,102 @@ int32_t cross_entropy_backward(const kh_arg_t* a, int32_t n, void*) {
   });
 }
 
+// ---- Attention: the runtime's own causal attention (layers.h), padded batches only -----------
+
+// A [batch, len, heads, head_dim] fp32 tensor of q's shape. A k or v of another shape is valid
+// for the package (GQA, other key lengths) but not implemented here: `mismatch` says which.
+float* heads_tensor(const Args& g, int32_t i, const char* name, const DLTensor* q,
+                    int32_t mismatch = KH_ERR_INVALID_ARGUMENT) {
+  Rows r = g.rows(i, name);
+  const DLTensor* t = g.tensor(i, name);
+  if (t->ndim != 4)
+    g.fail(KH_ERR_UNSUPPORTED,
+           fmt::format("tensor {} is {}-D; the fallback takes padded [batch, len, heads, "
+                       "head_dim] tensors only (bind kernel-hub/attention for packed ones)",
+                       name, t->ndim));
+  for (int d = 0; d < 4; ++d)
+    if (t->shape[d] != q->shape[d])
+      g.fail(mismatch,
+             fmt::format("tensor {} is [{}, {}, {}, {}]; expected q's shape [{}, {}, {}, {}]{}",
+                         name, t->shape[0], t->shape[1], t->shape[2], t->shape[3], q->shape[0],
+                         q->shape[1], q->shape[2], q->shape[3],
+                         mismatch == KH_ERR_UNSUPPORTED
+                             ? " (the fallback has no GQA and no key lengths other than q's)"
+                             : ""));
+  return r.p;
+}
+
+// The arguments forward and backward share, from index `first` (cu_seqlens_q): what the fallback
+// does not implement is refused, not ignored.
+struct AttentionOptions {
+  AttentionShape shape;
+  float scale = 0;
+};
+
+AttentionOptions attention_options(const Args& g, const DLTensor* q, int32_t first,
+                                   bool has_max_k) {
+  if (g.tensor(first, "cu_seqlens_q", true) || g.tensor(first + 1, "cu_seqlens_k", true))
+    g.fail(KH_ERR_UNSUPPORTED,
+           "packed sequences (cu_seqlens) are not supported by the fallback; pass padded "
+           "[batch, len, heads, head_dim] tensors or bind kernel-hub/attention");
+  g.integer(first + 2, "max_seqlen_q");  // padded: the lengths are q's and k's shapes
+  const int32_t c = first + (has_max_k ? 4 : 3);
+  if (has_max_k) g.integer(first + 3, "max_seqlen_k");
+  if (g.integer(c, "causal") != 1)
+    g.fail(KH_ERR_UNSUPPORTED, "causal must be 1; the fallback is causal attention only");
+  if (g.integer(c + 1, "window_left") != -1)
+    g.fail(KH_ERR_UNSUPPORTED, "window_left must be -1; the fallback has no sliding window");
+  const double scale = g.real(c + 2, "scale");
+  if (!(scale > 0.0) || !std::isfinite(scale))
+    g.fail(KH_ERR_INVALID_ARGUMENT,
+           fmt::format("scale {}; expected a positive softmax scale (1 / sqrt(head_dim))", scale));
+  return {{q->shape[0], q->shape[1], q->shape[2], q->shape[3]}, static_cast<float>(scale)};
+}
+
+// forward (eval) and forward_train (with lse) are one op, as in the package.
+int32_t attention_fwd(const kh_arg_t* a, int32_t n, void*) {
+  return guarded([&] {
+    Args g("attention_forward",
+           "attention_forward(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? "
+           "cu_seqlens_k, int max_seqlen_q, int causal, int window_left, float scale, "
+           "Tensor(a!) out, Tensor(b!)? lse)",
+           a, n, 11);
+    const DLTensor* qt = g.tensor(0, "q");
+    const float* q = heads_tensor(g, 0, "q", qt);
+    const float* k = heads_tensor(g, 1, "k", qt, KH_ERR_UNSUPPORTED);
+    const float* v = heads_tensor(g, 2, "v", qt, KH_ERR_UNSUPPORTED);
+    const AttentionOptions o = attention_options(g, qt, 3, false);
+    float* out = heads_tensor(g, 9, "out", qt);
+    const int64_t tokens = o.shape.batch * o.shape.len;
+    float* lse = g.tensor(10, "lse", true) ? g.vector(10, "lse", o.shape.heads * tokens) : nullptr;
+    attention_forward(o.shape, o.scale, q, k, v, out, lse);
+  });
+}
+
+int32_t attention_bwd(const kh_arg_t* a, int32_t n, void*) {
+  return guarded([&] {
+    Args g("attention_backward",
+           "attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+           "Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, int "
+           "causal, int window_left, float scale, Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, "
+           "Tensor(d!)? workspace)",
+           a, n, 17);
+    const DLTensor* qt = g.tensor(1, "q");
+    const float* q = heads_tensor(g, 1, "q", qt);
+    const float* dout = heads_tensor(g, 0, "dout", qt);
+    const float* k = heads_tensor(g, 2, "k", qt, KH_ERR_UNSUPPORTED);
+    const float* v = heads_tensor(g, 3, "v", qt, KH_ERR_UNSUPPORTED);
+    const float* out = heads_tensor(g, 4, "out", qt);
+    const AttentionOptions o = attention_options(g, qt, 6, true);
+    const float* lse = g.vector(5, "lse", o.shape.heads * o.shape.batch * o.shape.len);
+    float* dq = heads_tensor(g, 13, "dq", qt);
+    float* dk = heads_tensor(g, 14, "dk", qt, KH_ERR_UNSUPPORTED);
+    float* dv = heads_tensor(g, 15, "dv", qt, KH_ERR_UNSUPPORTED);
+    g.tensor(16, "workspace", true);  // the package's cuda scratch; not needed here
+    attention_backward(o.shape, o.scale, q, k, v, out, lse, dout, dq, dk, dv);
+  });
+}
+
 }  // namespace
 
 DemoSlots add_demo_slots(Runtime& rt) {
@@ -367,6 +464,7 @@ DemoSlots add_demo_slots(Runtime& rt) {
   s.silu_and_mul = rt.add_slot(kSiluAndMul, {silu_and_mul, silu_and_mul, silu_and_mul_backward, f});
   s.cross_entropy =
       rt.add_slot(kCrossEntropy, {cross_entropy, cross_entropy_train, cross_entropy_backward, f});
+  s.attention = rt.add_slot(kAttention, {attention_fwd, attention_fwd, attention_bwd, f});
   return s;
 }
 

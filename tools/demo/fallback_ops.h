@@ -15,9 +15,19 @@
 //                    cross_entropy_train(logits, targets, ignore_index, grad_scale, loss,
 //                                        dlogits)
 //                    cross_entropy_backward(dloss, dlogits)              (scales in place)
+//   Attention        attention_forward(q, k, v, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q,
+//                                      causal, window_left, scale, out, lse?)
+//                                                                     [kernel-hub/attention]
+//                    (forward_train: the same op with lse, fp32 [heads, tokens])
+//                    attention_backward(dout, q, k, v, out, lse, cu_seqlens_q?, cu_seqlens_k?,
+//                                       max_seqlen_q, max_seqlen_k, causal, window_left, scale,
+//                                       dq, dk, dv, workspace?)
 //
 // They are plain fp32 loops on host tensors (contiguous, kDLCPU) with the packages' formulas;
 // anything else is refused with KH_ERR_UNSUPPORTED and a message in kh::last_op_error().
+// Attention's fallback is the runtime's own causal attention (layers.h) and takes padded
+// [batch, len, heads, head_dim] batches only: causal = 1, window_left = -1, no cu_seqlens, k and
+// v shaped as q (no GQA).
 #pragma once
 
 #include <cstdint>
@@ -31,15 +41,17 @@ inline constexpr const char* kRMSNorm = "RMSNorm";
 inline constexpr const char* kRotaryEmbedding = "RotaryEmbedding";
 inline constexpr const char* kSiluAndMul = "SiluAndMul";
 inline constexpr const char* kCrossEntropy = "CrossEntropy";
+inline constexpr const char* kAttention = "Attention";
 
 struct DemoSlots {
   uint32_t rms_norm = 0;
   uint32_t rotary = 0;
   uint32_t silu_and_mul = 0;
   uint32_t cross_entropy = 0;
+  uint32_t attention = 0;
 };
 
-// Adds the four slots, each with its fallback (forward, forward_train, backward).
+// Adds the five slots, each with its fallback (forward, forward_train, backward).
 DemoSlots add_demo_slots(Runtime& runtime);
 
 }  // namespace kh::demo

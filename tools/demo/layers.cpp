@@ -47,62 +47,73 @@ void linear_backward(const float* x, const float* w, const float* dy, float* dx,
   }
 }
 
-void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v,
-                       float* probs, float* out) {
-  const int64_t width = s.heads * s.head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+namespace {
+// Offsets of token t's head h in a [batch * len, heads * head_dim] tensor, and of its lse.
+struct HeadRows {
+  const AttentionShape& s;
+  size_t row(int64_t b, int64_t t, int64_t h) const {
+    return static_cast<size_t>(((b * s.len + t) * s.heads + h) * s.head_dim);
+  }
+  size_t lse(int64_t b, int64_t t, int64_t h) const {
+    return static_cast<size_t>(h * s.batch * s.len + b * s.len + t);
+  }
+};
+}  // namespace
+
+void attention_forward(const AttentionShape& s, float scale, const float* q, const float* k,
+                       const float* v, float* out, float* lse) {
+  const HeadRows at{s};
+  std::vector<float> p(static_cast<size_t>(s.len));
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
       for (int64_t i = 0; i < s.len; ++i) {
-        float* p = probs + ((b * s.heads + h) * s.len + i) * s.len;
-        const float* qi = q + (b * s.len + i) * width + h * s.head_dim;
+        const float* qi = q + at.row(b, i, h);
         float m = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j <= i; ++j) {
-          p[j] = dot(qi, k + (b * s.len + j) * width + h * s.head_dim, s.head_dim) * scale;
+        for (int64_t j = 0; j <= i; ++j) {  // causal: keys 0..i
+          p[j] = dot(qi, k + at.row(b, j, h), s.head_dim) * scale;
           m = std::fmax(m, p[j]);
         }
         float sum = 0.f;
         for (int64_t j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - m));
-        for (int64_t j = 0; j <= i; ++j) p[j] /= sum;
-        for (int64_t j = i + 1; j < s.len; ++j) p[j] = 0.f;  // causal mask
-        float* oi = out + (b * s.len + i) * width + h * s.head_dim;
+        float* oi = out + at.row(b, i, h);
         std::memset(oi, 0, static_cast<size_t>(s.head_dim) * sizeof(float));
         for (int64_t j = 0; j <= i; ++j) {
-          const float* vj = v + (b * s.len + j) * width + h * s.head_dim;
+          const float* vj = v + at.row(b, j, h);
           for (int64_t d = 0; d < s.head_dim; ++d) oi[d] += p[j] * vj[d];
         }
+        const float inv = 1.0f / sum;
+        for (int64_t d = 0; d < s.head_dim; ++d) oi[d] *= inv;
+        if (lse) lse[at.lse(b, i, h)] = m + std::log(sum);
       }
 }
 
-void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,
-                        const float* probs, const float* dout, float* dq, float* dk, float* dv) {
-  const int64_t width = s.heads * s.head_dim;
-  const size_t n = static_cast<size_t>(s.batch * s.len * width);
+void attention_backward(const AttentionShape& s, float scale, const float* q, const float* k,
+                        const float* v, const float* out, const float* lse, const float* dout,
+                        float* dq, float* dk, float* dv) {
+  const HeadRows at{s};
+  const size_t n = static_cast<size_t>(s.batch * s.len * s.heads * s.head_dim);
   std::memset(dq, 0, n * sizeof(float));
   std::memset(dk, 0, n * sizeof(float));
   std::memset(dv, 0, n * sizeof(float));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  std::vector<float> dp(static_cast<size_t>(s.len));
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
       for (int64_t i = 0; i < s.len; ++i) {
-        const float* p = probs + ((b * s.heads + h) * s.len + i) * s.len;
-        const size_t row_i = static_cast<size_t>((b * s.len + i) * width + h * s.head_dim);
+        const size_t row_i = at.row(b, i, h);
+        const float* qi = q + row_i;
         const float* doi = dout + row_i;
-        // dP = dout . v^T; dv += P^T dout; dS = P * (dP - sum(P * dP)).
-        float row = 0.f;
+        const float l = lse[at.lse(b, i, h)];
+        // delta = sum_j P dP = dout . out (the softmax's normalization gradient); then per key
+        // P = exp(q.k * scale - lse), dP = dout . v, dS = P * (dP - delta); dv += P dout,
+        // dq += dS k * scale, dk += dS q * scale.
+        const float delta = dot(doi, out + row_i, s.head_dim);
         for (int64_t j = 0; j <= i; ++j) {
-          const size_t row_j = static_cast<size_t>((b * s.len + j) * width + h * s.head_dim);
-          dp[j] = dot(doi, v + row_j, s.head_dim);
-          row += p[j] * dp[j];
-          for (int64_t d = 0; d < s.head_dim; ++d) dv[row_j + d] += p[j] * doi[d];
-        }
-        for (int64_t j = 0; j <= i; ++j) {
-          const size_t row_j = static_cast<size_t>((b * s.len + j) * width + h * s.head_dim);
-          const float ds = p[j] * (dp[j] - row) * scale;
+          const size_t row_j = at.row(b, j, h);
+          const float p = std::exp(dot(qi, k + row_j, s.head_dim) * scale - l);
+          const float ds = p * (dot(doi, v + row_j, s.head_dim) - delta) * scale;
           for (int64_t d = 0; d < s.head_dim; ++d) {
+            dv[row_j + d] += p * doi[d];
             dq[row_i + d] += ds * k[row_j + d];
-            dk[row_j + d] += ds * q[row_i + d];
+            dk[row_j + d] += ds * qi[d];
           }
         }
       }

@@ -1,5 +1,5 @@
-// The demo runtime's own layers, which are not slots: linear, causal attention and embedding,
-// forward and manual backward, fp32 on the host. Plain loops written so that the compiler can
+// The demo runtime's own layers: linear and embedding (not slots), and causal attention (the
+// Attention slot's fallback), forward and manual backward, fp32 on the host. Plain loops written so that the compiler can
 // vectorize the inner ones (contiguous axpy over the output dimension); that keeps a few hundred
 // training steps of the tiny model within seconds on one core.
 #pragma once
@@ -15,16 +15,21 @@ void linear_forward(const float* x, const float* w, float* y, int64_t rows, int6
 void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
                      int64_t rows, int64_t in, int64_t out, bool accumulate_dx);
 
-// Causal multi-head attention over `batch` sequences of `len` tokens. q, k, v, out are
-// [batch * len, heads * head_dim]; probs [batch, heads, len, len] keeps the softmax for backward.
+// Causal multi-head attention over `batch` padded sequences of `len` tokens, in the LSE
+// formulation of FlashAttention: q, k, v, out are [batch, len, heads, head_dim] (the same memory
+// as [batch * len, heads * head_dim]); lse [heads, batch * len] is the fp32 log-sum-exp of each
+// query's scaled scores, all backward needs besides q, k, v and out (P = exp(q.k * scale - lse)
+// is recomputed, so nothing [len, len] is kept). These are the Attention slot's fallback
+// (fallback_ops.cpp). lse may be NULL (eval).
 struct AttentionShape {
   int64_t batch = 0, len = 0, heads = 0, head_dim = 0;
 };
-void attention_forward(const AttentionShape& s, const float* q, const float* k, const float* v,
-                       float* probs, float* out);
+void attention_forward(const AttentionShape& s, float scale, const float* q, const float* k,
+                       const float* v, float* out, float* lse);
 // dq, dk, dv are overwritten.
-void attention_backward(const AttentionShape& s, const float* q, const float* k, const float* v,
-                        const float* probs, const float* dout, float* dq, float* dk, float* dv);
+void attention_backward(const AttentionShape& s, float scale, const float* q, const float* k,
+                        const float* v, const float* out, const float* lse, const float* dout,
+                        float* dq, float* dk, float* dv);
 
 // h[t] = table[tokens[t]];  dtable[tokens[t]] += dh[t].
 void embedding_forward(const float* table, const int64_t* tokens, float* h, int64_t rows,

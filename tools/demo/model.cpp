@@ -125,6 +125,37 @@ void TinyLM::norm_backward(SlotCaller& call, const std::vector<float>& dy,
   add_into(w.g, dweight_);  // the op overwrites dweight; the runtime accumulates
 }
 
+double TinyLM::attention_scale() const {
+  return 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim()));
+}
+
+void TinyLM::attention_forward(SlotCaller& call, Saved& s) {
+  const int64_t B = batch_, S = len_, NH = cfg_.heads, HD = cfg_.head_dim(), T = B * S;
+  // Padded causal batches: no cu_seqlens, no window; train keeps the lse for backward.
+  if (train_) s.lse.resize(static_cast<size_t>(NH * T));
+  call.forward(slots_.attention,
+               {in(s.q.data(), {B, S, NH, HD}), in(s.k.data(), {B, S, NH, HD}),
+                in(s.v.data(), {B, S, NH, HD}), none(), none(), integer(S), integer(1), integer(-1),
+                real(attention_scale()), out(s.attn.data(), {B, S, NH, HD}),
+                train_ ? out(s.lse.data(), {NH, T}) : none()});
+}
+
+void TinyLM::attention_backward(SlotCaller& call, const Saved& s, const std::vector<float>& dout,
+                                std::vector<float>& dq, std::vector<float>& dk,
+                                std::vector<float>& dv) {
+  const int64_t B = batch_, S = len_, NH = cfg_.heads, HD = cfg_.head_dim(), T = B * S;
+  // The package's cuda backward sums dq through an fp32 workspace of T * NH * (HD + 1).
+  attn_workspace_.resize(static_cast<size_t>(T * NH * (HD + 1)));
+  call.backward(
+      slots_.attention,
+      {in(dout.data(), {B, S, NH, HD}), in(s.q.data(), {B, S, NH, HD}),
+       in(s.k.data(), {B, S, NH, HD}), in(s.v.data(), {B, S, NH, HD}),
+       in(s.attn.data(), {B, S, NH, HD}), in(s.lse.data(), {NH, T}), none(), none(), integer(S),
+       integer(S), integer(1), integer(-1), real(attention_scale()), out(dq.data(), {B, S, NH, HD}),
+       out(dk.data(), {B, S, NH, HD}), out(dv.data(), {B, S, NH, HD}),
+       scratch(attn_workspace_.data(), {static_cast<int64_t>(attn_workspace_.size())})});
+}
+
 float TinyLM::forward(SlotCaller& call, const Runtime& runtime, const int64_t* tokens,
                       const int64_t* targets, int batch, int len) {
   if (batch < 1 || len < 1 || len > cfg_.seq)
@@ -149,7 +180,6 @@ float TinyLM::forward(SlotCaller& call, const Runtime& runtime, const int64_t* t
   std::vector<float> h(static_cast<size_t>(T * H)), tmp(h.size());
   embedding_forward(emb_.w.data(), tokens_.data(), h.data(), T, H);
   saved_.resize(layers_.size());
-  const AttentionShape shape{batch, len, NH, HD};
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& L = layers_[l];
     Saved& s = saved_[l];
@@ -165,9 +195,8 @@ float TinyLM::forward(SlotCaller& call, const Runtime& runtime, const int64_t* t
                  {in_i64(positions_.data(), T), inout(s.q.data(), {T, NH, HD}),
                   inout(s.k.data(), {T, NH, HD}), in(cos_.data(), {cfg_.seq, HD / 2}),
                   in(sin_.data(), {cfg_.seq, HD / 2}), integer(1)});
-    s.probs.resize(static_cast<size_t>(batch * NH * len * len));
     s.attn.resize(h.size());
-    attention_forward(shape, s.q.data(), s.k.data(), s.v.data(), s.probs.data(), s.attn.data());
+    attention_forward(call, s);
     linear_forward(s.attn.data(), L.wo.w.data(), tmp.data(), T, H, H);
     add_into(h, tmp);
     s.h_mid = h;
@@ -215,7 +244,6 @@ void TinyLM::backward(SlotCaller& call) {
                   false);
   norm_backward(call, df, h_last_, final_norm_, rstd_f_, dh);
 
-  const AttentionShape shape{batch_, len_, NH, HD};
   std::vector<float> ds(static_cast<size_t>(T * F)), dgu(static_cast<size_t>(T * 2 * F));
   std::vector<float> dm(dh.size()), dattn(dh.size()), dq(dh.size()), dk(dh.size()), dv(dh.size()),
       da(dh.size());
@@ -234,8 +262,7 @@ void TinyLM::backward(SlotCaller& call) {
     // Attention branch: h_mid = h_in + o(attention(rope(q), rope(k), v)).
     linear_backward(s.attn.data(), L.wo.w.data(), dh.data(), dattn.data(), L.wo.g.data(), T, H, H,
                     false);
-    attention_backward(shape, s.q.data(), s.k.data(), s.v.data(), s.probs.data(), dattn.data(),
-                       dq.data(), dk.data(), dv.data());
+    attention_backward(call, s, dattn, dq, dk, dv);
     call.backward(
         slots_.rotary,
         {in_i64(positions_.data(), T), inout(dq.data(), {T, NH, HD}), inout(dk.data(), {T, NH, HD}),

@@ -1,16 +1,16 @@
 // A tiny transformer language model in fp32, written against the kh::Runtime layer table:
 //
 //   tokens -> embedding -> L x [ RMSNorm -> q,k,v (linear) -> RotaryEmbedding (NeoX) on q,k
-//                                -> causal attention -> o (linear) -> + residual
+//                                -> Attention (causal) -> o (linear) -> + residual
 //                              RMSNorm -> gate|up (linear) -> SiluAndMul -> down (linear)
 //                                -> + residual ]
 //          -> RMSNorm -> LM head (linear) -> CrossEntropy
 //
-// RMSNorm, RotaryEmbedding, SiluAndMul and CrossEntropy are slots (a package kernel or the
-// runtime's fallback, whichever the table binds); everything else is the runtime's own code with
-// a manual backward (layers.h). The runtime's mode picks the argument lists: in train mode the
-// slots' forward_train ops run (RMSNorm saves rstd, CrossEntropy writes dlogits) and backward()
-// may follow; in eval mode the plain forward ops run.
+// RMSNorm, RotaryEmbedding, SiluAndMul, CrossEntropy and Attention are slots (a package kernel
+// or the runtime's fallback, whichever the table binds); everything else is the runtime's own
+// code with a manual backward (layers.h). The runtime's mode picks the argument lists: in train
+// mode the slots' forward_train ops run (RMSNorm saves rstd, Attention its lse, CrossEntropy
+// writes dlogits) and backward() may follow; in eval mode the plain forward ops run.
 #pragma once
 
 #include <cstdint>
@@ -72,7 +72,7 @@ class TinyLM {
   };
   // Activations of one layer kept for backward.
   struct Saved {
-    std::vector<float> h_in, rstd1, a, q, k, v, probs, attn, h_mid, rstd2, m, gu, s;
+    std::vector<float> h_in, rstd1, a, q, k, v, attn, lse, h_mid, rstd2, m, gu, s;
   };
 
   void init(Param& p, size_t n, float stddev, std::mt19937_64& rng);
@@ -82,6 +82,11 @@ class TinyLM {
                     std::vector<float>& y, std::vector<float>& rstd);
   void norm_backward(SlotCaller& call, const std::vector<float>& dy, const std::vector<float>& x,
                      Param& w, const std::vector<float>& rstd, std::vector<float>& dx);
+  // The Attention slot on s.q, s.k, s.v (after rotary) into s.attn (and s.lse in train mode).
+  double attention_scale() const;
+  void attention_forward(SlotCaller& call, Saved& s);
+  void attention_backward(SlotCaller& call, const Saved& s, const std::vector<float>& dout,
+                          std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv);
 
   ModelConfig cfg_;
   DemoSlots slots_;
@@ -98,6 +103,7 @@ class TinyLM {
   std::vector<Saved> saved_;
   std::vector<float> h_last_, rstd_f_, f_, logits_, loss_, dlogits_;
   std::vector<float> dweight_, workspace_;  // RMSNorm backward outputs (per call)
+  std::vector<float> attn_workspace_;       // Attention backward scratch
 };
 
 }  // namespace kh::demo

@@ -21,7 +21,7 @@ struct HostTensor {
   void* data = nullptr;
   DLDataType dtype{kDLFloat, 32, 1};
   int32_t ndim = 0;
-  int64_t shape[3] = {0, 0, 0};
+  int64_t shape[4] = {0, 0, 0, 0};  // up to 4-D (attention's [batch, len, heads, head_dim])
   Role role = Role::kIn;
 
   int64_t numel() const {
@@ -69,6 +69,10 @@ inline OpArg scratch(float* p, std::initializer_list<int64_t> shape) {
 }
 inline OpArg in_i64(const int64_t* p, int64_t n) {
   return {KH_ARG_TENSOR, make_tensor(p, {n}, {kDLInt, 64, 1}, Role::kIn)};
+}
+// A NULL tensor: an optional argument left out (attention's cu_seqlens in a padded batch).
+inline OpArg none() {
+  return {KH_ARG_TENSOR, HostTensor{}};
 }
 inline OpArg integer(int64_t v) {
   OpArg a;
