@@ -144,21 +144,7 @@ __device__ __forceinline__ void attn_fwd(const kh_attn_params& p) {
 
     kh_cp_async_wait<1>();  // V of this block
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      // P's accumulator layout is the A fragment layout: two n-tiles make one k16 step.
-      const kh_u32 pf[4] = {kh_pack2<T>(s[2 * kk][0], s[2 * kk][1]),
-                            kh_pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                            kh_pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                            kh_pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dd = 0; dd < D / 16; ++dd) {
-        kh_u32 bv[4];
-        kh_ldsm_x4_trans(v_row + kk * 16 * CH * 16 + ((dd * 32) ^ v_x), bv);
-        kh_mma16816<T>(o[2 * dd], pf, bv[0], bv[1]);
-        kh_mma16816<T>(o[2 * dd + 1], pf, bv[2], bv[3]);
-      }
-    }
+    kh_mma_acc_b<T, BN / 16, D / 16>(o, s, v_row, v_x, 16 * CH * 16);
     __syncthreads();  // every warp is done with this V tile
   }
 
@@ -297,18 +283,7 @@ __device__ __forceinline__ void attn_bwd(const kh_attn_bwd_params& p) {
       float s[BM / 8][4];
 #pragma unroll
       for (int t = 0; t < BM / 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        kh_u32 ka[4];
-        kh_ldsm_x4(sK + a_off + ((kk * 32) ^ a_x), ka);
-#pragma unroll
-        for (int nn = 0; nn < BM / 16; ++nn) {
-          kh_u32 bq[4];
-          kh_ldsm_x4(sQ + b_off + nn * 16 * CH * 16 + ((kk * 32) ^ b_x), bq);
-          kh_mma16816<T>(s[2 * nn], ka, bq[0], bq[1]);
-          kh_mma16816<T>(s[2 * nn + 1], ka, bq[2], bq[3]);
-        }
-      }
+      kh_mma_tile_abt<T, D / 16, BM / 16>(s, sK + a_off, a_x, sQ + b_off, b_x, 16 * CH * 16);
       // P^T, zero where a query does not see a key.
 #pragma unroll
       for (int t = 0; t < BM / 8; ++t)
@@ -320,38 +295,14 @@ __device__ __forceinline__ void attn_bwd(const kh_attn_bwd_params& p) {
                            kh_attn_visible(qi, key, offset, f.causal, f.window_left);
           s[t][e] = vis ? exp2f(s[t][e] * sl2 - s_lse[col]) : 0.f;
         }
-        // dV += P^T dO.
-#pragma unroll
-      for (int kq = 0; kq < BM / 16; ++kq) {
-        const kh_u32 pa[4] = {kh_pack2<T>(s[2 * kq][0], s[2 * kq][1]),
-                              kh_pack2<T>(s[2 * kq][2], s[2 * kq][3]),
-                              kh_pack2<T>(s[2 * kq + 1][0], s[2 * kq + 1][1]),
-                              kh_pack2<T>(s[2 * kq + 1][2], s[2 * kq + 1][3])};
-#pragma unroll
-        for (int dd = 0; dd < D / 16; ++dd) {
-          kh_u32 bo[4];
-          kh_ldsm_x4_trans(sO + t_off + kq * 16 * CH * 16 + ((dd * 32) ^ t_x), bo);
-          kh_mma16816<T>(dv[2 * dd], pa, bo[0], bo[1]);
-          kh_mma16816<T>(dv[2 * dd + 1], pa, bo[2], bo[3]);
-        }
-      }
+      // dV += P^T dO.
+      kh_mma_acc_b<T, BM / 16, D / 16>(dv, s, sO + t_off, t_x, 16 * CH * 16);
       // dP^T = V dO^T, then dS^T = P^T (dP^T - delta) in place of P^T.
       {
         float dp[BM / 8][4];
 #pragma unroll
         for (int t = 0; t < BM / 8; ++t) dp[t][0] = dp[t][1] = dp[t][2] = dp[t][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          kh_u32 va[4];
-          kh_ldsm_x4(sV + a_off + ((kk * 32) ^ a_x), va);
-#pragma unroll
-          for (int nn = 0; nn < BM / 16; ++nn) {
-            kh_u32 bo[4];
-            kh_ldsm_x4(sO + b_off + nn * 16 * CH * 16 + ((kk * 32) ^ b_x), bo);
-            kh_mma16816<T>(dp[2 * nn], va, bo[0], bo[1]);
-            kh_mma16816<T>(dp[2 * nn + 1], va, bo[2], bo[3]);
-          }
-        }
+        kh_mma_tile_abt<T, D / 16, BM / 16>(dp, sV + a_off, a_x, sO + b_off, b_x, 16 * CH * 16);
 #pragma unroll
         for (int t = 0; t < BM / 8; ++t)
 #pragma unroll
@@ -359,19 +310,11 @@ __device__ __forceinline__ void attn_bwd(const kh_attn_bwd_params& p) {
             s[t][e] = s[t][e] * (dp[t][e] - s_delta[t * 8 + 2 * (lane & 3) + (e & 1)]);
       }
       // dK += dS^T Q, and dS^T into shared memory for dQ.
+      kh_mma_acc_b<T, BM / 16, D / 16>(dk, s, sQ + t_off, t_x, 16 * CH * 16);
 #pragma unroll
       for (int kq = 0; kq < BM / 16; ++kq) {
-        const kh_u32 da[4] = {kh_pack2<T>(s[2 * kq][0], s[2 * kq][1]),
-                              kh_pack2<T>(s[2 * kq][2], s[2 * kq][3]),
-                              kh_pack2<T>(s[2 * kq + 1][0], s[2 * kq + 1][1]),
-                              kh_pack2<T>(s[2 * kq + 1][2], s[2 * kq + 1][3])};
-#pragma unroll
-        for (int dd = 0; dd < D / 16; ++dd) {
-          kh_u32 bq[4];
-          kh_ldsm_x4_trans(sQ + t_off + kq * 16 * CH * 16 + ((dd * 32) ^ t_x), bq);
-          kh_mma16816<T>(dk[2 * dd], da, bq[0], bq[1]);
-          kh_mma16816<T>(dk[2 * dd + 1], da, bq[2], bq[3]);
-        }
+        kh_u32 da[4];
+        kh_acc_to_a<T>(s, kq, da);
         // Rows r (keys) and r + 8, columns c, c + 1 of 16-column step kq: two 4-byte stores.
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -496,7 +439,7 @@ __device__ __forceinline__ void attn_decode(const kh_decode_params& p) {
   const int G = p.q_heads / p.kv_heads, rows_total = G * p.q_tokens;
   const int groups = (rows_total + R - 1) / R;
   const int hk = blockIdx.y / groups, rg = blockIdx.y % groups;
-  const int len = p.seq_lens[b];
+  const int len = p.kv.seq_lens[b];
   const int t_lo = split * p.split_tokens;
   const int t_hi = min(len, t_lo + p.split_tokens);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -529,7 +472,6 @@ __device__ __forceinline__ void attn_decode(const kh_decode_params& p) {
     for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
   }
 
-  const int* table = p.block_table + (kh_i64)b * p.table_stride;
   // The loop bound is the warp's first token, so the whole warp iterates together (the score
   // reduction shuffles across the warp's token groups' lanes); tokens past t_hi are masked.
   for (int tw = t_lo + warp * TPW; tw < t_hi; tw += SLOTS * U) {
@@ -539,11 +481,10 @@ __device__ __forceinline__ void attn_decode(const kh_decode_params& p) {
     for (int u = 0; u < U; ++u) {
       const int t = t0 + u * SLOTS;
       if (t < t_hi) {
-        const kh_i64 page = table[t / p.page_size], row = t % p.page_size;
-        kc[u] = kh_ld_stream((const T*)p.k_cache + page * p.k_page + row * p.k_row +
-                             (kh_i64)hk * p.k_head + cl * 8);
-        vc[u] = kh_ld_stream((const T*)p.v_cache + page * p.v_page + row * p.v_row +
-                             (kh_i64)hk * p.v_head + cl * 8);
+        kh_i64 ko, vo;
+        kh_paged_offsets(p.kv, b, t, hk, &ko, &vo);
+        kc[u] = kh_ld_stream((const T*)p.kv.k + ko + cl * 8);
+        vc[u] = kh_ld_stream((const T*)p.kv.v + vo + cl * 8);
       } else {
         kc[u] = vc[u] = kh_u32x4{0, 0, 0, 0};
       }
@@ -658,14 +599,14 @@ template <typename T>
 __device__ __forceinline__ void paged_kv_append(const kh_append_params& p) {
   const int i = blockIdx.x, hk = blockIdx.y;
   const int b = i / p.n_new, j = i % p.n_new;
-  const int t = p.seq_lens[b] - p.n_new + j;
+  const int t = p.kv.seq_lens[b] - p.n_new + j;
   if (t < 0) return;
-  const kh_i64 page = p.block_table[(kh_i64)b * p.table_stride + t / p.page_size];
-  const kh_i64 row = t % p.page_size;
+  kh_i64 ko, vo;
+  kh_paged_offsets(p.kv, b, t, hk, &ko, &vo);
   for (int c = threadIdx.x; c < p.head_dim / 8; c += blockDim.x) {
-    kh_st((T*)p.k_cache + page * p.k_page + row * p.k_row + (kh_i64)hk * p.k_head + c * 8,
+    kh_st((T*)p.kv.k + ko + c * 8,
           kh_ld((const T*)p.k_new + (kh_i64)i * p.kn_row + (kh_i64)hk * p.kn_head + c * 8));
-    kh_st((T*)p.v_cache + page * p.v_page + row * p.v_row + (kh_i64)hk * p.v_head + c * 8,
+    kh_st((T*)p.kv.v + vo + c * 8,
           kh_ld((const T*)p.v_new + (kh_i64)i * p.vn_row + (kh_i64)hk * p.vn_head + c * 8));
   }
 }

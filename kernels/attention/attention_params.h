@@ -96,25 +96,39 @@ KH_HD constexpr int kh_attn_bwd_smem_bytes(int head_dim) {
   return 4 * 64 * head_dim * 2 + 64 * 64 * 2 + 2 * 64 * 4;
 }
 
-// Decode against a paged KV cache. Sequence b has seq_lens[b] tokens in the cache (the new ones
-// included: append them first); its token t is row t % page_size of page
-// block_table[b * table_stride + t / page_size]. Its q_tokens queries are its last tokens: query
-// i is at position seq_lens[b] - q_tokens + i and sees keys up to it (and back window_left).
-// q and o: [batch * q_tokens, q_heads, head_dim] with token and head strides.
-// The context is split into `splits` parts of split_tokens tokens (flash-decoding); with more
-// than one, each part writes (unnormalised out, max, sum) to `partial` and a second kernel
+// A paged KV cache: K and V are [pages, page_size, kv_heads, head_dim] with strides; sequence
+// b has seq_lens[b] tokens in it, its token t being row t % page_size of page
+// block_table[b * table_stride + t / page_size].
+struct kh_paged_kv {
+  void* k;
+  void* v;
+  const int* block_table;
+  const int* seq_lens;
+  kh_i64 k_page, k_row, k_head, v_page, v_row, v_head;
+  int table_stride, page_size;
+};
+
+// Element offsets of sequence b's token t, KV head hk, in K and in V.
+KH_HD void kh_paged_offsets(const kh_paged_kv& c, int b, int t, int hk, kh_i64* k_off,
+                            kh_i64* v_off) {
+  const kh_i64 page = c.block_table[(kh_i64)b * c.table_stride + t / c.page_size];
+  const kh_i64 row = t % c.page_size;
+  *k_off = page * c.k_page + row * c.k_row + (kh_i64)hk * c.k_head;
+  *v_off = page * c.v_page + row * c.v_row + (kh_i64)hk * c.v_head;
+}
+
+// Decode against a paged KV cache (append the new tokens first). Sequence b's q_tokens queries
+// are its last tokens: query i is at position seq_lens[b] - q_tokens + i and sees keys up to it
+// (and back window_left). q and o: [batch * q_tokens, q_heads, head_dim] with token and head
+// strides. The context is split into `splits` parts of split_tokens tokens (flash-decoding); with
+// more than one, each part writes (unnormalised out, max, sum) to `partial` and a second kernel
 // combines them: partial holds batch * q_tokens * q_heads * splits * (head_dim + 2) floats.
 struct kh_decode_params {
   const void* q;
   void* o;
-  const void* k_cache;  // [pages, page_size, kv_heads, head_dim] with strides
-  const void* v_cache;
-  const int* block_table;
-  const int* seq_lens;
+  kh_paged_kv kv;
   float* partial;
   kh_i64 q_row, q_head, o_row, o_head;
-  kh_i64 k_page, k_row, k_head, v_page, v_row, v_head;
-  int table_stride, page_size;
   int batch, q_tokens, q_heads, kv_heads;
   int splits, split_tokens;
   int window_left;
@@ -135,13 +149,8 @@ KH_HD constexpr int kh_decode_warps() {
 struct kh_append_params {
   const void* k_new;
   const void* v_new;
-  void* k_cache;
-  void* v_cache;
-  const int* block_table;
-  const int* seq_lens;
+  kh_paged_kv kv;
   kh_i64 kn_row, kn_head, vn_row, vn_head;
-  kh_i64 k_page, k_row, k_head, v_page, v_row, v_head;
-  int table_stride, page_size;
   int batch, n_new, kv_heads, head_dim;
 };
 

@@ -118,8 +118,7 @@ void decode_t(int head_dim, const kh_decode_params& p) {
   const int group = p.q_heads / p.kv_heads;
   const float scale = p.scale_log2 / 1.4426950408889634f;
   for (int b = 0; b < p.batch; ++b) {
-    const int len = p.seq_lens[b];
-    const int* table = p.block_table + (kh_i64)b * p.table_stride;
+    const int len = p.kv.seq_lens[b];
     for (int qi = 0; qi < p.q_tokens; ++qi) {
       const int pos = len - p.q_tokens + qi;
       const kh_i64 tok = (kh_i64)b * p.q_tokens + qi;
@@ -129,12 +128,11 @@ void decode_t(int head_dim, const kh_decode_params& p) {
         std::vector<float> scores(len > 0 ? len : 0, -INFINITY);
         std::vector<const T*> vrows(scores.size());
         for (int t = 0; t < len; ++t) {
-          const kh_i64 page = table[t / p.page_size], row = t % p.page_size;
-          vrows[t] = (const T*)p.v_cache + page * p.v_page + row * p.v_row + (kh_i64)hk * p.v_head;
+          kh_i64 ko, vo;
+          kh_paged_offsets(p.kv, b, t, hk, &ko, &vo);
+          vrows[t] = (const T*)p.kv.v + vo;
           if (t > pos || (p.window_left >= 0 && t < pos - p.window_left)) continue;
-          const T* k =
-              (const T*)p.k_cache + page * p.k_page + row * p.k_row + (kh_i64)hk * p.k_head;
-          scores[t] = dot(q, k, head_dim) * scale;
+          scores[t] = dot(q, (const T*)p.kv.k + ko, head_dim) * scale;
         }
         softmax_rows(scores, head_dim, vrows, (T*)p.o + tok * p.o_row + (kh_i64)h * p.o_head,
                      nullptr);
@@ -147,17 +145,17 @@ template <typename T>
 void append_t(const kh_append_params& p) {
   for (int b = 0; b < p.batch; ++b)
     for (int j = 0; j < p.n_new; ++j) {
-      const int t = p.seq_lens[b] - p.n_new + j;
+      const int t = p.kv.seq_lens[b] - p.n_new + j;
       if (t < 0) continue;
-      const kh_i64 page = p.block_table[(kh_i64)b * p.table_stride + t / p.page_size];
-      const kh_i64 row = t % p.page_size, i = (kh_i64)b * p.n_new + j;
-      for (int hk = 0; hk < p.kv_heads; ++hk)
+      const kh_i64 i = (kh_i64)b * p.n_new + j;
+      for (int hk = 0; hk < p.kv_heads; ++hk) {
+        kh_i64 ko, vo;
+        kh_paged_offsets(p.kv, b, t, hk, &ko, &vo);
         for (int d = 0; d < p.head_dim; ++d) {
-          ((T*)p.k_cache)[page * p.k_page + row * p.k_row + hk * p.k_head + d] =
-              ((const T*)p.k_new)[i * p.kn_row + hk * p.kn_head + d];
-          ((T*)p.v_cache)[page * p.v_page + row * p.v_row + hk * p.v_head + d] =
-              ((const T*)p.v_new)[i * p.vn_row + hk * p.vn_head + d];
+          ((T*)p.kv.k)[ko + d] = ((const T*)p.k_new)[i * p.kn_row + hk * p.kn_head + d];
+          ((T*)p.kv.v)[vo + d] = ((const T*)p.v_new)[i * p.vn_row + hk * p.vn_head + d];
         }
+      }
     }
 }
 

@@ -115,17 +115,17 @@ int32_t cpu_seqlens_ok(const char* op, const char* name, const int32_t* cu, int 
   return KH_OK;
 }
 
-int32_t cpu_pages_ok(const char* op, const int32_t* table, int table_stride, const int32_t* lens,
-                     int batch, int page_size, int64_t pages, int min_len) {
+int32_t cpu_pages_ok(const char* op, const kh_paged_kv& kv, int batch, int64_t pages, int min_len) {
+  const int page_size = kv.page_size, table_stride = kv.table_stride;
   for (int b = 0; b < batch; ++b) {
-    const int64_t len = lens[b];
+    const int64_t len = kv.seq_lens[b];
     if (len < min_len || len > static_cast<int64_t>(table_stride) * page_size)
       return fail(KH_ERR_INVALID_ARGUMENT,
                   "%s: seq_lens[%d] = %lld; expected %d..%lld (the block table's %d pages of %d)",
                   op, b, static_cast<long long>(len), min_len,
                   static_cast<long long>(table_stride) * page_size, table_stride, page_size);
     for (int64_t i = 0; i < (len + page_size - 1) / page_size; ++i) {
-      const int32_t page = table[static_cast<int64_t>(b) * table_stride + i];
+      const int32_t page = kv.block_table[static_cast<int64_t>(b) * table_stride + i];
       if (page < 0 || page >= pages)
         return fail(KH_ERR_INVALID_ARGUMENT,
                     "%s: block_table[%d][%lld] = %d; the cache has pages 0..%lld", op, b,
@@ -415,18 +415,38 @@ int32_t paged_cache_view(const TensorArg& a, PagedCache* out) {
   return KH_OK;
 }
 
-// block_table int32 [batch, pages per sequence] (contiguous) and seq_lens int32 [batch].
-int32_t table_args(const TensorArg& table_arg, const TensorArg& lens_arg, int64_t batch,
-                   DLDevice device, const int32_t** table, int* table_stride,
-                   const int32_t** lens) {
+// k_cache and v_cache (the same shape), block_table int32 [batch, pages per sequence]
+// (contiguous) and seq_lens int32 [batch], on `device`: their views and the kernels' kh_paged_kv.
+struct PagedKvArgs {
+  PagedCache k, v;
+  kh_paged_kv kv{};
+};
+
+int32_t paged_kv_args(const TensorArg& k_arg, const TensorArg& v_arg, const TensorArg& table_arg,
+                      const TensorArg& lens_arg, int64_t batch, DLDevice device, PagedKvArgs* out) {
+  PagedKvArgs& c = *out;
+  KH_TRY(paged_cache_view(k_arg, &c.k));
+  KH_TRY(paged_cache_view(v_arg, &c.v));
+  KH_TRY(same_shape(v_arg, c.v.rows, c.k.rows, "k_cache"));
   const DLTensor* t = table_arg.t;
   if (t->ndim != 2 || t->shape[0] != batch)
     return fail(KH_ERR_INVALID_ARGUMENT,
                 "%s: block_table must be int32 [batch = %lld, pages per sequence]", table_arg.op,
                 static_cast<long long>(batch));
-  KH_TRY(int32_tensor_arg(table_arg, t->shape[0] * t->shape[1], "(sequence, page)", device, table));
-  *table_stride = static_cast<int>(t->shape[1]);
-  return int32_tensor_arg(lens_arg, batch, "sequence", device, lens);
+  KH_TRY(int32_tensor_arg(table_arg, t->shape[0] * t->shape[1], "(sequence, page)", device,
+                          &c.kv.block_table));
+  KH_TRY(int32_tensor_arg(lens_arg, batch, "sequence", device, &c.kv.seq_lens));
+  c.kv.k = c.k.rows.data;
+  c.kv.v = c.v.rows.data;
+  c.kv.k_page = c.k.page_stride;
+  c.kv.k_row = c.k.rows.token_stride;
+  c.kv.k_head = c.k.rows.head_stride;
+  c.kv.v_page = c.v.page_stride;
+  c.kv.v_row = c.v.rows.token_stride;
+  c.kv.v_head = c.v.rows.head_stride;
+  c.kv.table_stride = static_cast<int>(t->shape[1]);
+  c.kv.page_size = static_cast<int>(c.k.page_size);
+  return KH_OK;
 }
 
 constexpr OpSchema kDecode{
@@ -445,58 +465,47 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
                 "decode)",
                 op);
   KH_TRY(same_shape(a.tensor("out"), o, q, "q"));
-  PagedCache kc, vc;
-  KH_TRY(paged_cache_view(a.tensor("k_cache"), &kc));
-  KH_TRY(paged_cache_view(a.tensor("v_cache"), &vc));
-  KH_TRY(same_kind(a.tensor("k_cache"), kc.rows, q, "q"));
-  KH_TRY(same_shape(a.tensor("v_cache"), vc.rows, kc.rows, "k_cache"));
-  KH_TRY(heads_ratio(op, q.heads, kc.rows.heads));
+  PagedKvArgs c;
+  KH_TRY(paged_kv_args(a.tensor("k_cache"), a.tensor("v_cache"), a.tensor("block_table"),
+                       a.tensor("seq_lens"), q.batch, q.device, &c));
+  const HeadsView& kc = c.k.rows;
+  KH_TRY(same_kind(a.tensor("k_cache"), kc, q, "q"));
+  KH_TRY(heads_ratio(op, q.heads, kc.heads));
   const int64_t window_left = a.integer("window_left");
   KH_TRY(window_arg(op, window_left));
   const double scale = a.real("scale");
   KH_TRY(scale_arg(op, scale));
 
   kh_decode_params p{};
-  KH_TRY(table_args(a.tensor("block_table"), a.tensor("seq_lens"), q.batch, q.device,
-                    &p.block_table, &p.table_stride, &p.seq_lens));
+  p.kv = c.kv;
   p.q = q.data;
   p.o = o.data;
-  p.k_cache = kc.rows.data;
-  p.v_cache = vc.rows.data;
   p.q_row = q.token_stride;
   p.q_head = q.head_stride;
   p.o_row = o.token_stride;
   p.o_head = o.head_stride;
-  p.k_page = kc.page_stride;
-  p.k_row = kc.rows.token_stride;
-  p.k_head = kc.rows.head_stride;
-  p.v_page = vc.page_stride;
-  p.v_row = vc.rows.token_stride;
-  p.v_head = vc.rows.head_stride;
-  p.page_size = static_cast<int>(kc.page_size);
   p.batch = static_cast<int>(q.batch);
   p.q_tokens = static_cast<int>(q.seqlen);
   p.q_heads = static_cast<int>(q.heads);
-  p.kv_heads = static_cast<int>(kc.rows.heads);
+  p.kv_heads = static_cast<int>(kc.heads);
   p.window_left = static_cast<int>(window_left);
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   p.splits = 1;
   // The longest context the table can address: the split plan depends on shapes only, so a
   // captured CUDA graph replays correctly for any seq_lens.
-  const int64_t max_ctx = static_cast<int64_t>(p.table_stride) * p.page_size;
+  const int64_t max_ctx = static_cast<int64_t>(p.kv.table_stride) * p.kv.page_size;
   p.split_tokens = static_cast<int>(max_ctx > 0x7FFFFFFF ? 0x7FFFFFFF : max_ctx);
   if (q.tokens == 0) return KH_OK;
 
   if (is_cpu(q.device)) {
-    KH_TRY(cpu_pages_ok(op, p.block_table, p.table_stride, p.seq_lens, p.batch, p.page_size,
-                        kc.pages, p.q_tokens));
+    KH_TRY(cpu_pages_ok(op, p.kv, p.batch, c.k.pages, p.q_tokens));
     attention_cpu::decode(q.dtype, static_cast<int>(q.head_dim), p);
     return KH_OK;
   }
   KH_TRY(cuda_layout_ok(a.tensor("q"), q));
   KH_TRY(cuda_layout_ok(a.tensor("out"), o));
-  KH_TRY(cuda_layout_ok(a.tensor("k_cache"), kc.rows));
-  KH_TRY(cuda_layout_ok(a.tensor("v_cache"), vc.rows));
+  KH_TRY(cuda_layout_ok(a.tensor("k_cache"), c.k.rows));
+  KH_TRY(cuda_layout_ok(a.tensor("v_cache"), c.v.rows));
   const int d = static_cast<int>(q.head_dim);
   const int rows = p.q_heads / p.kv_heads * p.q_tokens;
   const int r = kh_decode_rows(rows), groups = (rows + r - 1) / r;
@@ -559,47 +568,35 @@ int32_t paged_kv_append(const Args<kAppend>& a, void* stream) {
     return fail(KH_ERR_INVALID_ARGUMENT,
                 "%s: k_new must be [batch, new_tokens, kv_heads, head_dim]", op);
   KH_TRY(same_shape(a.tensor("v_new"), vn, kn, "k_new"));
-  PagedCache kc, vc;
-  KH_TRY(paged_cache_view(a.tensor("k_cache"), &kc));
-  KH_TRY(paged_cache_view(a.tensor("v_cache"), &vc));
-  KH_TRY(same_kind(a.tensor("k_cache"), kc.rows, kn, "k_new"));
-  KH_TRY(same_shape(a.tensor("v_cache"), vc.rows, kc.rows, "k_cache"));
-  if (kc.rows.heads != kn.heads)
+  PagedKvArgs c;
+  KH_TRY(paged_kv_args(a.tensor("k_cache"), a.tensor("v_cache"), a.tensor("block_table"),
+                       a.tensor("seq_lens"), kn.batch, kn.device, &c));
+  KH_TRY(same_kind(a.tensor("k_cache"), c.k.rows, kn, "k_new"));
+  if (c.k.rows.heads != kn.heads)
     return fail(KH_ERR_INVALID_ARGUMENT, "%s: k_cache has %lld kv heads, k_new %lld", op,
-                static_cast<long long>(kc.rows.heads), static_cast<long long>(kn.heads));
+                static_cast<long long>(c.k.rows.heads), static_cast<long long>(kn.heads));
   kh_append_params p{};
-  KH_TRY(table_args(a.tensor("block_table"), a.tensor("seq_lens"), kn.batch, kn.device,
-                    &p.block_table, &p.table_stride, &p.seq_lens));
+  p.kv = c.kv;
   p.k_new = kn.data;
   p.v_new = vn.data;
-  p.k_cache = kc.rows.data;
-  p.v_cache = vc.rows.data;
   p.kn_row = kn.token_stride;
   p.kn_head = kn.head_stride;
   p.vn_row = vn.token_stride;
   p.vn_head = vn.head_stride;
-  p.k_page = kc.page_stride;
-  p.k_row = kc.rows.token_stride;
-  p.k_head = kc.rows.head_stride;
-  p.v_page = vc.page_stride;
-  p.v_row = vc.rows.token_stride;
-  p.v_head = vc.rows.head_stride;
-  p.page_size = static_cast<int>(kc.page_size);
   p.batch = static_cast<int>(kn.batch);
   p.n_new = static_cast<int>(kn.seqlen);
   p.kv_heads = static_cast<int>(kn.heads);
   p.head_dim = static_cast<int>(kn.head_dim);
   if (kn.tokens == 0) return KH_OK;
   if (is_cpu(kn.device)) {
-    KH_TRY(cpu_pages_ok(op, p.block_table, p.table_stride, p.seq_lens, p.batch, p.page_size,
-                        kc.pages, p.n_new));
+    KH_TRY(cpu_pages_ok(op, p.kv, p.batch, c.k.pages, p.n_new));
     attention_cpu::append(kn.dtype, p);
     return KH_OK;
   }
   KH_TRY(cuda_layout_ok(a.tensor("k_new"), kn));
   KH_TRY(cuda_layout_ok(a.tensor("v_new"), vn));
-  KH_TRY(cuda_layout_ok(a.tensor("k_cache"), kc.rows));
-  KH_TRY(cuda_layout_ok(a.tensor("v_cache"), vc.rows));
+  KH_TRY(cuda_layout_ok(a.tensor("k_cache"), c.k.rows));
+  KH_TRY(cuda_layout_ok(a.tensor("v_cache"), c.v.rows));
   char name[48];
   snprintf(name, sizeof name, "paged_kv_append_%s", dtype_tag(kn.dtype));
   LaunchDims dims;

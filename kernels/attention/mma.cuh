@@ -89,4 +89,55 @@ KH_DEV kh_u32 kh_pack2(float lo, float hi) {
   return p;
 }
 
+// The A fragment of k16 step kk taken from an fp32 accumulator tile (16 rows x 8*N columns in
+// mma's C layout): C's layout is A's, two n-tiles making one k16 step, so P (or dS) feeds the
+// next product from registers (FlashAttention-2's reuse).
+template <typename T, int N>
+KH_DEV void kh_acc_to_a(const float (&c)[N][4], int kk, kh_u32 (&a)[4]) {
+  a[0] = kh_pack2<T>(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = kh_pack2<T>(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = kh_pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = kh_pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+// acc (16 x 16*N16) += A B^T over 16*K16: A is 16 rows of a swizzled tile (ldmatrix address of
+// k step kk: a_row + ((kk * 32) ^ a_x)), B is 16*N16 rows of another (n step nn, k step kk:
+// b_row + nn * n_step + ((kk * 32) ^ b_x)); both row-major with k along the row.
+template <typename T, int K16, int N16>
+KH_DEV void kh_mma_tile_abt(float (&acc)[2 * N16][4], kh_u32 a_row, kh_u32 a_x, kh_u32 b_row,
+                            kh_u32 b_x, kh_u32 n_step) {
+#pragma unroll
+  for (int kk = 0; kk < K16; ++kk) {
+    kh_u32 a[4];
+    kh_ldsm_x4(a_row + ((kk * 32) ^ a_x), a);
+#pragma unroll
+    for (int nn = 0; nn < N16; ++nn) {
+      kh_u32 b[4];
+      kh_ldsm_x4(b_row + nn * n_step + ((kk * 32) ^ b_x), b);
+      kh_mma16816<T>(acc[2 * nn], a, b[0], b[1]);
+      kh_mma16816<T>(acc[2 * nn + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc (16 x 16*N16) += P B over 16*K16: P an fp32 accumulator tile in registers (kh_acc_to_a), B
+// 16*K16 rows of a swizzled tile with n along the row (transposed loads; k step kk, n step nn:
+// b_row + kk * k_step + ((nn * 32) ^ b_x)).
+template <typename T, int K16, int N16>
+KH_DEV void kh_mma_acc_b(float (&acc)[2 * N16][4], const float (&p)[2 * K16][4], kh_u32 b_row,
+                         kh_u32 b_x, kh_u32 k_step) {
+#pragma unroll
+  for (int kk = 0; kk < K16; ++kk) {
+    kh_u32 a[4];
+    kh_acc_to_a<T>(p, kk, a);
+#pragma unroll
+    for (int nn = 0; nn < N16; ++nn) {
+      kh_u32 b[4];
+      kh_ldsm_x4_trans(b_row + kk * k_step + ((nn * 32) ^ b_x), b);
+      kh_mma16816<T>(acc[2 * nn], a, b[0], b[1]);
+      kh_mma16816<T>(acc[2 * nn + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 #endif  // KH_ATTENTION_MMA_CUH_
