@@ -62,6 +62,24 @@ class Arg(C.Structure):
 OpFn = C.CFUNCTYPE(C.c_int32, C.POINTER(Arg), C.c_int32, C.c_void_p)
 
 
+def float_tensor(values):
+    """A 1-D float32 cpu DLTensor over a ctypes array; returns (tensor, keepalive)."""
+    data = (C.c_float * len(values))(*values)
+    shape = (C.c_int64 * 1)(len(values))
+    t = DLTensor(C.cast(data, C.c_void_p), DLDevice(kDLCPU, 0), 1, DLDataType(kDLFloat, 32, 1),
+                 shape, None, 0)
+    return t, (data, shape)
+
+
+def scale_args(x, alpha, y):
+    """The arguments of the toy and scaffolded Scale ops: (Tensor x, float alpha, Tensor(a!) y)."""
+    args = (Arg * 3)()
+    args[0].kind, args[0].v.t = KH_ARG_TENSOR, C.pointer(x)
+    args[1].kind, args[1].v.f = KH_ARG_FLOAT, alpha
+    args[2].kind, args[2].v.t = KH_ARG_TENSOR, C.pointer(y)
+    return args
+
+
 def load(path):
     """Opens libkernel_hub.so and declares the C API's signatures."""
     assert C.sizeof(DLTensor) == 48 and C.sizeof(Arg) == 16, "ctypes layout mismatch"

@@ -15,28 +15,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "python"))
 from kernel_hub_ctypes import (  # noqa: E402
     KH_OK, KH_ERR_INVALID_ARGUMENT, KH_ERR_NOT_FOUND, KH_ERR_REFUSED, KH_ERR_IO, KH_MODE_EVAL,
-    KH_MODE_TRAIN, KH_DEVICE_CPU, KH_KERNELIZE_EVAL, KH_ARG_TENSOR, KH_ARG_FLOAT, STATUS_NAMES,
-    kDLCPU, kDLFloat, DLDevice, DLDataType, DLTensor, Arg, OpFn, load)
+    KH_MODE_TRAIN, KH_DEVICE_CPU, KH_KERNELIZE_EVAL, STATUS_NAMES,
+    OpFn, float_tensor, scale_args, load)
 
 ABI_HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include",
                           "kernel_hub", "kernel_hub_abi.h")
 
-
-def float_tensor(values):
-    """A 1-D float32 cpu DLTensor over a ctypes array; returns (tensor, keepalive)."""
-    data = (C.c_float * len(values))(*values)
-    shape = (C.c_int64 * 1)(len(values))
-    t = DLTensor(C.cast(data, C.c_void_p), DLDevice(kDLCPU, 0), 1, DLDataType(kDLFloat, 32, 1),
-                 shape, None, 0)
-    return t, (data, shape)
-
-
-def scale_args(x, alpha, y):
-    args = (Arg * 3)()
-    args[0].kind, args[0].v.t = KH_ARG_TENSOR, C.pointer(x)
-    args[1].kind, args[1].v.f = KH_ARG_FLOAT, alpha
-    args[2].kind, args[2].v.t = KH_ARG_TENSOR, C.pointer(y)
-    return args
 
 
 def main():

@@ -13,25 +13,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "python"))
 from kernel_hub_ctypes import (  # noqa: E402
     KH_OK, KH_MODE_EVAL, KH_MODE_TRAIN, KH_DEVICE_CPU, KH_KERNELIZE_EVAL, KH_KERNELIZE_TRAIN,
-    KH_ARG_TENSOR, KH_ARG_FLOAT, kDLCPU, kDLFloat, DLDevice, DLDataType, DLTensor, Arg, OpFn,
-    load)
+    OpFn, float_tensor, scale_args, load)
 
-
-def float_tensor(values):
-    """A 1-D float32 cpu DLTensor over a ctypes array; returns (tensor, keepalive)."""
-    data = (C.c_float * len(values))(*values)
-    shape = (C.c_int64 * 1)(len(values))
-    t = DLTensor(C.cast(data, C.c_void_p), DLDevice(kDLCPU, 0), 1, DLDataType(kDLFloat, 32, 1),
-                 shape, None, 0)
-    return t, (data, shape)
-
-
-def scale_args(x, alpha, y):
-    args = (Arg * 3)()
-    args[0].kind, args[0].v.t = KH_ARG_TENSOR, C.pointer(x)
-    args[1].kind, args[1].v.f = KH_ARG_FLOAT, alpha
-    args[2].kind, args[2].v.t = KH_ARG_TENSOR, C.pointer(y)
-    return args
 
 
 def main():
