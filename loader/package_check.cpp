@@ -392,6 +392,13 @@ nlohmann::json PackageCheck::to_json() const {
   return j;
 }
 
+std::string PackageCheck::failures() const {
+  std::string out;
+  for (auto& c : report.checks)
+    if (!c.passed) out += "\n  " + c.message;
+  return out;
+}
+
 std::string PackageCheck::to_text() const {
   std::string s;
   for (const auto& c : report.checks)

@@ -40,6 +40,8 @@ struct PackageCheck {
   std::shared_ptr<const CheckedModule> module;  // when the table was read
 
   bool ok() const { return module != nullptr && report.ok(); }
+  // The failed checks' messages, each on a line of its own ("\n  message"), for an error text.
+  std::string failures() const;
   nlohmann::json to_json() const;
   std::string to_text() const;
 };

@@ -268,13 +268,10 @@ PackReport pack_package(const PackOptions& o) {
   for (auto& c : check.report.checks)
     if (c.passed && c.warning) report.notes.push_back(c.message);
   if (!check.ok()) {
-    std::string failures;
-    for (auto& c : check.report.checks)
-      if (!c.passed) failures += "\n  " + c.message;
     throw Error(ErrorKind::kRefused,
                 fmt::format("pack {}: the host library failed the loader's checks (run `kernel-hub "
                             "check {}` for the full report); fix the build and pack again:{}",
-                            dir.string(), dir.string(), failures));
+                            dir.string(), dir.string(), check.failures()));
   }
   const ModuleView& module = check.module->view;
   PackageManifest base;

@@ -98,13 +98,10 @@ int run_manifest(Context& ctx, const stdfs::path& dir, stdfs::path template_file
   // The loader's own checks, as `kernel-hub check` runs them (the library loads in a child).
   PackageCheck check = check_package(dir / library);
   if (!check.ok()) {
-    std::string failures;
-    for (auto& c : check.report.checks)
-      if (!c.passed) failures += "\n  " + c.message;
     throw Error(ErrorKind::kRefused,
                 fmt::format("manifest {}: the host library failed the loader's checks (run "
                             "`kernel-hub check {}` for the full report); fix the build:{}",
-                            dir.string(), (dir / library).string(), failures));
+                            dir.string(), (dir / library).string(), check.failures()));
   }
   const ModuleView& module = check.module->view;
   const std::string name = j["name"].get<std::string>(), version = j["version"].get<std::string>();
