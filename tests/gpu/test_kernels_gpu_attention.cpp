@@ -45,16 +45,10 @@ const DecodeCase kGpuDecodeCases[] = {
 };
 
 TEST_F(KernelsGpuAttention, ForwardMatchesFloat64) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
   Package pkg("attention");
   GpuExecutor gpu;
-  for (int dtype : {kBF16, kFP16})
-    for (const auto& c : kGpuForwardCases) {
-      attention_cases::run_forward(gpu, pkg, dtype, c, rng);
-      if (HasFatalFailure()) return;
-    }
+  attention_cases::run_cases(gpu, pkg, {kBF16, kFP16}, kGpuForwardCases,
+                             attention_cases::run_forward);
 }
 
 const ForwardCase kGpuBackwardCases[] = {
@@ -66,29 +60,17 @@ const ForwardCase kGpuBackwardCases[] = {
 };
 
 TEST_F(KernelsGpuAttention, BackwardMatchesFloat64) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
   Package pkg("attention");
   GpuExecutor gpu;
-  for (int dtype : {kBF16, kFP16})
-    for (const auto& c : kGpuBackwardCases) {
-      attention_cases::run_backward(gpu, pkg, dtype, c, rng);
-      if (HasFatalFailure()) return;
-    }
+  attention_cases::run_cases(gpu, pkg, {kBF16, kFP16}, kGpuBackwardCases,
+                             attention_cases::run_backward);
 }
 
 TEST_F(KernelsGpuAttention, PagedAppendAndDecodeMatchFloat64) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
   Package pkg("attention");
   GpuExecutor gpu;
-  for (int dtype : {kBF16, kFP16})
-    for (const auto& c : kGpuDecodeCases) {
-      attention_cases::run_decode(gpu, pkg, dtype, c, rng);
-      if (HasFatalFailure()) return;
-    }
+  attention_cases::run_cases(gpu, pkg, {kBF16, kFP16}, kGpuDecodeCases,
+                             attention_cases::run_decode);
 }
 
 TEST_F(KernelsGpuAttention, Fp32OnCudaIsRefusedNotMiscomputed) {

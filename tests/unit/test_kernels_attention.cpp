@@ -42,39 +42,21 @@ class AttentionCpu : public ::testing::Test {
 Package* AttentionCpu::pkg_ = nullptr;
 
 TEST_F(AttentionCpu, ForwardEveryDtypeAndShapeMatchesFloat64) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
   CpuExecutor cpu;
-  for (int dtype : {kBF16, kFP16, kFP32})
-    for (const auto& c : kForwardCases) {
-      attention_cases::run_forward(cpu, *pkg_, dtype, c, rng);
-      if (HasFatalFailure()) return;
-    }
+  attention_cases::run_cases(cpu, *pkg_, {kBF16, kFP16, kFP32}, kForwardCases,
+                             attention_cases::run_forward);
 }
 
 TEST_F(AttentionCpu, BackwardEveryDtypeAndShapeMatchesFloat64) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
   CpuExecutor cpu;
-  for (int dtype : {kBF16, kFP16, kFP32})
-    for (const auto& c : kForwardCases) {
-      attention_cases::run_backward(cpu, *pkg_, dtype, c, rng);
-      if (HasFatalFailure()) return;
-    }
+  attention_cases::run_cases(cpu, *pkg_, {kBF16, kFP16, kFP32}, kForwardCases,
+                             attention_cases::run_backward);
 }
 
 TEST_F(AttentionCpu, PagedAppendAndDecodeMatchFloat64) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
   CpuExecutor cpu;
-  for (int dtype : {kBF16, kFP16, kFP32})
-    for (const auto& c : kDecodeCases) {
-      attention_cases::run_decode(cpu, *pkg_, dtype, c, rng);
-      if (HasFatalFailure()) return;
-    }
+  attention_cases::run_cases(cpu, *pkg_, {kBF16, kFP16, kFP32}, kDecodeCases,
+                             attention_cases::run_decode);
 }
 
 TEST_F(AttentionCpu, BadArgumentsAreRefusedNamingTheArgument) {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -387,6 +388,21 @@ inline void run_decode(Executor& ex, const Package& pkg, int dtype, const Decode
       }
     }
   KH_EXPECT_CLOSE(got, want, tolerance(dtype), "paged_attention_decode out");
+}
+
+// Runs run(ex, pkg, dtype, case, rng) for every dtype and case from one fresh seed (named by any
+// failure), stopping at the first fatal failure. run is run_forward, run_backward or run_decode.
+template <typename Case, size_t N, typename Run>
+void run_cases(Executor& ex, const Package& pkg, std::initializer_list<int> dtypes,
+               const Case (&cases)[N], Run run) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (int dtype : dtypes)
+    for (const Case& c : cases) {
+      run(ex, pkg, dtype, c, rng);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
 }
 
 }  // namespace kh::kernels_test::attention_cases
