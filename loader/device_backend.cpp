@@ -204,7 +204,7 @@ void CudaDeviceBackend::load(Entry& e, const PackageIdentity& package, int devic
                                      package_label(package), gpu_label, choice.file.string(),
                                      err.what(), pkg.cuda_source.filename().string()));
       choice.kind = DeviceCodeKind::kSource;
-      choice.arch = gpu;
+      choice.arch = nvrtc_target(gpu);
       choice.file = pkg.cuda_source;
     }
   }

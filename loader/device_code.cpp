@@ -23,6 +23,10 @@ std::map<CudaArch, std::filesystem::path> packaged_cubins(const PackageDir& pack
   return out;
 }
 
+CudaArch nvrtc_target(const CudaArch& gpu) {
+  return {gpu.major, gpu.minor, gpu.major >= 9 ? 'a' : '\0'};
+}
+
 DeviceCodeChoice choose_device_code(const std::map<CudaArch, std::filesystem::path>& cubins,
                                     const std::filesystem::path& cuda_source, const CudaArch& gpu,
                                     const std::string& package_label,
@@ -49,11 +53,13 @@ DeviceCodeChoice choose_device_code(const std::map<CudaArch, std::filesystem::pa
     }
   }
   if (best) return candidate;
-  // 3. NVRTC from source for the exact sm.
-  if (!cuda_source.empty())
-    return {DeviceCodeKind::kSource, plain, cuda_source,
+  // 3. NVRTC from source (nvrtc_target).
+  if (!cuda_source.empty()) {
+    const CudaArch target = nvrtc_target(gpu);
+    return {DeviceCodeKind::kSource, target, cuda_source,
             fmt::format("no packaged cubin runs on {}: compiling {} with NVRTC for {}", plain.sm(),
-                        cuda_source.filename().string(), plain.sm())};
+                        cuda_source.filename().string(), target.sm())};
+  }
   // 4. Nothing.
   std::string have;
   for (const auto& [arch, file] : cubins) have += (have.empty() ? "" : ", ") + arch.sm();

@@ -26,6 +26,12 @@ struct DeviceCodeChoice {
 // Packaged cubins by target, parsed (kernel.json keys were validated when it was read).
 std::map<CudaArch, std::filesystem::path> packaged_cubins(const PackageDir& package);
 
+// The target NVRTC compiles a package's source for on a GPU of compute capability `gpu`: the
+// exact sm, arch-specific where the GPU has such a target (sm_90a and later). The code runs on
+// this GPU only, so nothing is lost, and the source may use instructions only that target has
+// (wgmma, setmaxnreg), guarded by __CUDA_ARCH_FEAT_SM<XY>_ALL.
+CudaArch nvrtc_target(const CudaArch& gpu);
+
 // Chooses for a GPU of compute capability `gpu` (plain major.minor). On an exact match an
 // arch-specific cubin (90a) is preferred over the plain one (90): it may use instructions only
 // that GPU has. `package_label` and `gpu_label` go into the kNone error text.

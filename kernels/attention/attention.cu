@@ -17,6 +17,12 @@
 #include "kh_prelude.cuh"
 #include "mma.cuh"
 
+// The Hopper forward exists only where the device code targets sm_90a (and in nvcc's host pass):
+// elsewhere its kernels are absent and the host library falls back to attn_fwd_*.
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KH_ATTN_SM90 1
+#endif
+
 namespace {
 
 // -inf (NVRTC has no __builtin_huge_valf, so not a constexpr).
@@ -126,7 +132,7 @@ __device__ __forceinline__ void attn_fwd(const kh_attn_params& p) {
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(row_max[i], mx * sl2);
       const float m_use = m_new == KH_NEG_INF ? 0.f : m_new;  // a row with nothing visible yet
-      const float alpha = exp2f(row_max[i] - m_use);
+      const float alpha = kh_exp2(row_max[i] - m_use);
       row_max[i] = m_new;
       row_sum[i] *= alpha;
 #pragma unroll
@@ -136,8 +142,8 @@ __device__ __forceinline__ void attn_fwd(const kh_attn_params& p) {
       }
 #pragma unroll
       for (int t = 0; t < BN / 8; ++t) {
-        s[t][2 * i] = exp2f(s[t][2 * i] * sl2 - m_use);
-        s[t][2 * i + 1] = exp2f(s[t][2 * i + 1] * sl2 - m_use);
+        s[t][2 * i] = kh_exp2(s[t][2 * i] * sl2 - m_use);
+        s[t][2 * i + 1] = kh_exp2(s[t][2 * i + 1] * sl2 - m_use);
         row_sum[i] += s[t][2 * i] + s[t][2 * i + 1];
       }
     }
@@ -293,7 +299,7 @@ __device__ __forceinline__ void attn_bwd(const kh_attn_bwd_params& p) {
           const int key = kr0 + (e >> 1) * 8;
           const bool vis = key < len_k && qi < len_q &&
                            kh_attn_visible(qi, key, offset, f.causal, f.window_left);
-          s[t][e] = vis ? exp2f(s[t][e] * sl2 - s_lse[col]) : 0.f;
+          s[t][e] = vis ? kh_exp2(s[t][e] * sl2 - s_lse[col]) : 0.f;
         }
       // dV += P^T dO.
       kh_mma_acc_b<T, BM / 16, D / 16>(dv, s, sO + t_off, t_x, 16 * CH * 16);
@@ -413,6 +419,19 @@ KH_ATTN_BWD(fp16, kh_fp16, 128)
 KH_ATTN_FWD_DTYPE(bf16, kh_bf16)
 KH_ATTN_FWD_DTYPE(fp16, kh_fp16)
 
+#ifdef KH_ATTN_SM90
+#include "forward_sm90.cuh"
+#define KH_ATTN_FWD90(TNAME, T, D)                        \
+  extern "C" __global__ void __launch_bounds__(384, 1)    \
+      attn_fwd90_##TNAME##_d##D(const kh_attn_params p) { \
+    attn_fwd_wg<T, D>(p);                                 \
+  }
+KH_ATTN_FWD90(bf16, kh_bf16, 64)
+KH_ATTN_FWD90(bf16, kh_bf16, 128)
+KH_ATTN_FWD90(fp16, kh_fp16, 64)
+KH_ATTN_FWD90(fp16, kh_fp16, 128)
+#endif
+
 // ---- Decode against a paged KV cache (flash-decoding) ----
 //
 // One CTA per (context split, KV head x group of R = 4 or 8 query rows, sequence): the
@@ -515,14 +534,14 @@ __device__ __forceinline__ void attn_decode(const kh_decode_params& p) {
 #pragma unroll
       for (int u = 0; u < U; ++u) mx = fmaxf(mx, s[u][r]);
       const float m_use = mx == KH_NEG_INF ? 0.f : mx;
-      const float alpha = exp2f(m[r] - m_use);
+      const float alpha = kh_exp2(m[r] - m_use);
       m[r] = mx;
       l[r] *= alpha;
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[r][e] *= alpha;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const float pe = exp2f(s[u][r] - m_use);
+        const float pe = kh_exp2(s[u][r] - m_use);
         l[r] += pe;
         float v[8];
         kh_raw<T, 8> raw;
@@ -554,7 +573,7 @@ __device__ __forceinline__ void attn_decode(const kh_decode_params& p) {
     const float M_use = M == KH_NEG_INF ? 0.f : M;
     float L = 0.f, O = 0.f;
     for (int s2 = 0; s2 < SLOTS; ++s2) {
-      const float w = exp2f(s_m[s2][r] - M_use);
+      const float w = kh_exp2(s_m[s2][r] - M_use);
       L += s_l[s2][r] * w;
       O += s_acc[s2][r][d] * w;
     }
@@ -586,7 +605,7 @@ __device__ __forceinline__ void attn_decode_combine(const kh_decode_params& p) {
   const float M_use = M == KH_NEG_INF ? 0.f : M;
   float L = 0.f, O = 0.f;
   for (int s = 0; s < p.splits; ++s) {
-    const float w = exp2f(part[s * (D + 2) + D] - M_use);
+    const float w = kh_exp2(part[s * (D + 2) + D] - M_use);
     L += part[s * (D + 2) + D + 1] * w;
     O += part[s * (D + 2) + d] * w;
   }

@@ -44,6 +44,34 @@ KH_HD constexpr int kh_attn_fwd_smem_bytes(int head_dim) {
   return (16 * kh_attn_fwd_warps(head_dim) + 2 * kh_attn_fwd_block_n(head_dim)) * head_dim * 2;
 }
 
+// Hopper forward (forward_sm90.cuh; head_dim 64 and 128): a producer and two consumer
+// warpgroups, BM = 128 query rows, BN keys per block, STAGES stages of K and V; shared memory:
+// Q, the stages, their mbarriers, 1024 bytes of alignment slack.
+KH_HD constexpr int kh_attn_fwd90_block_m() {
+  return 128;
+}
+#ifndef KH_FWD90_BN128
+#define KH_FWD90_BN128 128
+#endif
+KH_HD constexpr int kh_attn_fwd90_block_n(int head_dim) {
+  return head_dim == 64 ? 128 : KH_FWD90_BN128;
+}
+#ifndef KH_FWD90_STAGES128
+#define KH_FWD90_STAGES128 3
+#endif
+KH_HD constexpr int kh_attn_fwd90_stages(int head_dim) {
+  return head_dim == 64 ? 3 : KH_FWD90_STAGES128;
+}
+KH_HD constexpr int kh_attn_fwd90_threads() {
+  return 384;
+}
+KH_HD constexpr int kh_attn_fwd90_smem_bytes(int head_dim) {
+  return (kh_attn_fwd90_block_m() +
+          2 * kh_attn_fwd90_stages(head_dim) * kh_attn_fwd90_block_n(head_dim)) *
+             head_dim * 2 +
+         16 * kh_attn_fwd90_stages(head_dim) + 1024;
+}
+
 // Sequence b's token ranges.
 KH_HD void kh_attn_seq(const kh_attn_params& p, int b, int* q0, int* len_q, int* k0, int* len_k) {
   if (p.cu_seqlens_q) {

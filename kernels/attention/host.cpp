@@ -1,6 +1,7 @@
 // Host library of the kernel-hub/attention package: layers Attention (forward and backward,
-// FlashAttention-2 style on sm_80+ tensor cores: packed varlen or padded batches, MHA/GQA/MQA, causal and
-// sliding-window masks, optional fp32 log-sum-exp), PagedAttention (decode of one or a few query
+// FlashAttention-2 style on sm_80+ tensor cores, the forward FlashAttention-3 style with wgmma on
+// sm_90a (forward_sm90.cuh) for head_dim 64 and 128: packed varlen or padded batches,
+// MHA/GQA/MQA, causal and sliding-window masks, optional fp32 log-sum-exp), PagedAttention (decode of one or a few query
 // tokens per sequence against a paged KV cache, split over the context) and PagedKVAppend
 // (writes new tokens' K and V into the pages). Ops check their DLPack arguments, then run
 // cpu.cpp on kDLCPU tensors or launch attention.cu's kernels through the loader on kDLCUDA ones.
@@ -9,6 +10,7 @@
 // probabilities from q, k and lse); its backward takes the caller's fp32 workspace on cuda.
 #include <math.h>
 #include <stdio.h>
+#include <atomic>
 
 #include "kernels/attention/attention_params.h"
 #include "kernels/attention/cpu.h"
@@ -20,7 +22,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/attention";
-constexpr const char* kPackageVersion = "1.0.0";
+constexpr const char* kPackageVersion = "1.1.0";
 constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
 // Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
 constexpr int kMinSplitTokens = 256;
@@ -245,6 +247,26 @@ int32_t cuda_inputs_ok(const Args<kForward>& a, const AttnInputs& in) {
   return cuda_layout_ok(a.tensor("out"), in.o);
 }
 
+// Whether the device code for `device` has `kernel`: the Hopper kernels exist only where NVRTC
+// (or a packaged cubin) targeted sm_90a. The answer is kept per device and kernel family (every
+// attn_fwd90 kernel is built under the same condition).
+int32_t has_kernel(int32_t device, const char* kernel, bool* out) {
+  static std::atomic<int8_t> known[64];  // 0 unknown, 1 yes, -1 no
+  const bool cached = device >= 0 && device < 64;
+  if (cached && known[device].load(std::memory_order_relaxed) != 0) {
+    *out = known[device].load(std::memory_order_relaxed) > 0;
+    return KH_OK;
+  }
+  const kh_host_v1_t* h = host();
+  if (!h) return fail(KH_ERR_INTERNAL, "%s: the package was used before kh_module_v1 ran", kernel);
+  void* fn = nullptr;
+  const int32_t status = h->get_function(h->ctx, device, kernel, &fn);
+  if (status != KH_OK && status != KH_ERR_NOT_FOUND) return status;  // the loader set the error
+  *out = status == KH_OK;
+  if (cached) known[device].store(*out ? 1 : -1, std::memory_order_relaxed);
+  return KH_OK;
+}
+
 int32_t attention_forward(const Args<kForward>& a, void* stream) {
   kh_attn_params p;
   AttnInputs in;
@@ -262,17 +284,25 @@ int32_t attention_forward(const Args<kForward>& a, void* stream) {
   KH_TRY(cuda_inputs_ok(a, in));
   if (p.max_seqlen_q == 0) return KH_OK;
   const int d = static_cast<int>(q.head_dim);
+  const int32_t device = q.device.device_id;
   char name[48];
-  snprintf(name, sizeof name, "attn_fwd_%s_d%d", dtype_tag(q.dtype), d);
-  const int bm = 16 * kh_attn_fwd_warps(d);
+  bool hopper = false;
+  if (d != 256) {
+    snprintf(name, sizeof name, "attn_fwd90_%s_d%d", dtype_tag(q.dtype), d);
+    KH_TRY(has_kernel(device, name, &hopper));
+  }
+  if (!hopper) snprintf(name, sizeof name, "attn_fwd_%s_d%d", dtype_tag(q.dtype), d);
+  const int bm = hopper ? kh_attn_fwd90_block_m() : 16 * kh_attn_fwd_warps(d);
   LaunchDims dims;
   dims.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + bm - 1) / bm);
   dims.grid[1] = static_cast<uint32_t>(p.q_heads);
   dims.grid[2] = static_cast<uint32_t>(p.batch);
-  dims.block[0] = static_cast<uint32_t>(32 * kh_attn_fwd_warps(d));
-  dims.shared_mem_bytes = static_cast<uint32_t>(kh_attn_fwd_smem_bytes(d));
+  dims.block[0] =
+      static_cast<uint32_t>(hopper ? kh_attn_fwd90_threads() : 32 * kh_attn_fwd_warps(d));
+  dims.shared_mem_bytes =
+      static_cast<uint32_t>(hopper ? kh_attn_fwd90_smem_bytes(d) : kh_attn_fwd_smem_bytes(d));
   void* params[] = {&p};
-  return launch_kernel(q.device.device_id, name, dims, params, stream);
+  return launch_kernel(device, name, dims, params, stream);
 }
 
 int32_t attention_backward(const Args<kBackward>& a, void* stream) {

@@ -28,6 +28,14 @@ KH_DEV void kh_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// 2^x on the special-function unit alone (exp2f adds a denormal range fix-up of three
+// instructions per call; softmax inputs are <= 0 and a flushed tiny result changes nothing).
+KH_DEV float kh_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Byte offset of (row, chunk) in a swizzled tile with CH chunks per row.
 template <int CH>
 KH_DEV kh_u32 kh_swz(int row, int chunk) {

@@ -107,12 +107,12 @@ TEST(LoaderJit, DeviceCodeChoiceTable) {
       {{"80"}, false, "86", DeviceCodeKind::kCubin, "80"},
       {{"86a"}, true, "89", DeviceCodeKind::kSource, "89"},  // 86a never on another minor
       {{"86a"}, false, "89", DeviceCodeKind::kNone, "89"},
-      {{"90a"}, true, "90", DeviceCodeKind::kCubin, "90a"},   // 90a only on 90
-      {{"89"}, true, "86", DeviceCodeKind::kSource, "86"},    // higher minor never
-      {{"90"}, true, "100", DeviceCodeKind::kSource, "100"},  // other major never
-      {{"80", "90"}, true, "120", DeviceCodeKind::kSource, "120"},
-      {{}, true, "90", DeviceCodeKind::kSource, "90"},  // source fallback
-      {{}, false, "90", DeviceCodeKind::kNone, "90"},   // nothing
+      {{"90a"}, true, "90", DeviceCodeKind::kCubin, "90a"},    // 90a only on 90
+      {{"89"}, true, "86", DeviceCodeKind::kSource, "86"},     // higher minor never
+      {{"90"}, true, "100", DeviceCodeKind::kSource, "100a"},  // other major never; NVRTC: "a"
+      {{"80", "90"}, true, "120", DeviceCodeKind::kSource, "120a"},
+      {{}, true, "90", DeviceCodeKind::kSource, "90a"},  // source fallback, arch-specific
+      {{}, false, "90", DeviceCodeKind::kNone, "90"},    // nothing
       {{"100"}, false, "90", DeviceCodeKind::kNone, "90"},
   };
   for (const auto& r : rows) {

@@ -1,0 +1,202 @@
+// Hopper forward (sm_90a): the forward of attention.cu with its products on wgmma, warp
+// specialized (FlashAttention-3's schedule, with cp.async instead of the tensor copy engine).
+//
+// Geometry: one CTA of three warpgroups per (query block of BM = 128 rows, query head,
+// sequence). Warpgroup 0 is the producer: it loads Q once and K and V blocks of BN keys into
+// STAGES shared-memory stages (128-byte-swizzled panel tiles, wgmma.cuh) with cp.async, and
+// signals each stage's `full` mbarrier once it has landed (after a proxy fence: wgmma reads
+// through the async proxy). Warpgroups 1 and 2 are consumers of 64 query rows each: per key
+// block j they issue O += P(j-1) V(j-1) and S = Q K(j)^T together (wgmma; P from registers, V read
+// MN-major), then release stage j - 1 (`empty` mbarrier) and compute block j's online softmax in
+// registers while the other consumer's products run: a pair of named barriers hands the tensor
+// cores from one consumer to the other (ping-pong), so softmax and matrix work overlap.
+// setmaxnreg moves registers from the producer to the consumers. Masks, varlen, GQA and the LSE
+// as in attention.cu's attn_fwd.
+#ifndef KH_ATTENTION_FORWARD_SM90_CUH_
+#define KH_ATTENTION_FORWARD_SM90_CUH_
+
+#include "wgmma.cuh"
+
+namespace {
+
+template <typename T, int D>
+__device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
+  constexpr int BM = kh_attn_fwd90_block_m(), BN = kh_attn_fwd90_block_n(D);
+  constexpr int STAGES = kh_attn_fwd90_stages(D);
+  constexpr kh_u32 TILE_Q = BM * D * 2, TILE_KV = BN * D * 2;
+  extern __shared__ __align__(128) unsigned char smem[];
+  // Swizzle atoms are 1024 bytes: the host adds 1024 bytes of slack for this rounding.
+  const kh_u32 base = kh_smem_addr(smem);
+  const kh_u32 sQ = (base + 1023u) & ~1023u;
+  const kh_u32 sKV = sQ + TILE_Q;                  // stage s: K at sKV + 2 s TILE_KV, V right after
+  const kh_u32 bars = sKV + 2 * STAGES * TILE_KV;  // full[STAGES], empty[STAGES]
+
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int mblk = gridDim.x - 1 - blockIdx.x;  // longest (causal) blocks first
+  int q0, len_q, k0, len_k;
+  kh_attn_seq(p, b, &q0, &len_q, &k0, &len_k);
+  const int m0 = mblk * BM;
+  if (m0 >= len_q) return;
+  const int hk = h / (p.q_heads / p.kv_heads);
+  const int offset = len_k - len_q;
+
+  int n_lo = 0, n_hi = len_k;
+  if (p.causal) n_hi = min(len_k, m0 + BM + offset);
+  if (p.window_left >= 0) n_lo = max(0, m0 + offset - p.window_left);
+  n_lo = n_lo / BN * BN;
+  const int nblk = n_hi > n_lo ? (n_hi - n_lo + BN - 1) / BN : 0;
+
+  const int tid = threadIdx.x;
+  if (tid < STAGES) {
+    kh_mbar_init(bars + 8 * tid, 128);             // full: every producer thread arrives
+    kh_mbar_init(bars + 8 * (STAGES + tid), 256);  // empty: every consumer thread arrives
+  }
+  __syncthreads();
+
+  // Each role is one branch of this if/else: setmaxnreg needs it so.
+  if (tid < 128) {
+    // Producer.
+    kh_regs_dec<40>();
+    const T* kb = (const T*)p.k + (kh_i64)k0 * p.k_row + (kh_i64)hk * p.k_head;
+    const T* vb = (const T*)p.v + (kh_i64)k0 * p.v_row + (kh_i64)hk * p.v_head;
+    kh_load_panels<BM, D, 128>(sQ, (const T*)p.q + (kh_i64)q0 * p.q_row + (kh_i64)h * p.q_head,
+                               p.q_row, m0, len_q, tid);
+    // Up to STAGES - 2 blocks stay in flight past the one signalled: block j's loads are issued
+    // (once its stage is free), then block j - (STAGES - 2) is signalled when it has landed. A
+    // stage is freed by the consumers only after they got the next block, so with two stages
+    // the producer must signal each block before it waits for a free stage.
+    for (int j = 0; j < nblk; ++j) {
+      const int s = j % STAGES;
+      if (j >= STAGES) kh_mbar_wait(bars + 8 * (STAGES + s), (j / STAGES - 1) & 1);
+      const kh_u32 sK = sKV + s * 2 * TILE_KV;
+      kh_load_panels<BN, D, 128>(sK, kb, p.k_row, n_lo + j * BN, len_k, tid);
+      kh_load_panels<BN, D, 128>(sK + TILE_KV, vb, p.v_row, n_lo + j * BN, len_k, tid);
+      kh_cp_async_commit();
+      if (j >= STAGES - 2) {
+        kh_cp_async_wait<STAGES - 2>();
+        kh_fence_proxy_async();
+        kh_mbar_arrive(bars + 8 * ((j - (STAGES - 2)) % STAGES));
+      }
+    }
+    kh_cp_async_commit();
+    kh_cp_async_wait<0>();
+    kh_fence_proxy_async();
+    for (int j = max(0, nblk - (STAGES - 2)); j < nblk; ++j)
+      kh_mbar_arrive(bars + 8 * (j % STAGES));
+  } else {
+    // Consumers.
+    kh_regs_inc<232>();
+    const int ct = tid - 128, wg = ct >> 7, warp = (ct >> 5) & 3, lane = tid & 31;
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    float row_max[2] = {KH_NEG_INF, KH_NEG_INF}, row_sum[2] = {0.f, 0.f};
+    const int r0 = m0 + wg * 64 + warp * 16 + (lane >> 2);  // this thread's rows: r0, r0 + 8
+    const kh_u32 q_rows = sQ + wg * 64 * 128;               // this warpgroup's rows, panel 0
+    const float sl2 = p.scale_log2;
+    kh_u32 pa[BN / 16][4];  // P of the previous block, as wgmma A fragments
+    // Named barrier 1 + w: consumer w's turn on the tensor cores. Consumer 0 goes first.
+    if (wg == 1) kh_named_arrive(1, 256);
+
+    for (int j = 0; j <= nblk; ++j) {
+      const int s = j % STAGES;
+      if (j < nblk) kh_mbar_wait(bars + 8 * s, (j / STAGES) & 1);
+      kh_named_sync(1 + wg, 256);
+      if (j > 0) {
+        const kh_u32 sV = sKV + ((j - 1) % STAGES) * 2 * TILE_KV + TILE_KV;
+        kh_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+          kh_wgmma_rs_tb<T, D>(o, pa[kk], kh_wgmma_desc(sV + kk * 16 * 128, BN * 128, 1024));
+      }
+      float sacc[BN / 2];
+      if (j < nblk) {
+        const kh_u32 sK = sKV + s * 2 * TILE_KV;
+        if (j == 0) kh_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const kh_u32 koff = (kh_u32)(kk >> 2) * BM * 128 + (kk & 3) * 32;
+          const kh_u32 kkoff = (kh_u32)(kk >> 2) * BN * 128 + (kk & 3) * 32;
+          kh_wgmma_ss<T, BN>(sacc, kh_wgmma_desc(q_rows + koff, 16, 1024),
+                             kh_wgmma_desc(sK + kkoff, 16, 1024), kk > 0);
+        }
+      }
+      kh_wgmma_commit();
+      kh_named_arrive(2 - wg, 256);  // the other consumer's turn
+      kh_wgmma_wait<0>();
+      if (j > 0) kh_mbar_arrive(bars + 8 * (STAGES + (j - 1) % STAGES));  // V(j-1), K(j-1) done
+      if (j == nblk) break;
+
+      const int n0 = n_lo + j * BN;
+      const bool edge = n0 + BN > len_k || (p.causal && n0 + BN - 1 > m0 + offset) ||
+                        (p.window_left >= 0 && n0 < m0 + BM - 1 + offset - p.window_left);
+      if (edge) {
+#pragma unroll
+        for (int t = 0; t < BN / 8; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = n0 + t * 8 + 2 * (lane & 3) + (e & 1);
+            const int row = r0 + (e >> 1) * 8;
+            if (col >= len_k || !kh_attn_visible(row, col, offset, p.causal, p.window_left))
+              sacc[4 * t + e] = KH_NEG_INF;
+          }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = KH_NEG_INF;
+#pragma unroll
+        for (int t = 0; t < BN / 8; ++t)
+          mx = fmaxf(mx, fmaxf(sacc[4 * t + 2 * i], sacc[4 * t + 2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(row_max[i], mx * sl2);
+        const float m_use = m_new == KH_NEG_INF ? 0.f : m_new;  // a row with nothing visible yet
+        const float alpha = kh_exp2(row_max[i] - m_use);
+        row_max[i] = m_new;
+        row_sum[i] *= alpha;
+#pragma unroll
+        for (int t = 0; t < D / 8; ++t) {
+          o[4 * t + 2 * i] *= alpha;
+          o[4 * t + 2 * i + 1] *= alpha;
+        }
+#pragma unroll
+        for (int t = 0; t < BN / 8; ++t) {
+          sacc[4 * t + 2 * i] = kh_exp2(sacc[4 * t + 2 * i] * sl2 - m_use);
+          sacc[4 * t + 2 * i + 1] = kh_exp2(sacc[4 * t + 2 * i + 1] * sl2 - m_use);
+          row_sum[i] += sacc[4 * t + 2 * i] + sacc[4 * t + 2 * i + 1];
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = kh_pack2<T>(sacc[8 * kk + 0], sacc[8 * kk + 1]);
+        pa[kk][1] = kh_pack2<T>(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+        pa[kk][2] = kh_pack2<T>(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+        pa[kk][3] = kh_pack2<T>(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+      }
+    }
+    if (wg == 0) kh_named_sync(1, 256);  // consumer 1's last hand-over
+
+    T* ob = (T*)p.o + (kh_i64)q0 * p.o_row + (kh_i64)h * p.o_head;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float sum = row_sum[i];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = r0 + 8 * i;
+      if (row >= len_q) continue;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      T* orow = ob + (kh_i64)row * p.o_row;
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t)
+        *(kh_u32*)(orow + t * 8 + 2 * (lane & 3)) =
+            kh_pack2<T>(o[4 * t + 2 * i] * inv, o[4 * t + 2 * i + 1] * inv);
+      if (p.lse && (lane & 3) == 0)
+        p.lse[(kh_i64)h * p.lse_head + q0 + row] =
+            sum > 0.f ? row_max[i] * 0.6931471805599453f + logf(sum) : KH_NEG_INF;
+    }
+  }
+}
+
+}  // namespace
+
+#endif  // KH_ATTENTION_FORWARD_SM90_CUH_
