@@ -80,6 +80,9 @@ class GpuLaunch : public ::testing::Test {
     cuda::check(d_->cuMemAlloc(&b->ptr, n * 4), "cuMemAlloc");
     allocations_.push_back(b->ptr);
     cuda::check(d_->cuMemsetD32(b->ptr, fill, n), "cuMemsetD32");
+    // The memset runs on the legacy stream, which the test's non-blocking stream does not wait
+    // for.
+    cuda::check(d_->cuStreamSynchronize(nullptr), "cuStreamSynchronize(legacy stream)");
     b->shape[0] = static_cast<int64_t>(n);
     b->t.data = reinterpret_cast<void*>(static_cast<uintptr_t>(b->ptr));
     b->t.device = {kDLCUDA, 0};

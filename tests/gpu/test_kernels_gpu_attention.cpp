@@ -208,6 +208,8 @@ TEST_F(KernelsGpuAttention, PagedAppendAndDecodeReplayInACudaGraph) {
     dvn.upload(vn);
     dq.upload(q);
     dlens.upload(lens);
+    // The copies (legacy stream) are complete before the test's non-blocking stream reads.
+    ASSERT_EQ(cu.ctx_synchronize(), 0);
   };
 
   // Eager first: the kernels are compiled and loaded before the capture (nothing may load
