@@ -59,6 +59,35 @@ constexpr CUdriverProcAddressQueryResult CU_GET_PROC_ADDRESS_SUCCESS = 0;
 constexpr CUdriverProcAddressQueryResult CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1;
 constexpr CUdriverProcAddressQueryResult CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
+constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+constexpr int CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14;
+
+// cuLaunchKernelEx's configuration (CUDA 12.0+), with the two attributes the loader sets.
+using CUlaunchAttributeID = int;
+constexpr CUlaunchAttributeID CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4;
+constexpr CUlaunchAttributeID CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
+union CUlaunchAttributeValue {
+  alignas(8) char pad[64];  // cuda.h pads the union to 64 bytes; its largest members hold pointers
+  struct {
+    unsigned x, y, z;
+  } clusterDim;
+  int programmaticStreamSerializationAllowed;
+};
+struct CUlaunchAttribute {
+  CUlaunchAttributeID id;
+  char pad[8 - sizeof(CUlaunchAttributeID)];
+  CUlaunchAttributeValue value;
+};
+struct CUlaunchConfig {
+  unsigned gridDimX, gridDimY, gridDimZ;
+  unsigned blockDimX, blockDimY, blockDimZ;
+  unsigned sharedMemBytes;
+  CUstream hStream;
+  CUlaunchAttribute* attrs;
+  unsigned numAttrs;
+};
+static_assert(sizeof(CUlaunchAttributeValue) == 64 && sizeof(CUlaunchAttribute) == 72 &&
+              sizeof(CUlaunchConfig) == 56);
 
 // The oldest driver API the loader asks cuGetProcAddress for: cuLibrary* needs CUDA 12.0.
 constexpr int kMinDriverCudaVersion = 12000;
@@ -91,7 +120,8 @@ constexpr int kMaxRequestedCudaVersion = 13000;
      unsigned block_y, unsigned block_z, unsigned shared_mem_bytes, CUstream stream,            \
      void** kernel_params, void** extra))
 // Optional: null when the driver lacks them. Error texts, then memory and streams (the loader
-// itself never allocates; tests and tools use these).
+// itself never allocates; tests and tools use these), function attributes, and cuLaunchKernelEx
+// (clusters and PDL; a plain launch keeps cuLaunchKernel).
 #define KH_CUDA_OPTIONAL(X)                                         \
   X(cuGetErrorName, (CUresult error, const char** text))            \
   X(cuGetErrorString, (CUresult error, const char** text))          \
@@ -103,7 +133,9 @@ constexpr int kMaxRequestedCudaVersion = 13000;
   X(cuStreamCreate, (CUstream* stream, unsigned flags))             \
   X(cuStreamSynchronize, (CUstream stream))                         \
   X(cuStreamDestroy, (CUstream stream))                             \
-  X(cuFuncSetAttribute, (CUfunction fn, int attrib, int value))
+  X(cuFuncSetAttribute, (CUfunction fn, int attrib, int value))     \
+  X(cuLaunchKernelEx,                                               \
+    (const CUlaunchConfig* config, CUfunction f, void** kernel_params, void** extra))
 // clang-format on
 
 struct Driver {

@@ -13,6 +13,7 @@
 #include "hub/base/log.h"
 #include "loader/cuda_driver.h"
 #include "loader/jit_cache.h"
+#include "loader/launch_config.h"
 #include "loader/nvrtc.h"
 #include "loader/package_dir.h"
 #include "loader/verified_file.h"
@@ -24,16 +25,17 @@ namespace {
 constexpr uint64_t kFunctionMagic = 0x6b682d636f646531ull;  // "kh-code1"
 
 // The opaque handle get_function hands out: never freed.
-// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (cuda.h).
-constexpr int kMaxDynamicSharedSizeBytes = 8;
-
 struct DeviceFunction {
   uint64_t magic = kFunctionMagic;
   cuda::CUfunction function = nullptr;
   cuda::CUkernel kernel = nullptr;
   cuda::CUcontext context = nullptr;
   int device = -1;
+  int sm_major = 0;  // of the device: clusters and PDL need 9
   std::string name;
+  // CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED set (the first launch with a cluster of
+  // more than 8 blocks sets it).
+  std::atomic<bool> non_portable_cluster{false};
   // The dynamic shared memory the function was allowed past the default 48 KiB
   // (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), raised on the first launch that asks.
   std::atomic<uint32_t> max_dynamic_smem{kDefaultDynamicSmem};
@@ -281,6 +283,7 @@ int32_t CudaDeviceBackend::get_function(const PackageIdentity& package, int32_t 
   auto f = std::make_unique<DeviceFunction>();
   f->device = device_id;
   f->context = e.context;
+  f->sm_major = cuda::device(device_id).sm_major;  // loaded: ensure_loaded succeeded
   f->name = kernel_name;
   cuda::CUresult r = d.cuLibraryGetKernel(&f->kernel, e.library->handle, kernel_name);
   if (r == cuda::CUDA_ERROR_NOT_FOUND) {
@@ -324,7 +327,18 @@ int32_t CudaDeviceBackend::launch(const PackageIdentity& package, void* fn,
         f->name, f->device, cfg.device_id);
     return KH_ERR_INVALID_ARGUMENT;
   }
+  LaunchPlan plan;
+  if (int32_t status = plan_launch(cfg, f->sm_major, f->name, f->device, plan, error);
+      status != KH_OK)
+    return status;
   const cuda::Driver& d = cuda::cuda_driver();  // loaded: get_function succeeded
+  if (plan.extended() && !d.cuLaunchKernelEx) {
+    error = fmt::format(
+        "launch of {}: a cluster or programmatic dependent launch needs cuLaunchKernelEx, which "
+        "this NVIDIA driver (CUDA {}) lacks; update the driver",
+        f->name, d.driver_version);
+    return KH_ERR_LAUNCH;
+  }
   // The function belongs to the device's primary context; make it current only if it is not.
   cuda::CUcontext current = nullptr;
   bool pushed = false;
@@ -337,23 +351,30 @@ int32_t CudaDeviceBackend::launch(const PackageIdentity& package, void* fn,
     }
     pushed = true;
   }
+  auto pop = [&] {
+    if (!pushed) return;
+    cuda::CUcontext popped = nullptr;
+    d.cuCtxPopCurrent(&popped);
+  };
+  // Function attributes a launch needs, set once per function by the first launch that asks
+  // (concurrent setters write the same or a larger value).
+  auto set_attribute = [&](int attribute, int value, const char* name) -> bool {
+    cuda::CUresult a = d.cuFuncSetAttribute ? d.cuFuncSetAttribute(f->function, attribute, value)
+                                            : cuda::CUDA_ERROR_INVALID_VALUE;
+    if (a == cuda::CUDA_SUCCESS) return true;
+    error = fmt::format("launch of {}: cuFuncSetAttribute({}, {}) failed: {}", f->name, name, value,
+                        d.cuFuncSetAttribute ? cuda::result_text(a) : "the driver lacks it");
+    return false;
+  };
   if (cfg.shared_mem_bytes > f->max_dynamic_smem.load(std::memory_order_acquire)) {
-    // Above 48 KiB a kernel must opt in; the attribute is per function, so the first launch
-    // that needs more sets it (concurrent setters write the same or a larger value).
-    cuda::CUresult a = d.cuFuncSetAttribute
-                           ? d.cuFuncSetAttribute(f->function, kMaxDynamicSharedSizeBytes,
-                                                  static_cast<int>(cfg.shared_mem_bytes))
-                           : cuda::CUDA_ERROR_INVALID_VALUE;
-    if (a != cuda::CUDA_SUCCESS) {
-      if (pushed) {
-        cuda::CUcontext popped = nullptr;
-        d.cuCtxPopCurrent(&popped);
-      }
-      error = fmt::format(
-          "launch of {}: {} B of dynamic shared memory needs cuFuncSetAttribute(MAX_DYNAMIC_"
-          "SHARED_SIZE_BYTES), which failed: {} (more than the device allows per block?)",
-          f->name, cfg.shared_mem_bytes,
-          d.cuFuncSetAttribute ? cuda::result_text(a) : "the driver lacks it");
+    // Above 48 KiB a kernel must opt in.
+    if (!set_attribute(cuda::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                       static_cast<int>(cfg.shared_mem_bytes), "MAX_DYNAMIC_SHARED_SIZE_BYTES")) {
+      pop();
+      error += fmt::format(
+          " ({} B of dynamic shared memory: more than the device allows per "
+          "block?)",
+          cfg.shared_mem_bytes);
       return KH_ERR_LAUNCH;
     }
     uint32_t seen = f->max_dynamic_smem.load(std::memory_order_relaxed);
@@ -361,19 +382,49 @@ int32_t CudaDeviceBackend::launch(const PackageIdentity& package, void* fn,
            !f->max_dynamic_smem.compare_exchange_weak(seen, cfg.shared_mem_bytes)) {
     }
   }
-  cuda::CUresult r = d.cuLaunchKernel(
-      f->function, cfg.grid[0], cfg.grid[1], cfg.grid[2], cfg.block[0], cfg.block[1], cfg.block[2],
-      cfg.shared_mem_bytes, static_cast<cuda::CUstream>(stream), args, nullptr);
-  if (pushed) {
-    cuda::CUcontext popped = nullptr;
-    d.cuCtxPopCurrent(&popped);
+  if (plan.non_portable_cluster && !f->non_portable_cluster.load(std::memory_order_acquire)) {
+    if (!set_attribute(cuda::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1,
+                       "NON_PORTABLE_CLUSTER_SIZE_ALLOWED")) {
+      pop();
+      return KH_ERR_LAUNCH;
+    }
+    f->non_portable_cluster.store(true, std::memory_order_release);
   }
+  const auto cu_stream = static_cast<cuda::CUstream>(stream);
+  cuda::CUresult r = cuda::CUDA_SUCCESS;
+  if (!plan.extended()) {
+    r = d.cuLaunchKernel(f->function, cfg.grid[0], cfg.grid[1], cfg.grid[2], cfg.block[0],
+                         cfg.block[1], cfg.block[2], cfg.shared_mem_bytes, cu_stream, args,
+                         nullptr);
+  } else {
+    cuda::CUlaunchAttribute attrs[2] = {};
+    unsigned n = 0;
+    if (plan.cluster) {
+      attrs[n].id = cuda::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attrs[n].value.clusterDim = {plan.cluster_dims[0], plan.cluster_dims[1],
+                                   plan.cluster_dims[2]};
+      ++n;
+    }
+    if (plan.pdl) {
+      attrs[n].id = cuda::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attrs[n].value.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
+    const cuda::CUlaunchConfig config = {
+        cfg.grid[0],  cfg.grid[1],          cfg.grid[2], cfg.block[0], cfg.block[1],
+        cfg.block[2], cfg.shared_mem_bytes, cu_stream,   attrs,        n};
+    r = d.cuLaunchKernelEx(&config, f->function, args, nullptr);
+  }
+  pop();
   if (r != cuda::CUDA_SUCCESS) {
     error = fmt::format(
-        "cuLaunchKernel({}, grid {}x{}x{}, block {}x{}x{}, {} B shared) on CUDA "
-        "device {} failed: {}",
-        f->name, cfg.grid[0], cfg.grid[1], cfg.grid[2], cfg.block[0], cfg.block[1], cfg.block[2],
-        cfg.shared_mem_bytes, f->device, cuda::result_text(r));
+        "{}({}, grid {}x{}x{}, block {}x{}x{}, {} B shared{}{}) on CUDA device {} failed: {}",
+        plan.extended() ? "cuLaunchKernelEx" : "cuLaunchKernel", f->name, cfg.grid[0], cfg.grid[1],
+        cfg.grid[2], cfg.block[0], cfg.block[1], cfg.block[2], cfg.shared_mem_bytes,
+        plan.cluster ? fmt::format(", cluster {}x{}x{}", plan.cluster_dims[0], plan.cluster_dims[1],
+                                   plan.cluster_dims[2])
+                     : std::string(),
+        plan.pdl ? ", programmatic dependent launch" : "", f->device, cuda::result_text(r));
     return KH_ERR_LAUNCH;
   }
   return KH_OK;

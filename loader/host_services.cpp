@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "hub/base/log.h"
+#include "loader/launch_config.h"
 
 namespace kh {
 
@@ -62,24 +63,28 @@ int32_t host_get_function(void* ctx, int32_t device_id, const char* kernel_name,
   }
 }
 
-int32_t host_launch(void* ctx, void* fn, const kh_launch_cfg_t* cfg, void** args, void* stream) {
+int32_t host_launch(void* ctx, void* fn, const kh_launch_cfg_t* in, void** args, void* stream) {
   auto* c = context_of(ctx);
-  if (!fn || !cfg || cfg->h.abi_major != KH_ABI_MAJOR || cfg->h.struct_size < sizeof(*cfg)) {
-    t_op_error = fmt::format(
-        "{}: launch called with a null function or an invalid "
-        "kh_launch_cfg_t (wrong ABI major or struct_size)",
-        package_label(c));
+  if (!fn) {
+    t_op_error = fmt::format("{}: launch called with a null function", package_label(c));
     return KH_ERR_INVALID_ARGUMENT;
   }
-  DeviceBackend* backend = g_backend.load(std::memory_order_acquire);
-  if (!backend) {
-    t_op_error = fmt::format("{}: no device code backend yet: cannot launch on CUDA device {}",
-                             package_label(c), cfg->device_id);
-    return KH_ERR_NO_DEVICE;
-  }
+  // The backend sees a whole kh_launch_cfg_t of this loader's ABI: fields a package of an older
+  // minor did not write are 0.
   try {
+    kh_launch_cfg_t cfg;
     std::string error;
-    int32_t status = backend->launch(c->package, fn, *cfg, args, stream, error);
+    if (int32_t status = read_launch_cfg(in, cfg, error); status != KH_OK) {
+      t_op_error = fmt::format("{}: {}", package_label(c), error);
+      return status;
+    }
+    DeviceBackend* backend = g_backend.load(std::memory_order_acquire);
+    if (!backend) {
+      t_op_error = fmt::format("{}: no device code backend yet: cannot launch on CUDA device {}",
+                               package_label(c), cfg.device_id);
+      return KH_ERR_NO_DEVICE;
+    }
+    int32_t status = backend->launch(c->package, fn, cfg, args, stream, error);
     if (status != KH_OK) t_op_error = fmt::format("{}: {}", package_label(c), error);
     return status;
   } catch (const std::exception& e) {

@@ -39,6 +39,8 @@ class DeviceBackend {
   }
   virtual int32_t get_function(const PackageIdentity& package, int32_t device_id,
                                const char* kernel_name, void** fn, std::string& error) = 0;
+  // `cfg` is whole and checked (loader/launch_config.h: read_launch_cfg): fields the package's
+  // ABI minor lacks are 0, cluster dims divide the grid, flags are known.
   virtual int32_t launch(const PackageIdentity& package, void* fn, const kh_launch_cfg_t& cfg,
                          void** args, void* stream, std::string& error) = 0;
 };

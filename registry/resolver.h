@@ -42,6 +42,7 @@
 #include "hub/base/error.h"
 #include "hub/oci/oci.h"
 #include "hub/oci/ref.h"
+#include "kernel_hub/kernel_hub_abi.h"
 #include "registry/device.h"
 #include "registry/kernel_config.h"
 #include "registry/lock_file.h"
@@ -62,9 +63,9 @@ inline constexpr std::string_view kAnnotationLayers = "kernelhub.layers";
 inline constexpr std::string_view kAnnotationPackageManifest = "kernelhub.package-manifest";
 
 struct ResolveOptions {
-  int abi_major =
-      1;  // the host's KH_ABI_MAJOR / KH_ABI_MINOR (include/kernel_hub/kernel_hub_abi.h)
-  int abi_minor = 0;
+  // The host's package ABI: a variant of a newer minor is skipped.
+  int abi_major = KH_ABI_MAJOR;
+  int abi_minor = KH_ABI_MINOR;
   const LockFile* lock = nullptr;  // when set, only locked digests are accepted
 };
 

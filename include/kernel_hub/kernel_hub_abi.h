@@ -50,7 +50,7 @@ extern "C" {
 #endif
 
 #define KH_ABI_MAJOR 1
-#define KH_ABI_MINOR 0
+#define KH_ABI_MINOR 1
 
 /* Status codes returned by ops and host services. */
 #define KH_OK 0
@@ -85,14 +85,33 @@ typedef struct kh_header_t {
 #define KH_HEADER_INIT(type) \
   { (uint32_t)sizeof(type), (uint16_t)KH_ABI_MAJOR, (uint16_t)KH_ABI_MINOR }
 
-/* Launch geometry for kh_host_v1_t.launch. */
+/* Launch flags of kh_launch_cfg_t.flags (ABI 1.1). */
+/* Programmatic dependent launch: the kernel may start while the previous kernel on the stream is
+ * still running (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION). The kernel must call
+ * griddepcontrol.wait (kh_pdl_wait, kernels/common/pdl.cuh) before it reads what the previous
+ * kernel writes. On devices below sm_90 the loader launches in plain stream order, which is
+ * always correct (the wait is a no-op there). */
+#define KH_LAUNCH_PDL 0x1u
+#define KH_LAUNCH_FLAGS_KNOWN 0x1u
+
+/* Launch geometry for kh_host_v1_t.launch. Zero-initialize it, then set the fields: fields are
+ * appended in minor versions, and a field a writer does not set must read as 0. */
 typedef struct kh_launch_cfg_t {
   kh_header_t h;
   uint32_t grid[3];
   uint32_t block[3];
-  uint32_t shared_mem_bytes; /* dynamic shared memory */
+  uint32_t shared_mem_bytes; /* dynamic shared memory; above 48 KiB the loader opts in */
   int32_t device_id;         /* the CUDA device ordinal the kernel was looked up for */
+  /* ABI 1.1. A loader of ABI 1.0 ignores these fields: a package that needs them checks
+   * host->h.abi_minor >= 1 first. The loader reads them only when h.struct_size covers them. */
+  uint32_t cluster[3]; /* thread block cluster dims (sm_90+); {0,0,0} or {1,1,1}: no cluster.
+                          Each divides grid; their product is at most 16 (above 8 the loader
+                          allows the non-portable size, which the kernel's resources must fit) */
+  uint32_t flags;      /* KH_LAUNCH_*; an unknown bit is refused (KH_ERR_INVALID_ARGUMENT) */
 } kh_launch_cfg_t;
+
+/* struct_size of an ABI 1.0 kh_launch_cfg_t (through device_id): the smallest the loader takes. */
+#define KH_LAUNCH_CFG_V1_0_SIZE 40u
 
 /* Services the loader gives a package (host -> package). One table per loaded package; `ctx`
  * identifies the package to the loader and is passed back as the first argument of every
@@ -110,7 +129,10 @@ typedef struct kh_host_v1_t {
    * May compile or load device code on first use; warm ops before graph capture. */
   int32_t (*get_function)(void* ctx, int32_t device_id, const char* kernel_name, void** fn);
   /* Launches `fn` with kernel parameters `args` (pointers to each parameter's value) on
-   * `stream` (a CUstream; NULL is the legacy default stream). Never synchronizes. */
+   * `stream` (a CUstream; NULL is the legacy default stream). Never synchronizes. Returns
+   * KH_ERR_INVALID_ARGUMENT for a cfg it cannot read or that is inconsistent (a cluster that
+   * does not divide the grid or has more than 16 blocks, an unknown flag) and KH_ERR_LAUNCH when
+   * the device or the driver cannot launch it (a cluster below sm_90, a driver error). */
   int32_t (*launch)(void* ctx, void* fn, const kh_launch_cfg_t* cfg, void** args, void* stream);
 } kh_host_v1_t;
 

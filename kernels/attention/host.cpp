@@ -61,8 +61,9 @@ int32_t same_shape(const TensorArg& a, const HeadsView& v, const HeadsView& like
 int32_t cuda_layout_ok(const TensorArg& a, const HeadsView& v) {
   if (v.dtype == kFP32)
     return fail(KH_ERR_UNSUPPORTED,
-                "%s: %s is fp32; the cuda kernels take bf16 or fp16 (fp32 runs on cpu only)", a.op,
-                a.name);
+                "%s: %s is fp32 on cuda; the cuda kernels take bf16 or fp16 (convert the "
+                "tensors, or pass cpu tensors: fp32 runs on the cpu implementation)",
+                a.op, a.name);
   if (v.head_dim != 64 && v.head_dim != 128 && v.head_dim != 256)
     return fail(KH_ERR_UNSUPPORTED, "%s: head_dim %lld; the cuda kernels take 64, 128 or 256", a.op,
                 static_cast<long long>(v.head_dim));

@@ -53,11 +53,19 @@ int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& d
   void* fn = nullptr;
   int32_t status = h->get_function(h->ctx, device_id, kernel, &fn);
   if (status != KH_OK) return status;  // the loader has set the error
+  const bool needs_1_1 = dims.flags || dims.cluster[0] || dims.cluster[1] || dims.cluster[2];
+  if (needs_1_1 && h->h.abi_minor < 1)
+    return fail(KH_ERR_UNSUPPORTED,
+                "%s: a cluster or launch flags need a kernel-hub loader of ABI 1.1 or newer (this "
+                "one is %u.%u); update kernel-hub",
+                kernel, h->h.abi_major, h->h.abi_minor);
   kh_launch_cfg_t cfg = {KH_HEADER_INIT(kh_launch_cfg_t),
                          {dims.grid[0], dims.grid[1], dims.grid[2]},
                          {dims.block[0], dims.block[1], dims.block[2]},
                          dims.shared_mem_bytes,
-                         device_id};
+                         device_id,
+                         {dims.cluster[0], dims.cluster[1], dims.cluster[2]},
+                         dims.flags};
   return h->launch(h->ctx, fn, &cfg, params, stream);
 }
 

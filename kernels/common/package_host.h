@@ -29,11 +29,14 @@ const kh_host_v1_t* host();
 // Reports a printf-style message through host->set_error and returns `status`.
 int32_t fail(int32_t status, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
-// Grid and block of one launch.
+// Grid and block of one launch; a cluster and launch flags (KH_LAUNCH_PDL) need a loader of
+// ABI 1.1 or newer (launch_kernel refuses them on an older one, which would ignore them).
 struct LaunchDims {
   uint32_t grid[3] = {1, 1, 1};
   uint32_t block[3] = {1, 1, 1};
   uint32_t shared_mem_bytes = 0;
+  uint32_t cluster[3] = {0, 0, 0};  // {0,0,0}: no cluster (sm_90+ only otherwise)
+  uint32_t flags = 0;               // KH_LAUNCH_*
 };
 
 // Looks up `kernel` for `device_id` through host->get_function and launches it on `stream`

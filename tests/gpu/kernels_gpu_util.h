@@ -38,6 +38,16 @@ struct Cuda {
   Res (*mem_free)(Ptr) = nullptr;
   Res (*htod)(Ptr, const void*, size_t) = nullptr;
   Res (*dtoh)(void*, Ptr, size_t) = nullptr;
+  // Streams and graph capture (the graph-safety tests).
+  Res (*stream_create)(void**, unsigned) = nullptr;
+  Res (*stream_sync)(void*) = nullptr;
+  Res (*stream_destroy)(void*) = nullptr;
+  Res (*begin_capture)(void*, int) = nullptr;
+  Res (*end_capture)(void*, void**) = nullptr;
+  Res (*graph_instantiate)(void**, void*, unsigned long long) = nullptr;
+  Res (*graph_launch)(void*, void*) = nullptr;
+  Res (*graph_exec_destroy)(void*) = nullptr;
+  Res (*graph_destroy)(void*) = nullptr;
   std::string skip;  // why the GPU tests cannot run here
   int sm_major = 0, sm_minor = 0;
 
@@ -69,6 +79,15 @@ struct Cuda {
     sym(c.mem_free, "cuMemFree_v2");
     sym(c.htod, "cuMemcpyHtoD_v2");
     sym(c.dtoh, "cuMemcpyDtoH_v2");
+    sym(c.stream_create, "cuStreamCreate");
+    sym(c.stream_sync, "cuStreamSynchronize");
+    sym(c.stream_destroy, "cuStreamDestroy_v2");
+    sym(c.begin_capture, "cuStreamBeginCapture_v2");
+    sym(c.end_capture, "cuStreamEndCapture");
+    sym(c.graph_instantiate, "cuGraphInstantiateWithFlags");
+    sym(c.graph_launch, "cuGraphLaunch");
+    sym(c.graph_exec_destroy, "cuGraphExecDestroy");
+    sym(c.graph_destroy, "cuGraphDestroy");
     if (!c.skip.empty()) return c;
     int n = 0, dev = 0;
     if (c.init(0) != 0 || c.device_count(&n) != 0 || n == 0) {

@@ -58,7 +58,8 @@ TEST(Pack, SameInputsGiveTheSameDigests) {
   ASSERT_EQ(v1.manifests.size(), devices.size());
   const auto& cpu = v1.manifests.back();
   EXPECT_EQ(cpu.annotations.at("kernelhub.device"), "cpu");
-  EXPECT_EQ(cpu.annotations.at("kernelhub.abi"), "1.0");
+  EXPECT_EQ(cpu.annotations.at("kernelhub.abi"),
+            std::to_string(KH_ABI_MAJOR) + "." + std::to_string(KH_ABI_MINOR));
   EXPECT_EQ(cpu.platform->os, "linux");
   if (devices.size() == 2) {
     const auto& cuda = v1.manifests.front();

@@ -28,7 +28,7 @@ ln -s "$g/default-hub" "$build/default-hub"
 ln -s "$g/default-hub-key" "$build/default-hub-key"
 ln -s "$g/bin/kernel-hub" "$build/kernel-hub"
 status=0
-for t in test_gpu_device_code test_kernels_gpu test_kernels_gpu_rotary_softmax test_kernels_gpu_attention; do
+for t in test_gpu_device_code test_gpu_launch test_kernels_gpu test_kernels_gpu_rotary_softmax test_kernels_gpu_attention; do
   "$g/bin/$t" --gtest_filter="${KH_GTEST_FILTER:-*}" 2>&1 | tee "$out/$t.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|rel' | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done

@@ -28,6 +28,16 @@ namespace {
 
 const kh_host_v1_t* g_host = nullptr;  // set once by the entry point
 
+// kh_launch_cfg_t as ABI 1.0 declared it (the loader reads the prefix its struct_size covers).
+struct toy_launch_cfg_v1_0_t {
+  kh_header_t h;
+  uint32_t grid[3];
+  uint32_t block[3];
+  uint32_t shared_mem_bytes;
+  int32_t device_id;
+};
+static_assert(sizeof(toy_launch_cfg_v1_0_t) == KH_LAUNCH_CFG_V1_0_SIZE, "ABI 1.0 layout");
+
 const kh_host_v1_t* host() {
   return __atomic_load_n(&g_host, __ATOMIC_ACQUIRE);
 }
@@ -82,13 +92,15 @@ int32_t scale(const DLTensor* x, double alpha, const DLTensor* y, void* stream) 
     if (status != KH_OK) return status;  // the host has set the error
     long long count = n;
     void* params[] = {&xp, &yp, &a, &offset, &count};
-    kh_launch_cfg_t cfg = {KH_HEADER_INIT(kh_launch_cfg_t),
-                           {static_cast<uint32_t>((n + 255) / 256), 1, 1},
-                           {256, 1, 1},
-                           0,
-                           x->device.device_id};
+    // The toy writes the launch cfg of ABI 1.0 (no cluster, no flags: struct_size 40), as a
+    // package built before ABI 1.1 does: the loader must still launch it the plain way.
+    toy_launch_cfg_v1_0_t cfg = {{KH_LAUNCH_CFG_V1_0_SIZE, KH_ABI_MAJOR, 0},
+                                 {static_cast<uint32_t>((n + 255) / 256), 1, 1},
+                                 {256, 1, 1},
+                                 0,
+                                 x->device.device_id};
     if (n == 0) return KH_OK;
-    return h->launch(h->ctx, fn, &cfg, params, stream);
+    return h->launch(h->ctx, fn, reinterpret_cast<const kh_launch_cfg_t*>(&cfg), params, stream);
   }
   return fail(KH_ERR_UNSUPPORTED, "scale: tensors must be on kDLCPU or kDLCUDA");
 }

@@ -81,7 +81,9 @@ int32_t scale(const char* op, const kh_arg_t* args, int32_t nargs, void* stream)
                          {static_cast<uint32_t>(blocks), 1, 1},
                          {256, 1, 1},
                          0,
-                         device};
+                         device,
+                         {0, 0, 0},  // no thread block cluster
+                         0};         // no launch flags (KH_LAUNCH_*)
   long long count = n;
   void* params[] = {&x, &alpha, &y, &count};  // scale_fp32's parameters, in order
   return host->launch(host->ctx, fn, &cfg, params, stream);
