@@ -1,6 +1,6 @@
 // Host library of the kernel-hub/attention package: layers Attention (forward and backward,
-// FlashAttention-2 style on sm_80+ tensor cores, the forward FlashAttention-3 style with wgmma on
-// sm_90a (forward_sm90.cuh) for head_dim 64 and 128: packed varlen or padded batches,
+// FlashAttention-2 style on sm_80+ tensor cores, with wgmma on sm_90a for head_dim 64 and 128
+// (forward_sm90.cuh: FlashAttention-3's warp-specialized schedule; backward_sm90.cuh): packed varlen or padded batches,
 // MHA/GQA/MQA, causal and sliding-window masks, optional fp32 log-sum-exp), PagedAttention (decode of one or a few query
 // tokens per sequence against a paged KV cache, split over the context) and PagedKVAppend
 // (writes new tokens' K and V into the pages). Ops check their DLPack arguments, then run
@@ -248,9 +248,9 @@ int32_t cuda_inputs_ok(const Args<kForward>& a, const AttnInputs& in) {
   return cuda_layout_ok(a.tensor("out"), in.o);
 }
 
-// Whether the device code for `device` has `kernel`: the Hopper kernels exist only where NVRTC
-// (or a packaged cubin) targeted sm_90a. The answer is kept per device and kernel family (every
-// attn_fwd90 kernel is built under the same condition).
+// Whether the device code for `device` has `kernel`: the Hopper kernels (attn_fwd90_*,
+// attn_bwd90_*) exist only where NVRTC (or a packaged cubin) targeted sm_90a, all under the same
+// condition, so one answer per device serves them all.
 int32_t has_kernel(int32_t device, const char* kernel, bool* out) {
   static std::atomic<int8_t> known[64];  // 0 unknown, 1 yes, -1 no
   const bool cached = device >= 0 && device < 64;
@@ -395,14 +395,19 @@ int32_t attention_backward(const Args<kBackward>& a, void* stream) {
   snprintf(name, sizeof name, "attn_bwd_pre_%s_d%d", dtype_tag(q.dtype), d);
   if (q.tokens > 0) KH_TRY(launch_kernel(q.device.device_id, name, pre, params, stream));
   if (bp.max_seqlen_k > 0) {
+    snprintf(name, sizeof name, "attn_bwd90_%s_d%d", dtype_tag(q.dtype), d);
+    bool hopper = false;
+    KH_TRY(has_kernel(q.device.device_id, name, &hopper));
+    if (!hopper) snprintf(name, sizeof name, "attn_bwd_%s_d%d", dtype_tag(q.dtype), d);
+    const int bn = hopper ? kh_attn_bwd90_block_n() : kh_attn_bwd_block();
     LaunchDims main;
-    main.grid[0] =
-        static_cast<uint32_t>((bp.max_seqlen_k + kh_attn_bwd_block() - 1) / kh_attn_bwd_block());
+    main.grid[0] = static_cast<uint32_t>((bp.max_seqlen_k + bn - 1) / bn);
     main.grid[1] = static_cast<uint32_t>(bp.f.kv_heads);
     main.grid[2] = static_cast<uint32_t>(bp.f.batch);
-    main.block[0] = static_cast<uint32_t>(32 * kh_attn_bwd_warps());
-    main.shared_mem_bytes = static_cast<uint32_t>(kh_attn_bwd_smem_bytes(d));
-    snprintf(name, sizeof name, "attn_bwd_%s_d%d", dtype_tag(q.dtype), d);
+    main.block[0] =
+        static_cast<uint32_t>(hopper ? kh_attn_bwd90_threads() : 32 * kh_attn_bwd_warps());
+    main.shared_mem_bytes =
+        static_cast<uint32_t>(hopper ? kh_attn_bwd90_smem_bytes(d) : kh_attn_bwd_smem_bytes(d));
     KH_TRY(launch_kernel(q.device.device_id, name, main, params, stream));
   }
   if (q.tokens == 0) return KH_OK;

@@ -3,8 +3,8 @@
 //    sm_90a, the target the loader's NVRTC uses on Hopper, with no warnings and no spills but
 //    the known ones (bounded);
 //  - the Hopper forward (attn_fwd90_*, wgmma) is in the sm_90a code only;
-//  - the forward op launches attn_fwd90 where the device code has it (head_dim 64 and 128) and
-//    the portable attn_fwd elsewhere, every launch names a kernel of that device's code and fits
+//  - the forward and backward ops launch attn_fwd90 / attn_bwd90 where the device code has them
+//    (head_dim 64 and 128) and the portable attn_fwd / attn_bwd elsewhere, every launch names a kernel of that device's code and fits
 //    its launch bounds and the 227 KiB shared-memory limit (a recording backend with sm_80's
 //    kernels on device 0 and sm_90a's on device 1).
 #include <gtest/gtest.h>
@@ -47,10 +47,11 @@ class AttentionCudaDispatch : public ::testing::Test {
   RecordingBackend backend_;
 };
 
-const char* kHopperKernels[] = {"attn_fwd90_bf16_d64", "attn_fwd90_bf16_d128",
-                                "attn_fwd90_fp16_d64", "attn_fwd90_fp16_d128"};
+const char* kHopperKernels[] = {
+    "attn_fwd90_bf16_d64", "attn_fwd90_bf16_d128", "attn_fwd90_fp16_d64", "attn_fwd90_fp16_d128",
+    "attn_bwd90_bf16_d64", "attn_bwd90_bf16_d128", "attn_bwd90_fp16_d64", "attn_bwd90_fp16_d128"};
 
-TEST_F(AttentionCudaDispatch, HopperForwardWhereTheDeviceCodeHasItPortableElsewhere) {
+TEST_F(AttentionCudaDispatch, HopperKernelsWhereTheDeviceCodeHasThemPortableElsewhere) {
   if (!Nvrtc::get().ok()) GTEST_SKIP() << Nvrtc::get().load_error;
   std::set<std::string> code[2];
   const char* sms[2] = {"sm_80", "sm_90a"};
@@ -97,6 +98,30 @@ TEST_F(AttentionCudaDispatch, HopperForwardWhereTheDeviceCodeHasItPortableElsewh
         EXPECT_EQ(c.grid[2], static_cast<uint32_t>(B));
         EXPECT_LE(c.shared_mem_bytes, 227u * 1024u);
         EXPECT_EQ(c.device_id, dev);
+        if (d == 256) continue;  // no backward for head_dim 256
+
+        // The backward: pre, main (attn_bwd90 where the code has it), post.
+        HostTensor lse(kFP32, H, B * S), ws(kFP32, 1, B * S * H * (d + 1));
+        DLTensor L = on_cuda(lse.dl(), dev), W = on_cuda(ws.dl(), dev);
+        ASSERT_EQ(pkg.call("attention_backward",
+                           {targ(&O), targ(&Q), targ(&K), targ(&K), targ(&O), targ(&L),
+                            targ(nullptr), targ(nullptr), iarg(S), iarg(S), iarg(1), iarg(-1),
+                            farg(0.125), targ(&Q), targ(&K), targ(&K), targ(&W)},
+                           &err),
+                  KH_OK)
+            << err;
+        l = backend_.take();
+        ASSERT_EQ(l.size(), 3u);
+        const std::string main = std::string(dev == 1 ? "attn_bwd90_" : "attn_bwd_") +
+                                 (dtype == kBF16 ? "bf16" : "fp16") + "_d" + std::to_string(d);
+        EXPECT_EQ(l[1].kernel, main);
+        for (const Launch& x : l) EXPECT_TRUE(code[dev].count(x.kernel)) << x.kernel;
+        const kh_launch_cfg_t& m = l[1].cfg;
+        const uint32_t bn = dev == 1 ? 128u : 64u;
+        EXPECT_EQ(m.block[0], dev == 1 ? 256u : 128u);
+        EXPECT_EQ(m.grid[0], (S + bn - 1) / bn);
+        EXPECT_EQ(m.grid[1], static_cast<uint32_t>(HK));
+        EXPECT_LE(m.shared_mem_bytes, 227u * 1024u);
       }
 }
 
