@@ -19,6 +19,7 @@
 #include "hub/base/env.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/base/log.h"
 #include "hub/oci/address.h"
 #include "hub/transport/docker_config.h"
 
@@ -192,10 +193,16 @@ std::optional<AuthEntry> run_helper(const std::string& name, const std::string& 
   if (rc != 0) {
     ::close(in[1]);
     ::close(out[0]);
-    throw Error(ErrorKind::kAuth,
-                "cannot run " + what + ": " + std::strerror(rc) +
-                    (rc == ENOENT ? "; install it on PATH, or remove the entry from that file"
-                                  : std::string()));
+    if (rc == ENOENT) {
+      // A config copied from another machine often names a helper this one lacks (docker
+      // Desktop's "desktop"): public registries must still work anonymously, so warn and go on;
+      // a registry that needs credentials then fails with the hint.
+      log_warning("cannot run " + what +
+                  ": it is not on PATH; install it, or remove the entry "
+                  "from that file; going on without its credentials");
+      return std::nullopt;
+    }
+    throw Error(ErrorKind::kAuth, "cannot run " + what + ": " + std::strerror(rc));
   }
   const std::string request = helper_server_url(host) + "\n";
   {
