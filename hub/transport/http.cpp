@@ -16,6 +16,7 @@
 #include "hub/base/env.h"
 #include "hub/base/error.h"
 #include "hub/transport/curl_api.h"
+#include "hub/transport/tls.h"
 
 namespace kh::http {
 
@@ -123,7 +124,7 @@ std::string excerpt(std::string_view body) {
 }
 
 // Settings shared by small requests and blob downloads (REFERENCE §3.6).
-void apply_common(CURL* h, const Options& o, char* errbuf) {
+void apply_common(CURL* h, const Options& o, const CertsD& certs, char* errbuf) {
   const CurlApi& api = curl_api();
   const char* protocols = o.allow_plain_http ? "https,http" : "https";
   api.easy_setopt(h, CURLOPT_PROTOCOLS_STR, protocols);
@@ -138,6 +139,16 @@ void apply_common(CURL* h, const Options& o, char* errbuf) {
   api.easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   api.easy_setopt(h, CURLOPT_USERAGENT, o.user_agent.c_str());
   if (!o.ca_bundle.empty()) api.easy_setopt(h, CURLOPT_CAINFO, o.ca_bundle.c_str());
+  if (!o.ca_dir.empty()) api.easy_setopt(h, CURLOPT_CAPATH, o.ca_dir.c_str());
+  if (!certs.ca_pem.empty()) {
+    // The host's certs.d CAs, in memory (copied by libcurl): trusted with the files above.
+    curl_blob blob{const_cast<char*>(certs.ca_pem.data()), certs.ca_pem.size(), CURL_BLOB_COPY};
+    api.easy_setopt(h, CURLOPT_CAINFO_BLOB, &blob);
+  }
+  if (!certs.client_cert.empty()) {
+    api.easy_setopt(h, CURLOPT_SSLCERT, certs.client_cert.c_str());
+    api.easy_setopt(h, CURLOPT_SSLKEY, certs.client_key.c_str());
+  }
   api.easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
   errbuf[0] = 0;
 }
@@ -146,6 +157,44 @@ std::string curl_cause(CURLcode rc, const char* errbuf) {
   std::string s = curl_api().easy_strerror(rc);
   if (errbuf && errbuf[0]) s += " (" + trim(errbuf) + ")";
   return s;
+}
+
+// OpenSSL's words for a server that answered a TLS hello in plain HTTP.
+bool plain_http_answer(CURLcode rc, const char* errbuf) {
+  if (rc != CURLE_SSL_CONNECT_ERROR || !errbuf) return false;
+  std::string e = lower(errbuf);
+  return e.find("wrong version number") != std::string::npos ||
+         e.find("packet length too long") != std::string::npos ||
+         e.find("http request") != std::string::npos;
+}
+
+bool tls_failure(CURLcode rc) {
+  return rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CACERT_BADFILE ||
+         rc == CURLE_SSL_CERTPROBLEM || rc == CURLE_SSL_CONNECT_ERROR || rc == CURLE_SSL_CIPHER ||
+         rc == CURLE_SSL_ISSUER_ERROR || rc == CURLE_SSL_CLIENTCERT;
+}
+
+// Whether another attempt could succeed: a server speaking plain HTTP, a certificate nobody
+// trusts, an unreadable CA file answer the same every time.
+bool worth_retrying(CURLcode rc, const char* errbuf) {
+  return transient_error(rc) && !plain_http_answer(rc, errbuf);
+}
+
+// The failure with what to do about it: the --plain-http hint for a plain-HTTP server, where
+// trust comes from for TLS failures, the network otherwise.
+std::string failure_advice(CURLcode rc, const char* errbuf, const std::string& url,
+                           const Options& o, const CertsD& certs) {
+  const std::string host = host_of(url);
+  if (plain_http_answer(rc, errbuf)) {
+    return "the server at " + host +
+           " answers plain HTTP, not TLS; if it is a plain-HTTP registry on a trusted network, "
+           "pass --plain-http (or give the hub as http://... for a static hub)";
+  }
+  if (tls_failure(rc)) {
+    CaSettings ca{o.ca_bundle, o.ca_dir, o.ca_origin};
+    return "TLS with " + host + " failed; " + tls_hint(host, ca, certs);
+  }
+  return "check the network, proxy settings (https_proxy, no_proxy) and the hub address";
 }
 
 // The command deadline ran out (Options::command_timeout_s): `what` names the request ("GET URL
@@ -343,7 +392,10 @@ size_t transfer_write(char* data, size_t size, size_t nmemb, void* user) {
 
 Options Options::from_env() {
   Options o;
-  if (const char* v = std::getenv("KERNEL_HUB_CA_BUNDLE"); v && *v) o.ca_bundle = v;
+  CaSettings ca = CaSettings::from_env();
+  o.ca_bundle = ca.file;
+  o.ca_dir = ca.dir;
+  o.ca_origin = ca.origin;
   o.connect_timeout_ms = env_long("KERNEL_HUB_CONNECT_TIMEOUT_MS", o.connect_timeout_ms, 1);
   o.low_speed_time_s = env_long("KERNEL_HUB_STALL_TIMEOUT_S", o.low_speed_time_s, 1);
   o.transfer_deadline_s = env_long("KERNEL_HUB_TRANSFER_TIMEOUT_S", o.transfer_deadline_s, 0);
@@ -401,6 +453,17 @@ struct Client::Impl {
     static_cast<Impl*>(user)->locks[data].unlock();
   }
 
+  // certs.d entries by host, read once per client.
+  std::mutex certs_mu;
+  std::map<std::string, std::shared_ptr<const CertsD>> certs;
+  std::shared_ptr<const CertsD> certs_for(const std::string& url) {
+    const std::string host = host_of(url);
+    std::lock_guard lock(certs_mu);
+    auto& entry = certs[host];
+    if (!entry) entry = std::make_shared<const CertsD>(certs_d_for(host));
+    return entry;
+  }
+
   CURLSH* shared() {
     std::call_once(share_once, [this] { make_share(); });
     return share;
@@ -438,6 +501,7 @@ Response Client::send(const Request& request) {
     if (upload.fd < 0) throw_errno("cannot open " + request.upload_file.string() + " to upload");
   }
   CURLSH* share = impl_->shared();
+  const std::shared_ptr<const CertsD> certs = impl_->certs_for(request.url);
   const CurlApi& api = curl_api();
   Slist headers = make_headers(request.headers);
   int max_attempts = request.retry ? std::max(1, options_.max_attempts) : 1;
@@ -463,7 +527,7 @@ Response Client::send(const Request& request) {
     std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> h(api.easy_init(), api.easy_cleanup);
     if (!h) throw Error(ErrorKind::kNetwork, "curl_easy_init failed");
     CURL* c = h.get();
-    apply_common(c, options_, errbuf);
+    apply_common(c, options_, *certs, errbuf);
     api.easy_setopt(c, CURLOPT_SHARE, share);
     api.easy_setopt(c, CURLOPT_URL, request.url.c_str());
     api.easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
@@ -524,11 +588,11 @@ Response Client::send(const Request& request) {
     } else if (Clock::now() >= deadline || (rc == CURLE_OPERATION_TIMEDOUT && deadline_bounds)) {
       throw Error(ErrorKind::kNetwork, command_deadline_passed(options_, what + " was in flight",
                                                                curl_cause(rc, errbuf)));
-    } else if (!transient_error(rc) || attempt >= max_attempts) {
+    } else if (!worth_retrying(rc, errbuf) || attempt >= max_attempts) {
       throw Error(ErrorKind::kNetwork,
                   request.method + " " + request.url + " failed after " + std::to_string(attempt) +
-                      " attempt(s): " + curl_cause(rc, errbuf) +
-                      "; check the network, proxy settings and the hub address");
+                      " attempt(s): " + curl_cause(rc, errbuf) + "; " +
+                      failure_advice(rc, errbuf, request.url, options_, *certs));
     }
     if (rc != CURLE_OK) last_cause = curl_cause(rc, errbuf);
     double delay = backoff_seconds(options_, attempt, static_cast<double>(retry_after));
@@ -597,7 +661,7 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     CURL* c = api.easy_init();
     if (!c) throw Error(ErrorKind::kNetwork, "curl_easy_init failed");
     t.easy = c;
-    apply_common(c, options_, t.errbuf);
+    apply_common(c, options_, *impl_->certs_for(t.job->url), t.errbuf);
     api.easy_setopt(c, CURLOPT_URL, t.job->url.c_str());
     api.easy_setopt(c, CURLOPT_HTTPHEADER, t.headers.get());
     api.easy_setopt(c, CURLOPT_PIPEWAIT, 1L);
@@ -718,10 +782,11 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     } else if (rc == CURLE_OPERATION_TIMEDOUT && t.command_deadline_bounds) {
       fail_with(command_deadline_passed(options_, "GET " + job.url + " was in flight",
                                         curl_cause(rc, t.errbuf)));
-    } else if (transient_error(rc)) {
+    } else if (worth_retrying(rc, t.errbuf)) {
       retry_later(curl_cause(rc, t.errbuf), 0);
     } else {
-      fail_now(curl_cause(rc, t.errbuf));
+      fail_now(curl_cause(rc, t.errbuf) + "; " +
+               failure_advice(rc, t.errbuf, job.url, options_, *impl_->certs_for(job.url)));
     }
   };
 

@@ -42,12 +42,17 @@ struct Options {
   double backoff_initial_s = 1.0;  // doubled per attempt, capped, plus jitter
   double backoff_max_s = 8.0;
   double retry_after_cap_s = 60.0;
-  int max_parallel = 8;   // concurrent blob transfers
-  std::string ca_bundle;  // KERNEL_HUB_CA_BUNDLE
+  int max_parallel = 8;  // concurrent blob transfers
+  // CA file and hashed directory (tls.h says which variables set them, in what order), and
+  // those variables for messages. Per-registry certs.d directories are read per host.
+  std::string ca_bundle;
+  std::string ca_dir;
+  std::string ca_origin;
   bool progress = false;  // progress bar on a TTY
   std::string user_agent = "kernel-hub/0.1.0";
 
-  // Defaults overridden from the environment: KERNEL_HUB_CA_BUNDLE,
+  // Defaults overridden from the environment: KERNEL_HUB_CA_BUNDLE (SSL_CERT_FILE,
+  // CURL_CA_BUNDLE, SSL_CERT_DIR: tls.h),
   // KERNEL_HUB_CONNECT_TIMEOUT_MS, KERNEL_HUB_STALL_TIMEOUT_S, KERNEL_HUB_TRANSFER_TIMEOUT_S,
   // KERNEL_HUB_COMMAND_TIMEOUT_S, KERNEL_HUB_MAX_ATTEMPTS,
   // KERNEL_HUB_BACKOFF_S (initial backoff; tests use small values).

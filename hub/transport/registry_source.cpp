@@ -20,6 +20,7 @@
 #include "hub/base/env.h"
 #include "hub/base/error.h"
 #include "hub/base/log.h"
+#include "hub/transport/credentials.h"
 #include "hub/transport/source.h"
 #include "hub/trust/signature.h"
 
@@ -139,115 +140,6 @@ Challenge parse_challenge(const std::string& header) {
     c.params[key] = value;
   }
   return c;
-}
-
-struct Credentials {
-  std::string username;
-  std::string password;
-  std::string origin;  // for messages: "options", "environment", the file path
-};
-
-std::filesystem::path credentials_file() {
-  return user_dir("KERNEL_HUB_CREDENTIALS", "XDG_CONFIG_HOME", ".config",
-                  "kernel-hub/credentials.json");
-}
-
-std::string lower_ascii(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-// The host[:port] KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD belong to: KERNEL_HUB_CREDENTIALS_HOST
-// (host[:port], a scheme or path around it ignored), else the registry KERNEL_HUB_ENDPOINT names
-// (oci://HOST[:PORT]), else "" (they go to no host). Lower-case: host names are.
-std::string env_credentials_host() {
-  if (const char* h = std::getenv("KERNEL_HUB_CREDENTIALS_HOST"); h && *h) {
-    std::string host = h;
-    if (size_t s = host.find("://"); s != std::string::npos) host.erase(0, s + 3);
-    return lower_ascii(host.substr(0, host.find('/')));
-  }
-  const char* endpoint = std::getenv("KERNEL_HUB_ENDPOINT");
-  if (!endpoint || !*endpoint) return "";
-  try {
-    HubAddress a = HubAddress::parse(endpoint, false);
-    if (a.kind == HubAddress::Kind::kRegistry) return lower_ascii(a.host);
-  } catch (const Error&) {  // the hub facade reports a malformed endpoint where it uses it
-  }
-  return "";
-}
-
-bool env_credentials_set() {
-  const char* u = std::getenv("KERNEL_HUB_USERNAME");
-  return u && *u;
-}
-
-// Why the environment's credentials were not sent to `host` ("" when they were, or are unset).
-std::string env_credentials_note(const std::string& host) {
-  if (!env_credentials_set()) return "";
-  const std::string scoped = env_credentials_host();
-  if (scoped == lower_ascii(host)) return "";
-  return "KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD are set but were not sent to " + host +
-         (scoped.empty() ? ": they go only to the registry named by KERNEL_HUB_ENDPOINT "
-                           "(oci://HOST[:PORT]) or by KERNEL_HUB_CREDENTIALS_HOST, and neither "
-                           "names one"
-                         : ": they are scoped to " + scoped +
-                               " (KERNEL_HUB_CREDENTIALS_HOST, else the registry of "
-                               "KERNEL_HUB_ENDPOINT)") +
-         "; set KERNEL_HUB_CREDENTIALS_HOST=" + host + " to send them there";
-}
-
-// Credentials for a request to `host` (host[:port]): the source options' (for the registry
-// itself: `registry`), then KERNEL_HUB_USERNAME/PASSWORD when they are scoped to `host`
-// (env_credentials_host), then the credentials file's entry for host[:port] or host. Any other
-// host, such as another registry or a token realm elsewhere, gets only its own file entry.
-std::optional<Credentials> load_credentials(const SourceOptions& o, const std::string& host,
-                                            bool registry) {
-  if (registry && !o.username.empty()) return Credentials{o.username, o.password, "options"};
-  if (env_credentials_set() && env_credentials_host() == lower_ascii(host)) {
-    const char* p = std::getenv("KERNEL_HUB_PASSWORD");
-    return Credentials{std::getenv("KERNEL_HUB_USERNAME"), p ? p : "",
-                       "KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD"};
-  }
-  auto path = credentials_file();
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return std::nullopt;
-  std::string text;
-  {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw_errno("cannot read credentials file " + path.string());
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0 && text.size() < (1 << 20)) {
-      text.append(buf, n);
-    }
-    std::fclose(f);
-  }
-  const std::string expected =
-      R"(; expected {"HOST[:PORT]": {"username": "...", "password": "..."}})";
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(ErrorKind::kInvalidInput, "credentials file " + path.string() +
-                                              " is not valid JSON (" + e.what() + ")" + expected);
-  }
-  if (!doc.is_object()) {
-    throw Error(ErrorKind::kInvalidInput,
-                "credentials file " + path.string() + " is not a JSON object" + expected);
-  }
-  std::string bare_host = host.substr(0, host.rfind(':'));
-  for (const std::string& key : {host, bare_host}) {
-    if (!doc.contains(key)) continue;
-    const json& e = doc[key];
-    if (!e.is_object() || !e.contains("username") || !e["username"].is_string() ||
-        (e.contains("password") && !e["password"].is_string())) {
-      throw Error(ErrorKind::kInvalidInput, "credentials file " + path.string() + ": entry '" +
-                                                key + "' is malformed" + expected);
-    }
-    return Credentials{e["username"].get<std::string>(), e.value("password", std::string()),
-                       path.string()};
-  }
-  return std::nullopt;
 }
 
 // "host[:port]" of an http(s) URL, as HubAddress::host spells a registry ("" when unparsable).
@@ -656,15 +548,7 @@ class RegistrySource : public Source {
   }
 
   // What to do about a refused authentication at `host` (the registry's, or a token realm's).
-  std::string auth_hint(const std::string& host) const {
-    std::string hint =
-        "set KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD (with KERNEL_HUB_ENDPOINT or "
-        "KERNEL_HUB_CREDENTIALS_HOST naming " +
-        host + ") or add \"" + host + "\" to the credentials file " + credentials_file().string() +
-        R"( ({"HOST[:PORT]": {"username": "...", "password": "..."}}))";
-    std::string note = env_credentials_note(host);
-    return note.empty() ? hint : note + "; or " + hint;
-  }
+  std::string auth_hint(const std::string& host) const { return credentials_hint(host); }
   std::string auth_hint() const { return auth_hint(address_.host); }
 
   const std::optional<Credentials>& credentials() {
@@ -742,11 +626,25 @@ class RegistrySource : public Source {
         if (!s.empty()) scopes.insert(s);
         i = sp == std::string::npos ? hinted.size() : sp + 1;
       }
+      // A registry token (docker config "registrytoken") is the bearer token itself.
+      if (const auto& creds = credentials(); creds && !creds->registry_token.empty()) {
+        tokens_[token_key(address_.host, scope)] = creds->registry_token;
+        return;
+      }
       tokens_[token_key(address_.host, scope)] = fetch_token(realm, ch.params["service"], scopes);
       return;
     }
     if (ch.scheme == "basic") {
       const auto& creds = credentials();
+      if (creds && creds->username.empty()) {
+        throw Error(ErrorKind::kAuth, "registry " + address_.host +
+                                          " asks for a username and password (Basic auth) but "
+                                          "the credentials from " +
+                                          creds->origin +
+                                          " hold only a token, which goes to Bearer token "
+                                          "realms; " +
+                                          auth_hint());
+      }
       if (!creds) {
         throw Error(ErrorKind::kAuth, "registry " + address_.host +
                                           " requires a username and password (Basic auth); " +
@@ -767,7 +665,6 @@ class RegistrySource : public Source {
     if (!service.empty()) url = append_query(url, "service=" + percent_encode(service));
     for (const auto& s : scopes) url = append_query(url, "scope=" + percent_encode(s));
     http::Request req;
-    req.url = url;
     req.max_body = kMaxTokenBytes;
     // The registry's credentials go to its own host only; a realm elsewhere gets the credentials
     // file's entry for that host (or the environment's when they are scoped to it), or none (an
@@ -776,15 +673,36 @@ class RegistrySource : public Source {
     const std::optional<Credentials> creds =
         realm_host == address_.host ? credentials()
                                     : load_credentials(options_, realm_host, /*registry=*/false);
-    if (creds) {
-      req.headers.push_back("Authorization: Basic " +
-                            base64_encode(creds->username + ":" + creds->password));
+    if (creds && !creds->identity_token.empty()) {
+      // An identity token is an OAuth2 refresh token: POST it to the realm (distribution token
+      // spec, "OAuth2 Token"), which answers an access_token.
+      std::string joined;
+      for (const auto& s : scopes) joined += (joined.empty() ? "" : " ") + s;
+      req.method = "POST";
+      req.url = realm;
+      req.headers.push_back("Content-Type: application/x-www-form-urlencoded");
+      req.body = "grant_type=refresh_token&client_id=kernel-hub&refresh_token=" +
+                 percent_encode(creds->identity_token) +
+                 (service.empty() ? "" : "&service=" + percent_encode(service)) +
+                 "&scope=" + percent_encode(joined);
+    } else {
+      req.url = url;
+      if (creds && !creds->username.empty()) {
+        req.headers.push_back("Authorization: Basic " +
+                              base64_encode(creds->username + ":" + creds->password));
+      }
     }
     http::Response resp = client_.send(req);
     if (resp.status == 401 || resp.status == 403) {
-      throw Error(ErrorKind::kAuth, "token server " + realm + " refused a token for " +
-                                        address_.host + " (HTTP " + std::to_string(resp.status) +
-                                        "); " + auth_hint(realm_host));
+      std::string as = !creds ? "anonymously"
+                              : "with " +
+                                    std::string(creds->identity_token.empty()
+                                                    ? "the password of '" + creds->username + "'"
+                                                    : "an identity token") +
+                                    " from " + creds->origin;
+      throw Error(ErrorKind::kAuth,
+                  "token server " + realm + " refused a token for " + address_.host + " asked " +
+                      as + " (HTTP " + std::to_string(resp.status) + "); " + auth_hint(realm_host));
     }
     if (resp.status != 200) {
       throw Error(ErrorKind::kAuth, "token server " + realm + " answered HTTP " +

@@ -1,0 +1,538 @@
+// Private registries as users already run them, against real servers on 127.0.0.1: HTTPS with a
+// test CA (docker-registry and nginx), trust from each variable and from certs.d, mTLS, Basic
+// auth and token auth with credentials from docker's config.json, containers' auth.json and
+// docker-credential helpers, identity tokens, a forward proxy, and a plain-HTTP server met over
+// TLS. Every command runs the CLI with a clean environment of its own (HOME, config dirs, CA and
+// proxy variables), so nothing from the machine's own files leaks in.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+
+#include "hub/base/base64.h"
+#include "tests/fixtures/fault_proxy.h"
+#include "tests/fixtures/layout_builder.h"
+#include "tests/fixtures/nginx_fixture.h"
+#include "tests/fixtures/process.h"
+#include "tests/fixtures/registry_fixture.h"
+#include "tests/fixtures/test_pki.h"
+#include "tests/fixtures/token_server.h"
+
+namespace kh::test {
+namespace {
+
+namespace stdfs = std::filesystem;
+
+constexpr const char* kRef = "private/pkg@v1";
+
+void write_text(const stdfs::path& p, const std::string& text, mode_t mode = 0644) {
+  stdfs::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+  ::chmod(p.c_str(), mode);
+}
+
+std::string basic_auth(const std::string& user, const std::string& password) {
+  return base64_encode(user + ":" + password);
+}
+
+// A CLI run in an environment of its own: every variable that could point at the machine's
+// credentials, CAs or proxies is unset or points into `home`.
+class PrivateRegistry : public ::testing::Test {
+ protected:
+  Env clean_env() const {
+    Env env;
+    for (const char* name : {"DOCKER_CONFIG",
+                             "REGISTRY_AUTH_FILE",
+                             "XDG_RUNTIME_DIR",
+                             "XDG_CONFIG_HOME",
+                             "KERNEL_HUB_CA_BUNDLE",
+                             "SSL_CERT_FILE",
+                             "SSL_CERT_DIR",
+                             "CURL_CA_BUNDLE",
+                             "KERNEL_HUB_USERNAME",
+                             "KERNEL_HUB_PASSWORD",
+                             "KERNEL_HUB_CREDENTIALS_HOST",
+                             "KERNEL_HUB_CREDENTIALS",
+                             "KERNEL_HUB_ENDPOINT",
+                             "KERNEL_HUB_OFFLINE",
+                             "KERNEL_HUB_PLAIN_HTTP",
+                             "http_proxy",
+                             "https_proxy",
+                             "HTTPS_PROXY",
+                             "all_proxy",
+                             "ALL_PROXY",
+                             "no_proxy",
+                             "NO_PROXY"}) {
+      env[name] = "\x01";
+    }
+    env["HOME"] = home_.path().string();
+    env["KERNEL_HUB_CERTS_D"] = certs_d_.path().string();
+    env["KERNEL_HUB_BACKOFF_S"] = "0.05";
+    return env;
+  }
+
+  // kernel-hub ARGS against `hub`, with `extra` over the clean environment.
+  ProcessResult cli(const std::vector<std::string>& args, const std::string& hub,
+                    const Env& extra = {}, bool plain_http = false) {
+    std::vector<std::string> argv = {cli_path(), "--cache", (cache_ / "c").string(), "--hub", hub};
+    if (plain_http) argv.push_back("--plain-http");
+    argv.insert(argv.end(), args.begin(), args.end());
+    Env env = clean_env();
+    for (const auto& [k, v] : extra) env[k] = v;
+    return run_process(argv, env, 120);
+  }
+  ProcessResult pull(const std::string& hub, const Env& extra = {}, bool plain_http = false) {
+    stdfs::remove_all(cache_ / "c");  // each pull fetches again
+    return cli({"pull", kRef}, hub, extra, plain_http);
+  }
+  // Pushes a fresh two-variant layout to `hub` as kRef.
+  void push(const std::string& hub, const Env& extra = {}, bool plain_http = false) {
+    TempDir layout("kh-layout");
+    build_layout(layout.path(), LayoutSpec{});
+    auto r = cli({"push", layout.path().string(), kRef}, hub, extra, plain_http);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+
+  // certs.d/HOST/NAME for the test's KERNEL_HUB_CERTS_D.
+  void add_certs_d(const std::string& host, const std::string& name, const stdfs::path& from) {
+    stdfs::create_directories(certs_d_ / host);
+    stdfs::copy_file(from, certs_d_ / host / name, stdfs::copy_options::overwrite_existing);
+  }
+
+  TempDir home_{"kh-home"};
+  TempDir certs_d_{"kh-certs-d"};
+  TempDir cache_{"kh-cache"};
+};
+
+// ---------------------------------------------------------------- HTTPS and certificates
+
+class PrivateHttps : public PrivateRegistry {
+ protected:
+  static void SetUpTestSuite() {
+    pki_ = new TestPki();
+    if (!pki_->available()) return;
+    RegistryFixture::Options o;
+    o.tls_cert = pki_->server_cert();
+    o.tls_key = pki_->server_key();
+    registry_ = new RegistryFixture(o);
+  }
+  static void TearDownTestSuite() {
+    delete registry_;
+    delete pki_;
+    registry_ = nullptr;
+    pki_ = nullptr;
+  }
+  void SetUp() override {
+    if (!pki_->available()) GTEST_SKIP() << pki_->why();
+    if (!registry_->available()) GTEST_SKIP() << registry_->why();
+    if (!pushed_) {
+      push(registry_->oci_url(), {{"KERNEL_HUB_CA_BUNDLE", pki_->ca_cert().string()}});
+      pushed_ = !HasFatalFailure();
+    }
+  }
+  void TearDown() override {
+    if (HasFailure() && registry_) std::cerr << "registry log:\n" << registry_->log();
+  }
+
+  static inline TestPki* pki_ = nullptr;
+  static inline RegistryFixture* registry_ = nullptr;
+  static inline bool pushed_ = false;
+};
+
+TEST_F(PrivateHttps, UntrustedCaFailsAtOnceNamingWhatToSet) {
+  auto start = std::chrono::steady_clock::now();
+  auto r = pull(registry_->oci_url(), {{"KERNEL_HUB_BACKOFF_S", "2"}});
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_NE(r.exit_code, 0);
+  for (const char* what : {"KERNEL_HUB_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR",
+                           "CURL_CA_BUNDLE", "certs.d", "system CA bundle"}) {
+    EXPECT_NE(r.err.find(what), std::string::npos) << what << " not in: " << r.err;
+  }
+  EXPECT_NE(r.err.find(certs_d_.path().string() + "/" + registry_->host() + "/ca.crt"),
+            std::string::npos)
+      << r.err;
+  EXPECT_LT(seconds, 2.0) << "a certificate nobody trusts was retried";
+}
+
+TEST_F(PrivateHttps, TrustFromKernelHubCaBundle) {
+  auto r = pull(registry_->oci_url(), {{"KERNEL_HUB_CA_BUNDLE", pki_->ca_cert().string()}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(PrivateHttps, TrustFromSslCertFile) {
+  auto r = pull(registry_->oci_url(), {{"SSL_CERT_FILE", pki_->ca_cert().string()}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(PrivateHttps, TrustFromCurlCaBundle) {
+  auto r = pull(registry_->oci_url(), {{"CURL_CA_BUNDLE", pki_->ca_cert().string()}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(PrivateHttps, TrustFromSslCertDir) {
+  TempDir dir("kh-cert-dir");
+  stdfs::copy_file(pki_->ca_cert(), dir / "test-ca.pem");
+  auto rehash = run_process({"openssl", "rehash", dir.path().string()});
+  ASSERT_EQ(rehash.exit_code, 0) << rehash.err;
+  auto r = pull(registry_->oci_url(), {{"SSL_CERT_DIR", dir.path().string()}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(PrivateHttps, KernelHubCaBundleWinsOverSslCertFile) {
+  // The other CA's certificate in KERNEL_HUB_CA_BUNDLE: SSL_CERT_FILE's right one is not used.
+  auto r =
+      pull(registry_->oci_url(), {{"KERNEL_HUB_CA_BUNDLE", (pki_->dir() / "other_ca.crt").string()},
+                                  {"SSL_CERT_FILE", pki_->ca_cert().string()}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("KERNEL_HUB_CA_BUNDLE="), std::string::npos) << r.err;
+}
+
+TEST_F(PrivateHttps, TrustFromCertsD) {
+  add_certs_d(registry_->host(), "ca.crt", pki_->ca_cert());
+  auto r = pull(registry_->oci_url());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // certs.d is per host: the same CA under another port's directory does not count.
+  stdfs::rename(certs_d_ / registry_->host(), certs_d_ / "127.0.0.1:1");
+  auto other = pull(registry_->oci_url());
+  EXPECT_NE(other.exit_code, 0);
+}
+
+TEST_F(PrivateHttps, ProxyTunnelsHttps) {
+  FaultProxy proxy(0);
+  auto r = pull(registry_->oci_url(), {{"KERNEL_HUB_CA_BUNDLE", pki_->ca_cert().string()},
+                                       {"https_proxy", "http://" + proxy.host()}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GT(proxy.count("CONNECT", registry_->host()), 0u);
+}
+
+// A static (layout) hub served by nginx over HTTPS, and with mTLS.
+class PrivateStaticHttps : public PrivateRegistry {
+ protected:
+  void SetUp() override {
+    if (!pki_.available()) GTEST_SKIP() << pki_.why();
+    if (!NginxFixture::installed()) GTEST_SKIP() << "nginx is not installed";
+    // Publish into a directory hub, then serve it.
+    TempDir layout("kh-layout");
+    build_layout(layout.path(), LayoutSpec{});
+    auto r = cli({"push", layout.path().string(), kRef}, "file://" + hub_dir_.path().string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  std::unique_ptr<NginxFixture> serve(bool mtls) {
+    NginxFixture::Options o;
+    o.tls_cert = pki_.server_cert();
+    o.tls_key = pki_.server_key();
+    if (mtls) o.client_ca = pki_.ca_cert();
+    return std::make_unique<NginxFixture>(hub_dir_.path(), o);
+  }
+  std::string host(const NginxFixture& n) const { return "127.0.0.1:" + std::to_string(n.port()); }
+
+  TestPki pki_;
+  TempDir hub_dir_{"kh-static-hub"};
+};
+
+TEST_F(PrivateStaticHttps, PullsWithTheCa) {
+  auto nginx = serve(false);
+  auto untrusted = pull(nginx->base_url());
+  EXPECT_NE(untrusted.exit_code, 0);
+  EXPECT_NE(untrusted.err.find("KERNEL_HUB_CA_BUNDLE"), std::string::npos) << untrusted.err;
+  auto r = pull(nginx->base_url(), {{"SSL_CERT_FILE", pki_.ca_cert().string()}});
+  EXPECT_EQ(r.exit_code, 0) << r.err << nginx->error_log();
+}
+
+TEST_F(PrivateStaticHttps, MutualTlsWithACertsDClientCertificate) {
+  auto nginx = serve(true);
+  add_certs_d(host(*nginx), "ca.crt", pki_.ca_cert());
+  auto without = pull(nginx->base_url());
+  EXPECT_NE(without.exit_code, 0) << "nginx served a client without a certificate";
+  add_certs_d(host(*nginx), "client.cert", pki_.client_cert());
+  add_certs_d(host(*nginx), "client.key", pki_.client_key());
+  auto r = pull(nginx->base_url());
+  EXPECT_EQ(r.exit_code, 0) << r.err << nginx->error_log();
+}
+
+// ---------------------------------------------------------------- plain HTTP met over TLS
+
+TEST_F(PrivateRegistry, PlainHttpRegistryOverTlsFailsFastWithTheHint) {
+  RegistryFixture registry;
+  if (!registry.available()) GTEST_SKIP() << registry.why();
+  auto start = std::chrono::steady_clock::now();
+  // Default retry settings: a retried failure would take many seconds.
+  auto r = pull(registry.oci_url(), {{"KERNEL_HUB_BACKOFF_S", "\x01"}});
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--plain-http"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("plain HTTP, not TLS"), std::string::npos) << r.err;
+  EXPECT_LT(seconds, 2.0) << r.err;
+}
+
+TEST_F(PrivateRegistry, PlainHttpProxyForwardsRequests) {
+  RegistryFixture registry;
+  if (!registry.available()) GTEST_SKIP() << registry.why();
+  push(registry.oci_url(), {}, true);
+  FaultProxy proxy(0);
+  auto r = pull(registry.oci_url(), {{"http_proxy", "http://" + proxy.host()}}, true);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GT(proxy.count("GET", "http://" + registry.host() + "/v2/"), 0u);
+  // no_proxy takes the registry off the proxy.
+  size_t before = proxy.total();
+  auto direct = pull(registry.oci_url(),
+                     {{"http_proxy", "http://" + proxy.host()}, {"no_proxy", "127.0.0.1"}}, true);
+  ASSERT_EQ(direct.exit_code, 0) << direct.err;
+  EXPECT_EQ(proxy.total(), before);
+}
+
+// ---------------------------------------------------------------- Basic auth
+
+class PrivateBasicAuth : public PrivateRegistry {
+ protected:
+  static void SetUpTestSuite() {
+    RegistryFixture::Options o;
+    o.basic_auth = true;
+    registry_ = new RegistryFixture(o);
+  }
+  static void TearDownTestSuite() {
+    delete registry_;
+    registry_ = nullptr;
+  }
+  void SetUp() override {
+    if (!registry_->available()) GTEST_SKIP() << registry_->why();
+    if (!pushed_) {
+      push(registry_->oci_url(),
+           {{"KERNEL_HUB_USERNAME", user()},
+            {"KERNEL_HUB_PASSWORD", password()},
+            {"KERNEL_HUB_CREDENTIALS_HOST", host()}},
+           true);
+      pushed_ = !HasFatalFailure();
+    }
+  }
+  static std::string host() { return registry_->host(); }
+  static std::string user() { return registry_->options().username; }
+  static std::string password() { return registry_->options().password; }
+  ProcessResult pull_plain(const Env& extra = {}) {
+    return pull(registry_->oci_url(), extra, true);
+  }
+
+  // A docker-credential-test on a PATH of its own that answers `reply` for `host` (anything
+  // else: "credentials not found"), and records each call in calls.log.
+  Env helper_env(const std::string& reply) {
+    write_text(bin_ / "docker-credential-test",
+               "#!/bin/sh\n"
+               "read server\n"
+               "echo \"$1 $server\" >> " +
+                   (bin_ / "calls.log").string() +
+                   "\n"
+                   "if [ \"$server\" = \"" +
+                   host() + "\" ]; then\n  printf '%s' '" + reply +
+                   "'\nelse\n  echo 'credentials not found in native keychain'\n  exit 1\nfi\n",
+               0755);
+    return {{"PATH", bin_.path().string() + ":" + std::getenv("PATH")}};
+  }
+  std::string helper_calls() const {
+    std::ifstream in(bin_ / "calls.log");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  static inline RegistryFixture* registry_ = nullptr;
+  static inline bool pushed_ = false;
+  TempDir config_{"kh-docker-config"};
+  TempDir bin_{"kh-bin"};
+};
+
+TEST_F(PrivateBasicAuth, NoCredentialsFailsNamingDockerLogin) {
+  auto r = pull_plain();
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("docker login " + host()), std::string::npos) << r.err;
+}
+
+TEST_F(PrivateBasicAuth, DockerConfigAuths) {
+  write_text(config_ / "config.json", R"({"auths": {"http://)" + host() + R"(/v2/": {"auth": ")" +
+                                          basic_auth(user(), password()) + R"("}}})");
+  auto r = pull_plain({{"DOCKER_CONFIG", config_.path().string()}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // The same file at ~/.docker/config.json.
+  write_text(home_ / ".docker/config.json", R"({"auths": {")" + host() + R"(": {"auth": ")" +
+                                                basic_auth(user(), password()) + R"("}}})");
+  auto from_home = pull_plain();
+  EXPECT_EQ(from_home.exit_code, 0) << from_home.err;
+}
+
+TEST_F(PrivateBasicAuth, WrongPasswordInDockerConfigNamesTheFile) {
+  write_text(config_ / "config.json", R"({"auths": {")" + host() + R"(": {"auth": ")" +
+                                          basic_auth(user(), "wrong") + R"("}}})");
+  auto r = pull_plain({{"DOCKER_CONFIG", config_.path().string()}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find((config_ / "config.json").string()), std::string::npos) << r.err;
+}
+
+TEST_F(PrivateBasicAuth, ContainersAuthJson) {
+  const std::string auth =
+      R"({"auths": {")" + host() + R"(": {"auth": ")" + basic_auth(user(), password()) + R"("}}})";
+  write_text(config_ / "auth.json", auth);
+  auto r = pull_plain({{"REGISTRY_AUTH_FILE", (config_ / "auth.json").string()}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  TempDir run("kh-run");
+  write_text(run / "containers/auth.json", auth);
+  auto runtime = pull_plain({{"XDG_RUNTIME_DIR", run.path().string()}});
+  EXPECT_EQ(runtime.exit_code, 0) << runtime.err;
+  write_text(home_ / ".config/containers/auth.json", auth);
+  auto from_home = pull_plain();
+  EXPECT_EQ(from_home.exit_code, 0) << from_home.err;
+}
+
+TEST_F(PrivateBasicAuth, KernelHubVariablesStayOnTop) {
+  // Right credentials in docker's file, wrong ones in the variables: the variables win (and fail).
+  write_text(config_ / "config.json", R"({"auths": {")" + host() + R"(": {"auth": ")" +
+                                          basic_auth(user(), password()) + R"("}}})");
+  auto r = pull_plain({{"DOCKER_CONFIG", config_.path().string()},
+                       {"KERNEL_HUB_USERNAME", user()},
+                       {"KERNEL_HUB_PASSWORD", "wrong"},
+                       {"KERNEL_HUB_CREDENTIALS_HOST", host()}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("KERNEL_HUB_USERNAME/KERNEL_HUB_PASSWORD"), std::string::npos) << r.err;
+}
+
+TEST_F(PrivateBasicAuth, CredHelper) {
+  Env env = helper_env(R"({"ServerURL": ")" + host() + R"(", "Username": ")" + user() +
+                       R"(", "Secret": ")" + password() + R"("})");
+  write_text(config_ / "config.json",
+             R"({"auths": {}, "credHelpers": {")" + host() + R"(": "test"}})");
+  env["DOCKER_CONFIG"] = config_.path().string();
+  auto r = pull_plain(env);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(helper_calls().find("get " + host()), std::string::npos) << helper_calls();
+}
+
+TEST_F(PrivateBasicAuth, CredsStore) {
+  Env env = helper_env(R"({"ServerURL": ")" + host() + R"(", "Username": ")" + user() +
+                       R"(", "Secret": ")" + password() + R"("})");
+  write_text(config_ / "config.json", R"({"credsStore": "test"})");
+  env["DOCKER_CONFIG"] = config_.path().string();
+  auto r = pull_plain(env);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(helper_calls().find("get " + host()), std::string::npos) << helper_calls();
+}
+
+TEST_F(PrivateBasicAuth, MissingHelperIsNamed) {
+  write_text(config_ / "config.json", R"({"credsStore": "kh-absent"})");
+  auto r = pull_plain({{"DOCKER_CONFIG", config_.path().string()}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("docker-credential-kh-absent"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("credsStore in " + (config_ / "config.json").string()), std::string::npos)
+      << r.err;
+}
+
+TEST_F(PrivateBasicAuth, MalformedConfigIsNamed) {
+  write_text(config_ / "config.json", R"({"auths": {")" + host() + R"(": {"auth": "!!"}}})");
+  auto r = pull_plain({{"DOCKER_CONFIG", config_.path().string()}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find((config_ / "config.json").string()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(".auth is not base64"), std::string::npos) << r.err;
+}
+
+// ---------------------------------------------------------------- token auth
+
+class PrivateTokenAuth : public PrivateRegistry {
+ protected:
+  static void SetUpTestSuite() {
+    pki_ = new TestPki();
+    if (!pki_->available()) return;
+    TokenServer::Options t;
+    t.signer_key = pki_->signer_key();
+    t.signer_cert = pki_->signer_cert();
+    tokens_ = new TokenServer(t);
+    RegistryFixture::Options o;
+    o.token_realm = tokens_->realm();
+    o.token_service = t.service;
+    o.token_issuer = t.issuer;
+    o.token_root_cert = pki_->signer_cert();
+    registry_ = new RegistryFixture(o);
+  }
+  static void TearDownTestSuite() {
+    delete registry_;
+    delete tokens_;
+    delete pki_;
+    registry_ = nullptr;
+    tokens_ = nullptr;
+    pki_ = nullptr;
+  }
+  void SetUp() override {
+    if (!pki_->available()) GTEST_SKIP() << pki_->why();
+    if (!registry_->available()) GTEST_SKIP() << registry_->why();
+    if (!pushed_) {
+      // The realm is on another port than the registry: credentials are scoped to its host.
+      push(registry_->oci_url(),
+           {{"KERNEL_HUB_USERNAME", tokens_->options().username},
+            {"KERNEL_HUB_PASSWORD", tokens_->options().password},
+            {"KERNEL_HUB_CREDENTIALS_HOST", tokens_->host()}},
+           true);
+      pushed_ = !HasFatalFailure();
+    }
+  }
+  void TearDown() override {
+    if (HasFailure() && registry_) std::cerr << "registry log:\n" << registry_->log();
+  }
+  ProcessResult pull_with_config(const std::string& config) {
+    write_text(config_ / "config.json", config);
+    return pull(registry_->oci_url(), {{"DOCKER_CONFIG", config_.path().string()}}, true);
+  }
+
+  static inline TestPki* pki_ = nullptr;
+  static inline TokenServer* tokens_ = nullptr;
+  static inline RegistryFixture* registry_ = nullptr;
+  static inline bool pushed_ = false;
+  TempDir config_{"kh-docker-config"};
+};
+
+TEST_F(PrivateTokenAuth, AnonymousIsRefused) {
+  size_t refused = tokens_->refused();
+  auto r = pull(registry_->oci_url(), {}, true);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_GT(tokens_->refused(), refused);
+  EXPECT_NE(r.err.find("anonymously"), std::string::npos) << r.err;
+}
+
+TEST_F(PrivateTokenAuth, PasswordFromDockerConfig) {
+  size_t before = tokens_->password_grants();
+  auto r = pull_with_config(R"({"auths": {")" + tokens_->host() + R"(": {"auth": ")" +
+                            basic_auth(tokens_->options().username, tokens_->options().password) +
+                            R"("}}})");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GT(tokens_->password_grants(), before);
+}
+
+TEST_F(PrivateTokenAuth, IdentityTokenFromDockerConfig) {
+  size_t before = tokens_->refresh_grants();
+  auto r = pull_with_config(R"({"auths": {")" + tokens_->host() + R"(": {"identitytoken": ")" +
+                            tokens_->options().identity_token + R"("}}})");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GT(tokens_->refresh_grants(), before);
+}
+
+TEST_F(PrivateTokenAuth, WrongIdentityTokenIsRefused) {
+  auto r = pull_with_config(R"({"auths": {")" + tokens_->host() +
+                            R"(": {"identitytoken": "not-the-token"}}})");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("identity token"), std::string::npos) << r.err;
+}
+
+TEST_F(PrivateTokenAuth, IdentityTokenFromAHelper) {
+  TempDir bin("kh-bin");
+  write_text(bin / "docker-credential-test",
+             "#!/bin/sh\nprintf '%s' '{\"ServerURL\": \"x\", \"Username\": \"<token>\", "
+             "\"Secret\": \"" +
+                 tokens_->options().identity_token + "\"}'\n",
+             0755);
+  write_text(config_ / "config.json", R"({"credHelpers": {")" + tokens_->host() + R"(": "test"}})");
+  size_t before = tokens_->refresh_grants();
+  auto r = pull(registry_->oci_url(),
+                {{"DOCKER_CONFIG", config_.path().string()},
+                 {"PATH", bin.path().string() + ":" + std::getenv("PATH")}},
+                true);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GT(tokens_->refresh_grants(), before);
+}
+
+}  // namespace
+}  // namespace kh::test
