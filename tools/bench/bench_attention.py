@@ -2,11 +2,11 @@
 (the same loader path a runtime uses) against PyTorch's scaled_dot_product_attention with the
 flash (FlashAttention-2) and cuDNN backends, in one process, interleaved per shape, after a
 correctness check of ours against an fp32 reference. Forward TFLOP/s = 4*B*H*Sq*Sk*D (x0.5
-causal) / time; decode TB/s = K/V bytes read / time.
+causal) / time; forward+backward TFLOP/s = 3.5x that / time (the backward counted as 2.5x the
+forward, as FlashAttention reports it); decode TB/s = K/V bytes read / time.
 
 Usage: python3 bench_attention.py --lib libkernel_hub.so --packages DIR (run by gpu_run.sh)."""
 import argparse
-import ctypes as C
 import math
 import sys
 
@@ -15,24 +15,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench_kernels import KH_MODE_EVAL, KH_OK, Loader, OpFn
-
-
-class EvalLoader(Loader):
-    """Binds eval only: the attention layers have no backward op (a strict runtime would refuse a
-    train bind)."""
-
-    def slot(self, layer, package):
-        if layer not in self.slots:
-            s = C.c_uint32()
-            self.check(self.lib.kh_runtime_add_slot(self.rt, layer.encode(), OpFn(), OpFn(),
-                                                    OpFn(), 0, C.byref(s)), "add_slot " + layer)
-            bound = C.c_int32()
-            self.check(self.lib.kh_runtime_bind(
-                self.rt, layer.encode(), f"{self.packages}/{package}".encode(), None,
-                KH_MODE_EVAL, torch.cuda.current_device(), C.byref(bound)), f"bind {layer}")
-            self.slots[layer] = s.value
-        return self.slots[layer]
+from bench_kernels import KH_MODE_EVAL, KH_MODE_TRAIN, Loader
 
 
 def bench(fn):
@@ -79,6 +62,51 @@ def forward_rows(kh):
                providers, err)
 
 
+def train_rows(kh):
+    """forward_train (with the LSE) + backward of ours against SDPA's forward + autograd backward."""
+    bf = torch.bfloat16
+    shapes = [  # B, Hq, Hkv, S, D, causal, what
+        (2, 16, 16, 8192, 128, False, "issue 14 table"),
+        (2, 16, 16, 8192, 128, True, "issue 14 table"),
+        (2, 32, 8, 4096, 128, True, "Llama-3-8B GQA"),
+        (4, 16, 8, 2048, 128, True, "Qwen3-0.6B"),
+        (2, 16, 16, 8192, 64, True, "head_dim 64"),
+    ]
+    for B, H, HK, S, D, causal, what in shapes:
+        q, k, v, g = (torch.randn(B, S, h, D, device="cuda", dtype=bf) for h in (H, HK, HK, H))
+        out, dq = torch.empty_like(q), torch.full_like(q, float("nan"))
+        dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+        lse = torch.empty(H, B * S, device="cuda", dtype=torch.float32)
+        ws = torch.empty(B * S * H * (D + 1), device="cuda", dtype=torch.float32)
+        scale = 1.0 / math.sqrt(D)
+        fwd = kh.call("Attention", "attention", KH_MODE_TRAIN, False, q, k, v, None, None, 0,
+                      int(causal), -1, scale, out, lse)
+        bwd = kh.call("Attention", "attention", KH_MODE_TRAIN, True, g, q, k, v, out, lse, None,
+                      None, 0, 0, int(causal), -1, scale, dq, dk, dv, ws)
+
+        def ours(fwd=fwd, bwd=bwd):
+            fwd()
+            bwd()
+        ours()
+        torch.cuda.synchronize()
+        qr, kr, vr = (x.float().requires_grad_() for x in (q, k, v))
+        sdpa(qr, kr, vr, causal, SDPBackend.MATH)().transpose(1, 2).backward(g.float())
+        err = max(((a.float() - b.grad).norm() / b.grad.norm()).item()
+                  for a, b in ((dq, qr), (dk, kr), (dv, vr)))
+        del qr, kr, vr
+
+        def torch_fb(backend, q=q, k=k, v=v, g=g):
+            qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+            fn = sdpa(qg, kg, vg, causal, backend)
+            gt = g.transpose(1, 2)
+            return lambda: torch.autograd.grad(fn(), (qg, kg, vg), gt)
+        providers = {"ours": ours, "flash": torch_fb(SDPBackend.FLASH_ATTENTION),
+                     "cudnn": torch_fb(SDPBackend.CUDNN_ATTENTION)}
+        flops = 3.5 * 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+        yield (f"fwd+bwd B={B} H={H}/{HK} S={S} D={D}{' causal' if causal else ''}", what, flops,
+               providers, err)
+
+
 def decode_rows(kh):
     bf = torch.bfloat16
     shapes = [  # B, Hq, Hkv, ctx, D, page
@@ -122,7 +150,7 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--packages", required=True)
     a = ap.parse_args()
-    kh = EvalLoader(a.lib, a.packages)
+    kh = Loader(a.lib, a.packages)
     p = torch.cuda.get_device_properties(0)
     print(f"GPU {p.name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     bad = 0
@@ -136,6 +164,16 @@ def main():
               f"{tf['ours'] / tf['flash']:.2f}x | {tf['ours'] / tf['cudnn']:.2f}x | {err:.1e} |",
               flush=True)
         bad += not (err < 1e-2)
+    print("\n| forward+backward (bf16) | model | ours TFLOP/s | FA2 (torch flash) | cuDNN | vs FA2 "
+          "| vs cuDNN | rel err (dq, dk, dv) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, what, flops, prov, err in train_rows(kh):
+        t = {k: timed(f) for k, f in prov.items()}
+        tf = {k: flops / (ms * 1e-3) / 1e12 for k, ms in t.items()}
+        print(f"| {name} | {what} | {tf['ours']:.0f} | {tf['flash']:.0f} | {tf['cudnn']:.0f} | "
+              f"{tf['ours'] / tf['flash']:.2f}x | {tf['ours'] / tf['cudnn']:.2f}x | {err:.1e} |",
+              flush=True)
+        bad += not (err < 2e-2)
     print("\n| decode (bf16) | layout | ours µs | TB/s | torch flash µs | cuDNN µs | vs best torch "
           "| rel err |")
     print("|---|---|---|---|---|---|---|---|")
