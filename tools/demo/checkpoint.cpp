@@ -74,8 +74,8 @@ Checkpoint load_checkpoint(const std::filesystem::path& dir) {
                             dir.string()));
   Checkpoint c;
   c.config = config_from_transformers(read_json(dir / kConfig), (dir / kConfig).string());
+  c.config.validate();  // errors name config.json
   c.config.name = dir.string();
-  c.config.validate();
 
   // Which shard holds each tensor the model needs; shards are read one at a time.
   const std::map<std::string, std::string> shards = shard_map(dir);
