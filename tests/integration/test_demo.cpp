@@ -6,6 +6,7 @@
 // - the CLI as a child process with an empty cache: `demo --device cpu --steps 50 --json` binds
 //   every slot from a package in both modes and the loss falls; on cuda, Attention keeps its
 //   fallback (the package's cuda kernels take bf16/fp16, the demo is fp32);
+// - `demo --model PATH` trains a Transformers checkpoint (tests/data/demo_reference);
 // - `demo --device cuda:0` fails clearly without a GPU; DemoGpu.* (CTest label gpu) runs it on a
 //   GPU and skips without one.
 #include <gtest/gtest.h>
@@ -337,6 +338,32 @@ TEST(DemoCli, FallbackFlagBindsNothing) {
   nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["fallback_only"], true);
   for (auto& b : j["bindings"]) EXPECT_EQ(b["source"], "fallback") << b.dump(2);
+}
+
+// --model PATH: a Transformers checkpoint (tests/data/demo_reference/qwen3: BF16, tied, GQA,
+// q/k norms) trains with every slot from a package; an unknown name lists the presets.
+TEST(DemoCli, ModelFromACheckpointDirectory) {
+  TempDir cache("kh-demo-cli");
+  const std::string ckpt = std::string(KH_SOURCE_DIR) + "/tests/data/demo_reference/qwen3";
+  ProcessResult r = run_process(
+      {cli_path(), "demo", "--device", "cpu", "--steps", "20", "--model", ckpt, "--json"},
+      cli_env(cache.path()), 240);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["model"]["name"], ckpt);
+  EXPECT_EQ(j["model"]["arch"], "qwen3");
+  EXPECT_EQ(j["model"]["checkpoint"], true);
+  EXPECT_EQ(j["model"]["kv_heads"], 2);
+  EXPECT_EQ(j["model"]["head_dim"], 16);
+  EXPECT_EQ(j["model"]["tie_embeddings"], true);
+  EXPECT_EQ(j["model"]["qk_norm"], true);
+  for (auto& b : j["bindings"]) EXPECT_NE(b["source"], "fallback") << b.dump(2);
+  EXPECT_LT(j["train"]["last_loss"].get<float>(), j["train"]["first_loss"].get<float>() - 1.0f);
+
+  r = run_process({cli_path(), "demo", "--device", "cpu", "--model", "gpt-5"},
+                  cli_env(cache.path()), 60);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("qwen3-0.6b"), std::string::npos) << r.err;
 }
 
 TEST(DemoCli, CudaWithoutAGpuFailsNamingTheDevice) {

@@ -72,6 +72,11 @@ Checkpoint load_checkpoint(const std::filesystem::path& dir) {
                 fmt::format("{}: not a directory; --model takes a preset name or a Transformers "
                             "checkpoint directory (config.json + model.safetensors)",
                             dir.string()));
+  if (!std::filesystem::exists(dir / kConfig))
+    throw Error(ErrorKind::kNotFound,
+                fmt::format("{}: no {}; a Transformers checkpoint directory holds the model's "
+                            "config there",
+                            dir.string(), kConfig));
   Checkpoint c;
   c.config = config_from_transformers(read_json(dir / kConfig), (dir / kConfig).string());
   c.config.validate();  // errors name config.json

@@ -79,7 +79,9 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, std::string source) {
   if (header.is_discarded()) bad(src, "the header is not JSON");
   if (!header.is_object()) bad(src, "the header is not a JSON object");
 
-  for (const auto& [name, entry] : header.items()) {
+  for (const auto& item : header.items()) {
+    const std::string& name = item.key();  // not a structured binding: lambdas capture it
+    const nlohmann::json& entry = item.value();
     if (name == "__metadata__") {
       if (!entry.is_object()) bad(src, "__metadata__ is not an object");
       for (const auto& [k, v] : entry.items()) {

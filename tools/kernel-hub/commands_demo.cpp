@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -130,8 +131,8 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
 
   demo::DemoOptions o;
   const bool is_preset = std::ranges::count(demo::preset_names(), a.model) > 0;
-  if (is_preset) {
-    o.model = demo::preset(a.model);
+  if (is_preset || !std::filesystem::is_directory(a.model)) {
+    o.model = demo::preset(a.model);  // not a directory: the error lists the presets
   } else {
     demo::Checkpoint ckpt = demo::load_checkpoint(a.model);
     o.model = ckpt.config;
