@@ -108,7 +108,8 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, std::string source) {
     for (const auto& d : entry["shape"]) {
       if (!d.is_number_unsigned()) bad_tensor("a dimension is not a non-negative integer");
       const uint64_t dim = d.get<uint64_t>();
-      if (dim != 0 && numel > (1ull << 62) / dim) bad_tensor("its element count overflows");
+      if (dim > (1ull << 62) || (dim != 0 && numel > (1ull << 62) / dim))
+        bad_tensor("its element count overflows");
       numel *= dim;
       t.shape.push_back(static_cast<int64_t>(dim));
     }
