@@ -6,6 +6,7 @@
 // - the CLI as a child process with an empty cache: `demo --device cpu --steps 50 --json` binds
 //   every slot from a package in both modes and the loss falls; on cuda, Attention keeps its
 //   fallback (the package's cuda kernels take bf16/fp16, the demo is fp32);
+// - `demo --model PATH` trains a Transformers checkpoint (tests/data/demo_reference);
 // - `demo --device cuda:0` fails clearly without a GPU; DemoGpu.* (CTest label gpu) runs it on a
 //   GPU and skips without one.
 #include <gtest/gtest.h>
@@ -123,7 +124,7 @@ TEST_F(DemoInProcess, KernelizedAndFallbackRunsAgreeAndLearn) {
     SCOPED_TRACE(mode_name(m));
     kern.rt.set_mode(m);
     fall.rt.set_mode(m);
-    demo::TinyLM a(cfg, kern.slots, 3), b(cfg, fall.slots, 3);
+    demo::CausalLM a(cfg, kern.slots, 3), b(cfg, fall.slots, 3);
     demo::SlotCaller ca(kern.rt, -1), cb(fall.rt, -1);
     const float la = a.forward(ca, kern.rt, batch.inputs.data(), batch.targets.data(), 4, cfg.seq);
     const float lb = b.forward(cb, fall.rt, batch.inputs.data(), batch.targets.data(), 4, cfg.seq);
@@ -231,7 +232,7 @@ TEST_F(DemoInProcess, FallbackAttentionRefusesWhatItDoesNotImplement) {
   fall.rt.set_mode(Mode::kEval);
   demo::SlotCaller call(fall.rt, -1);
   constexpr int64_t B = 1, S = 4, NH = 2, HD = 8, N = B * S * NH * HD;
-  std::vector<float> q(N, 0.5f), kv_gqa(N / 2, 0.5f), o(N);
+  std::vector<float> q(N, 0.5f), kv_short(N / 2, 0.5f), o(N);
   const int32_t cu[] = {0, 4};
   using namespace demo;
   auto refuses = [&](OpArgs args, const std::string& why) {
@@ -245,12 +246,14 @@ TEST_F(DemoInProcess, FallbackAttentionRefusesWhatItDoesNotImplement) {
       EXPECT_NE(msg.find("runtime fallback"), std::string::npos) << msg;
     }
   };
-  auto args = [&](int64_t causal, int64_t window, bool varlen, bool gqa) {
-    const float* kv = gqa ? kv_gqa.data() : q.data();
-    const int64_t kv_heads = gqa ? NH / 2 : NH;
+  // short_keys: k and v of half q's length (a decode against a context), which the package
+  // takes and the fallback does not.
+  auto args = [&](int64_t causal, int64_t window, bool varlen, bool short_keys) {
+    const float* kv = short_keys ? kv_short.data() : q.data();
+    const int64_t kv_len = short_keys ? S / 2 : S;
     OpArgs a = {in(q.data(), {B, S, NH, HD}),
-                in(kv, {B, S, kv_heads, HD}),
-                in(kv, {B, S, kv_heads, HD}),
+                in(kv, {B, kv_len, NH, HD}),
+                in(kv, {B, kv_len, NH, HD}),
                 none(),
                 none(),
                 integer(S),
@@ -268,7 +271,7 @@ TEST_F(DemoInProcess, FallbackAttentionRefusesWhatItDoesNotImplement) {
   refuses(args(0, -1, false, false), "causal must be 1");
   refuses(args(1, 2, false, false), "window_left must be -1");
   refuses(args(1, -1, true, false), "cu_seqlens");
-  refuses(args(1, -1, false, true), "no GQA");
+  refuses(args(1, -1, false, true), "no key lengths other than q's");
   call.forward(fall.slots.attention, args(1, -1, false, false));  // and runs the supported case
   EXPECT_FLOAT_EQ(o[0], 0.5f);
 }
@@ -335,6 +338,32 @@ TEST(DemoCli, FallbackFlagBindsNothing) {
   nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["fallback_only"], true);
   for (auto& b : j["bindings"]) EXPECT_EQ(b["source"], "fallback") << b.dump(2);
+}
+
+// --model PATH: a Transformers checkpoint (tests/data/demo_reference/qwen3: BF16, tied, GQA,
+// q/k norms) trains with every slot from a package; an unknown name lists the presets.
+TEST(DemoCli, ModelFromACheckpointDirectory) {
+  TempDir cache("kh-demo-cli");
+  const std::string ckpt = std::string(KH_SOURCE_DIR) + "/tests/data/demo_reference/qwen3";
+  ProcessResult r = run_process(
+      {cli_path(), "demo", "--device", "cpu", "--steps", "20", "--model", ckpt, "--json"},
+      cli_env(cache.path()), 240);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["model"]["name"], ckpt);
+  EXPECT_EQ(j["model"]["arch"], "qwen3");
+  EXPECT_EQ(j["model"]["checkpoint"], true);
+  EXPECT_EQ(j["model"]["kv_heads"], 2);
+  EXPECT_EQ(j["model"]["head_dim"], 16);
+  EXPECT_EQ(j["model"]["tie_embeddings"], true);
+  EXPECT_EQ(j["model"]["qk_norm"], true);
+  for (auto& b : j["bindings"]) EXPECT_NE(b["source"], "fallback") << b.dump(2);
+  EXPECT_LT(j["train"]["last_loss"].get<float>(), j["train"]["first_loss"].get<float>() - 1.0f);
+
+  r = run_process({cli_path(), "demo", "--device", "cpu", "--model", "gpt-5"},
+                  cli_env(cache.path()), 60);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("qwen3-0.6b"), std::string::npos) << r.err;
 }
 
 TEST(DemoCli, CudaWithoutAGpuFailsNamingTheDevice) {

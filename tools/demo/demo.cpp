@@ -31,7 +31,8 @@ DemoRun run_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& o) {
                             "1..{} tokens",
                             o.model.seq - 1));
   DemoRun run;
-  TinyLM model(o.model, slots, o.seed);
+  CausalLM model =
+      o.weights.empty() ? CausalLM(o.model, slots, o.seed) : CausalLM(o.model, slots, o.weights);
   SlotCaller call(rt, o.cuda_ordinal);
   run.parameters = model.num_parameters();
   run.floor_loss = generator_entropy(o.model.vocab, o.follow);

@@ -1,4 +1,4 @@
-// The demo run: train the tiny model in train mode, switch the runtime to eval (one atomic
+// The demo run: train the model (a preset at random init or a checkpoint) in train mode, switch the runtime to eval (one atomic
 // store), measure the eval loss on held-out batches and continue a prompt greedily. The runtime
 // must already hold the demo slots (add_demo_slots) and be kernelized, or not (fallbacks only):
 // run_demo does not care which implementation serves a slot.
@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "kernel_hub/kernel_hub.hpp"
@@ -17,6 +19,8 @@ namespace kh::demo {
 
 struct DemoOptions {
   ModelConfig model;
+  // A checkpoint's weights (checkpoint.h) by Transformers name; empty: random init from `seed`.
+  std::map<std::string, std::vector<float>> weights;
   AdamConfig adam;
   int batch = 8;
   int steps = 200;

@@ -358,10 +358,9 @@ int32_t cross_entropy_backward(const kh_arg_t* a, int32_t n, void*) {
 
 // ---- Attention: the runtime's own causal attention (layers.h), padded batches only -----------
 
-// A [batch, len, heads, head_dim] fp32 tensor of q's shape. A k or v of another shape is valid
-// for the package (GQA, other key lengths) but not implemented here: `mismatch` says which.
-float* heads_tensor(const Args& g, int32_t i, const char* name, const DLTensor* q,
-                    int32_t mismatch = KH_ERR_INVALID_ARGUMENT) {
+// A [batch, len, heads, head_dim] fp32 tensor shaped exactly as `like` (q for q, out, dout and dq;
+// k for v, dk and dv).
+float* heads_tensor(const Args& g, int32_t i, const char* name, const DLTensor* like) {
   Rows r = g.rows(i, name);
   const DLTensor* t = g.tensor(i, name);
   if (t->ndim != 4)
@@ -370,15 +369,31 @@ float* heads_tensor(const Args& g, int32_t i, const char* name, const DLTensor* 
                        "head_dim] tensors only (bind kernel-hub/attention for packed ones)",
                        name, t->ndim));
   for (int d = 0; d < 4; ++d)
-    if (t->shape[d] != q->shape[d])
-      g.fail(mismatch,
-             fmt::format("tensor {} is [{}, {}, {}, {}]; expected q's shape [{}, {}, {}, {}]{}",
-                         name, t->shape[0], t->shape[1], t->shape[2], t->shape[3], q->shape[0],
-                         q->shape[1], q->shape[2], q->shape[3],
-                         mismatch == KH_ERR_UNSUPPORTED
-                             ? " (the fallback has no GQA and no key lengths other than q's)"
-                             : ""));
+    if (t->shape[d] != like->shape[d])
+      g.fail(KH_ERR_INVALID_ARGUMENT,
+             fmt::format("tensor {} is [{}, {}, {}, {}]; expected [{}, {}, {}, {}]", name,
+                         t->shape[0], t->shape[1], t->shape[2], t->shape[3], like->shape[0],
+                         like->shape[1], like->shape[2], like->shape[3]));
   return r.p;
+}
+
+// k: [batch, len, kv_heads, head_dim] with q's batch, length and head_dim and kv_heads dividing
+// q's heads (grouped-query attention). Keys of another length are valid for the package (decode
+// against a longer context) but not implemented here.
+const DLTensor* kv_tensor(const Args& g, int32_t i, const char* name, const DLTensor* q) {
+  heads_tensor(g, i, name, g.tensor(i, name));  // 4-D, fp32, contiguous
+  const DLTensor* t = g.tensor(i, name);
+  if (t->shape[0] != q->shape[0] || t->shape[1] != q->shape[1] || t->shape[3] != q->shape[3])
+    g.fail(KH_ERR_UNSUPPORTED,
+           fmt::format("tensor {} is [{}, {}, {}, {}] for q [{}, {}, {}, {}]; the fallback needs "
+                       "q's batch, length and head_dim (no key lengths other than q's)",
+                       name, t->shape[0], t->shape[1], t->shape[2], t->shape[3], q->shape[0],
+                       q->shape[1], q->shape[2], q->shape[3]));
+  if (t->shape[2] < 1 || q->shape[2] % t->shape[2] != 0)
+    g.fail(KH_ERR_INVALID_ARGUMENT,
+           fmt::format("{} query heads are not a multiple of {}'s {} key/value heads (GQA)",
+                       q->shape[2], name, t->shape[2]));
+  return t;
 }
 
 // The arguments forward and backward share, from index `first` (cu_seqlens_q): what the fallback
@@ -388,8 +403,8 @@ struct AttentionOptions {
   float scale = 0;
 };
 
-AttentionOptions attention_options(const Args& g, const DLTensor* q, int32_t first,
-                                   bool has_max_k) {
+AttentionOptions attention_options(const Args& g, const DLTensor* q, const DLTensor* k,
+                                   int32_t first, bool has_max_k) {
   if (g.tensor(first, "cu_seqlens_q", true) || g.tensor(first + 1, "cu_seqlens_k", true))
     g.fail(KH_ERR_UNSUPPORTED,
            "packed sequences (cu_seqlens) are not supported by the fallback; pass padded "
@@ -405,7 +420,9 @@ AttentionOptions attention_options(const Args& g, const DLTensor* q, int32_t fir
   if (!(scale > 0.0) || !std::isfinite(scale))
     g.fail(KH_ERR_INVALID_ARGUMENT,
            fmt::format("scale {}; expected a positive softmax scale (1 / sqrt(head_dim))", scale));
-  return {{q->shape[0], q->shape[1], q->shape[2], q->shape[3]}, static_cast<float>(scale)};
+  AttentionShape shape{q->shape[0], q->shape[1], q->shape[2], q->shape[3]};
+  shape.kv_heads = k->shape[2];
+  return {shape, static_cast<float>(scale)};
 }
 
 // forward (eval) and forward_train (with lse) are one op, as in the package.
@@ -418,9 +435,10 @@ int32_t attention_fwd(const kh_arg_t* a, int32_t n, void*) {
            a, n, 11);
     const DLTensor* qt = g.tensor(0, "q");
     const float* q = heads_tensor(g, 0, "q", qt);
-    const float* k = heads_tensor(g, 1, "k", qt, KH_ERR_UNSUPPORTED);
-    const float* v = heads_tensor(g, 2, "v", qt, KH_ERR_UNSUPPORTED);
-    const AttentionOptions o = attention_options(g, qt, 3, false);
+    const DLTensor* kt = kv_tensor(g, 1, "k", qt);
+    const float* k = heads_tensor(g, 1, "k", kt);
+    const float* v = heads_tensor(g, 2, "v", kt);
+    const AttentionOptions o = attention_options(g, qt, kt, 3, false);
     float* out = heads_tensor(g, 9, "out", qt);
     const int64_t tokens = o.shape.batch * o.shape.len;
     float* lse = g.tensor(10, "lse", true) ? g.vector(10, "lse", o.shape.heads * tokens) : nullptr;
@@ -439,14 +457,15 @@ int32_t attention_bwd(const kh_arg_t* a, int32_t n, void*) {
     const DLTensor* qt = g.tensor(1, "q");
     const float* q = heads_tensor(g, 1, "q", qt);
     const float* dout = heads_tensor(g, 0, "dout", qt);
-    const float* k = heads_tensor(g, 2, "k", qt, KH_ERR_UNSUPPORTED);
-    const float* v = heads_tensor(g, 3, "v", qt, KH_ERR_UNSUPPORTED);
+    const DLTensor* kt = kv_tensor(g, 2, "k", qt);
+    const float* k = heads_tensor(g, 2, "k", kt);
+    const float* v = heads_tensor(g, 3, "v", kt);
     const float* out = heads_tensor(g, 4, "out", qt);
-    const AttentionOptions o = attention_options(g, qt, 6, true);
+    const AttentionOptions o = attention_options(g, qt, kt, 6, true);
     const float* lse = g.vector(5, "lse", o.shape.heads * o.shape.batch * o.shape.len);
     float* dq = heads_tensor(g, 13, "dq", qt);
-    float* dk = heads_tensor(g, 14, "dk", qt, KH_ERR_UNSUPPORTED);
-    float* dv = heads_tensor(g, 15, "dv", qt, KH_ERR_UNSUPPORTED);
+    float* dk = heads_tensor(g, 14, "dk", kt);
+    float* dv = heads_tensor(g, 15, "dv", kt);
     g.tensor(16, "workspace", true);  // the package's cuda scratch; not needed here
     attention_backward(o.shape, o.scale, q, k, v, out, lse, dout, dq, dk, dv);
   });

@@ -27,7 +27,7 @@
 // anything else is refused with KH_ERR_UNSUPPORTED and a message in kh::last_op_error().
 // Attention's fallback is the runtime's own causal attention (layers.h) and takes padded
 // [batch, len, heads, head_dim] batches only: causal = 1, window_left = -1, no cu_seqlens, k and
-// v shaped as q (no GQA).
+// v of q's length (GQA: fewer key/value heads, dividing q's).
 #pragma once
 
 #include <cstdint>

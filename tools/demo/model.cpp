@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "hub/base/error.h"
 #include "tools/demo/layers.h"
@@ -19,145 +20,315 @@ void add_into(std::vector<float>& dst, const std::vector<float>& src) {
   for (size_t i = 0; i < dst.size(); ++i) dst[i] += src[i];
 }
 
+// Box-Muller over the raw engine: std::normal_distribution differs between standard libraries.
+void fill_normal(std::vector<float>& w, float stddev, std::mt19937_64& rng) {
+  for (float& x : w) {
+    const double u1 = (static_cast<double>(rng() >> 11) + 1.0) * 0x1.0p-53;
+    const double u2 = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+    x = static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) *
+                           std::cos(6.283185307179586 * u2));
+  }
+}
+
+// The random initialization of a preset: norms 1, biases 0, the rest normal with 1 / sqrt(fan in);
+// residual branches (o_proj, down_proj) start small (1 / sqrt(2L)) so the stack begins close to
+// the identity. An untied embedding has unit rows (RMSNorm follows); a tied one is also the LM
+// head, so it takes the head's scale.
+float init_stddev(const ModelConfig& c, const std::string& name) {
+  const float branch = 1.0f / std::sqrt(2.0f * static_cast<float>(c.layers));
+  auto fan_in = [](int n) { return 1.0f / std::sqrt(static_cast<float>(n)); };
+  if (name.ends_with("norm.weight") || name.ends_with(".bias")) return 0.f;
+  if (name == "model.embed_tokens.weight") return c.tie_embeddings ? fan_in(c.hidden) : 1.0f;
+  if (name.ends_with("o_proj.weight")) return fan_in(c.q_dim()) * branch;
+  if (name.ends_with("down_proj.weight")) return fan_in(c.ffn) * branch;
+  return fan_in(c.hidden);  // q, k, v, gate, up, lm_head
+}
+
+size_t numel(const WeightSpec& s) {
+  size_t n = 1;
+  for (int64_t d : s.shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
 }  // namespace
 
-TinyLM::TinyLM(const ModelConfig& config, const DemoSlots& slots, uint64_t seed)
+CausalLM::CausalLM(const ModelConfig& config, const DemoSlots& slots, uint64_t seed)
     : cfg_(config), slots_(slots) {
-  if (cfg_.vocab < 2 || cfg_.hidden < 2 || cfg_.layers < 1 || cfg_.heads < 1 || cfg_.ffn < 1 ||
-      cfg_.seq < 2 || cfg_.hidden % cfg_.heads != 0 || cfg_.head_dim() % 2 != 0)
-    throw Error(ErrorKind::kInvalidInput,
-                "demo model: vocab, hidden, layers, heads, ffn and seq must be positive, hidden "
-                "divisible by heads and the head size even (rotary pairs)");
-  std::mt19937_64 rng(seed);
-  const size_t V = cfg_.vocab, H = cfg_.hidden, F = cfg_.ffn;
-  const float in_h = 1.0f / std::sqrt(static_cast<float>(H));
-  const float in_f = 1.0f / std::sqrt(static_cast<float>(F));
-  // Residual branches start small (1/sqrt(2L)) so the stack begins close to the identity.
-  const float branch = 1.0f / std::sqrt(2.0f * static_cast<float>(cfg_.layers));
-  init(emb_, V * H, 1.0f, rng);
-  layers_.resize(static_cast<size_t>(cfg_.layers));
-  for (Layer& l : layers_) {
-    init_const(l.attn_norm, H, 1.0f);
-    init(l.wq, H * H, in_h, rng);
-    init(l.wk, H * H, in_h, rng);
-    init(l.wv, H * H, in_h, rng);
-    init(l.wo, H * H, in_h * branch, rng);
-    init_const(l.mlp_norm, H, 1.0f);
-    init(l.wgu, H * 2 * F, in_h, rng);
-    init(l.wdown, F * H, in_f * branch, rng);
-  }
-  init_const(final_norm_, H, 1.0f);
-  init(head_, H * V, in_h, rng);
+  build(nullptr, seed);
+}
 
-  // NeoX rotary cache: angle(pos, j) = pos * base^(-2j / head_dim).
-  const int half = cfg_.head_dim() / 2;
+CausalLM::CausalLM(const ModelConfig& config, const DemoSlots& slots,
+                   std::map<std::string, std::vector<float>> weights)
+    : cfg_(config), slots_(slots) {
+  build(&weights, 0);
+}
+
+void CausalLM::build(std::map<std::string, std::vector<float>>* weights, uint64_t seed) {
+  cfg_.validate();
+  specs_ = weight_specs(cfg_);
+  params_.resize(specs_.size());
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const WeightSpec& s = specs_[i];
+    std::vector<float>& w = params_[i].w;
+    if (weights) {
+      auto it = weights->find(s.name);
+      if (it == weights->end())
+        throw Error(ErrorKind::kInvalidInput,
+                    fmt::format("model {}: no tensor {}", cfg_.name, s.name));
+      if (it->second.size() != numel(s))
+        throw Error(ErrorKind::kInvalidInput,
+                    fmt::format("model {}: tensor {} has {} elements; expected {}", cfg_.name,
+                                s.name, it->second.size(), numel(s)));
+      w = std::move(it->second);
+      continue;
+    }
+    w.resize(numel(s));
+    const float stddev = init_stddev(cfg_, s.name);
+    if (stddev > 0.f)
+      fill_normal(w, stddev, rng);
+    else
+      std::fill(w.begin(), w.end(), s.name.ends_with(".bias") ? 0.f : 1.f);
+  }
+
+  emb_ = &param("model.embed_tokens.weight");
+  final_norm_ = &param("model.norm.weight");
+  head_ = cfg_.tie_embeddings ? emb_ : &param("lm_head.weight");
+  layers_.resize(static_cast<size_t>(cfg_.layers));
+  for (int l = 0; l < cfg_.layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    layers_[static_cast<size_t>(l)] = {
+        &param(p + "input_layernorm.weight"),
+        &param(p + "self_attn.q_proj.weight"),
+        &param(p + "self_attn.k_proj.weight"),
+        &param(p + "self_attn.v_proj.weight"),
+        optional_param(p + "self_attn.q_proj.bias"),
+        optional_param(p + "self_attn.k_proj.bias"),
+        optional_param(p + "self_attn.v_proj.bias"),
+        optional_param(p + "self_attn.q_norm.weight"),
+        optional_param(p + "self_attn.k_norm.weight"),
+        &param(p + "self_attn.o_proj.weight"),
+        optional_param(p + "self_attn.o_proj.bias"),
+        &param(p + "post_attention_layernorm.weight"),
+        &param(p + "mlp.gate_proj.weight"),
+        &param(p + "mlp.up_proj.weight"),
+        &param(p + "mlp.down_proj.weight"),
+    };
+  }
+
+  // NeoX rotary cache as Transformers' default RoPE: inv_freq_j = theta^(-2j / head_dim), angle
+  // = pos * inv_freq_j; rotate_half pairs (j, j + half).
+  const int half = cfg_.head_dim / 2;
   cos_.resize(static_cast<size_t>(cfg_.seq) * half);
   sin_.resize(cos_.size());
   for (int p = 0; p < cfg_.seq; ++p)
     for (int j = 0; j < half; ++j) {
-      const double inv = std::pow(cfg_.rope_base, -2.0 * j / cfg_.head_dim());
+      const double inv = std::pow(cfg_.rope_theta, -2.0 * j / cfg_.head_dim);
       cos_[static_cast<size_t>(p) * half + j] = static_cast<float>(std::cos(p * inv));
       sin_[static_cast<size_t>(p) * half + j] = static_cast<float>(std::sin(p * inv));
     }
 }
 
-void TinyLM::init(Param& p, size_t n, float stddev, std::mt19937_64& rng) {
-  // Box-Muller over the raw engine: std::normal_distribution differs between standard libraries.
-  p.w.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const double u1 = (static_cast<double>(rng() >> 11) + 1.0) * 0x1.0p-53;
-    const double u2 = static_cast<double>(rng() >> 11) * 0x1.0p-53;
-    p.w[i] = static_cast<float>(stddev * std::sqrt(-2.0 * std::log(u1)) *
-                                std::cos(6.283185307179586 * u2));
-  }
-  p.g.assign(n, 0.f);
-  p.m.assign(n, 0.f);
-  p.v.assign(n, 0.f);
+CausalLM::Param& CausalLM::param(const std::string& name) {
+  if (Param* p = optional_param(name)) return *p;
+  throw Error(ErrorKind::kInvalidInput, fmt::format("model {}: no tensor {}", cfg_.name, name));
 }
 
-void TinyLM::init_const(Param& p, size_t n, float value) {
-  p.w.assign(n, value);
-  p.g.assign(n, 0.f);
-  p.m.assign(n, 0.f);
-  p.v.assign(n, 0.f);
+CausalLM::Param* CausalLM::optional_param(const std::string& name) {
+  for (size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].name == name) return &params_[i];
+  return nullptr;
 }
 
-std::vector<TinyLM::Param*> TinyLM::params() {
-  std::vector<Param*> out = {&emb_, &final_norm_, &head_};
-  for (Layer& l : layers_)
-    for (Param* p : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm, &l.wgu, &l.wdown})
-      out.push_back(p);
-  return out;
+const std::vector<float>* CausalLM::weight(const std::string& name) const {
+  Param* p = const_cast<CausalLM*>(this)->optional_param(name);
+  return p ? &p->w : nullptr;
 }
 
-size_t TinyLM::num_parameters() const {
+size_t CausalLM::num_parameters() const {
   size_t n = 0;
-  for (Param* p : const_cast<TinyLM*>(this)->params()) n += p->w.size();
+  for (const Param& p : params_) n += p.w.size();
   return n;
 }
 
-void TinyLM::norm_forward(SlotCaller& call, const std::vector<float>& x, const Param& w,
-                          std::vector<float>& y, std::vector<float>& rstd) {
-  const int64_t T = static_cast<int64_t>(tokens_.size()), H = cfg_.hidden;
+// ---- the layers' calls -------------------------------------------------------------------------
+
+void CausalLM::norm_forward(SlotCaller& call, const std::vector<float>& x, const Param& w,
+                            std::vector<float>& y, std::vector<float>& rstd) {
+  const int64_t C = static_cast<int64_t>(w.w.size()), R = static_cast<int64_t>(x.size()) / C;
   y.resize(x.size());
   if (train_) {
-    rstd.resize(static_cast<size_t>(T));
-    call.forward(slots_.rms_norm, {in(x.data(), {T, H}), in(w.w.data(), {H}), real(cfg_.eps),
-                                   out(y.data(), {T, H}), out(rstd.data(), {T})});
+    rstd.resize(static_cast<size_t>(R));
+    call.forward(slots_.rms_norm, {in(x.data(), {R, C}), in(w.w.data(), {C}), real(cfg_.eps),
+                                   out(y.data(), {R, C}), out(rstd.data(), {R})});
   } else {
-    call.forward(slots_.rms_norm, {in(x.data(), {T, H}), in(w.w.data(), {H}), real(cfg_.eps),
-                                   out(y.data(), {T, H})});
+    call.forward(slots_.rms_norm, {in(x.data(), {R, C}), in(w.w.data(), {C}), real(cfg_.eps),
+                                   out(y.data(), {R, C})});
   }
 }
 
-void TinyLM::norm_backward(SlotCaller& call, const std::vector<float>& dy,
-                           const std::vector<float>& x, Param& w, const std::vector<float>& rstd,
-                           std::vector<float>& dx) {
-  const int64_t T = static_cast<int64_t>(tokens_.size()), H = cfg_.hidden;
+void CausalLM::norm_backward(SlotCaller& call, const std::vector<float>& dy,
+                             const std::vector<float>& x, Param& w, const std::vector<float>& rstd,
+                             std::vector<float>& dx) {
+  const int64_t C = static_cast<int64_t>(w.w.size()), R = static_cast<int64_t>(x.size()) / C;
   // The package reduces dweight through W partial rows; W bounds its parallelism on a GPU.
-  const int64_t W = std::min<int64_t>(T, 64);
+  const int64_t W = std::min<int64_t>(R, 64);
   dx.resize(dy.size());
-  dweight_.resize(static_cast<size_t>(H));
-  workspace_.resize(static_cast<size_t>(W * H));
-  call.backward(slots_.rms_norm, {in(dy.data(), {T, H}), in(x.data(), {T, H}), in(w.w.data(), {H}),
-                                  in(rstd.data(), {T}), out(dx.data(), {T, H}),
-                                  out(dweight_.data(), {H}), scratch(workspace_.data(), {W, H})});
+  dweight_.resize(static_cast<size_t>(C));
+  workspace_.resize(static_cast<size_t>(W * C));
+  call.backward(slots_.rms_norm, {in(dy.data(), {R, C}), in(x.data(), {R, C}), in(w.w.data(), {C}),
+                                  in(rstd.data(), {R}), out(dx.data(), {R, C}),
+                                  out(dweight_.data(), {C}), scratch(workspace_.data(), {W, C})});
   add_into(w.g, dweight_);  // the op overwrites dweight; the runtime accumulates
 }
 
-double TinyLM::attention_scale() const {
-  return 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim()));
+void CausalLM::linear(const std::vector<float>& x, const Param& w, const Param* b,
+                      std::vector<float>& y, int64_t in, int64_t out) {
+  y.resize(static_cast<size_t>(tokens() * out));
+  linear_forward(x.data(), w.w.data(), b ? b->w.data() : nullptr, y.data(), tokens(), in, out);
 }
 
-void TinyLM::attention_forward(SlotCaller& call, Saved& s) {
-  const int64_t B = batch_, S = len_, NH = cfg_.heads, HD = cfg_.head_dim(), T = B * S;
+void CausalLM::linear_grad(const std::vector<float>& x, Param& w, Param* b,
+                           const std::vector<float>& dy, std::vector<float>& dx, int64_t in,
+                           int64_t out, bool accumulate_dx) {
+  dx.resize(static_cast<size_t>(tokens() * in));
+  linear_backward(x.data(), w.w.data(), dy.data(), dx.data(), w.g.data(), b ? b->g.data() : nullptr,
+                  tokens(), in, out, accumulate_dx);
+}
+
+void CausalLM::rotary(SlotCaller& call, bool backward, std::vector<float>& q,
+                      std::vector<float>& k) {
+  const int64_t T = tokens(), HD = cfg_.head_dim;
+  const OpArgs args = {in_i64(positions_.data(), T),
+                       inout(q.data(), {T, cfg_.heads, HD}),
+                       inout(k.data(), {T, cfg_.kv_heads, HD}),
+                       in(cos_.data(), {cfg_.seq, HD / 2}),
+                       in(sin_.data(), {cfg_.seq, HD / 2}),
+                       integer(1)};  // NeoX (rotate_half)
+  if (backward)
+    call.backward(slots_.rotary, args);
+  else
+    call.forward(slots_.rotary, args);
+}
+
+double CausalLM::attention_scale() const {
+  return 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim));  // Transformers: head_dim**-0.5
+}
+
+void CausalLM::attention_forward(SlotCaller& call, Saved& s) {
+  const int64_t B = batch_, S = len_, NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim,
+                T = B * S;
   // Padded causal batches: no cu_seqlens, no window; train keeps the lse for backward.
+  s.attn.resize(static_cast<size_t>(T * NH * HD));
   if (train_) s.lse.resize(static_cast<size_t>(NH * T));
   call.forward(slots_.attention,
-               {in(s.q.data(), {B, S, NH, HD}), in(s.k.data(), {B, S, NH, HD}),
-                in(s.v.data(), {B, S, NH, HD}), none(), none(), integer(S), integer(1), integer(-1),
-                real(attention_scale()), out(s.attn.data(), {B, S, NH, HD}),
+               {in(s.q.data(), {B, S, NH, HD}), in(s.k.data(), {B, S, NKV, HD}),
+                in(s.v.data(), {B, S, NKV, HD}), none(), none(), integer(S), integer(1),
+                integer(-1), real(attention_scale()), out(s.attn.data(), {B, S, NH, HD}),
                 train_ ? out(s.lse.data(), {NH, T}) : none()});
 }
 
-void TinyLM::attention_backward(SlotCaller& call, const Saved& s, const std::vector<float>& dout,
-                                std::vector<float>& dq, std::vector<float>& dk,
-                                std::vector<float>& dv) {
-  const int64_t B = batch_, S = len_, NH = cfg_.heads, HD = cfg_.head_dim(), T = B * S;
+void CausalLM::attention_backward(SlotCaller& call, const Saved& s, const std::vector<float>& dout,
+                                  std::vector<float>& dq, std::vector<float>& dk,
+                                  std::vector<float>& dv) {
+  const int64_t B = batch_, S = len_, NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim,
+                T = B * S;
+  dq.resize(static_cast<size_t>(T * NH * HD));
+  dk.resize(static_cast<size_t>(T * NKV * HD));
+  dv.resize(dk.size());
   // The package's cuda backward sums dq through an fp32 workspace of T * NH * (HD + 1).
   attn_workspace_.resize(static_cast<size_t>(T * NH * (HD + 1)));
   call.backward(
       slots_.attention,
       {in(dout.data(), {B, S, NH, HD}), in(s.q.data(), {B, S, NH, HD}),
-       in(s.k.data(), {B, S, NH, HD}), in(s.v.data(), {B, S, NH, HD}),
+       in(s.k.data(), {B, S, NKV, HD}), in(s.v.data(), {B, S, NKV, HD}),
        in(s.attn.data(), {B, S, NH, HD}), in(s.lse.data(), {NH, T}), none(), none(), integer(S),
        integer(S), integer(1), integer(-1), real(attention_scale()), out(dq.data(), {B, S, NH, HD}),
-       out(dk.data(), {B, S, NH, HD}), out(dv.data(), {B, S, NH, HD}),
+       out(dk.data(), {B, S, NKV, HD}), out(dv.data(), {B, S, NKV, HD}),
        scratch(attn_workspace_.data(), {static_cast<int64_t>(attn_workspace_.size())})});
 }
 
-float TinyLM::forward(SlotCaller& call, const Runtime& runtime, const int64_t* tokens,
-                      const int64_t* targets, int batch, int len) {
+// ---- one decoder layer ------------------------------------------------------------------------
+
+// h -> h + o(attention(rope(norm_q(q)), rope(norm_k(k)), v)) with q, k, v of
+// input_layernorm(h); then h -> h + down(silu(gate(m)) * up(m)), m = post_attention_layernorm(h).
+void CausalLM::layer_forward(SlotCaller& call, Layer& L, Saved& s, std::vector<float>& h) {
+  const int64_t H = cfg_.hidden, Q = cfg_.q_dim(), KV = cfg_.kv_dim(), F = cfg_.ffn, T = tokens();
+  s.h_in = h;
+  norm_forward(call, h, *L.attn_norm, s.a, s.rstd1);
+  linear(s.a, *L.wv, L.bv, s.v, H, KV);
+  if (cfg_.qk_norm) {  // Qwen3: RMSNorm over each head's head_dim, before RoPE
+    linear(s.a, *L.wq, L.bq, s.q_pre, H, Q);
+    linear(s.a, *L.wk, L.bk, s.k_pre, H, KV);
+    norm_forward(call, s.q_pre, *L.q_norm, s.q, s.rstd_q);
+    norm_forward(call, s.k_pre, *L.k_norm, s.k, s.rstd_k);
+  } else {
+    linear(s.a, *L.wq, L.bq, s.q, H, Q);
+    linear(s.a, *L.wk, L.bk, s.k, H, KV);
+  }
+  rotary(call, false, s.q, s.k);
+  attention_forward(call, s);
+  std::vector<float> branch;
+  linear(s.attn, *L.wo, L.bo, branch, Q, H);
+  add_into(h, branch);
+
+  s.h_mid = h;
+  norm_forward(call, h, *L.mlp_norm, s.m, s.rstd2);
+  std::vector<float> gate, up;
+  linear(s.m, *L.wgate, nullptr, gate, H, F);
+  linear(s.m, *L.wup, nullptr, up, H, F);
+  s.gu.resize(static_cast<size_t>(T * 2 * F));  // SiluAndMul takes [gate | up] rows
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy_n(gate.data() + t * F, F, s.gu.data() + t * 2 * F);
+    std::copy_n(up.data() + t * F, F, s.gu.data() + t * 2 * F + F);
+  }
+  s.s.resize(static_cast<size_t>(T * F));
+  call.forward(slots_.silu_and_mul, {in(s.gu.data(), {T, 2 * F}), out(s.s.data(), {T, F})});
+  linear(s.s, *L.wdown, nullptr, branch, F, H);
+  add_into(h, branch);
+}
+
+// dh: the gradient of the layer's output in, of its input out.
+void CausalLM::layer_backward(SlotCaller& call, Layer& L, Saved& s, std::vector<float>& dh) {
+  const int64_t H = cfg_.hidden, Q = cfg_.q_dim(), KV = cfg_.kv_dim(), F = cfg_.ffn, T = tokens();
+  // MLP branch.
+  std::vector<float> ds, dgu(static_cast<size_t>(T * 2 * F)), dm, dx;
+  linear_grad(s.s, *L.wdown, nullptr, dh, ds, F, H, false);
+  call.backward(slots_.silu_and_mul,
+                {in(ds.data(), {T, F}), in(s.gu.data(), {T, 2 * F}), out(dgu.data(), {T, 2 * F})});
+  std::vector<float> dgate(static_cast<size_t>(T * F)), dup(dgate.size());
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy_n(dgu.data() + t * 2 * F, F, dgate.data() + t * F);
+    std::copy_n(dgu.data() + t * 2 * F + F, F, dup.data() + t * F);
+  }
+  linear_grad(s.m, *L.wgate, nullptr, dgate, dm, H, F, false);
+  linear_grad(s.m, *L.wup, nullptr, dup, dm, H, F, true);
+  norm_backward(call, dm, s.h_mid, *L.mlp_norm, s.rstd2, dx);
+  add_into(dh, dx);
+
+  // Attention branch.
+  std::vector<float> dattn, dq, dk, dv, da;
+  linear_grad(s.attn, *L.wo, L.bo, dh, dattn, Q, H, false);
+  attention_backward(call, s, dattn, dq, dk, dv);
+  rotary(call, true, dq, dk);
+  if (cfg_.qk_norm) {
+    std::vector<float> dq_pre, dk_pre;
+    norm_backward(call, dq, s.q_pre, *L.q_norm, s.rstd_q, dq_pre);
+    norm_backward(call, dk, s.k_pre, *L.k_norm, s.rstd_k, dk_pre);
+    dq.swap(dq_pre);
+    dk.swap(dk_pre);
+  }
+  linear_grad(s.a, *L.wq, L.bq, dq, da, H, Q, false);
+  linear_grad(s.a, *L.wk, L.bk, dk, da, H, KV, true);
+  linear_grad(s.a, *L.wv, L.bv, dv, da, H, KV, true);
+  norm_backward(call, da, s.h_in, *L.attn_norm, s.rstd1, dx);
+  add_into(dh, dx);
+}
+
+// ---- the model ---------------------------------------------------------------------------------
+
+float CausalLM::forward(SlotCaller& call, const Runtime& runtime, const int64_t* tokens,
+                        const int64_t* targets, int batch, int len) {
   if (batch < 1 || len < 1 || len > cfg_.seq)
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("demo model: {} x {} tokens; sequences hold 1..{} tokens", batch, len,
@@ -166,8 +337,7 @@ float TinyLM::forward(SlotCaller& call, const Runtime& runtime, const int64_t* t
   has_targets_ = targets != nullptr;
   batch_ = batch;
   len_ = len;
-  const int64_t T = static_cast<int64_t>(batch) * len, H = cfg_.hidden, F = cfg_.ffn,
-                V = cfg_.vocab, NH = cfg_.heads, HD = cfg_.head_dim();
+  const int64_t T = static_cast<int64_t>(batch) * len, H = cfg_.hidden, V = cfg_.vocab;
   tokens_.assign(tokens, tokens + T);
   targets_.assign(targets ? targets : tokens, (targets ? targets : tokens) + T);
   positions_.resize(static_cast<size_t>(T));
@@ -176,42 +346,19 @@ float TinyLM::forward(SlotCaller& call, const Runtime& runtime, const int64_t* t
     if (tok < 0 || tok >= V)
       throw Error(ErrorKind::kInvalidInput,
                   fmt::format("demo model: token {} outside the vocabulary", tok));
+  if (targets)
+    for (int64_t tok : targets_)
+      if (tok < 0 || tok >= V)
+        throw Error(ErrorKind::kInvalidInput,
+                    fmt::format("demo model: target {} outside the vocabulary", tok));
 
-  std::vector<float> h(static_cast<size_t>(T * H)), tmp(h.size());
-  embedding_forward(emb_.w.data(), tokens_.data(), h.data(), T, H);
+  std::vector<float> h(static_cast<size_t>(T * H));
+  embedding_forward(emb_->w.data(), tokens_.data(), h.data(), T, H);
   saved_.resize(layers_.size());
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    Layer& L = layers_[l];
-    Saved& s = saved_[l];
-    s.h_in = h;
-    norm_forward(call, h, L.attn_norm, s.a, s.rstd1);
-    const std::pair<const Param*, std::vector<float>*> qkv[] = {
-        {&L.wq, &s.q}, {&L.wk, &s.k}, {&L.wv, &s.v}};
-    for (auto [w, y] : qkv) {
-      y->resize(h.size());
-      linear_forward(s.a.data(), w->w.data(), y->data(), T, H, H);
-    }
-    call.forward(slots_.rotary,
-                 {in_i64(positions_.data(), T), inout(s.q.data(), {T, NH, HD}),
-                  inout(s.k.data(), {T, NH, HD}), in(cos_.data(), {cfg_.seq, HD / 2}),
-                  in(sin_.data(), {cfg_.seq, HD / 2}), integer(1)});
-    s.attn.resize(h.size());
-    attention_forward(call, s);
-    linear_forward(s.attn.data(), L.wo.w.data(), tmp.data(), T, H, H);
-    add_into(h, tmp);
-    s.h_mid = h;
-    norm_forward(call, h, L.mlp_norm, s.m, s.rstd2);
-    s.gu.resize(static_cast<size_t>(T * 2 * F));
-    linear_forward(s.m.data(), L.wgu.w.data(), s.gu.data(), T, H, 2 * F);
-    s.s.resize(static_cast<size_t>(T * F));
-    call.forward(slots_.silu_and_mul, {in(s.gu.data(), {T, 2 * F}), out(s.s.data(), {T, F})});
-    linear_forward(s.s.data(), L.wdown.w.data(), tmp.data(), T, F, H);
-    add_into(h, tmp);
-  }
+  for (size_t l = 0; l < layers_.size(); ++l) layer_forward(call, layers_[l], saved_[l], h);
   h_last_ = h;
-  norm_forward(call, h, final_norm_, f_, rstd_f_);
-  logits_.resize(static_cast<size_t>(T * V));
-  linear_forward(f_.data(), head_.w.data(), logits_.data(), T, H, V);
+  norm_forward(call, h, *final_norm_, f_, rstd_f_);
+  linear(f_, *head_, nullptr, logits_, H, V);
   if (!targets) return 0.f;
 
   loss_.resize(static_cast<size_t>(T));
@@ -230,67 +377,45 @@ float TinyLM::forward(SlotCaller& call, const Runtime& runtime, const int64_t* t
   return static_cast<float>(sum / static_cast<double>(T));
 }
 
-void TinyLM::backward(SlotCaller& call) {
+void CausalLM::backward(SlotCaller& call) {
   if (!train_ || !has_targets_)
     throw Error(ErrorKind::kInvalidInput,
                 "demo model: backward needs a forward with targets in train mode");
-  const int64_t T = static_cast<int64_t>(tokens_.size()), H = cfg_.hidden, F = cfg_.ffn,
-                V = cfg_.vocab, NH = cfg_.heads, HD = cfg_.head_dim();
+  for (Param& p : params_) p.g.resize(p.w.size(), 0.f);  // first backward: zero gradients
+  const int64_t T = tokens(), H = cfg_.hidden, V = cfg_.vocab;
   std::vector<float> dloss(static_cast<size_t>(T), 1.0f / static_cast<float>(T));
   call.backward(slots_.cross_entropy, {in(dloss.data(), {T}), inout(dlogits_.data(), {T, V})});
 
-  std::vector<float> df(static_cast<size_t>(T * H)), dh, dx;
-  linear_backward(f_.data(), head_.w.data(), dlogits_.data(), df.data(), head_.g.data(), T, H, V,
-                  false);
-  norm_backward(call, df, h_last_, final_norm_, rstd_f_, dh);
-
-  std::vector<float> ds(static_cast<size_t>(T * F)), dgu(static_cast<size_t>(T * 2 * F));
-  std::vector<float> dm(dh.size()), dattn(dh.size()), dq(dh.size()), dk(dh.size()), dv(dh.size()),
-      da(dh.size());
-  for (size_t l = layers_.size(); l-- > 0;) {
-    Layer& L = layers_[l];
-    Saved& s = saved_[l];
-    // MLP branch: h_out = h_mid + down(silu_and_mul(gate_up(norm(h_mid)))).
-    linear_backward(s.s.data(), L.wdown.w.data(), dh.data(), ds.data(), L.wdown.g.data(), T, F, H,
-                    false);
-    call.backward(slots_.silu_and_mul, {in(ds.data(), {T, F}), in(s.gu.data(), {T, 2 * F}),
-                                        out(dgu.data(), {T, 2 * F})});
-    linear_backward(s.m.data(), L.wgu.w.data(), dgu.data(), dm.data(), L.wgu.g.data(), T, H, 2 * F,
-                    false);
-    norm_backward(call, dm, s.h_mid, L.mlp_norm, s.rstd2, dx);
-    add_into(dh, dx);
-    // Attention branch: h_mid = h_in + o(attention(rope(q), rope(k), v)).
-    linear_backward(s.attn.data(), L.wo.w.data(), dh.data(), dattn.data(), L.wo.g.data(), T, H, H,
-                    false);
-    attention_backward(call, s, dattn, dq, dk, dv);
-    call.backward(
-        slots_.rotary,
-        {in_i64(positions_.data(), T), inout(dq.data(), {T, NH, HD}), inout(dk.data(), {T, NH, HD}),
-         in(cos_.data(), {cfg_.seq, HD / 2}), in(sin_.data(), {cfg_.seq, HD / 2}), integer(1)});
-    linear_backward(s.a.data(), L.wq.w.data(), dq.data(), da.data(), L.wq.g.data(), T, H, H, false);
-    linear_backward(s.a.data(), L.wk.w.data(), dk.data(), da.data(), L.wk.g.data(), T, H, H, true);
-    linear_backward(s.a.data(), L.wv.w.data(), dv.data(), da.data(), L.wv.g.data(), T, H, H, true);
-    norm_backward(call, da, s.h_in, L.attn_norm, s.rstd1, dx);
-    add_into(dh, dx);
-  }
-  embedding_backward(tokens_.data(), dh.data(), emb_.g.data(), T, H);
+  std::vector<float> df, dh;
+  linear_grad(f_, *head_, nullptr, dlogits_, df, H, V, false);
+  norm_backward(call, df, h_last_, *final_norm_, rstd_f_, dh);
+  for (size_t l = layers_.size(); l-- > 0;) layer_backward(call, layers_[l], saved_[l], dh);
+  embedding_backward(tokens_.data(), dh.data(), emb_->g.data(), T, H);
 }
 
-void TinyLM::zero_grad() {
-  for (Param* p : params()) std::fill(p->g.begin(), p->g.end(), 0.f);
+void CausalLM::zero_grad() {
+  for (Param& p : params_) p.g.assign(p.w.size(), 0.f);
 }
 
-void TinyLM::adam_step(const AdamConfig& a) {
+void CausalLM::adam_step(const AdamConfig& a) {
+  // torch.optim.AdamW's arithmetic: w *= 1 - lr * wd; w -= (lr / c1) * m / (sqrt(v) / sqrt(c2) +
+  // eps), the bias corrections in double as Python computes them.
   ++adam_t_;
-  const float c1 = 1.0f - std::pow(a.beta1, static_cast<float>(adam_t_));
-  const float c2 = 1.0f - std::pow(a.beta2, static_cast<float>(adam_t_));
-  for (Param* p : params())
-    for (size_t i = 0; i < p->w.size(); ++i) {
-      const float g = p->g[i];
-      p->m[i] = a.beta1 * p->m[i] + (1.0f - a.beta1) * g;
-      p->v[i] = a.beta2 * p->v[i] + (1.0f - a.beta2) * g * g;
-      p->w[i] -= a.lr * (p->m[i] / c1) / (std::sqrt(p->v[i] / c2) + a.eps);
+  const double c1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(adam_t_));
+  const double c2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(adam_t_));
+  const float step = static_cast<float>(a.lr / c1), c2_sqrt = static_cast<float>(std::sqrt(c2));
+  const float decay = 1.0f - a.lr * a.weight_decay;
+  for (Param& p : params_) {
+    if (p.g.size() != p.w.size()) continue;  // no gradient yet
+    p.m.resize(p.w.size(), 0.f);
+    p.v.resize(p.w.size(), 0.f);
+    for (size_t i = 0; i < p.w.size(); ++i) {
+      const float g = p.g[i];
+      p.m[i] = a.beta1 * p.m[i] + (1.0f - a.beta1) * g;
+      p.v[i] = a.beta2 * p.v[i] + (1.0f - a.beta2) * g * g;
+      p.w[i] = p.w[i] * decay - step * p.m[i] / (std::sqrt(p.v[i]) / c2_sqrt + a.eps);
     }
+  }
 }
 
 }  // namespace kh::demo

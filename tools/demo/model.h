@@ -1,51 +1,50 @@
-// A tiny transformer language model in fp32, written against the kh::Runtime layer table:
+// The demo's language model: a Llama / Qwen2 / Qwen3 decoder (model_config.h) in fp32 on the
+// host, written against the kh::Runtime layer table.
 //
-//   tokens -> embedding -> L x [ RMSNorm -> q,k,v (linear) -> RotaryEmbedding (NeoX) on q,k
-//                                -> Attention (causal) -> o (linear) -> + residual
-//                              RMSNorm -> gate|up (linear) -> SiluAndMul -> down (linear)
-//                                -> + residual ]
-//          -> RMSNorm -> LM head (linear) -> CrossEntropy
+// RMSNorm (the layer norms, the final norm and Qwen3's per-head q_norm / k_norm),
+// RotaryEmbedding (NeoX), SiluAndMul, Attention (causal, GQA) and CrossEntropy are slots (a
+// package kernel or the runtime's fallback, whichever the table binds); the embedding and the
+// linear layers are the runtime's own code with a manual backward (layers.h). The runtime's mode
+// picks the argument lists: in train mode the slots' forward_train ops run (RMSNorm saves rstd,
+// Attention its lse, CrossEntropy writes dlogits) and backward() may follow; in eval mode the
+// plain forward ops run.
 //
-// RMSNorm, RotaryEmbedding, SiluAndMul, CrossEntropy and Attention are slots (a package kernel
-// or the runtime's fallback, whichever the table binds); everything else is the runtime's own
-// code with a manual backward (layers.h). The runtime's mode picks the argument lists: in train
-// mode the slots' forward_train ops run (RMSNorm saves rstd, Attention its lse, CrossEntropy
-// writes dlogits) and backward() may follow; in eval mode the plain forward ops run.
+// Parameters are stored as the checkpoint stores them, by Transformers name and shape
+// (weight_specs()), so loading is a copy and the per-layer math below reads one weight map:
+// layer_forward / layer_backward are the whole decoder layer, in the order a device runtime
+// mirrors.
 #pragma once
 
 #include <cstdint>
-#include <random>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "kernel_hub/kernel_hub.hpp"
 #include "tools/demo/fallback_ops.h"
+#include "tools/demo/model_config.h"
 #include "tools/demo/staging.h"
 
 namespace kh::demo {
 
-struct ModelConfig {
-  int vocab = 256;
-  int hidden = 64;
-  int layers = 2;
-  int heads = 4;  // head_dim = hidden / heads = 16
-  int ffn = 128;  // SiluAndMul width (gate|up is 2 * ffn)
-  int seq = 32;   // the longest sequence (rotary cache rows)
-  float eps = 1e-5f;
-  double rope_base = 10000.0;
-  int head_dim() const { return hidden / heads; }
-};
-
+// AdamW as torch.optim.AdamW: decoupled weight decay (w -= lr * weight_decay * w) before the
+// Adam update with bias corrections. weight_decay 0 is Adam.
 struct AdamConfig {
   float lr = 1e-2f;
   float beta1 = 0.9f;
   float beta2 = 0.99f;
   float eps = 1e-8f;
+  float weight_decay = 0.f;
 };
 
-class TinyLM {
+class CausalLM {
  public:
   // Parameters drawn from `seed` (same seed, same model). Throws kInvalidInput on a bad config.
-  TinyLM(const ModelConfig& config, const DemoSlots& slots, uint64_t seed);
+  CausalLM(const ModelConfig& config, const DemoSlots& slots, uint64_t seed);
+  // Parameters from a checkpoint's tensors (by Transformers name, fp32, weight_specs() shapes;
+  // checkpoint.h checks them). Throws kInvalidInput naming a missing or misshapen tensor.
+  CausalLM(const ModelConfig& config, const DemoSlots& slots,
+           std::map<std::string, std::vector<float>> weights);
 
   // Runs `batch` sequences of `len` tokens. With targets, returns the mean cross-entropy (the
   // CrossEntropy slot); without, 0 (logits only). The runtime's current mode decides eval or
@@ -62,35 +61,53 @@ class TinyLM {
   const std::vector<float>& logits() const { return logits_; }
   size_t num_parameters() const;
   const ModelConfig& config() const { return cfg_; }
+  // A parameter by Transformers name, nullptr when the model has none of that name.
+  const std::vector<float>* weight(const std::string& name) const;
 
  private:
+  // A parameter and (allocated on first use: eval-only runs of large models need none) its
+  // gradient and AdamW moments.
   struct Param {
     std::vector<float> w, g, m, v;
   };
+  // The tensors of one decoder layer; optional ones (biases, q/k norms) are nullptr when the
+  // architecture has none.
   struct Layer {
-    Param attn_norm, wq, wk, wv, wo, mlp_norm, wgu, wdown;
+    Param *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *bo, *mlp_norm, *wgate,
+        *wup, *wdown;
   };
   // Activations of one layer kept for backward.
   struct Saved {
-    std::vector<float> h_in, rstd1, a, q, k, v, attn, lse, h_mid, rstd2, m, gu, s;
+    std::vector<float> h_in, rstd1, a, q_pre, k_pre, rstd_q, rstd_k, q, k, v, attn, lse, h_mid,
+        rstd2, m, gu, s;
   };
 
-  void init(Param& p, size_t n, float stddev, std::mt19937_64& rng);
-  void init_const(Param& p, size_t n, float value);
-  std::vector<Param*> params();
+  void build(std::map<std::string, std::vector<float>>* weights, uint64_t seed);
+  Param& param(const std::string& name);
+  Param* optional_param(const std::string& name);
+  void layer_forward(SlotCaller& call, Layer& L, Saved& s, std::vector<float>& h);
+  void layer_backward(SlotCaller& call, Layer& L, Saved& s, std::vector<float>& dh);
+  // RMSNorm slot over `rows` rows of w's length (the hidden size, or head_dim for q/k norms).
   void norm_forward(SlotCaller& call, const std::vector<float>& x, const Param& w,
                     std::vector<float>& y, std::vector<float>& rstd);
   void norm_backward(SlotCaller& call, const std::vector<float>& dy, const std::vector<float>& x,
                      Param& w, const std::vector<float>& rstd, std::vector<float>& dx);
-  // The Attention slot on s.q, s.k, s.v (after rotary) into s.attn (and s.lse in train mode).
+  void linear(const std::vector<float>& x, const Param& w, const Param* b, std::vector<float>& y,
+              int64_t in, int64_t out);
+  void linear_grad(const std::vector<float>& x, Param& w, Param* b, const std::vector<float>& dy,
+                   std::vector<float>& dx, int64_t in, int64_t out, bool accumulate_dx);
+  void rotary(SlotCaller& call, bool backward, std::vector<float>& q, std::vector<float>& k);
   double attention_scale() const;
   void attention_forward(SlotCaller& call, Saved& s);
   void attention_backward(SlotCaller& call, const Saved& s, const std::vector<float>& dout,
                           std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv);
+  int64_t tokens() const { return static_cast<int64_t>(tokens_.size()); }
 
   ModelConfig cfg_;
   DemoSlots slots_;
-  Param emb_, final_norm_, head_;
+  std::vector<WeightSpec> specs_;
+  std::vector<Param> params_;  // in specs_ order; never resized after build (Layer points in)
+  Param *emb_ = nullptr, *final_norm_ = nullptr, *head_ = nullptr;  // head_ == emb_ when tied
   std::vector<Layer> layers_;
   std::vector<float> cos_, sin_;  // rotary cache [seq, head_dim / 2]
   int64_t adam_t_ = 0;

@@ -1,12 +1,14 @@
 // demo: the demo model runtime (tools/demo) end to end: declare the layer slots, kernelize them
-// from a KernelConfig through this CLI's hub and cache, train a tiny transformer in train mode,
-// switch to eval, evaluate and generate, and show which kernel served each slot.
+// from a KernelConfig through this CLI's hub and cache, build the model (a preset at random init
+// or a Transformers checkpoint), train it in train mode, switch to eval, evaluate and generate,
+// and show which kernel served each slot.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -16,6 +18,7 @@
 #include "registry/device.h"
 #include "registry/kernel_config.h"
 #include "registry/kernelize.h"
+#include "tools/demo/checkpoint.h"
 #include "tools/demo/default_config.h"
 #include "tools/demo/demo.h"
 #include "tools/demo/report.h"
@@ -26,9 +29,12 @@ namespace kh::cli {
 namespace {
 
 struct DemoArgs {
-  std::string device;  // empty: cuda:0 when a CUDA device is present, else cpu
-  std::string config;  // empty: the embedded manifests/examples/demo-config.json
+  std::string device;          // empty: cuda:0 when a CUDA device is present, else cpu
+  std::string config;          // empty: the embedded manifests/examples/demo-config.json
+  std::string model = "tiny";  // a preset name or a checkpoint directory
   int steps = 200;
+  int batch = 8;
+  int seq = 32;
   uint64_t seed = 1;
   float lr = 1e-2f;
   bool fallback = false;
@@ -124,6 +130,17 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
     set_log_sink([](int, const std::string& line) { std::cerr << "kernel-hub: " << line << "\n"; });
 
   demo::DemoOptions o;
+  const bool is_preset = std::ranges::count(demo::preset_names(), a.model) > 0;
+  if (is_preset || !std::filesystem::is_directory(a.model)) {
+    o.model = demo::preset(a.model);  // not a directory: the error lists the presets
+  } else {
+    demo::Checkpoint ckpt = demo::load_checkpoint(a.model);
+    o.model = ckpt.config;
+    o.weights = std::move(ckpt.weights);
+  }
+  o.model.seq = a.seq;
+  o.model.validate();
+  o.batch = a.batch;
   o.steps = a.steps;
   o.seed = a.seed;
   o.adam.lr = a.lr;
@@ -143,17 +160,16 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   const KernelizeReport report = kernelize(rt, config, ctx.hub(), device, ko);
   const double kernelize_ms = ms_since(tk);
 
-  ctx.say(fmt::format(
-      "kernel-hub demo: tiny transformer LM, fp32 (vocab {}, hidden {}, {} layers, {} heads x {}, "
-      "ffn {}, seq {}, batch {}) on {}",
-      m.vocab, m.hidden, m.layers, m.heads, m.head_dim(), m.ffn, m.seq, o.batch, device_text));
+  ctx.say(fmt::format("kernel-hub demo: {} LM, fp32, {} ({}), batch {} on {}", m.name,
+                      is_preset ? "random init" : "checkpoint", m.describe(), o.batch,
+                      device_text));
   size_t bound = 0;
   for (auto& b : report.bindings) bound += b.source != BindingSource::kFallback;
   ctx.say(
       fmt::format("kernelize: {} of {} slot bindings from packages ({} variants fetched) in "
                   "{:.1f} ms",
                   bound, report.bindings.size(), report.fetched, kernelize_ms));
-  ctx.say(fmt::format("train: {} steps, adam lr {}, synthetic successor language (seed {})",
+  ctx.say(fmt::format("train: {} steps, adamw lr {}, synthetic successor language (seed {})",
                       a.steps, a.lr, a.seed));
   StepReporter reporter(ctx, a.steps);
   o.on_step = [&reporter](int step, int steps, float loss) { reporter(step, steps, loss); };
@@ -199,8 +215,9 @@ void add_demo_command(CLI::App& app, Runner& run) {
   auto a = std::make_shared<DemoArgs>();
   auto* cmd = app.add_subcommand(
       "demo",
-      "Train and run a tiny transformer language model (fp32) whose RMSNorm, RotaryEmbedding, "
-      "SiluAndMul and CrossEntropy layers are slots of a kernel-hub layer table, kernelized from "
+      "Train and run a Llama / Qwen2 / Qwen3 language model (fp32; a preset at random init or a "
+      "Transformers checkpoint) whose RMSNorm, RotaryEmbedding, SiluAndMul, Attention and "
+      "CrossEntropy layers are slots of a kernel-hub layer table, kernelized from "
       "a KernelConfig (default: manifests/examples/demo-config.json, built in) through the hub "
       "and cache: trains in train mode, switches to eval, evaluates on held-out batches, "
       "generates greedily and prints which kernel served each slot. --json for a summary. "
@@ -211,8 +228,16 @@ void add_demo_command(CLI::App& app, Runner& run) {
                   "cpu or cuda:N (default: cuda:0 when a CUDA device is present, else cpu)");
   cmd->add_option("--config", a->config,
                   "KernelConfig JSON file (default: the built-in demo-config.json)");
+  cmd->add_option("--model", a->model,
+                  "A preset (tiny, qwen3-0.6b, llama-3-8b-layers; default tiny) or a Transformers "
+                  "checkpoint directory (config.json with model_type llama, qwen2 or qwen3, and "
+                  "model.safetensors or model.safetensors.index.json)");
   cmd->add_option("--steps", a->steps, "Training steps (default 200)")
       ->check(CLI::Range(1, 100000));
+  cmd->add_option("--batch", a->batch, "Sequences per step (default 8)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--seq", a->seq, "Tokens per sequence (default 32)")
+      ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--seed", a->seed, "Seed of the model and the training data (default 1)");
   cmd->add_option("--lr", a->lr, "Adam learning rate (default 0.01)")->check(CLI::PositiveNumber);
   cmd->add_flag("--fallback", a->fallback,
