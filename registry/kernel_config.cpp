@@ -534,9 +534,11 @@ KernelConfig KernelConfig::load(const std::string& path) {
 std::vector<Ref> KernelConfig::refs() const {
   std::map<std::string, Ref> seen;
   for (auto& [layer, lm] : layers)
-    for (auto& [key, dm] : lm.devices)
+    for (auto& [key, dm] : lm.devices) {
+      if (!is_device_key(key)) continue;  // other accelerators' entries are not served here
       for (auto& e : dm.entries)
         for (auto& [mode, me] : e.modes) seen.emplace(me.kernel.ref.str(), me.kernel.ref);
+    }
   std::vector<Ref> out;
   for (auto& [s, r] : seen) out.push_back(r);
   return out;

@@ -165,7 +165,8 @@ struct KernelConfig {
   static KernelConfig parse(std::string_view json_text, std::string_view what = "kernel config");
   static KernelConfig load(const std::string& path);
 
-  // Every distinct package ref in the config (tags/digests as written), sorted.
+  // Every distinct package ref under the device keys served here (kDeviceKeys; tags/digests as
+  // written), sorted.
   std::vector<Ref> refs() const;
   bool empty() const { return layers.empty(); }
 };

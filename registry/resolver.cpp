@@ -569,6 +569,12 @@ LayerResolution resolve_layer(const KernelConfig& config, std::string_view layer
   std::vector<ModeKey> chain =
       mode == Mode::kEval ? std::vector<ModeKey>{Mode::kEval, Mode::kTrain, ModeKey::fallback()}
                           : std::vector<ModeKey>{Mode::kTrain, ModeKey::fallback()};
+  // Why each entry tried failed; entries of the same ref failing alike are said once
+  // ("eval, train: org/n@v1:L: why"), as Transformers' forms map one ref for both modes.
+  struct Failed {
+    std::string modes, kernel, why;
+  };
+  std::vector<Failed> failed;
   for (ModeKey m : chain) {
     auto it = entry->modes.find(m);
     if (it == entry->modes.end()) {
@@ -578,13 +584,18 @@ LayerResolution resolve_layer(const KernelConfig& config, std::string_view layer
       continue;
     }
     std::string why;
-    if (try_entry(it->second, m, device, mode, provider, options, out, why)) {
-      out.unserved.clear();
-      return out;
-    }
-    out.unserved += fmt::format("{}{}: {}: {}", out.unserved.empty() ? "" : "; ", mode_key_name(m),
-                                it->second.kernel.str(), why);
+    if (try_entry(it->second, m, device, mode, provider, options, out, why)) return out;
+    std::string kernel = it->second.kernel.str();
+    auto same = std::find_if(failed.begin(), failed.end(),
+                             [&](auto& f) { return f.kernel == kernel && f.why == why; });
+    if (same != failed.end())
+      same->modes += std::string(", ") + mode_key_name(m);
+    else
+      failed.push_back({mode_key_name(m), kernel, why});
   }
+  for (auto& f : failed)
+    out.unserved +=
+        fmt::format("{}{}: {}: {}", out.unserved.empty() ? "" : "; ", f.modes, f.kernel, f.why);
   if (mode == Mode::kTrain && entry->modes.count(Mode::kEval))
     out.trace.push_back({TraceStage::kMode, "eval", false,
                          "an eval kernel never serves train (it may lack a backward op)"});

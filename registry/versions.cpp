@@ -123,7 +123,12 @@ std::string not_found_versions_hint(Hub& hub, const std::string& repo, size_t ma
 }
 
 Error with_versions_hint(const Error& error, Hub& hub, const std::string& repo) {
-  if (error.kind() != ErrorKind::kNotFound) return error;
+  // A layout source's own message already lists its tags, or says the repository is missing.
+  std::string_view what = error.what();
+  if (error.kind() != ErrorKind::kNotFound ||
+      what.find("tags present:") != std::string_view::npos ||
+      what.find("no such repository") != std::string_view::npos)
+    return error;
   return Error(error.kind(), std::string(error.what()) + not_found_versions_hint(hub, repo));
 }
 

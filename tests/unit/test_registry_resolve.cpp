@@ -606,7 +606,8 @@ TEST(Resolve, UnservedSaysWhyPerEntry) {
     "NoBackward": {"cpu": {"train": "org/n:A"}},
     "NoVariant": {"cuda": "org/n:A"},
     "Served": {"cpu": {"eval": "org/n@v9:A", "fallback": "org/n:A"}},
-    "Rocm": {"rocm": "org/n:A"}
+    "Rocm": {"rocm": "org/n:A"},
+    "Both": "org/absent:A"
   })");
   auto unserved = [&](const char* layer, Mode mode, const Device& d) {
     return resolve_layer(config, layer, d, mode, hub).unserved;
@@ -633,6 +634,10 @@ TEST(Resolve, UnservedSaysWhyPerEntry) {
   EXPECT_FALSE(served.fallback);
   EXPECT_TRUE(served.unserved.empty()) << served.unserved;
   EXPECT_TRUE(unserved("Rocm", Mode::kEval, cpu()).empty());
+  // One ref for both modes failing alike is said once.
+  std::string both = unserved("Both", Mode::kEval, cpu());
+  EXPECT_EQ(both.rfind("eval, train: org/absent@v1:A: ", 0), 0u) << both;
+  EXPECT_EQ(both.find("; "), std::string::npos) << both;
   EXPECT_TRUE(unserved("Tag", Mode::kEval, cuda(90)).empty());
   EXPECT_TRUE(unserved("Absent", Mode::kEval, cpu()).empty());
   EXPECT_NE(format_trace(resolve_layer(config, "Tag", cpu(), Mode::kEval, hub)).find("unserved: "),
