@@ -5,10 +5,13 @@
 // and pack.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <nlohmann/json.hpp>
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/transport/source.h"
 #include "registry/kernelize.h"
 #include "registry/lock_file.h"
 #include "tests/fixtures/process.h"
@@ -392,6 +395,26 @@ TEST_F(KernelizeE2E, CliVersionsAndNotFoundListings) {
   for (auto& t : vj["tags"]) EXPECT_FALSE(t.get<std::string>().starts_with("sha256-")) << t;
   auto text = cli({"versions", "test/toy"}, work / "cache");
   EXPECT_NE(text.out.find("channels: v1, v2, v10"), std::string::npos) << text.out;
+
+  // Many tags: all listed (a registry that pages them gets its Link pages followed; this
+  // docker-registry answers in one page), and a not-found lists the first 20.
+  push("toy-1.0.0", "test/many@v1");
+  SourceOptions so;
+  so.http.allow_plain_http = true;
+  auto src = open_registry_source(HubAddress::parse(registry_.oci_url(), true), so);
+  FetchedManifest v1 = src->get_manifest("test/many", "v1");
+  for (int i = 0; i < 130; ++i)
+    src->push_manifest("test/many", fmt::format("0.{}.0", i), v1.bytes, v1.media_type);
+  auto many = cli({"--json", "versions", "test/many"}, work / "cache");
+  ASSERT_EQ(many.exit_code, 0) << many.err;
+  auto mj = nlohmann::json::parse(many.out);
+  ASSERT_EQ(mj["versions"].size(), 130u);
+  EXPECT_EQ(mj["versions"][2], "0.2.0");
+  EXPECT_EQ(mj["versions"][129], "0.129.0");
+  auto many_missing = cli({"info", "test/many@v9"}, work / "cache");
+  EXPECT_NE(many_missing.err.find("test/many has: v1, 0.0.0, 0.1.0"), std::string::npos)
+      << many_missing.err;
+  EXPECT_NE(many_missing.err.find("... and 111 more"), std::string::npos) << many_missing.err;
 
   auto missing_tag = cli({"info", "test/toy@v9"}, work / "cache");
   EXPECT_EQ(missing_tag.exit_code, 1);
