@@ -59,7 +59,7 @@ bool is_referrers_tag(const std::string& tag) {
 
 }  // namespace
 
-bool version_less(const std::string& a, const std::string& b) {
+bool tag_version_less(const std::string& a, const std::string& b) {
   auto va = parse_semver(a), vb = parse_semver(b);
   if (va && vb) {
     auto ka = std::tie(va->major, va->minor, va->patch);
@@ -88,7 +88,7 @@ VersionList VersionList::from_tags(const std::vector<std::string>& tags) {
   std::sort(out.channels.begin(), out.channels.end(), [](auto& a, auto& b) {
     return std::make_pair(*channel_number(a), a) < std::make_pair(*channel_number(b), b);
   });
-  std::sort(out.versions.begin(), out.versions.end(), version_less);
+  std::sort(out.versions.begin(), out.versions.end(), tag_version_less);
   std::sort(out.other.begin(), out.other.end());
   return out;
 }

@@ -27,7 +27,7 @@ struct VersionList {
 
 // Semver-aware order of exact versions: numeric MAJOR.MINOR.PATCH, a pre-release before its
 // release; tags that are not versions compare by name after every version.
-bool version_less(const std::string& a, const std::string& b);
+bool tag_version_less(const std::string& a, const std::string& b);
 
 // "v1, v2, 1.0.0, 1.1.0" with at most `max` names ("... and N more"); "none" when empty.
 std::string format_versions(const VersionList& list, size_t max = 20);
