@@ -1,11 +1,23 @@
 #include "registry/hub_index_provider.h"
 
+#include "hub/base/error.h"
+#include "registry/versions.h"
+
 namespace kh {
 
 const RefInfo& HubIndexProvider::info(const Ref& ref) {
   std::string key = ref.str();
   auto it = infos_.find(key);
-  if (it == infos_.end()) it = infos_.emplace(key, std::make_shared<RefInfo>(hub_.info(ref))).first;
+  if (it == infos_.end()) {
+    try {
+      it = infos_.emplace(key, std::make_shared<RefInfo>(hub_.info(ref))).first;
+    } catch (const Error& e) {
+      // A tag the hub does not have: say which versions it does have.
+      if (e.kind() == ErrorKind::kNotFound && !ref.digest)
+        throw with_versions_hint(e, hub_, ref.repo);
+      throw;
+    }
+  }
   return *it->second;
 }
 
@@ -18,8 +30,12 @@ IndexRecord HubIndexProvider::index(const Ref& ref) {
   rec.index.artifact_type = i.artifact_type;
   rec.index.annotations = i.annotations;
   // Hub::info lists the index's variant manifests (nested indexes left out); a ref naming one
-  // manifest comes back as its single variant.
-  for (auto& v : i.variants) rec.index.manifests.push_back(v.descriptor);
+  // manifest comes back as its single variant, described by its own annotations (pack writes
+  // them there too), so a manifest copied without its index still resolves.
+  bool single = !oci::is_index(i.media_type);
+  for (auto& v : i.variants)
+    rec.index.manifests.push_back(single ? describe_single_variant(v.descriptor, v.manifest)
+                                         : v.descriptor);
   return rec;
 }
 

@@ -20,7 +20,25 @@
 //   "RMSNorm": {"cuda": "org/repo:RMSNorm", "cpu": "org/repo-cpu"}
 //   "RMSNorm": ["org/repo:RMSNorm", {"version": 1}]         (version N = tag vN)
 //   "RMSNorm": "org/repo@rev:RMSNorm"
+//   "RMSNorm": "/abs/path/layer_norm:RMSNorm"               (a local package directory)
 // A mode map value may itself be ["org/repo", {"version": 2}].
+//
+// Compatibility with Transformers' KernelConfig and kernels' kernel_layer_mapping (README
+// "Transformers config compatibility"):
+//  - Device keys of other accelerators (kOtherDeviceKeys: rocm, xpu, npu, mps, metal, neuron,
+//    tpu) are kept, and skipped on this system with a note: kernel-hub serves cuda and cpu.
+//  - Mode names: INFERENCE -> eval, TRAINING -> train, FALLBACK -> fallback; with
+//    "| TORCH_COMPILE" they map to the same mode (the loader binds the same kernels under
+//    torch.compile); when both spellings of a mode are given the plain one wins, as in kernels'
+//    mode priority. TORCH_COMPILE alone, INFERENCE | TRAINING and FALLBACK combined are refused
+//    (kernels refuses them too).
+//  - Capability ranges also as kernels' CUDAProperties names: {"min_capability": 80,
+//    "max_capability": 89}, inside "capability" or directly in the list entry.
+//  - Repository names: OCI names are lowercase, HF Hub ids are case-preserving (and looked up
+//    case-insensitively there): the repository part of a config ref is lowercased, with a note;
+//    tags and layer names keep their case.
+//  - Local paths "/abs/path/NAME:Layer" (Transformers' use_local_kernel form) serve the package
+//    directory as repo local/NAME (as KERNEL_HUB_LOCAL=local/NAME=/abs/path/NAME would).
 //
 // Kernel refs: org/name[@TAG|@sha256:HEX][:Layer]; :Layer defaults to the layer type; no tag
 // means v1 (kh::Ref). Capabilities are major*10+minor, both ends inclusive; min defaults to 0 and
@@ -68,9 +86,23 @@ const char* mode_key_name(ModeKey key);
 // "eval", "train", "fallback"; nullopt otherwise.
 std::optional<ModeKey> parse_mode_key(std::string_view text);
 
-// Device keys a KernelConfig accepts, in the order error messages list them.
+// Device keys kernel-hub serves, in the order error messages list them.
 inline constexpr std::string_view kDeviceKeys[] = {"cuda", "cpu"};
 bool is_device_key(std::string_view key);
+// Device keys of other accelerators (Transformers' and kernels' names): kept in a config and
+// skipped on this system with a note.
+inline constexpr std::string_view kOtherDeviceKeys[] = {"rocm",  "xpu",    "npu", "mps",
+                                                        "metal", "neuron", "tpu"};
+bool is_other_device_key(std::string_view key);
+
+// A mode map key as a config spells it: eval, train, fallback, or kernels' Mode names
+// (INFERENCE, TRAINING, FALLBACK, "TRAINING | TORCH_COMPILE", "Mode.INFERENCE", ...).
+struct ConfigModeKey {
+  ModeKey key;
+  bool torch_compile = false;  // spelled with | TORCH_COMPILE
+};
+// nullopt with *why set when the text is a mode combination kernels refuses too.
+std::optional<ConfigModeKey> parse_config_mode_key(std::string_view text, std::string* why);
 
 // A layer type name: [A-Za-z_][A-Za-z0-9_.-]*, at most 128 characters.
 bool is_valid_layer_name(std::string_view name);
@@ -121,13 +153,20 @@ struct LayerMapping {
 
 struct KernelConfig {
   std::map<std::string, LayerMapping> layers;  // layer type -> mapping
+  // Local package directories the config names by path (repo local/NAME -> directory).
+  std::map<std::string, std::string> local_packages;
+  // What parsing changed or skips, one line each with its JSON path: device keys of other
+  // accelerators, lowercased repository names, a TORCH_COMPILE spelling that lost to the plain
+  // one. resolve, lock and kernelize show them.
+  std::vector<std::string> notes;
 
   // Parses and validates. `what` names the document in messages ("kernels.json"). Errors are
   // kInvalidInput "<what>: <JSON path>: <problem>; expected ...".
   static KernelConfig parse(std::string_view json_text, std::string_view what = "kernel config");
   static KernelConfig load(const std::string& path);
 
-  // Every distinct package ref in the config (tags/digests as written), sorted.
+  // Every distinct package ref under the device keys served here (kDeviceKeys; tags/digests as
+  // written), sorted.
   std::vector<Ref> refs() const;
   bool empty() const { return layers.empty(); }
 };

@@ -96,6 +96,10 @@ KernelizeReport kernelize(Runtime& runtime, const KernelConfig& config, Hub& hub
   } else if (const char* env = std::getenv("KERNEL_HUB_LOCAL"); env && *env) {
     local_dirs = parse_local_overrides(env);
   }
+  // Local paths in the config (Transformers' use_local_kernel form); KERNEL_HUB_LOCAL and
+  // options.local name the same repos' directories first.
+  for (auto& [repo, dir] : config.local_packages) local_dirs.emplace(repo, dir);
+  for (auto& n : config.notes) log_line(kLogInfo, "kernelize: config: " + n);
   KernelizeIndexProvider provider(hub);
   std::vector<Ref> refs = config.refs();
   for (auto& ref : refs) {

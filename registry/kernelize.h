@@ -86,8 +86,10 @@ struct KernelizeBinding {
   std::optional<Digest> variant_digest;
   std::string variant;  // "variant 0 host code"
   std::filesystem::path package_dir;
-  double load_ms = 0;          // fetch wait excluded: verify + preflight + dlopen + bind
-  std::string note;            // why the fallback serves, when it does
+  double load_ms = 0;  // fetch wait excluded: verify + preflight + dlopen + bind
+  // Why the fallback serves, when it does; "unserved: <why, per config entry tried>" when the
+  // config maps this layer for the device but no entry could serve it (resolution.unserved).
+  std::string note;
   std::string trust;           // "signed by <keyid> serial N", "UNSIGNED (allowed)", "local"
   LayerResolution resolution;  // with the full trace
 };

@@ -412,9 +412,11 @@ PackReport pack_package(const PackOptions& o) {
     manifest.artifact_type = std::string(oci::kArtifactTypeKernel);
     manifest.config = oci::empty_descriptor();
     manifest.layers.push_back(s.layer);
-    for (auto key : {kAnnotationLayers, kAnnotationPackageManifest})
-      if (auto it = ann.find(std::string(key)); it != ann.end())
-        manifest.annotations[it->first] = it->second;
+    // The variant describes itself: the index entry's annotations, and its platform (an OCI
+    // manifest has no platform field; our config is the empty descriptor), are in the manifest
+    // too, so a manifest copied alone (skopeo copy without --all) still resolves.
+    manifest.annotations = ann;
+    manifest.annotations[std::string(kAnnotationPlatform)] = os + "/" + arch;
     s.manifest_bytes = oci::serialize(manifest);
     s.entry = oci::describe(s.manifest_bytes, oci::kMediaTypeManifest);
     s.entry.platform = oci::Platform{os, arch, ""};

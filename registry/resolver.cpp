@@ -139,7 +139,11 @@ Fit evaluate(const oci::Descriptor& d, size_t pos, const Device& device, const R
   };
   if (d.media_type != oci::kMediaTypeManifest)
     return reject(fmt::format("media type {} is not a variant manifest", d.media_type));
-  if (!d.platform) return reject("no platform (os/architecture) in the index entry");
+  if (!d.platform)
+    return reject(
+        "no platform (os/architecture) in the index entry, nor a kernelhub.platform annotation "
+        "on the manifest (a variant manifest copied alone from an older pack: copy the whole "
+        "index, e.g. skopeo copy --all, or repack)");
   if (d.platform->os != device.os)
     return reject(fmt::format("os {} != device os {}", d.platform->os, device.os));
   if (d.platform->architecture != device.arch)
@@ -380,9 +384,10 @@ std::optional<KnownLayers> known_layers(IndexProvider& provider, const IndexReco
   return out;
 }
 
-// Tries one config entry; fills `out` and returns true when it serves.
+// Tries one config entry; fills `out` and returns true when it serves, else sets `why`.
 bool try_entry(const ModeEntry& entry, ModeKey entry_mode, const Device& device, Mode requested,
-               IndexProvider& provider, const ResolveOptions& options, LayerResolution& out) {
+               IndexProvider& provider, const ResolveOptions& options, LayerResolution& out,
+               std::string& why) {
   const KernelRef& k = entry.kernel;
   auto& trace = out.trace;
   std::string cand = fmt::format("{}: {} at {}", mode_key_name(entry_mode), k.str(), entry.path);
@@ -395,7 +400,8 @@ bool try_entry(const ModeEntry& entry, ModeKey entry_mode, const Device& device,
     // ref, rather than quietly serve the fallback. Missing, offline or unreachable falls back.
     if (e.kind() == ErrorKind::kIntegrity)
       throw Error(e.kind(), fmt::format("{}: {}", k.ref.str(), e.what()));
-    trace.push_back({TraceStage::kIndex, k.ref.str(), false, e.what()});
+    why = explain_index_failure(k.ref, e);
+    trace.push_back({TraceStage::kIndex, k.ref.str(), false, why});
     trace.push_back({TraceStage::kMode, cand, false, "index unavailable"});
     return false;
   }
@@ -430,6 +436,8 @@ bool try_entry(const ModeEntry& entry, ModeKey entry_mode, const Device& device,
                               device.str()));
     trace.push_back(
         {TraceStage::kMode, cand, false, fmt::format("no variant fits {}", device.describe())});
+    why = fmt::format("no variant of {} fits {} (kernel-hub why shows each variant's reason)",
+                      k.ref.str(), device.describe());
     return false;
   }
 
@@ -456,12 +464,15 @@ bool try_entry(const ModeEntry& entry, ModeKey entry_mode, const Device& device,
       trace.push_back({TraceStage::kPackage, known->package, false,
                        fmt::format("has no layer {} (has: {})", k.layer, have)});
       trace.push_back({TraceStage::kMode, cand, false, "package lacks the layer"});
+      why = fmt::format("package {} ({}) has no layer {} (has: {})", known->package, k.ref.str(),
+                        k.layer, have);
       return false;
     }
     if (requested == Mode::kTrain && !it->second.has_backward) {
       trace.push_back({TraceStage::kPackage, known->package, false,
                        fmt::format("layer {} has no backward op; train needs one", k.layer)});
       trace.push_back({TraceStage::kMode, cand, false, "no backward for train"});
+      why = fmt::format("layer {} of {} has no backward op; train needs one", k.layer, k.ref.str());
       return false;
     }
     trace.push_back({TraceStage::kPackage, known->package, true,
@@ -558,6 +569,12 @@ LayerResolution resolve_layer(const KernelConfig& config, std::string_view layer
   std::vector<ModeKey> chain =
       mode == Mode::kEval ? std::vector<ModeKey>{Mode::kEval, Mode::kTrain, ModeKey::fallback()}
                           : std::vector<ModeKey>{Mode::kTrain, ModeKey::fallback()};
+  // Why each entry tried failed; entries of the same ref failing alike are said once
+  // ("eval, train: org/n@v1:L: why"), as Transformers' forms map one ref for both modes.
+  struct Failed {
+    std::string modes, kernel, why;
+  };
+  std::vector<Failed> failed;
   for (ModeKey m : chain) {
     auto it = entry->modes.find(m);
     if (it == entry->modes.end()) {
@@ -566,8 +583,19 @@ LayerResolution resolve_layer(const KernelConfig& config, std::string_view layer
                                        mode_list(entry->modes))});
       continue;
     }
-    if (try_entry(it->second, m, device, mode, provider, options, out)) return out;
+    std::string why;
+    if (try_entry(it->second, m, device, mode, provider, options, out, why)) return out;
+    std::string kernel = it->second.kernel.str();
+    auto same = std::find_if(failed.begin(), failed.end(),
+                             [&](auto& f) { return f.kernel == kernel && f.why == why; });
+    if (same != failed.end())
+      same->modes += std::string(", ") + mode_key_name(m);
+    else
+      failed.push_back({mode_key_name(m), kernel, why});
   }
+  for (auto& f : failed)
+    out.unserved +=
+        fmt::format("{}{}: {}: {}", out.unserved.empty() ? "" : "; ", f.modes, f.kernel, f.why);
   if (mode == Mode::kTrain && entry->modes.count(Mode::kEval))
     out.trace.push_back({TraceStage::kMode, "eval", false,
                          "an eval kernel never serves train (it may lack a backward op)"});
@@ -604,23 +632,68 @@ std::string LayerResolution::summary() const {
   return s;
 }
 
+oci::Descriptor describe_single_variant(const oci::Descriptor& descriptor,
+                                        const oci::Manifest& manifest) {
+  oci::Descriptor d = descriptor;
+  for (auto& [k, v] : manifest.annotations) d.annotations.emplace(k, v);
+  auto platform = d.annotations.find(std::string(kAnnotationPlatform));
+  if (!d.platform && platform != d.annotations.end()) {
+    auto slash = platform->second.find('/');
+    if (slash != std::string::npos && slash > 0 && slash + 1 < platform->second.size())
+      d.platform =
+          oci::Platform{platform->second.substr(0, slash), platform->second.substr(slash + 1), ""};
+  }
+  return d;
+}
+
+std::string explain_index_failure(const Ref& ref, const Error& error) {
+  std::string out = error.what();
+  if (error.kind() != ErrorKind::kNotFound) return out;
+  auto is_hex = [](std::string_view s) {
+    return std::all_of(s.begin(), s.end(),
+                       [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  };
+  if (ref.repo.starts_with("kernels-community/"))
+    out += fmt::format(
+        "; {} is a Hugging Face Hub repository: this hub does not hold it (kernel-hub serves "
+        "OCI hubs); publish or mirror it here (kernel-hub pack, then push) or map the layer to a "
+        "package this hub has",
+        ref.repo);
+  if (ref.tag == "main" || ref.tag == "master")
+    out += fmt::format(
+        "; revision '{}' is a branch name: kernel-hub resolves tags and sha256 digests only; pin "
+        "a tag (kernel-hub versions {} lists them)",
+        ref.tag, ref.repo);
+  else if (ref.tag.size() >= 7 && ref.tag.size() <= 40 && is_hex(ref.tag))
+    out += fmt::format(
+        "; revision '{}' looks like a git commit: kernel-hub resolves tags and sha256 digests "
+        "only; pin a tag (kernel-hub versions {} lists them) or @sha256:<index digest>",
+        ref.tag, ref.repo);
+  return out;
+}
+
 std::string format_trace(const LayerResolution& r) {
   std::string out = r.summary() + "\n";
+  if (!r.unserved.empty()) out += "  unserved: " + r.unserved + "\n";
   for (auto& s : r.trace)
     out += fmt::format("  [{}] {} {}: {}\n", trace_stage_name(s.stage),
                        s.accepted ? "accepted" : "rejected", s.candidate, s.reason);
   return out;
 }
 
-void LockBuild::require_complete(std::string_view what, std::string_view out) const {
-  if (misses.empty()) return;
+void LockBuild::require_complete(std::string_view what, std::string_view out,
+                                 bool include_unserved) const {
+  if (misses.empty() && (!include_unserved || unserved.empty())) return;
   std::string list;
   for (auto& m : misses) list += "\n  " + m;
+  if (include_unserved)
+    for (auto& u : unserved) list += "\n  " + u;
+  size_t n = misses.size() + (include_unserved ? unserved.size() : 0);
   throw Error(ErrorKind::kNotFound,
-              fmt::format("{}: {} of the config's refs cannot be served on the given targets "
+              fmt::format("{}: {} of the config's entries cannot be served on the given targets "
                           "(nothing written to {}):{}\nfix the config, publish the missing "
-                          "variants, or pass fewer --target devices",
-                          what, misses.size(), out, list));
+                          "packages or variants, or pass fewer --target devices",
+                          what, n, out, list));
 }
 
 LockBuild build_lock(const KernelConfig& config, const std::vector<Device>& devices,
@@ -629,20 +702,37 @@ LockBuild build_lock(const KernelConfig& config, const std::vector<Device>& devi
   MemoIndexProvider memo(provider);
   ResolveOptions unlocked = options;
   unlocked.lock = nullptr;
-  // Which refs each device key uses.
+  // Which refs each device key uses, and the entries (layer, mode, path) that use each.
+  struct Use {
+    std::string layer;
+    ModeKey mode;
+    KernelRef kernel;
+  };
   std::map<std::string, std::map<std::string, Ref>> refs_by_key;
+  std::map<std::string, std::map<std::string, std::vector<Use>>> uses_by_key;
   for (auto& [layer, lm] : config.layers)
     for (auto& [key, dm] : lm.devices)
       for (auto& e : dm.entries)
-        for (auto& [m, me] : e.modes) refs_by_key[key].emplace(me.kernel.ref.str(), me.kernel.ref);
+        for (auto& [m, me] : e.modes) {
+          refs_by_key[key].emplace(me.kernel.ref.str(), me.kernel.ref);
+          uses_by_key[key][me.kernel.ref.str()].push_back({layer, m, me.kernel});
+        }
   std::map<std::string, LockEntry> entries;
+  std::set<std::string> reported;  // each unserved line once across targets
+  auto unserved = [&](std::string line) {
+    if (reported.insert(line).second) out.unserved.push_back(std::move(line));
+  };
   for (const Device& device : devices) {
     for (auto& [text, ref] : refs_by_key[device.key]) {
+      const auto& uses = uses_by_key[device.key][text];
       IndexRecord rec;
       try {
         rec = memo.index(ref);
       } catch (const Error& e) {
-        out.misses.push_back(fmt::format("{} for {}: {}", text, device.str(), e.what()));
+        if (e.kind() == ErrorKind::kIntegrity) throw;
+        for (auto& u : uses)
+          unserved(fmt::format("{} {} {}: {}: {}", u.layer, device.key, mode_key_name(u.mode),
+                               u.kernel.str(), explain_index_failure(ref, e)));
         continue;
       }
       LockEntry& entry = entries[text];
@@ -666,9 +756,22 @@ LockBuild build_lock(const KernelConfig& config, const std::vector<Device>& devi
       }
       entry.targets[device.str()] =
           LockTarget{sel.chosen->descriptor.digest, layer->digest, layer->size};
+      std::vector<TraceStep> ignored;
+      if (auto known =
+              known_layers(memo, rec, KernelRef{ref, ""}, sel.chosen->descriptor, ignored)) {
+        for (auto& u : uses) {
+          if (known->layers.count(u.kernel.layer)) continue;
+          std::string have;
+          for (auto& [n, l] : known->layers) have += (have.empty() ? "" : ", ") + n;
+          unserved(fmt::format("{} {} {}: {}: package {} has no layer {} (has: {})", u.layer,
+                               device.key, mode_key_name(u.mode), u.kernel.str(), known->package,
+                               u.kernel.layer, have));
+        }
+      }
     }
   }
-  for (auto& [text, e] : entries) out.lock.entries.push_back(std::move(e));
+  for (auto& [text, e] : entries)
+    if (!e.targets.empty()) out.lock.entries.push_back(std::move(e));
   return out;
 }
 

@@ -16,7 +16,8 @@
 //     index entry's kernelhub.layers annotation (what pack writes); with neither, the loader
 //     checks them at bind (LayerResolution::layers_from says which).
 //  4. Variant, among the index's manifests. Checks, in order (first failure is the reason):
-//       media type is a manifest; platform os, then architecture equal to the device's;
+//       media type is a manifest; platform os, then architecture equal to the device's (a tag
+//       naming one variant manifest: from its own annotations, describe_single_variant);
 //       kernelhub.abi major equal to the host's and minor <= host minor;
 //       kernelhub.device equal to the device key;
 //       cuda: kernelhub.cuda.version same major as the driver and minor <= the driver's;
@@ -61,6 +62,15 @@ inline constexpr std::string_view kAnnotationLayers = "kernelhub.layers";
 // The SHA-256 of the variant's kernel.json ("sha256:<hex>"): through the signed index it ties
 // kernel.json, and by its "files" every file of the package, to the signature.
 inline constexpr std::string_view kAnnotationPackageManifest = "kernelhub.package-manifest";
+// On a variant manifest itself (pack writes every key above there too): its platform, "os/arch"
+// (an OCI image manifest has no platform field; only index entries do).
+inline constexpr std::string_view kAnnotationPlatform = "kernelhub.platform";
+
+// The index entry a variant manifest would have, from the manifest's own annotations: for a tag
+// that names one variant manifest directly (copied without its index). The descriptor keeps its
+// digest, size and media type; annotations and platform come from the manifest.
+oci::Descriptor describe_single_variant(const oci::Descriptor& descriptor,
+                                        const oci::Manifest& manifest);
 
 struct ResolveOptions {
   // The host's package ABI: a variant of a newer minor is skipped.
@@ -154,6 +164,11 @@ struct LayerResolution {
   std::optional<oci::Descriptor> package_layer;  // the variant's tar+zstd layer, when known
   LayersSource layers_from = LayersSource::kUnknown;
   std::vector<TraceStep> trace;
+  // Set when the fallback serves although the config maps this layer for the device: why each
+  // config entry tried could not serve ("eval: kernels-community/x@v1:L: not on this hub ...;
+  // fallback: ..."). Empty when a kernel serves or the config has no entry to try here (no
+  // mapping, no entry for this device key or capability, no entry for the mode).
+  std::string unserved;
 
   // "RMSNorm eval: org/n@v1:RMSNorm (train entry), variant 1 cubin sm_90" or
   // "RMSNorm train: runtime fallback".
@@ -176,6 +191,11 @@ LayerResolution resolve_layer(const KernelConfig& config, std::string_view layer
 // Every layer of the config. Each ref's index is asked for once.
 Resolution resolve(const KernelConfig& config, const Device& device, Mode mode,
                    IndexProvider& provider, const ResolveOptions& options = {});
+
+// Why an entry's index could not be had, with what to do: the error, plus a hint when the ref is
+// a Hugging Face Hub repository (kernels-community/...), or its tag is a branch name (main) or a
+// git commit rather than a tag or digest.
+std::string explain_index_failure(const Ref& ref, const Error& error);
 
 // The trace as lines for `kernel-hub why`: "  [variant] rejected sha256:ab12… : needs CUDA 13.2
 // ...".
@@ -200,14 +220,23 @@ class MemoIndexProvider : public IndexProvider {
 struct LockBuild {
   LockFile lock;
   std::vector<std::string> misses;  // "org/n@v1 for cuda:sm_90:...: no variant fits (...)"
+  // Config entries that cannot be served and are left out of the lock (a layer then keeps its
+  // fallback): an index that cannot be had (not on the hub, no such tag, a revision that is not a
+  // tag or digest), a package without the entry's layer. "RMSNorm cpu eval: org/n@v1:L: why".
+  std::vector<std::string> unserved;
 
-  // Throws kNotFound listing every miss, for `what` ("lock", "export") that writes nothing to
-  // `out` when a ref cannot be served on every target.
-  void require_complete(std::string_view what, std::string_view out) const;
+  // Throws kNotFound listing every miss (and, with include_unserved, every unserved entry), for
+  // `what` ("lock", "export") that writes nothing to `out` when a ref cannot be served on every
+  // target. lock passes its --strict; export is always complete.
+  void require_complete(std::string_view what, std::string_view out,
+                        bool include_unserved = true) const;
 };
 
 // For every ref of the config and every device whose key uses it: the index digest and the
-// variant select_variant chooses, with its layer. Needs the provider's manifests.
+// variant select_variant chooses, with its layer. Needs the provider's manifests. A ref whose
+// index cannot be had goes to `unserved` (kernelize falls back past it, lock or no lock); a ref
+// with no variant for a target goes to `misses`; an entry whose package lacks its layer goes to
+// `unserved` (its ref is still locked).
 LockBuild build_lock(const KernelConfig& config, const std::vector<Device>& devices,
                      IndexProvider& provider, const ResolveOptions& options = {});
 

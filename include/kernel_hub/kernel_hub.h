@@ -131,8 +131,9 @@ KH_EXPORT int32_t kh_runtime_backward(const kh_runtime_t* rt, uint32_t slot, int
  *   strict       != 0: a mapped layer that falls back, or a train bind without backward, fails
  *   lock_path    NULL, or a kernels.lock: only its digests are accepted
  *   report_json  NULL, or receives a malloc'ed JSON report (per layer and mode: package, index
- *                digest, variant, source, load time, trace); free it with
- *                kh_runtime_free_report.
+ *                digest, variant, source, load time, trace; "unserved": the layers the config
+ *                maps on this device that no entry could serve, each with its reason, also as
+ *                each binding's "unserved" and "note"); free it with kh_runtime_free_report.
  *
  * KERNEL_HUB_OFFLINE, KERNEL_HUB_LOCAL, KERNEL_HUB_DISABLE and KERNEL_HUB_REF_TTL apply. A hub
  * that is missing, offline or unreachable leaves the fallbacks in place (with strict, that is

@@ -193,8 +193,12 @@ struct EmbedReport {
     std::string variant_digest;  // "sha256:..." of the chosen variant
     std::string variant;         // "variant 0 host code", "variant 2 cubin sm_90", ...
     std::filesystem::path package_dir;  // the unpacked package that was loaded
-    std::string trust;   // "signed by <keyid> serial N", "UNSIGNED (allowed)", "local ..."
-    std::string note;    // why the fallback serves, when it does
+    std::string trust;  // "signed by <keyid> serial N", "UNSIGNED (allowed)", "local ..."
+    // Why the fallback serves, when it does; "unserved: <why>" when the config maps the layer
+    // for this device but no entry could serve it (not on the hub, no such tag, a revision that
+    // is not a tag or digest, the package lacks the layer, no variant fits). `json` lists them
+    // under "unserved" too.
+    std::string note;
     double load_ms = 0;  // verify + preflight + dlopen + bind (fetch excluded)
   };
 

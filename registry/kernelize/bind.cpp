@@ -25,7 +25,10 @@ std::vector<KernelizeBinding> bind(std::vector<Planned> plan, Runtime& runtime,
     b.layer = r.layer;
     b.mode = r.requested;
     if (r.fallback) {
-      b.note = r.trace.empty() ? "runtime fallback" : r.trace.back().reason;
+      // A mapped layer no entry could serve says why (not served is never silent).
+      b.note = !r.unserved.empty() ? "unserved: " + r.unserved
+               : r.trace.empty()   ? "runtime fallback"
+                                   : r.trace.back().reason;
       log_line(kLogInfo, fmt::format("kernelize: {} {}: runtime fallback ({})", b.layer,
                                      mode_name(b.mode), b.note));
     } else {

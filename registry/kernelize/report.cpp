@@ -59,6 +59,8 @@ nlohmann::json KernelizeReport::to_json() const {
     if (b.source == BindingSource::kFallback) {
       j["note"] = b.note;
     }
+    // The config mapped this layer here but no entry could serve it: why, per entry tried.
+    if (!b.resolution.unserved.empty()) j["unserved"] = b.resolution.unserved;
     if (!b.kernel.empty()) {
       j["kernel"] = b.kernel;
       j["package"] = b.package;
@@ -71,6 +73,12 @@ nlohmann::json KernelizeReport::to_json() const {
     list.push_back(std::move(j));
   }
   out["bindings"] = std::move(list);
+  nlohmann::json unserved = nlohmann::json::array();
+  for (auto& b : bindings)
+    if (!b.resolution.unserved.empty())
+      unserved.push_back(
+          {{"layer", b.layer}, {"mode", mode_name(b.mode)}, {"reason", b.resolution.unserved}});
+  out["unserved"] = std::move(unserved);
   return out;
 }
 

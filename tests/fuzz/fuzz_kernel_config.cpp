@@ -17,7 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (auto& [layer, lm] : c.layers) {
     if (!kh::is_valid_layer_name(layer)) __builtin_trap();
     for (auto& [key, dm] : lm.devices) {
-      if (!kh::is_device_key(key) || dm.entries.empty()) __builtin_trap();
+      if (!(kh::is_device_key(key) || kh::is_other_device_key(key)) || dm.entries.empty())
+        __builtin_trap();
       for (auto& e : dm.entries) {
         if (e.range && e.range->min > e.range->max) __builtin_trap();
         if (e.range && key != "cuda") __builtin_trap();

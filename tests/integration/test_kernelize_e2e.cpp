@@ -5,10 +5,13 @@
 // and pack.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <nlohmann/json.hpp>
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/transport/source.h"
 #include "registry/kernelize.h"
 #include "registry/lock_file.h"
 #include "tests/fixtures/process.h"
@@ -271,6 +274,241 @@ TEST_F(KernelizeE2E, CliResolveWhyLockPull) {
   EXPECT_EQ(unpacked(fresh),
             std::vector<std::string>{lf.entries[0].targets.begin()->second.layer_digest.hex});
   EXPECT_NE(cli({"pull"}, fresh).exit_code, 0);  // nothing named: a usage error
+}
+
+// No silent fallback: every entry that cannot be served is a warning naming why (exit 0), or
+// with --strict an error (exit 1); lock leaves such entries out, or with --strict writes nothing.
+TEST_F(KernelizeE2E, CliStrictReportsEveryUnservedEntry) {
+  TempDir work("kh-strict");
+  auto config = work / "kernels.json";
+  fs::write_file_atomic(config, R"({
+    "Scale": {"cpu": {"eval": "test/toy@v1", "train": "test/toy@v1"}},
+    "HfRepo": {"cpu": {"eval": "kernels-community/activation:SiluAndMul"}},
+    "NoTag": {"cpu": {"eval": "test/toy@v9:Scale"}},
+    "Branch": {"cpu": {"eval": ["test/toy:Scale", {"revision": "main"}]}},
+    "Commit": {"cpu": {"eval": "test/toy@0123456789abcdef0123456789abcdef01234567:Scale"}},
+    "NoLayer": {"cpu": {"eval": "test/toy@v1:NoSuchLayer"}},
+    "Other": {"rocm": "test/toy:Scale"},
+    "Upper": {"cpu": {"eval": "Test/Toy@v1:Scale"}}
+  })");
+  auto cache = work / "cache";
+  auto resolve = cli({"resolve", "--config", config.string(), "--mode", "eval"}, cache);
+  ASSERT_EQ(resolve.exit_code, 0) << resolve.err;
+  const std::string& err = resolve.err;
+  for (const char* want : {
+           "warning: unserved: HfRepo eval: eval: kernels-community/activation@v1:SiluAndMul: ",
+           "kernels-community/activation is a Hugging Face Hub repository: this hub does not "
+           "hold it",
+           "warning: unserved: NoTag eval: eval: test/toy@v9:Scale: ",
+           "test/toy has: v1",  // the not-found lists what exists
+           "warning: unserved: Branch eval: eval: test/toy@main:Scale: ",
+           "revision 'main' is a branch name",
+           "looks like a git commit",
+           "warning: unserved: NoLayer eval: eval: test/toy@v1:NoSuchLayer: package toy 1.0.0 "
+           "(test/toy@v1) has no layer NoSuchLayer (has: Scale, ScaleInfer)",
+           "note: $.Other.rocm: device key rocm kept but skipped on this system",
+           "note: $.Upper.cpu.eval: repository Test/Toy looked up as test/toy",
+       })
+    EXPECT_NE(err.find(want), std::string::npos) << "want: " << want << "\nstderr:\n" << err;
+  EXPECT_EQ(err.find("unserved: Scale "), std::string::npos) << err;  // served
+  EXPECT_EQ(err.find("unserved: Other "), std::string::npos) << err;  // not mapped for cpu
+  EXPECT_EQ(err.find("unserved: Upper "), std::string::npos) << err;  // served as test/toy
+
+  auto strict =
+      cli({"--json", "resolve", "--config", config.string(), "--mode", "eval", "--strict"}, cache);
+  EXPECT_EQ(strict.exit_code, 1) << strict.err;
+  EXPECT_NE(strict.err.find("resolve --strict: 5 config entries cannot be served"),
+            std::string::npos)
+      << strict.err;
+  auto sj = nlohmann::json::parse(strict.out);
+  EXPECT_EQ(sj["unserved"].size(), 5u) << strict.out;
+  for (auto& l : sj["modes"][0]["layers"])
+    EXPECT_EQ(l.contains("unserved"),
+              l["layer"] != "Scale" && l["layer"] != "Other" && l["layer"] != "Upper")
+        << l.dump();
+
+  // lock: served refs locked, unserved entries warned and left out; --strict writes nothing.
+  auto lock_path = work / "kernels.lock";
+  auto lock = cli(
+      {"lock", "--config", config.string(), "--target", "cpu", "-o", lock_path.string()}, cache);
+  ASSERT_EQ(lock.exit_code, 0) << lock.err;
+  EXPECT_NE(lock.err.find("warning: unserved (not locked): HfRepo cpu eval"), std::string::npos)
+      << lock.err;
+  EXPECT_NE(lock.err.find("NoLayer cpu eval: test/toy@v1:NoSuchLayer: package toy 1.0.0 has no "
+                          "layer NoSuchLayer"),
+            std::string::npos)
+      << lock.err;
+  LockFile lf = LockFile::load(lock_path);
+  ASSERT_EQ(lf.entries.size(), 1u);
+  EXPECT_EQ(lf.entries[0].ref.str(), "test/toy@v1");
+  auto strict_lock = cli({"lock", "--strict", "--config", config.string(), "--target", "cpu", "-o",
+                          (work / "strict.lock").string()},
+                         cache);
+  EXPECT_EQ(strict_lock.exit_code, 1) << strict_lock.err;
+  EXPECT_NE(strict_lock.err.find("lock --strict: 5 config entries cannot be served"),
+            std::string::npos)
+      << strict_lock.err;
+  EXPECT_FALSE(std::filesystem::exists(work / "strict.lock"));
+
+  // kernelize under that lock: the unserved entries fall back with their reason in the report.
+  Store store(cache);
+  Runtime rt;
+  add_slots(rt, {"Scale", "HfRepo", "NoTag", "NoLayer", "Other"});
+  KernelizeOptions o;
+  o.lock = &lf;
+  o.modes = {Mode::kEval};
+  KernelizeReport r =
+      kernelize(rt, KernelConfig::load(config.string()), *hub(store), local_cpu_device(), o);
+  EXPECT_EQ(r.find("Scale", Mode::kEval)->source, BindingSource::kHub) << r.str();
+  for (const char* layer : {"HfRepo", "NoTag", "NoLayer"}) {
+    const KernelizeBinding* b = r.find(layer, Mode::kEval);
+    EXPECT_EQ(b->source, BindingSource::kFallback);
+    EXPECT_EQ(b->note.rfind("unserved: eval: ", 0), 0u) << b->note;
+  }
+  EXPECT_TRUE(r.find("Other", Mode::kEval)->resolution.unserved.empty());
+  auto rj = r.to_json();
+  EXPECT_EQ(rj["unserved"].size(), 3u) << rj.dump(2);
+  // With strict, the first unserved mapped layer is an error.
+  Runtime rt_strict;
+  add_slots(rt_strict, {"NoTag"});
+  o.strict = true;
+  EXPECT_THROW(
+      kernelize(rt_strict, KernelConfig::load(config.string()), *hub(store), local_cpu_device(), o),
+      Error);
+}
+
+// versions lists tags semver-aware (registry, every page); a missing tag or repository lists
+// what exists.
+TEST_F(KernelizeE2E, CliVersionsAndNotFoundListings) {
+  for (const char* tag : {"v2", "1.10.0", "1.2.0", "1.0.0", "2.0.0-rc1", "2.0.0", "latest", "v10"})
+    push("toy-1.0.0", std::string("test/toy@") + tag);
+  TempDir work("kh-versions");
+  auto versions = cli({"--json", "versions", "test/toy"}, work / "cache");
+  ASSERT_EQ(versions.exit_code, 0) << versions.err;
+  auto vj = nlohmann::json::parse(versions.out);
+  EXPECT_EQ(vj["channels"], nlohmann::json::array({"v1", "v2", "v10"})) << versions.out;
+  EXPECT_EQ(vj["versions"],
+            nlohmann::json::array({"1.0.0", "1.2.0", "1.10.0", "2.0.0-rc1", "2.0.0"}))
+      << versions.out;
+  EXPECT_EQ(vj["other"], nlohmann::json::array({"latest"})) << versions.out;
+  // Signature referrers tags (sha256-...) are not versions.
+  for (auto& t : vj["tags"]) EXPECT_FALSE(t.get<std::string>().starts_with("sha256-")) << t;
+  auto text = cli({"versions", "test/toy"}, work / "cache");
+  EXPECT_NE(text.out.find("channels: v1, v2, v10"), std::string::npos) << text.out;
+
+  // Many tags: all listed (a registry that pages them gets its Link pages followed; this
+  // docker-registry answers in one page), and a not-found lists the first 20.
+  push("toy-1.0.0", "test/many@v1");
+  SourceOptions so;
+  so.http.allow_plain_http = true;
+  auto src = open_registry_source(HubAddress::parse(registry_.oci_url(), true), so);
+  FetchedManifest v1 = src->get_manifest("test/many", "v1");
+  for (int i = 0; i < 130; ++i)
+    src->push_manifest("test/many", fmt::format("0.{}.0", i), v1.bytes, v1.media_type);
+  auto many = cli({"--json", "versions", "test/many"}, work / "cache");
+  ASSERT_EQ(many.exit_code, 0) << many.err;
+  auto mj = nlohmann::json::parse(many.out);
+  ASSERT_EQ(mj["versions"].size(), 130u);
+  EXPECT_EQ(mj["versions"][2], "0.2.0");
+  EXPECT_EQ(mj["versions"][129], "0.129.0");
+  auto many_missing = cli({"info", "test/many@v9"}, work / "cache");
+  EXPECT_NE(many_missing.err.find("test/many has: v1, 0.0.0, 0.1.0"), std::string::npos)
+      << many_missing.err;
+  EXPECT_NE(many_missing.err.find("... and 111 more"), std::string::npos) << many_missing.err;
+
+  auto missing_tag = cli({"info", "test/toy@v9"}, work / "cache");
+  EXPECT_EQ(missing_tag.exit_code, 1);
+  EXPECT_NE(missing_tag.err.find("test/toy has: v1, v2, v10, 1.0.0, 1.2.0, 1.10.0, 2.0.0-rc1, "
+                                 "2.0.0, latest (kernel-hub versions test/toy)"),
+            std::string::npos)
+      << missing_tag.err;
+  auto pull_missing = cli({"pull", "test/toy@v9"}, work / "cache");
+  EXPECT_NE(pull_missing.err.find("test/toy has: v1"), std::string::npos) << pull_missing.err;
+  auto missing_repo = cli({"info", "test/nothere@v1"}, work / "cache");
+  EXPECT_NE(missing_repo.err.find("no repository test/nothere on"), std::string::npos)
+      << missing_repo.err;
+  auto bad = cli({"versions", "test/toy@v1"}, work / "cache");
+  EXPECT_EQ(bad.exit_code, 2);
+}
+
+// The same on a layout hub: tags from index.json's ref names.
+TEST_F(KernelizeE2E, CliVersionsOnALayoutHub) {
+  TempDir hubdir("kh-layout-hub");
+  PackOptions o;
+  o.package_dir = toy_package("toy-1.0.0");
+  o.output = hubdir.path();
+  o.repo = "test/toy";
+  o.devices = {"cpu"};
+  o.tags = {"v1"};
+  pack_package(o);
+  o.package_dir = toy_package("toy-2.0.0");
+  o.tags = {"v2"};
+  pack_package(o);
+  std::vector<std::string> argv = {cli_path(),
+                                   "--cache",
+                                   (hubdir / "cache").string(),
+                                   "--hub",
+                                   "file://" + hubdir.path().string(),
+                                   "--json",
+                                   "versions",
+                                   "test/toy"};
+  auto r = run_process(argv, {{"KERNEL_HUB_ENDPOINT", "\x01"}}, 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["channels"], nlohmann::json::array({"v1", "v2"})) << r.out;
+  EXPECT_EQ(j["versions"], nlohmann::json::array({"1.0.0", "2.0.0"})) << r.out;
+  argv = {cli_path(),
+          "--cache",
+          (hubdir / "cache").string(),
+          "--hub",
+          "file://" + hubdir.path().string(),
+          "info",
+          "test/toy@v7"};
+  auto missing = run_process(argv, {{"KERNEL_HUB_ENDPOINT", "\x01"}}, 60);
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("tags present: 1.0.0, 2.0.0, v1, v2"), std::string::npos)
+      << missing.err;
+}
+
+// A variant manifest copied alone (skopeo copy without --all) describes itself: it resolves on
+// a device it fits and is refused, with the reason, on one it does not.
+TEST_F(KernelizeE2E, SingleCopiedVariantManifestResolves) {
+  if (!have_program("skopeo")) GTEST_SKIP() << "skopeo is not installed";
+  std::string host = registry_.oci_url().substr(6);
+  auto copy =
+      run_process({"skopeo", "--insecure-policy", "copy", "--src-tls-verify=false",
+                   "--dest-tls-verify=false", "--override-os", "linux", "--override-arch", "amd64",
+                   "docker://" + host + "/test/toy:v1", "docker://" + host + "/test/toysingle:v1"},
+                  {}, 120);
+  ASSERT_EQ(copy.exit_code, 0) << copy.err;
+  TempDir work("kh-single");
+  auto info = cli({"--json", "info", "test/toysingle@v1"}, work / "cache");
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_EQ(nlohmann::json::parse(info.out)["media_type"],
+            "application/vnd.oci.image.manifest.v1+json");
+  auto config = work / "kernels.json";
+  fs::write_file_atomic(config, R"({"Scale": "test/toysingle:Scale"})");
+  auto cpu = cli({"--json", "resolve", "--strict", "--mode", "eval", "--config", config.string()},
+                 work / "cache");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  auto layer = nlohmann::json::parse(cpu.out)["modes"][0]["layers"][0];
+  EXPECT_FALSE(layer["fallback"].get<bool>()) << cpu.out;
+  EXPECT_EQ(layer["variant"]["code"], "host code") << cpu.out;
+  auto cuda = cli({"resolve", "--strict", "--mode", "eval", "--config", config.string(), "--device",
+                   "cuda", "--sm", "90", "--cuda", "13.0"},
+                  work / "cache");
+  EXPECT_EQ(cuda.exit_code, 1) << cuda.err;
+  EXPECT_NE(cuda.err.find("no variant of test/toysingle@v1 fits cuda sm_90"), std::string::npos)
+      << cuda.err;
+  auto why = cli({"why", "Scale", "--mode", "eval", "--config", config.string(), "--device", "cuda",
+                  "--sm", "90", "--cuda", "13.0"},
+                 work / "cache");
+  EXPECT_NE(why.out.find("device cpu != cuda"), std::string::npos) << why.out;
+  auto arm = cli({"why", "Scale", "--mode", "eval", "--config", config.string(), "--target",
+                  "cpu:linux/arm64"},
+                 work / "cache");
+  EXPECT_NE(arm.out.find("architecture amd64 != device architecture arm64"), std::string::npos)
+      << arm.out;
 }
 
 TEST_F(KernelizeE2E, CliPackThenPush) {

@@ -266,5 +266,52 @@ TEST_F(EmbedLayout, CApiStatusSaysWhichKindOfFailure) {
   EXPECT_EQ(missing, "KH_ERR_NOT_FOUND") << message;
 }
 
+// Unserved entries are reported, never silent: in the C++ report's note and json, and in the C
+// API's report JSON ("unserved", each binding's "unserved").
+TEST_F(EmbedLayout, UnservedEntriesAreReportedInBothApis) {
+  const std::string config = R"({"Scale": {"cpu": {"eval": "test/toy@v9", "train": "test/toy@v1"}},
+                                 "ScaleInfer": {"cpu": {"eval": "test/toy@v1:Missing"}}})";
+  Runtime rt;
+  add_slots(rt, {"Scale", "ScaleInfer"});
+  EmbedOptions o = options();
+  o.modes = {Mode::kEval};
+  EmbedReport r = kernelize(rt, config, o);
+  // eval: the v9 entry is missing, the train entry serves (the mode chain): nothing unserved.
+  EXPECT_TRUE(r.find("Scale", Mode::kEval)->bound) << r.text;
+  const EmbedReport::Binding* missing = r.find("ScaleInfer", Mode::kEval);
+  ASSERT_NE(missing, nullptr);
+  EXPECT_FALSE(missing->bound);
+  EXPECT_EQ(missing->note.rfind("unserved: eval: test/toy@v1:Missing: ", 0), 0u) << missing->note;
+  EXPECT_NE(missing->note.find("has no layer Missing (has: Scale, ScaleInfer)"), std::string::npos)
+      << missing->note;
+  auto j = nlohmann::json::parse(r.json);
+  ASSERT_EQ(j["unserved"].size(), 1u) << r.json;
+  EXPECT_EQ(j["unserved"][0]["layer"], "ScaleInfer");
+
+  CApi c;
+  ASSERT_TRUE(c.ok()) << dlerror();
+  auto free_report = c.get<decltype(kh_runtime_free_report)>("kh_runtime_free_report");
+  ASSERT_NE(free_report, nullptr);
+  kh_runtime_t* crt = c.create(0);
+  uint32_t slot = 0;
+  ASSERT_EQ(c.add_slot(crt, "Scale", toy_fallback, toy_fallback, nullptr, 0, &slot), KH_OK);
+  char* report = nullptr;
+  const std::string hub = hub_dir_.path().string();
+  ASSERT_EQ(c.kernelize(crt, R"({"Scale": "test/toy@v9"})", hub.c_str(), nullptr, KH_KERNELIZE_EVAL,
+                        0, nullptr, &report),
+            KH_OK)
+      << c.last_error();
+  ASSERT_NE(report, nullptr);
+  auto cj = nlohmann::json::parse(report);
+  free_report(report);
+  c.destroy(crt);
+  ASSERT_EQ(cj["unserved"].size(), 1u) << cj.dump(2);
+  EXPECT_EQ(cj["unserved"][0]["layer"], "Scale");
+  std::string reason = cj["unserved"][0]["reason"];
+  EXPECT_NE(reason.find("no tag 'v9'"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("v1"), std::string::npos) << reason;  // what the hub has
+  EXPECT_EQ(cj["bindings"][0]["unserved"], cj["unserved"][0]["reason"]);
+}
+
 }  // namespace
 }  // namespace kh::test

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "registry/device.h"
@@ -146,8 +148,9 @@ TEST(KernelConfig, ErrorsNameJsonPath) {
     const char* expect;  // substring of the message
   } cases[] = {
       {R"([])", "$: expected an object of layer types"},
-      {R"({"RMSNorm": {"rocm": "org/x"}})",
-       "$.RMSNorm.rocm: unknown device key 'rocm'; expected one of: cuda, cpu"},
+      {R"({"RMSNorm": {"gpu": "org/x"}})",
+       "$.RMSNorm.gpu: unknown device key 'gpu'; expected one of: cuda, cpu (served), or rocm, "
+       "xpu, npu, mps, metal, neuron, tpu (kept for other systems, skipped here)"},
       {R"({"RMSNorm": {"cuda": [{"capability": {"min": 90, "max": 80}, "modes": {"eval": "org/x"}}]}})",
        "$.RMSNorm.cuda[0].capability: min 90 > max 80"},
       {R"({"RMSNorm": {"cuda": [{"modes": {"eval": "org/x"}}, {"capability": {"min": 90, "max": 80}, "modes": {"eval": "org/x"}}]}})",
@@ -155,7 +158,8 @@ TEST(KernelConfig, ErrorsNameJsonPath) {
       {R"({"RMSNorm": {"cuda": {"inference": "org/x"}}})",
        "$.RMSNorm.cuda.inference: unknown mode 'inference'; expected one of: eval, train, "
        "fallback"},
-      {R"({"RMSNorm": {"cuda": {"eval": "Org/X"}}})", "$.RMSNorm.cuda.eval: invalid ref 'Org/X'"},
+      {R"({"RMSNorm": {"cuda": {"eval": "org/X Y"}}})",
+       "$.RMSNorm.cuda.eval: invalid ref 'org/x y'"},
       {R"({"RMSNorm": {"cuda": {"eval": "org/x:"}}})", "$.RMSNorm.cuda.eval: invalid kernel ref"},
       {R"({"RMSNorm": {"cpu": [{"capability": {"min": 80}, "modes": {"eval": "org/x"}}]}})",
        "$.RMSNorm.cpu[0].capability: capability ranges apply to device key cuda only"},
@@ -181,7 +185,26 @@ TEST(KernelConfig, ErrorsNameJsonPath) {
       {R"({"RMSNorm": {"cuda": []}})", "$.RMSNorm.cuda: empty list"},
       {R"({"RMSNorm": {"cuda": {}}})", "$.RMSNorm.cuda: empty mode map"},
       {R"({"9bad": "org/x"})", "$[\"9bad\"]: '9bad' is not a valid layer type"},
-      {R"({"RMSNorm": {"cuda": {"eval": "/opt/k:RMSNorm"}}})", "KERNEL_HUB_LOCAL"},
+      {R"({"RMSNorm": {"cuda": {"eval": "./opt/k:RMSNorm"}}})", "a local path must be absolute"},
+      {R"({"RMSNorm": {"cuda": {"eval": "/opt/k:9bad"}}})", "expected /abs/path/NAME:Layer"},
+      {R"({"A": {"cuda": {"eval": "/x/k:A"}}, "B": {"cuda": {"eval": "/y/k:B"}}})",
+       "would both be served as local/k"},
+      {R"({"RMSNorm": {"cuda": {"TORCH_COMPILE": "org/x"}}})",
+       "$.RMSNorm.cuda.TORCH_COMPILE: mode 'TORCH_COMPILE' refused: TORCH_COMPILE alone names no "
+       "mode"},
+      {R"({"RMSNorm": {"cuda": {"INFERENCE | TRAINING": "org/x"}}})",
+       "INFERENCE and TRAINING are mutually exclusive"},
+      {R"({"RMSNorm": {"cuda": {"FALLBACK | TORCH_COMPILE": "org/x"}}})",
+       "FALLBACK cannot be combined"},
+      {R"({"RMSNorm": {"cuda": {"eval": "org/x", "INFERENCE": "org/y"}}})",
+       "same mode (eval) as $.RMSNorm.cuda."},
+      {R"({"RMSNorm": {"cuda": {"INFERNECE": "org/x"}}})", "unknown mode 'INFERNECE'"},
+      {R"({"RMSNorm": {"cuda": [{"capability": {"min": 80}, "min_capability": 80, "modes": {"eval": "org/x"}}]}})",
+       "give the range once"},
+      {R"({"RMSNorm": {"rocm": [{"min_capability": 80, "modes": {"eval": "org/x"}}]}})",
+       "capability ranges apply to device key cuda only, not rocm"},
+      {R"({"RMSNorm": ["org/x", {"version": ">=1.0.0,<2.0.0"}]})",
+       "version specifier \">=1.0.0,<2.0.0\" is not resolved"},
       {R"({"RMSNorm": )", "not valid JSON at byte"},
       {R"({"RMSNorm": 1e99999})", "not valid JSON"},  // out_of_range, found by fuzzing
   };
@@ -201,6 +224,142 @@ TEST(KernelConfig, ErrorsNameJsonPath) {
 
 KernelConfig parse(const char* json) {
   return KernelConfig::parse(json);
+}
+
+bool has_note(const KernelConfig& c, std::string_view text) {
+  for (auto& n : c.notes)
+    if (n.find(text) != std::string::npos) return true;
+  return false;
+}
+
+// Device keys of other accelerators are kept (for merging, for other systems) and noted; the
+// whole config is not refused.
+TEST(KernelConfigCompat, OtherDeviceKeysKeptAndNoted) {
+  KernelConfig c = parse(R"({"RMSNorm": {"rocm": "org/x:RMSNorm", "xpu": "org/x", "npu": "org/x",
+                                         "mps": "org/x", "metal": "org/x", "neuron": "org/x",
+                                         "tpu": "org/x", "cuda": "org/x"}})");
+  const auto& devices = c.layers.at("RMSNorm").devices;
+  EXPECT_EQ(devices.size(), 8u);
+  for (auto key : kOtherDeviceKeys) {
+    EXPECT_TRUE(devices.count(std::string(key))) << key;
+    EXPECT_TRUE(has_note(c, fmt::format("$.RMSNorm.{}: device key {} kept but skipped on this "
+                                        "system",
+                                        key, key)))
+        << key;
+  }
+  EXPECT_FALSE(has_note(c, "$.RMSNorm.cuda"));
+}
+
+// kernels' Mode names: mapped to eval/train/fallback; the TORCH_COMPILE forms map to the same
+// mode and lose to the plain spelling (kernels' mode priority), with a note.
+TEST(KernelConfigCompat, ModeNamesMapped) {
+  struct Case {
+    const char* key;
+    ModeKey mode;
+  } cases[] = {
+      {"INFERENCE", Mode::kEval},
+      {"TRAINING", Mode::kTrain},
+      {"FALLBACK", ModeKey::fallback()},
+      {"INFERENCE | TORCH_COMPILE", Mode::kEval},
+      {"TRAINING|TORCH_COMPILE", Mode::kTrain},
+      {"Mode.TRAINING | Mode.TORCH_COMPILE", Mode::kTrain},
+      {"TORCH_COMPILE | INFERENCE", Mode::kEval},
+  };
+  for (auto& c : cases) {
+    std::string json = fmt::format(R"({{"L": {{"cuda": {{"{}": "org/x"}}}}}})", c.key);
+    KernelConfig cfg = KernelConfig::parse(json);
+    const auto& modes = cfg.layers.at("L").devices.at("cuda").entries.at(0).modes;
+    ASSERT_EQ(modes.size(), 1u) << c.key;
+    EXPECT_TRUE(modes.count(c.mode)) << c.key;
+  }
+  KernelConfig both = parse(R"({"L": {"cuda": {"INFERENCE | TORCH_COMPILE": "org/compiled",
+                                               "INFERENCE": "org/plain",
+                                               "TRAINING | TORCH_COMPILE": "org/train"}}})");
+  const auto& modes = both.layers.at("L").devices.at("cuda").entries.at(0).modes;
+  EXPECT_EQ(modes.at(Mode::kEval).kernel.ref.repo, "org/plain");
+  EXPECT_EQ(modes.at(Mode::kTrain).kernel.ref.repo, "org/train");
+  EXPECT_TRUE(has_note(both, "$.L.cuda[\"INFERENCE | TORCH_COMPILE\"]: not used"));
+  // The plain spelling wins whichever comes first in the document.
+  KernelConfig plain_first = parse(R"({"L": {"cuda": {"INFERENCE": "org/plain",
+                                                      "INFERENCE|TORCH_COMPILE": "org/c"}}})");
+  EXPECT_EQ(plain_first.layers.at("L")
+                .devices.at("cuda")
+                .entries.at(0)
+                .modes.at(Mode::kEval)
+                .kernel.ref.repo,
+            "org/plain");
+}
+
+// kernels' CUDAProperties names, in "capability", "properties" or the entry itself.
+TEST(KernelConfigCompat, CapabilityNamesMapped) {
+  for (
+      const char* entry :
+      {R"({"capability": {"min_capability": 80, "max_capability": 89}, "modes": {"eval": "org/x"}})",
+       R"({"properties": {"min_capability": 80, "max_capability": 89}, "modes": {"eval": "org/x"}})",
+       R"({"min_capability": 80, "max_capability": 89, "modes": {"eval": "org/x"}})"}) {
+    KernelConfig c = KernelConfig::parse(fmt::format(R"({{"L": {{"cuda": [{}]}}}})", entry));
+    const auto& e = c.layers.at("L").devices.at("cuda").entries.at(0);
+    ASSERT_TRUE(e.range) << entry;
+    EXPECT_EQ(*e.range, (CapabilityRange{80, 89})) << entry;
+  }
+  KernelConfig open =
+      parse(R"({"L": {"cuda": [{"min_capability": 90, "modes": {"eval": "org/x"}}]}})");
+  EXPECT_EQ(*open.layers.at("L").devices.at("cuda").entries.at(0).range,
+            (CapabilityRange{90, CapabilityRange::kUnbounded}));
+}
+
+// Repository names: lowercased with a note (OCI names are lowercase); tag and layer keep case.
+TEST(KernelConfigCompat, RepositoryNamesLowercased) {
+  KernelConfig c = parse(R"({"RMSNorm": {"cuda": "Kernels-Community/LayerNorm@V2:LlamaRMSNorm",
+                                         "cpu": ["MyOrg/Norm:RMSNorm", {"version": 3}]}})");
+  const KernelRef& k =
+      c.layers.at("RMSNorm").devices.at("cuda").entries[0].modes.at(Mode::kEval).kernel;
+  EXPECT_EQ(k.ref.repo, "kernels-community/layernorm");
+  EXPECT_EQ(k.ref.tag, "V2");
+  EXPECT_EQ(k.layer, "LlamaRMSNorm");
+  EXPECT_EQ(c.layers.at("RMSNorm").devices.at("cpu").entries[0].modes.at(Mode::kEval).kernel.str(),
+            "myorg/norm@v3:RMSNorm");
+  EXPECT_TRUE(has_note(c,
+                       "$.RMSNorm.cuda: repository Kernels-Community/LayerNorm looked up as "
+                       "kernels-community/layernorm"));
+  EXPECT_TRUE(has_note(c, "repository MyOrg/Norm looked up as myorg/norm"));
+  EXPECT_TRUE(parse(R"({"L": "org/x"})").notes.empty());
+}
+
+// Transformers' local form "/abs/path/NAME:Layer": served as repo local/NAME from that directory.
+TEST(KernelConfigCompat, LocalPathsServedAsLocalRepos) {
+  KernelConfig c = parse(R"({"RMSNorm": "/home/me/Liger_Kernels:LigerRMSNorm",
+                            "Silu": {"cuda": "/home/me/Liger_Kernels:Silu", "cpu": "/opt/act/"}})");
+  const KernelRef& k =
+      c.layers.at("RMSNorm").devices.at("cuda").entries[0].modes.at(Mode::kEval).kernel;
+  EXPECT_EQ(k.ref.repo, "local/liger_kernels");
+  EXPECT_EQ(k.layer, "LigerRMSNorm");
+  EXPECT_EQ(c.local_packages.at("local/liger_kernels"), "/home/me/Liger_Kernels");
+  EXPECT_EQ(c.layers.at("Silu").devices.at("cpu").entries[0].modes.at(Mode::kEval).kernel.str(),
+            "local/act@v1:Silu");
+  EXPECT_EQ(c.local_packages.at("local/act"), "/opt/act/");
+  // Merged mappings keep both sides' local packages.
+  KernelConfig m = merge_kernel_configs(parse(R"({"A": "/x/a:A"})"), c);
+  EXPECT_EQ(m.local_packages.size(), 3u);
+}
+
+// kernels' LayerRepository version strings: "N" is channel vN, an exact version its tag;
+// revisions are kept as written (resolution says when one is a branch or a commit).
+TEST(KernelConfigCompat, VersionAndRevisionForms) {
+  auto ref_of = [](const char* json) {
+    return KernelConfig::parse(json)
+        .layers.at("L")
+        .devices.at("cpu")
+        .entries[0]
+        .modes.at(Mode::kEval)
+        .kernel.ref;
+  };
+  EXPECT_EQ(ref_of(R"({"L": ["org/x", {"version": "2"}]})").tag, "v2");
+  EXPECT_EQ(ref_of(R"({"L": ["org/x", {"version": "1.4.2"}]})").tag, "1.4.2");
+  EXPECT_EQ(ref_of(R"({"L": ["org/x", {"revision": "main"}]})").tag, "main");
+  EXPECT_EQ(
+      ref_of(R"({"L": ["org/x", {"revision": "0123456789abcdef0123456789abcdef01234567"}]})").tag,
+      "0123456789abcdef0123456789abcdef01234567");
 }
 
 TEST(KernelConfig, MergeReplacesSameRangeAndAppendsOthers) {

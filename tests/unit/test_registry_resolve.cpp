@@ -10,6 +10,7 @@
 #include "hub/store/archive.h"
 #include "registry/hub_index_provider.h"
 #include "registry/resolver.h"
+#include "registry/versions.h"
 #include "tests/fixtures/process.h"
 
 namespace kh {
@@ -589,6 +590,118 @@ TEST(Resolve, LockBuildAndCheck) {
     EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
     EXPECT_NE(std::string(e.what()).find("org/n@v2 is not in the lock file"), std::string::npos);
   }
+}
+
+// Every entry that cannot serve says why in LayerResolution::unserved; layers the config does
+// not map here (or maps for no mode tried) are not "unserved".
+TEST(Resolve, UnservedSaysWhyPerEntry) {
+  TableProvider hub;
+  hub.add("org/n", {{.device = "cpu"}}, package("n", "A", false));
+  KernelConfig config = KernelConfig::parse(R"({
+    "Hf": {"cpu": {"eval": "kernels-community/activation:SiluAndMul"}},
+    "Tag": {"cpu": {"eval": "org/n@v9:A"}},
+    "Main": {"cpu": {"eval": ["org/n:A", {"revision": "main"}]}},
+    "Sha": {"cpu": {"eval": "org/n@abcdef0123456789abcdef0123456789abcdef01:A"}},
+    "NoLayer": {"cpu": {"eval": "org/n:Missing", "fallback": "org/n@v9:A"}},
+    "NoBackward": {"cpu": {"train": "org/n:A"}},
+    "NoVariant": {"cuda": "org/n:A"},
+    "Served": {"cpu": {"eval": "org/n@v9:A", "fallback": "org/n:A"}},
+    "Rocm": {"rocm": "org/n:A"},
+    "Both": "org/absent:A"
+  })");
+  auto unserved = [&](const char* layer, Mode mode, const Device& d) {
+    return resolve_layer(config, layer, d, mode, hub).unserved;
+  };
+  EXPECT_NE(unserved("Hf", Mode::kEval, cpu()).find("is a Hugging Face Hub repository"),
+            std::string::npos);
+  EXPECT_EQ(unserved("Tag", Mode::kEval, cpu()).rfind("eval: org/n@v9:A: org/n@v9: no such ref", 0),
+            0u);
+  EXPECT_NE(unserved("Main", Mode::kEval, cpu()).find("revision 'main' is a branch name"),
+            std::string::npos);
+  EXPECT_NE(unserved("Sha", Mode::kEval, cpu()).find("looks like a git commit"), std::string::npos);
+  std::string no_layer = unserved("NoLayer", Mode::kEval, cpu());
+  EXPECT_NE(no_layer.find("eval: org/n@v1:Missing: package n 1.0.0 (org/n@v1) has no layer "
+                          "Missing (has: A)"),
+            std::string::npos)
+      << no_layer;
+  EXPECT_NE(no_layer.find("; fallback: org/n@v9:A: "), std::string::npos) << no_layer;
+  EXPECT_NE(unserved("NoBackward", Mode::kTrain, cpu()).find("has no backward op"),
+            std::string::npos);
+  EXPECT_NE(unserved("NoVariant", Mode::kEval, cuda(90)).find("no variant of org/n@v1 fits"),
+            std::string::npos);
+  // Served by a later entry: nothing unserved. No entry for the device or mode: a plain fallback.
+  LayerResolution served = resolve_layer(config, "Served", cpu(), Mode::kEval, hub);
+  EXPECT_FALSE(served.fallback);
+  EXPECT_TRUE(served.unserved.empty()) << served.unserved;
+  EXPECT_TRUE(unserved("Rocm", Mode::kEval, cpu()).empty());
+  // One ref for both modes failing alike is said once.
+  std::string both = unserved("Both", Mode::kEval, cpu());
+  EXPECT_EQ(both.rfind("eval, train: org/absent@v1:A: ", 0), 0u) << both;
+  EXPECT_EQ(both.find("; "), std::string::npos) << both;
+  EXPECT_TRUE(unserved("Tag", Mode::kEval, cuda(90)).empty());
+  EXPECT_TRUE(unserved("Absent", Mode::kEval, cpu()).empty());
+  EXPECT_NE(format_trace(resolve_layer(config, "Tag", cpu(), Mode::kEval, hub)).find("unserved: "),
+            std::string::npos);
+
+  // lock: refs that cannot be had and layers a package lacks are unserved, not misses.
+  LockBuild built = build_lock(config, {cpu()}, hub);
+  EXPECT_TRUE(built.misses.empty()) << built.misses.front();
+  ASSERT_EQ(built.lock.entries.size(), 1u);
+  EXPECT_EQ(built.lock.entries[0].ref.str(), "org/n@v1");
+  auto listed = [&](const std::string& text) {
+    for (auto& u : built.unserved)
+      if (u.find(text) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(listed("Hf cpu eval: kernels-community/activation@v1:SiluAndMul: "));
+  EXPECT_TRUE(listed("Tag cpu eval: org/n@v9:A: "));
+  EXPECT_TRUE(listed("NoLayer cpu eval: org/n@v1:Missing: package n 1.0.0 has no layer Missing"));
+  EXPECT_FALSE(listed("Served cpu fallback"));
+  EXPECT_NO_THROW(built.require_complete("lock", "x.lock", false));
+  EXPECT_THROW(built.require_complete("lock", "x.lock", true), Error);
+}
+
+// A tag that names one variant manifest: the manifest's own annotations describe it.
+TEST(Resolve, ASingleVariantManifestDescribesItself) {
+  oci::Manifest m;
+  m.annotations = {{std::string(kAnnotationDevice), "cuda"},
+                   {std::string(kAnnotationAbi), "1.0"},
+                   {std::string(kAnnotationCudaVersion), "12.4"},
+                   {std::string(kAnnotationCudaSm), "80,90"},
+                   {std::string(kAnnotationPlatform), "linux/amd64"}};
+  oci::Descriptor bare;
+  bare.media_type = std::string(oci::kMediaTypeManifest);
+  bare.digest = sha256_of("single");
+  bare.size = 10;
+  oci::Index index;
+  index.manifests.push_back(describe_single_variant(bare, m));
+  ASSERT_TRUE(index.manifests[0].platform);
+  EXPECT_EQ(index.manifests[0].platform->architecture, "amd64");
+  VariantSelection fits = select_variant(index, cuda(90, "12.6"), {});
+  ASSERT_TRUE(fits.chosen);
+  EXPECT_EQ(fits.chosen->cubin_sm, "90");
+  VariantSelection old_driver = select_variant(index, cuda(90, "12.2"), {});
+  EXPECT_FALSE(old_driver.chosen);
+  EXPECT_TRUE(trace_has(old_driver.trace, "needs CUDA 12.4 > driver CUDA 12.2"));
+  EXPECT_FALSE(select_variant(index, cpu(), {}).chosen);
+  // Without the platform annotation (an older pack copied alone), the reason says what to do.
+  oci::Index old;
+  old.manifests.push_back(describe_single_variant(bare, oci::Manifest{}));
+  VariantSelection none = select_variant(old, cpu(), {});
+  EXPECT_FALSE(none.chosen);
+  EXPECT_TRUE(trace_has(none.trace, "skopeo copy --all"));
+}
+
+TEST(Versions, SortedSemverAwareSignatureTagsLeftOut) {
+  VersionList l = VersionList::from_tags({"1.10.0", "v10", "latest", "1.2.0", "v2",
+                                          "sha256-" + std::string(64, 'a'), "2.0.0", "2.0.0-rc1",
+                                          "v1", "1.2.0+build", "main", "vx"});
+  EXPECT_EQ(l.channels, (std::vector<std::string>{"v1", "v2", "v10"}));
+  EXPECT_EQ(l.versions,
+            (std::vector<std::string>{"1.2.0", "1.2.0+build", "1.10.0", "2.0.0-rc1", "2.0.0"}));
+  EXPECT_EQ(l.other, (std::vector<std::string>{"latest", "main", "vx"}));
+  EXPECT_EQ(format_versions(l, 4), "v1, v2, v10, 1.2.0 ... and 7 more");
+  EXPECT_EQ(format_versions(VersionList{}), "none");
 }
 
 // --- the hub-backed provider on a real layout hub ---

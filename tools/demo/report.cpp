@@ -39,7 +39,9 @@ std::string binding_table(const KernelizeReport& report) {
       {"LAYER", "MODE", "PACKAGE", "DIGEST", "VARIANT", "SOURCE", "LOAD"}};
   for (const KernelizeBinding& b : report.bindings) {
     if (b.source == BindingSource::kFallback) {
-      rows.push_back({b.layer, mode_name(b.mode), "runtime fallback", "-", "-", "fallback", "-"});
+      // A layer the config maps here that no entry could serve says so (its reason below).
+      rows.push_back({b.layer, mode_name(b.mode), "runtime fallback", "-", "-",
+                      b.resolution.unserved.empty() ? "fallback" : "fallback (UNSERVED)", "-"});
     } else {
       rows.push_back({b.layer, mode_name(b.mode), b.package, short_digest(b.index_digest),
                       b.variant, binding_source_text(b), fmt::format("{:.1f} ms", b.load_ms)});
@@ -82,6 +84,7 @@ nlohmann::json demo_json(const DemoSummary& summary, const DemoOptions& o,
                         {"load_ms", b.load_ms}};
     if (b.source == BindingSource::kFallback) {
       j["note"] = b.note;
+      if (!b.resolution.unserved.empty()) j["unserved"] = b.resolution.unserved;
     } else {
       j["package"] = b.package;
       j["kernel"] = b.kernel;

@@ -45,7 +45,7 @@ class Context {
 
 // Each command file registers its subcommands; the callback runs with the context.
 using Runner = std::function<int(Context&)>;
-void add_hub_commands(CLI::App& app, Runner& run);       // pull, push, info
+void add_hub_commands(CLI::App& app, Runner& run);       // pull, push, info, versions
 void add_cache_commands(CLI::App& app, Runner& run);     // ls, verify, gc
 void add_check_command(CLI::App& app, Runner& run);      // check
 void add_registry_commands(CLI::App& app, Runner& run);  // resolve, why, lock, pack

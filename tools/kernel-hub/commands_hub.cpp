@@ -1,9 +1,10 @@
-// pull, push, info: the commands that talk to a hub.
+// pull, push, info, versions: the commands that talk to a hub.
 #include <fmt/format.h>
 
 #include <iostream>
 
 #include "hub/base/error.h"
+#include "registry/versions.h"
 #include "tools/kernel-hub/cli.h"
 
 namespace kh::cli {
@@ -92,7 +93,9 @@ int run_pull(Context& ctx, const PullArgs& a) {
                  " (pulled into the cache; loading it will be refused)");
       else if (!ctx.options().json)
         ctx.say("  " + j["trust"]["message"].get<std::string>());
-    } catch (const Error& e) {
+    } catch (const Error& caught) {
+      // A tag the hub does not have: the error lists the versions it does have.
+      Error e = ref.digest ? caught : with_versions_hint(caught, hub, ref.repo);
       ++failures;
       out.push_back({{"ref", ref.str()},
                      {"error", {{"kind", error_kind_name(e.kind())}, {"message", e.what()}}}});
@@ -127,9 +130,46 @@ std::string platform_text(const oci::Descriptor& d) {
          (d.platform->variant.empty() ? "" : "/" + d.platform->variant);
 }
 
+RefInfo info_listing_versions(Hub& hub, const Ref& ref) {
+  try {
+    return hub.info(ref);
+  } catch (const Error& e) {
+    if (ref.digest) throw;
+    throw with_versions_hint(e, hub, ref.repo);
+  }
+}
+
+int run_versions(Context& ctx, const std::string& text, size_t limit) {
+  if (text.find('@') != std::string::npos)
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("versions {}: give ORG/NAME without @TAG (it lists every tag)", text));
+  std::string repo = Ref::parse(text).repo;
+  VersionList list = VersionList::from_tags(ctx.hub().tags(repo));
+  if (ctx.options().json) {
+    ctx.print_json({{"repo", repo},
+                    {"hub", ctx.hub().address().text},
+                    {"channels", list.channels},
+                    {"versions", list.versions},
+                    {"other", list.other},
+                    {"tags", list.all()}});
+    return 0;
+  }
+  auto line = [&](const char* label, const std::vector<std::string>& tags) {
+    VersionList one;
+    one.other = tags;
+    ctx.say(fmt::format("  {:<9} {}", label, format_versions(one, limit ? limit : tags.size())));
+  };
+  ctx.say(fmt::format("{} on {} ({} tag{})", repo, ctx.hub().address().text, list.size(),
+                      list.size() == 1 ? "" : "s"));
+  line("channels:", list.channels);
+  line("versions:", list.versions);
+  if (!list.other.empty()) line("other:", list.other);
+  return 0;
+}
+
 int run_info(Context& ctx, const std::string& ref_text) {
   Ref ref = Ref::parse(ref_text);
-  RefInfo info = ctx.hub().info(ref);
+  RefInfo info = info_listing_versions(ctx.hub(), ref);
   if (ctx.options().json) {
     nlohmann::json variants = nlohmann::json::array();
     for (auto& v : info.variants) {
@@ -213,6 +253,23 @@ void add_hub_commands(CLI::App& app, Runner& run) {
   info->add_option("ref", *info_ref, "org/name[@TAG|@sha256:HEX]")->required();
   info->callback(
       [&run, info_ref] { run = [info_ref](Context& ctx) { return run_info(ctx, *info_ref); }; });
+
+  auto* versions = app.add_subcommand(
+      "versions",
+      "List a repository's tags on the hub: channels (v1, v2: what configs name) by number, "
+      "exact versions (1.4.2) in semver order, then other tags; registries through "
+      "/v2/NAME/tags/list (every page), layouts through index.json. Signature tags "
+      "(sha256-...) are left out. --json: {repo, hub, channels, versions, other, tags}");
+  auto versions_repo = std::make_shared<std::string>();
+  auto versions_limit = std::make_shared<size_t>(0);
+  versions->add_option("repo", *versions_repo, "org/name")->required();
+  versions->add_option("--limit", *versions_limit,
+                       "Show at most N tags per group in the text output (default: all)");
+  versions->callback([&run, versions_repo, versions_limit] {
+    run = [versions_repo, versions_limit](Context& ctx) {
+      return run_versions(ctx, *versions_repo, *versions_limit);
+    };
+  });
 }
 
 }  // namespace kh::cli

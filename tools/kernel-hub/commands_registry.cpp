@@ -7,9 +7,12 @@
 // cuda:sm_90:cuda_13.0 or cuda:sm_90:cuda_13.0:OS/ARCH; a --device group adds one more.
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <ctime>
+#include <filesystem>
 
 #include <iostream>
+#include <map>
 #include <memory>
 
 #include "hub/base/error.h"
@@ -108,6 +111,7 @@ nlohmann::json layer_json(const LayerResolution& r, bool with_trace) {
                       {"mode", mode_name(r.requested)},
                       {"fallback", r.fallback},
                       {"summary", r.summary()}};
+  if (!r.unserved.empty()) j["unserved"] = r.unserved;
   if (!r.fallback) {
     j["kernel"] = r.kernel.str();
     j["entry_mode"] = mode_key_name(r.entry_mode);
@@ -129,13 +133,46 @@ nlohmann::json layer_json(const LayerResolution& r, bool with_trace) {
   return j;
 }
 
+// The config's notes (device keys skipped here, lowercased repository names, ...) on stderr.
+void show_config_notes(Context& ctx, const KernelConfig& config) {
+  for (auto& n : config.notes) ctx.note("note: " + n);
+}
+
+// Local package directories the config names by path (Transformers' use_local_kernel form), then
+// KERNEL_HUB_LOCAL's, served to resolve and why as kernelize serves them.
+void add_local_packages(KernelizeIndexProvider& provider, const KernelConfig& config,
+                        const Device& device) {
+  std::map<std::string, std::filesystem::path> dirs;
+  if (const char* env = std::getenv("KERNEL_HUB_LOCAL"); env && *env)
+    dirs = parse_local_overrides(env);
+  for (auto& [repo, dir] : config.local_packages) dirs.emplace(repo, dir);
+  for (auto& ref : config.refs()) {
+    auto it = dirs.find(ref.repo);
+    if (it != dirs.end() && !provider.local().find(ref))
+      provider.local().add(ref.repo, it->second, device, ResolveOptions{});
+  }
+}
+
+// The --strict failure: a line per unserved entry, exit 1.
+int fail_strict(std::string_view command, const std::vector<std::string>& unserved) {
+  std::cerr << fmt::format(
+      "error: {} --strict: {} config entr{} cannot be served (each falls back to the runtime's "
+      "own implementation):\n",
+      command, unserved.size(), unserved.size() == 1 ? "y" : "ies");
+  for (auto& u : unserved) std::cerr << "  " << u << "\n";
+  return 1;
+}
+
 int run_resolve(Context& ctx, const std::string& config_path, const DeviceArgs& dev,
-                const std::string& mode, bool json) {
+                const std::string& mode, bool json, bool strict) {
   KernelConfig config = KernelConfig::load(config_path);
+  show_config_notes(ctx, config);
   Device device = dev.one();
   KernelizeIndexProvider provider(ctx.hub());
+  add_local_packages(provider, config, device);
   nlohmann::json out = {{"config", config_path}, {"device", device.str()}};
   nlohmann::json modes = nlohmann::json::array();
+  std::vector<std::string> unserved;
   for (Mode m : modes_of(mode)) {
     Resolution r = resolve(config, device, m, provider);
     nlohmann::json layers = nlohmann::json::array();
@@ -143,19 +180,27 @@ int run_resolve(Context& ctx, const std::string& config_path, const DeviceArgs& 
     for (auto& l : r.layers) {
       layers.push_back(layer_json(l, false));
       ctx.say("  " + l.summary() + (l.fallback ? "" : "  index " + l.index_digest.str()));
+      if (l.unserved.empty()) continue;
+      unserved.push_back(fmt::format("{} {}: {}", l.layer, mode_name(m), l.unserved));
+      if (!strict) ctx.note("warning: unserved: " + unserved.back());
     }
     modes.push_back({{"mode", mode_name(m)}, {"layers", layers}});
   }
   out["modes"] = modes;
+  out["unserved"] = unserved;
+  out["notes"] = config.notes;
   if (json || ctx.options().json) ctx.print_json(out);
+  if (strict && !unserved.empty()) return fail_strict("resolve", unserved);
   return 0;
 }
 
 int run_why(Context& ctx, const std::string& layer, const std::string& config_path,
             const DeviceArgs& dev, const std::string& mode, bool json) {
   KernelConfig config = KernelConfig::load(config_path);
+  show_config_notes(ctx, config);
   Device device = dev.one();
   KernelizeIndexProvider provider(ctx.hub());
+  add_local_packages(provider, config, device);
   MemoIndexProvider memo(provider);
   nlohmann::json modes = nlohmann::json::array();
   for (Mode m : modes_of(mode)) {
@@ -169,19 +214,26 @@ int run_why(Context& ctx, const std::string& layer, const std::string& config_pa
 }
 
 int run_lock(Context& ctx, const std::string& config_path, const DeviceArgs& dev,
-             const std::string& out_path, bool json) {
+             const std::string& out_path, bool json, bool strict) {
   KernelConfig config = KernelConfig::load(config_path);
+  show_config_notes(ctx, config);
   std::vector<Device> devices = dev.all();
   auto hub = fresh_hub(ctx);
   KernelizeIndexProvider provider(*hub);
   LockBuild built = build_lock(config, devices, provider);
-  built.require_complete("lock", out_path);
+  // A ref without a variant for a target is always an error (kernelize under the lock would
+  // fail there); an entry that cannot be served at all is left out with a warning, or with
+  // --strict fails the lock.
+  built.require_complete("lock", out_path, false);
+  if (strict && !built.unserved.empty()) return fail_strict("lock", built.unserved);
+  for (auto& u : built.unserved) ctx.note("warning: unserved (not locked): " + u);
   built.lock.save(out_path);
   size_t targets = 0;
   for (auto& e : built.lock.entries) targets += e.targets.size();
   if (json || ctx.options().json) {
     ctx.print_json({{"lock", out_path},
                     {"entries", nlohmann::json::parse(built.lock.serialize())["entries"]},
+                    {"unserved", built.unserved},
                     {"devices", [&] {
                        nlohmann::json a = nlohmann::json::array();
                        for (auto& d : devices) a.push_back(d.str());
@@ -364,6 +416,7 @@ int run_pull_resolved(Context& ctx, const std::string& config_path, const std::s
       dev.cuda = cuda;
       KernelizeIndexProvider provider(*hub);
       LockBuild built = build_lock(config, dev.all(), provider);
+      for (auto& u : built.unserved) ctx.note("warning: unserved (not pulled): " + u);
       for (auto& m : built.misses) {
         ++failures;
         out.push_back({{"error", {{"kind", "not_found"}, {"message", m}}}});
@@ -386,12 +439,17 @@ void add_registry_commands(CLI::App& app, Runner& run) {
     auto dev = std::make_shared<DeviceArgs>();
     auto mode = std::make_shared<std::string>();
     auto json = std::make_shared<bool>(false);
+    auto strict = std::make_shared<bool>(false);
     cmd->add_option("--config", *config, "KernelConfig JSON file")->required();
     dev->add(cmd, true);
     cmd->add_option("--mode", *mode, "eval or train (default: both)");
     cmd->add_flag("--json", *json, "Machine-readable output on stdout");
-    cmd->callback([&run, config, dev, mode, json] {
-      run = [=](Context& ctx) { return run_resolve(ctx, *config, *dev, *mode, *json); };
+    cmd->add_flag("--strict", *strict,
+                  "Exit 1 when a layer the config maps on the device cannot be served (not on "
+                  "this hub, no such tag, a revision that is not a tag or digest, the package "
+                  "lacks the layer, no variant fits); without it each is a warning");
+    cmd->callback([&run, config, dev, mode, json, strict] {
+      run = [=](Context& ctx) { return run_resolve(ctx, *config, *dev, *mode, *json, *strict); };
     });
   }
   {
@@ -425,12 +483,18 @@ void add_registry_commands(CLI::App& app, Runner& run) {
     auto dev = std::make_shared<DeviceArgs>();
     auto out = std::make_shared<std::string>();
     auto json = std::make_shared<bool>(false);
+    auto strict = std::make_shared<bool>(false);
     cmd->add_option("--config", *config, "KernelConfig JSON file")->required();
     dev->add(cmd, true);
     cmd->add_option("-o,--output", *out, "Lock file to write (e.g. kernels.lock)")->required();
     cmd->add_flag("--json", *json, "Machine-readable output on stdout");
-    cmd->callback([&run, config, dev, out, json] {
-      run = [=](Context& ctx) { return run_lock(ctx, *config, *dev, *out, *json); };
+    cmd->add_flag("--strict", *strict,
+                  "Write nothing and exit 1 when a config entry cannot be served (not on this "
+                  "hub, no such tag, a revision that is not a tag or digest, the package lacks "
+                  "the layer); without it each is a warning and left out of the lock. A ref with "
+                  "no variant for a --target always fails");
+    cmd->callback([&run, config, dev, out, json, strict] {
+      run = [=](Context& ctx) { return run_lock(ctx, *config, *dev, *out, *json, *strict); };
     });
   }
   {
