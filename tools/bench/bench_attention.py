@@ -7,6 +7,7 @@ forward, as FlashAttention reports it); decode TB/s = K/V bytes read / time.
 
 Usage: python3 bench_attention.py --lib libkernel_hub.so --packages DIR (run by gpu_run.sh)."""
 import argparse
+import ctypes as C
 import math
 import sys
 
@@ -15,7 +16,26 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench_kernels import KH_MODE_EVAL, KH_MODE_TRAIN, Loader
+from bench_kernels import KH_MODE_EVAL, KH_MODE_TRAIN, Loader, OpFn
+
+
+class AttentionLoader(Loader):
+    """Binds the inference-only layers (PagedAttention, PagedKVAppend: no backward op, so a train
+    bind is refused) for eval only; Attention in both modes."""
+    EVAL_ONLY = {"PagedAttention", "PagedKVAppend"}
+
+    def slot(self, layer, package):
+        if layer not in self.EVAL_ONLY or layer in self.slots:
+            return super().slot(layer, package)
+        s = C.c_uint32()
+        self.check(self.lib.kh_runtime_add_slot(self.rt, layer.encode(), OpFn(), OpFn(), OpFn(), 0,
+                                                C.byref(s)), "add_slot " + layer)
+        bound = C.c_int32()
+        self.check(self.lib.kh_runtime_bind(
+            self.rt, layer.encode(), f"{self.packages}/{package}".encode(), None, KH_MODE_EVAL,
+            torch.cuda.current_device(), C.byref(bound)), f"bind {layer}")
+        self.slots[layer] = s.value
+        return s.value
 
 
 def bench(fn):
@@ -150,7 +170,7 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--packages", required=True)
     a = ap.parse_args()
-    kh = Loader(a.lib, a.packages)
+    kh = AttentionLoader(a.lib, a.packages)
     p = torch.cuda.get_device_properties(0)
     print(f"GPU {p.name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     bad = 0
