@@ -73,6 +73,9 @@ def device_spec(device):
         return "cpu", device
     if device.type != "cuda":
         raise ValueError(f"kernel_hub.kernelize: device {device} is neither cpu nor cuda")
+    if device.index not in (None, 0):
+        raise ValueError(f"kernel_hub.kernelize: {device}: kh_runtime_kernelize binds CUDA device "
+                         "0 only; run the model on cuda:0 (CUDA_VISIBLE_DEVICES selects the GPU)")
     major, minor = torch.cuda.get_device_capability(device)
     return f"cuda:sm_{major}{minor}:cuda_{torch.version.cuda}", device
 

@@ -2,7 +2,10 @@
 and op calls on torch tensors, passed as DLPack views (torch.utils.dlpack.to_dlpack: no copy).
 
 The slots have no fallback op: a layer the config does not serve is left to PyTorch by the
-caller (bridge.py reads the report to know which layers are bound in which mode)."""
+caller (bridge.py reads the report to know which layers are bound in which mode).
+
+Runtimes are never destroyed: a compiled graph or a CUDA graph may still call through one by id,
+and the packages stay loaded anyway (kernel_hub.h)."""
 import ctypes as C
 import json
 import threading
@@ -79,6 +82,11 @@ class Runtime:
         check(lib().kh_runtime_set_mode(self.handle, MODES[mode]))
         self.mode = mode
 
+    def native_mode(self):
+        """The mode the C runtime has published (kh_runtime_get_mode)."""
+        m = lib().kh_runtime_get_mode(self.handle)
+        return {v: k for k, v in MODES.items()}[m]
+
     def set_capturing(self, capturing):
         check(lib().kh_runtime_set_capturing(self.handle, 1 if capturing else 0))
 
@@ -113,10 +121,6 @@ class Runtime:
         check(fn(self.handle, self.slots[layer], device, arr, n, stream))
         del keep
 
-    def __del__(self):
-        # Runtimes live as long as the modules bound to them may run; the table is freed with
-        # the process (packages stay loaded anyway, kernel_hub.h).
-        pass
 
 
 def _to_dlpack(t):
