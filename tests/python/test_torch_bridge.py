@@ -227,6 +227,23 @@ class BridgeTest(unittest.TestCase):
         torch.testing.assert_close(got.logits[1], want.logits[1], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got.logits[0, 3:], want.logits[0, 3:], rtol=1e-4, atol=1e-5)
 
+    def test_only_equivalent_rms_norms_are_replaced(self):
+        class ZeroCenteredRMSNorm(torch.nn.Module):  # Gemma's (1 + weight)
+            def __init__(self, n):
+                super().__init__()
+                self.weight = torch.nn.Parameter(torch.zeros(n))
+                self.variance_epsilon = 1e-6
+
+            def forward(self, x):
+                v = x.pow(2).mean(-1, keepdim=True)
+                return (1 + self.weight) * x * torch.rsqrt(v + self.variance_epsilon)
+
+        _, model = pair("llama")
+        model.model.norm = ZeroCenteredRMSNorm(64)
+        kernel_hub.kernelize(model, device="cpu")
+        self.assertIs(type(model.model.norm), ZeroCenteredRMSNorm)
+        self.assertEqual(model.kernel_hub_replaced["RMSNorm"], 4)  # the decoder layers' only
+
     def test_errors_carry_the_status(self):
         _, model = pair("llama")
         with self.assertRaises(kernel_hub.KernelHubError) as cm:

@@ -2,8 +2,9 @@
 `cmake --install` of that tree goes into kernel_hub/_sdk (bin/kernel-hub, lib/libkernel_hub.so*,
 share/kernel-hub/default-hub and its public key, headers), where the library and the CLI find
 their data as an installed SDK does (hub/data_dir.cpp). The tree: $KERNEL_HUB_BUILD_DIR, default
-<repo>/build; its CMakeCache.txt names the sources. Why not scikit-build-core: it would rebuild the whole C++ project inside pip (minutes,
-and its build requirements from an index); the tree the tests already built is the one shipped."""
+<repo>/build; its CMakeCache.txt names the sources. Why not scikit-build-core: it would rebuild
+the whole C++ project inside pip (minutes, and its build requirements from an index); the tree the
+tests already built is the one shipped."""
 import os
 import re
 import shutil

@@ -77,7 +77,20 @@ def device_spec(device):
         raise ValueError(f"kernel_hub.kernelize: {device}: kh_runtime_kernelize binds CUDA device "
                          "0 only; run the model on cuda:0 (CUDA_VISIBLE_DEVICES selects the GPU)")
     major, minor = torch.cuda.get_device_capability(device)
-    return f"cuda:sm_{major}{minor}:cuda_{torch.version.cuda}", device
+    return f"cuda:sm_{major}{minor}:cuda_{driver_cuda_version()}", device
+
+
+def driver_cuda_version():
+    """The CUDA version the driver supports (cuDriverGetVersion), which decides which variants
+    can load; torch.version.cuda (torch's own toolkit) where the driver cannot be asked."""
+    import ctypes
+    try:
+        v = ctypes.c_int()
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(v)) == 0 and v.value:
+            return f"{v.value // 1000}.{v.value % 1000 // 10}"
+    except OSError:
+        pass
+    return torch.version.cuda
 
 
 # ---- The replacements ----
@@ -98,7 +111,8 @@ class _Bound:
 
 def _kernel_rms_norm(mod, x):
     kh = mod._kernel_hub
-    if not kh.use("RMSNorm", x, x.requires_grad or mod.weight.requires_grad) or mod.weight.dtype != x.dtype:
+    needs_grad = x.requires_grad or mod.weight.requires_grad
+    if not kh.use("RMSNorm", x, needs_grad) or mod.weight.dtype != x.dtype:
         return mod._kernel_hub_forward(x)
     eps = float(mod._kernel_hub_eps)
     x = x.contiguous()
@@ -202,8 +216,12 @@ def kernel_hub_attention(module, query, key, value, attention_mask, scaling=None
     [batch, heads, seq, d] -> ([batch, seq, heads, d], None)."""
     kh = getattr(module, "_kernel_hub", None)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # No mask: every key is visible up to the causal diagonal. The kernel's causal mask is
+    # aligned bottom-right, which is that diagonal when the lengths are equal or one query
+    # attends to all; a longer KV (a static cache's prefill) needs SDPA's top-left alignment.
+    lengths_ok = query.dim() == 4 and (query.shape[2] == key.shape[2] or query.shape[2] == 1)
     if (kh is None or not kh.use("Attention", query) or attention_mask is not None
-            or dropout > 0.0 or query.dim() != 4):
+            or dropout > 0.0 or not lengths_ok):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                       dropout=dropout, sliding_window=sliding_window,
@@ -216,14 +234,28 @@ def kernel_hub_attention(module, query, key, value, attention_mask, scaling=None
     return out, None
 
 
+def kernel_hub_mask(*args, **kwargs):
+    """The mask function of attn_implementation="kernel_hub": None (the kernel masks causally by
+    itself) for a plain causal mask without padding or window and equal lengths or one query,
+    also while tracing or capturing a CUDA graph (where SDPA's mask function builds the mask);
+    otherwise SDPA's mask, and kernel_hub_attention then falls back to SDPA."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+    q, kv = kwargs.get("q_length"), kwargs.get("kv_length")
+    if (not args and kwargs.get("attention_mask") is None and kwargs.get("local_size") is None
+            and kwargs.get("mask_function") is causal_mask_function
+            and isinstance(q, int) and isinstance(kv, int) and (q == kv or q == 1)):
+        return None
+    return sdpa_mask(*args, **kwargs)
+
+
 def register_attention():
-    """Registers "kernel_hub" in Transformers' AttentionInterface (and its mask function: SDPA's,
-    which is None for a causal batch without padding) so attn_implementation="kernel_hub" can be
-    asked for. Called by kernelize and on import when transformers is already imported."""
+    """Registers "kernel_hub" in Transformers' AttentionInterface and AttentionMaskInterface so
+    attn_implementation="kernel_hub" can be asked for. Called by kernelize and on import when
+    transformers is already imported."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register("kernel_hub", kernel_hub_attention)
-    AttentionMaskInterface.register("kernel_hub", sdpa_mask)
+    AttentionMaskInterface.register("kernel_hub", kernel_hub_mask)
 
 
 def _attention_modules(model):
