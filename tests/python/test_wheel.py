@@ -35,12 +35,15 @@ print("bound from", [b["kernel"] for b in report["bindings"]])
 
 def main():
     build = os.path.abspath(sys.argv[1])
-    try:
-        import setuptools  # noqa: F401
+    try:  # pip, and setuptools with bdist_wheel (built in since 70.1, else the wheel package)
+        import setuptools
+        if tuple(int(p) for p in setuptools.__version__.split(".")[:2]) < (70, 1):
+            import wheel  # noqa: F401
         subprocess.run([sys.executable, "-m", "pip", "--version"], check=True,
                        stdout=subprocess.DEVNULL)
-    except (ImportError, subprocess.CalledProcessError) as e:
-        print(f"SKIPPED: building the wheel needs pip and setuptools in {sys.executable} ({e})")
+    except (ImportError, ValueError, subprocess.CalledProcessError) as e:
+        print(f"SKIPPED: building the wheel offline needs pip and setuptools >= 70.1 (or the "
+              f"wheel package) in {sys.executable} ({e!r}); -DKH_TORCH_PYTHON picks another")
         return 77
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "src")

@@ -9,7 +9,8 @@ current mode; anything else keeps PyTorch's code):
   SiluAndMul       MLP modules with gate_proj, up_proj, down_proj and a SiLU act_fn
                    (down(silu(gate(x)) * up(x)); Transformers' SwiGLU MLPs)
   RotaryEmbedding  the apply_rotary_pos_emb of the model's modeling module (Transformers'
-                   "rotary_pos_emb"; NeoX layout, unsqueeze_dim 1)
+                   "rotary_pos_emb"; NeoX layout, unsqueeze_dim 1), for calls from this
+                   model's attention modules only
   CrossEntropy     the model's loss_function when it is ForCausalLMLoss
   Attention        attn_implementation="kernel_hub" (Transformers' AttentionInterface): causal
                    or full attention without a padding mask or dropout; a padded batch, dropout or
@@ -174,9 +175,25 @@ def _is_silu_mlp(mod):
             and type(act).__name__ in ("SiLU", "SiLUActivation"))
 
 
-def _rotary_replacement(original, kh):
+# The _Bound of the kernelized attention module running now (None outside one): the modeling
+# module's apply_rotary_pos_emb is one function for every model of that family, so the
+# replacement serves only calls made from inside a kernelized model's attention.
+_active = None
+
+
+def _kernel_attention(mod, *args, **kwargs):
+    global _active
+    outer, _active = _active, mod._kernel_hub
+    try:
+        return mod._kernel_hub_forward(*args, **kwargs)
+    finally:
+        _active = outer
+
+
+def _rotary_replacement(original):
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, **kwargs):
-        if (unsqueeze_dim != 1 or kwargs or not kh.use("RotaryEmbedding", q)
+        kh = _active
+        if (kh is None or unsqueeze_dim != 1 or kwargs or not kh.use("RotaryEmbedding", q)
                 or cos.shape[-1] % 2 or cos.shape[-1] > q.shape[-1] or q.dim() != 4):
             return original(q, k, cos, sin, unsqueeze_dim, **kwargs)
         return ops.rotary(q, k, cos.to(q.dtype), sin.to(q.dtype), kh.rt.id)
@@ -298,15 +315,17 @@ def kernelize(model, config=None, device=None, mode=None, hub=None, lock=None, s
         elif _is_silu_mlp(m):
             _swap_forward(m, _kernel_mlp, kh)
             replaced["SiluAndMul"] += 1
-    # Rotary: the modeling module's apply_rotary_pos_emb, which its attention calls by name.
-    for m in _attention_modules(model):
-        mod = sys.modules.get(type(m).__module__)
+    # Rotary: the modeling module's apply_rotary_pos_emb, which its attention calls by name;
+    # the attention modules mark themselves active while they run (_kernel_attention).
+    for m in list(_attention_modules(model)):
+        base = getattr(type(m), "_kernel_hub_base", type(m))
+        mod = sys.modules.get(base.__module__)
         fn = getattr(mod, "apply_rotary_pos_emb", None) if mod else None
+        if fn is not None and not hasattr(fn, "_kernel_hub_original"):
+            mod.apply_rotary_pos_emb = _rotary_replacement(fn)
         if fn is not None:
-            original = getattr(fn, "_kernel_hub_original", fn)
-            mod.apply_rotary_pos_emb = _rotary_replacement(original, kh)
             replaced["RotaryEmbedding"] += 1
-        m._kernel_hub = kh
+        _swap_forward(m, _kernel_attention, kh)
     if "Attention" in rt.bound["eval"] or "Attention" in rt.bound["train"]:
         register_attention()
         if getattr(model.config, "_attn_implementation", None) != "kernel_hub" and hasattr(
