@@ -295,6 +295,7 @@ class BridgeTest(unittest.TestCase):
         with self.assertRaises(kernel_hub.KernelHubError) as cm:
             kernel_hub.pull("kernel-hub/absent@v1")
         self.assertIn("absent", str(cm.exception))
+        self.assertEqual(cm.exception.status, "not_found")
 
 
 if __name__ == "__main__":

@@ -21,10 +21,12 @@ _REPO_BUILD = os.path.normpath(os.path.join(_HERE, "..", "..", "..", "build"))
 
 
 class KernelHubError(RuntimeError):
-    """A C API call failed: `status` is its KH_ERR_* name, the message says what and what to do."""
+    """A C API call failed: `status` is its KH_ERR_* name (for the CLI's hub operations, the
+    error kind it reports, e.g. "not found"); the message says what and what to do."""
 
     def __init__(self, status, message):
-        self.status = capi.STATUS_NAMES.get(status, str(status))
+        self.status = status if isinstance(status, str) else capi.STATUS_NAMES.get(status,
+                                                                                    str(status))
         super().__init__(f"{self.status}: {message}")
 
 

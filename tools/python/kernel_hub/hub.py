@@ -18,9 +18,22 @@ def _run(args, hub=None, offline=False):
         cmd.append("--offline")
     proc = subprocess.run(cmd + args, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise KernelHubError(-1, (proc.stderr.strip() or proc.stdout.strip() or
-                                  f"kernel-hub {' '.join(args)} exited {proc.returncode}"))
+        raise KernelHubError(_error_kind(proc.stdout), (
+            proc.stderr.strip() or proc.stdout.strip() or
+            f"kernel-hub {' '.join(args)} exited {proc.returncode}"))
     return json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+
+def _error_kind(stdout):
+    """The error kind of the CLI's --json output ({"error": {"kind": ...}} alone or per ref)."""
+    try:
+        out = json.loads(stdout)
+    except ValueError:
+        return "error"
+    for item in out if isinstance(out, list) else [out]:
+        if isinstance(item, dict) and isinstance(item.get("error"), dict):
+            return item["error"].get("kind", "error")
+    return "error"
 
 
 def _config_file(config, tmp):
