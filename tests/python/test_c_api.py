@@ -11,8 +11,8 @@ import re
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loader",
-                                "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                                "python", "kernel_hub"))
 from kernel_hub_ctypes import (  # noqa: E402
     KH_OK, KH_ERR_INVALID_ARGUMENT, KH_ERR_NOT_FOUND, KH_ERR_REFUSED, KH_ERR_IO, KH_MODE_EVAL,
     KH_MODE_TRAIN, KH_DEVICE_CPU, KH_KERNELIZE_EVAL, STATUS_NAMES,

@@ -9,8 +9,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loader",
-                                "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                                "python", "kernel_hub"))
 from kernel_hub_ctypes import (  # noqa: E402
     KH_OK, KH_MODE_EVAL, KH_MODE_TRAIN, KH_DEVICE_CPU, KH_KERNELIZE_EVAL, KH_KERNELIZE_TRAIN,
     OpFn, float_tensor, scale_args, load)

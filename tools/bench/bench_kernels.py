@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 import triton.testing
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "loader",
-                                "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                                "python", "kernel_hub"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bundled beside this script
 from kernel_hub_ctypes import (  # noqa: E402
     KH_OK, KH_MODE_EVAL, KH_MODE_TRAIN, KH_ARG_TENSOR, KH_ARG_INT, KH_ARG_FLOAT, DLDevice,

@@ -35,5 +35,5 @@ for deb in "$tmp"/*.deb; do dpkg -x "$deb" "$tmp/x"; done
 cp -a "$tmp"/x/usr/lib/x86_64-linux-gnu/lib{archive.so.13*,icuuc.so.72*,icudata.so.72*,xml2.so.2*} \
   "$out/lib/"
 rm -rf "$tmp"
-cp tools/bench/gpu_run.sh tools/bench/bench_kernels.py tools/bench/bench_attention.py loader/python/kernel_hub_ctypes.py "$out/"
+cp tools/bench/gpu_run.sh tools/bench/bench_kernels.py tools/bench/bench_attention.py tools/python/kernel_hub/kernel_hub_ctypes.py "$out/"
 du -sh "$out"

@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""The kernel_hub Python package under PyTorch and Transformers, on cpu with the hub's cpu
+packages (the build tree's default hub): tiny Qwen3 and Llama models (from config, random init,
+fp32) kernelized against eager copies: logits, losses and gradients match, every replaced layer
+ran the bound kernel (calls counted per layer and mode), model.train()/eval() publish the other
+table, the KernelConfig forms Transformers users write resolve through the C API,
+torch.compile(fullgraph=True) runs the kernelized model, errors carry the C API's status.
+Also pull / lock / trust_status through the CLI.
+
+Usage: test_torch_bridge.py (with KERNEL_HUB_LIBRARY, KERNEL_HUB_CLI set and tools/python on
+PYTHONPATH, as CTest runs it). Exit 77 (skipped) when torch or transformers is missing."""
+import collections
+import os
+import sys
+import tempfile
+import unittest
+
+try:
+    import torch
+    import transformers
+except ImportError as e:
+    print(f"SKIPPED: the PyTorch bridge tests need torch and transformers ({e}); configure with "
+          "-DKH_TORCH_PYTHON=/path/to/python (README 'PyTorch and Transformers')")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                                "python"))
+import kernel_hub  # noqa: E402
+from kernel_hub.runtime import Runtime  # noqa: E402
+
+SEQ = 12
+
+
+def tiny(family):
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  # Weights large enough that attention is far from uniform: a wrong rotation or
+                  # mask changes the logits beyond the tolerance.
+                  initializer_range=0.25)
+    if family == "qwen3":
+        return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=16, **common))
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+
+
+def pair(family, seed=0):
+    """An eager model and a copy with the same weights."""
+    torch.manual_seed(seed)
+    eager = tiny(family).float()
+    copy = tiny(family).float()
+    copy.load_state_dict(eager.state_dict())
+    return eager, copy
+
+
+class Calls:
+    """Counts Runtime.call per (layer, mode, backward): proof that the bound kernel ran."""
+
+    def __init__(self):
+        self.counts = collections.Counter()
+        self._orig = Runtime.call
+
+    def __enter__(self):
+        counts, orig = self.counts, self._orig
+
+        def counting(rt, layer, args, backward=False):
+            counts[(layer, rt.mode, "backward" if backward else "forward")] += 1
+            return orig(rt, layer, args, backward)
+
+        Runtime.call = counting
+        return self.counts
+
+    def __exit__(self, *exc):
+        Runtime.call = self._orig
+
+
+def layers_called(counts, mode, direction="forward"):
+    return {layer for (layer, m, d), n in counts.items() if m == mode and d == direction and n}
+
+
+ALL = {"RMSNorm", "SiluAndMul", "RotaryEmbedding", "CrossEntropy", "Attention"}
+
+
+class BridgeTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        os.environ["KERNEL_HUB_CACHE"] = os.path.join(cls.tmp.name, "cache")
+        os.environ.pop("KERNEL_HUB_ENDPOINT", None)
+
+    def ids(self, seed=1):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(0, 96, (2, SEQ), generator=g)
+
+    def check_model(self, family):
+        eager, model = pair(family)
+        kernel_hub.kernelize(model, device="cpu")
+        rt = model.kernel_hub_runtime
+        self.assertEqual(set(rt.bound["eval"]), ALL, rt.report)
+        self.assertEqual(set(rt.bound["train"]), ALL, rt.report)
+        n_norms = 2 * 2 + 1 + (4 if family == "qwen3" else 0)  # + q_norm/k_norm per layer
+        self.assertEqual(model.kernel_hub_replaced["RMSNorm"], n_norms)
+        self.assertEqual(model.config._attn_implementation, "kernel_hub")
+        ids = self.ids()
+
+        # Eval: logits and loss within fp32 tolerance; every layer ran its eval op.
+        eager.eval()
+        model.eval()
+        self.assertEqual(rt.mode, "eval")
+        with torch.no_grad(), Calls() as calls:
+            want, got = eager(ids, labels=ids), model(ids, labels=ids)
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+        self.assertEqual(layers_called(calls, "eval"), ALL, calls)
+        self.assertEqual(calls[("RMSNorm", "eval", "forward")], n_norms)
+
+        # Train: forward_train and backward ops; gradients match eager's.
+        eager.train()
+        model.train()
+        self.assertEqual(rt.mode, "train")
+        self.assertEqual(rt.native_mode(), "train")
+        want = eager(ids, labels=ids)
+        with Calls() as calls:
+            got = model(ids, labels=ids)
+            got.loss.backward()
+        want.loss.backward()
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+        self.assertEqual(layers_called(calls, "train"), ALL, calls)
+        self.assertEqual(layers_called(calls, "train", "backward"), ALL, calls)
+        self.assertFalse(layers_called(calls, "eval"), calls)
+        for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+        # Back to eval: the eval table again.
+        model.eval()
+        self.assertEqual(rt.native_mode(), "eval")
+        with torch.no_grad(), Calls() as calls:
+            model(ids)
+        self.assertEqual(layers_called(calls, "eval"), ALL - {"CrossEntropy"}, calls)
+        self.assertFalse(layers_called(calls, "train"), calls)
+        return eager, model
+
+    def test_qwen3(self):
+        self.check_model("qwen3")
+
+    def test_llama(self):
+        self.check_model("llama")
+
+    def test_compile_fullgraph(self):
+        eager, model = pair("qwen3")
+        kernel_hub.kernelize(model, device="cpu")
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True)  # a graph break raises
+        ids = self.ids(2)
+        eager.eval()
+        model.eval()
+        with torch.no_grad(), Calls() as calls:
+            want, got = eager(ids, labels=ids), compiled(ids, labels=ids)
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+        self.assertEqual(layers_called(calls, "eval"), ALL, calls)
+        eager.train()
+        compiled.train()  # recompiles for the train table (guards on the runtime's mode)
+        self.assertEqual(model.kernel_hub_runtime.mode, "train")
+        with Calls() as calls:
+            got = compiled(ids, labels=ids)
+            got.loss.backward()
+        want = eager(ids, labels=ids)
+        want.loss.backward()
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+        self.assertEqual(layers_called(calls, "train", "backward"), ALL, calls)
+        for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+    def test_generate_with_kv_cache(self):
+        # Decode steps: one query against the cache (the kernel's bottom-right causal mask).
+        eager, model = pair("llama")
+        kernel_hub.kernelize(model, device="cpu")
+        eager.eval()
+        model.eval()
+        ids = self.ids(6)[:1, :5]
+        with torch.no_grad(), Calls() as calls:
+            got = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        want = eager.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        self.assertEqual(got.tolist(), want.tolist())
+        self.assertGreaterEqual(calls[("Attention", "eval", "forward")], 2 * 6, calls)
+
+    def test_transformers_config_forms(self):
+        # Transformers' names and forms; values go to the C API as written.
+        eager, model = pair("llama")
+        config = {
+            "RMSNorm": {"cuda": "kernel-hub/norm:RMSNorm", "cpu": "kernel-hub/norm"},
+            "rotary_pos_emb": ["kernel-hub/rotary", {"version": 1}],
+            "SiluAndMul": {"cpu": {"eval": "kernel-hub/activation"}},  # eval only
+            "ForCausalLMLoss": "kernel-hub/softmax@v1",
+        }
+        kernel_hub.kernelize(model, config=config, device="cpu")
+        rt = model.kernel_hub_runtime
+        self.assertEqual(set(rt.bound["eval"]),
+                         {"RMSNorm", "RotaryEmbedding", "SiluAndMul", "CrossEntropy"})
+        self.assertEqual(set(rt.bound["train"]), {"RMSNorm", "RotaryEmbedding", "CrossEntropy"})
+        self.assertNotEqual(model.config._attn_implementation, "kernel_hub")  # not mapped
+        ids = self.ids(3)
+        eager.train()
+        model.train()
+        with Calls() as calls:
+            got = model(ids, labels=ids)
+            got.loss.backward()
+        want = eager(ids, labels=ids)
+        want.loss.backward()
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+        # SiluAndMul has no train binding: PyTorch's MLP ran in train mode.
+        self.assertNotIn(("SiluAndMul", "train", "forward"), calls)
+        self.assertIn(("RMSNorm", "train", "backward"), calls)
+        for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+    def test_inference_mode_only(self):
+        eager, model = pair("qwen3")
+        kernel_hub.kernelize(model, device="cpu", mode="inference")
+        rt = model.kernel_hub_runtime
+        self.assertEqual(set(rt.bound["eval"]), ALL)
+        self.assertEqual(rt.bound["train"], {})
+        ids = self.ids(4)
+        model.train()
+        eager.train()
+        with Calls() as calls:
+            got = model(ids, labels=ids)
+        self.assertEqual(sum(calls.values()), 0, calls)  # nothing bound for train: PyTorch
+        torch.testing.assert_close(got.loss, eager(ids, labels=ids).loss)
+
+    def test_padding_mask_falls_back_to_sdpa(self):
+        eager, model = pair("qwen3")
+        eager.set_attn_implementation("sdpa")
+        kernel_hub.kernelize(model, device="cpu")
+        ids = self.ids(5)
+        mask = torch.ones_like(ids)
+        mask[0, :3] = 0  # left padding: not what the kernel path takes
+        eager.eval()
+        model.eval()
+        with torch.no_grad(), Calls() as calls:
+            want = eager(ids, attention_mask=mask)
+            got = model(ids, attention_mask=mask)
+        self.assertNotIn(("Attention", "eval", "forward"), calls)
+        self.assertIn(("RMSNorm", "eval", "forward"), calls)
+        torch.testing.assert_close(got.logits[1], want.logits[1], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got.logits[0, 3:], want.logits[0, 3:], rtol=1e-4, atol=1e-5)
+
+    def test_only_equivalent_rms_norms_are_replaced(self):
+        class ZeroCenteredRMSNorm(torch.nn.Module):  # Gemma's (1 + weight)
+            def __init__(self, n):
+                super().__init__()
+                self.weight = torch.nn.Parameter(torch.zeros(n))
+                self.variance_epsilon = 1e-6
+
+            def forward(self, x):
+                v = x.pow(2).mean(-1, keepdim=True)
+                return (1 + self.weight) * x * torch.rsqrt(v + self.variance_epsilon)
+
+        _, model = pair("llama")
+        model.model.norm = ZeroCenteredRMSNorm(64)
+        kernel_hub.kernelize(model, device="cpu")
+        self.assertIs(type(model.model.norm), ZeroCenteredRMSNorm)
+        self.assertEqual(model.kernel_hub_replaced["RMSNorm"], 4)  # the decoder layers' only
+
+    def test_errors_carry_the_status(self):
+        _, model = pair("llama")
+        with self.assertRaises(kernel_hub.KernelHubError) as cm:
+            kernel_hub.kernelize(model, config={"RMSNorm": {"gpu": "kernel-hub/norm"}},
+                                 device="cpu")
+        self.assertEqual(cm.exception.status, "KH_ERR_INVALID_ARGUMENT")
+        self.assertIn("gpu", str(cm.exception))
+        with self.assertRaises(kernel_hub.KernelHubError) as cm:
+            kernel_hub.kernelize(model, config={"RMSNorm": "kernel-hub/no-such-package"},
+                                 device="cpu", strict=True)
+        self.assertIn("no-such-package", str(cm.exception))
+        with self.assertRaises(ValueError):
+            kernel_hub.kernelize(model, device="cpu", mode="sometimes")
+
+    def test_pull_lock_trust(self):
+        trust = kernel_hub.trust_status("kernel-hub/norm@v1")
+        self.assertEqual(trust["status"], "signed", trust)
+        lock_path = os.path.join(self.tmp.name, "kernels.lock")
+        summary = kernel_hub.lock({"RMSNorm": "kernel-hub/norm", "rotary_pos_emb":
+                                   "kernel-hub/rotary"}, lock_path, targets=["cpu"])
+        self.assertEqual(sorted(e["ref"] for e in summary["entries"]),
+                         ["kernel-hub/norm@v1", "kernel-hub/rotary@v1"])
+        pulled = kernel_hub.pull(lock=lock_path)
+        self.assertTrue(pulled, pulled)
+        # kernelize under the lock binds what it pins; a layer outside it cannot be served.
+        eager, model = pair("qwen3")
+        kernel_hub.kernelize(model, config={"RMSNorm": "kernel-hub/norm"}, device="cpu",
+                             lock=lock_path)
+        self.assertEqual(set(model.kernel_hub_runtime.bound["eval"]), {"RMSNorm"})
+        with self.assertRaises(kernel_hub.KernelHubError):
+            kernel_hub.kernelize(model, config={"SiluAndMul": "kernel-hub/activation"},
+                                 device="cpu", lock=lock_path, strict=True)
+        with self.assertRaises(kernel_hub.KernelHubError) as cm:
+            kernel_hub.pull("kernel-hub/absent@v1")
+        self.assertIn("absent", str(cm.exception))
+        self.assertEqual(cm.exception.status, "not_found")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

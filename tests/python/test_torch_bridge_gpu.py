@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""The kernel_hub package on a CUDA GPU (CTest label gpu; the H200 run): small Qwen3 and Llama
+models in bf16, kernelized with the hub's cuda packages against eager copies: logits, loss and
+gradients within bf16 tolerance, every layer served by its kernel (calls counted), train/eval
+swap, torch.compile(fullgraph=True), and a CUDA graph of the kernelized eval forward whose replay
+equals eager. Exit 77 (skipped) without torch, transformers or a CUDA device.
+
+Usage: test_torch_bridge_gpu.py (KERNEL_HUB_LIBRARY, KERNEL_HUB_CLI and PYTHONPATH as CTest
+sets them)."""
+import os
+import sys
+import tempfile
+import unittest
+
+try:
+    import torch
+    import transformers
+except ImportError as e:
+    print(f"SKIPPED: needs torch and transformers ({e})")
+    sys.exit(77)
+if not torch.cuda.is_available():
+    print("SKIPPED: no CUDA device (torch.cuda.is_available() is False)")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
+                                "python"))
+import kernel_hub  # noqa: E402
+from test_torch_bridge import ALL, Calls, layers_called  # noqa: E402
+
+DEV = torch.device("cuda", 0)
+BATCH, SEQ = 2, 256
+
+
+def tiny(family):
+    common = dict(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024)
+    if family == "qwen3":
+        return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=64, **common))
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+
+
+def pair(family):
+    torch.manual_seed(0)
+    eager = tiny(family).to(DEV, torch.bfloat16)
+    eager.set_attn_implementation("sdpa")
+    model = tiny(family).to(DEV, torch.bfloat16)
+    model.load_state_dict(eager.state_dict())
+    return eager, model
+
+
+def close_grads(test, eager, model):
+    """bf16 gradients of two implementations: relative error of each parameter's gradient."""
+    for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
+        err = (q.grad.float() - p.grad.float()).norm() / p.grad.float().norm().clamp_min(1e-6)
+        test.assertLess(err.item(), 5e-2, name)
+
+
+class GpuBridgeTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        os.environ["KERNEL_HUB_CACHE"] = os.path.join(cls.tmp.name, "cache")
+
+    def ids(self):
+        g = torch.Generator().manual_seed(1)
+        return torch.randint(0, 4096, (BATCH, SEQ), generator=g).to(DEV)
+
+    def check(self, family):
+        eager, model = pair(family)
+        kernel_hub.kernelize(model)  # device: the parameters' (cuda:0)
+        rt = model.kernel_hub_runtime
+        self.assertEqual(set(rt.bound["eval"]), ALL, rt.report)
+        self.assertEqual(set(rt.bound["train"]), ALL, rt.report)
+        ids = self.ids()
+        eager.eval()
+        model.eval()
+        with torch.no_grad(), Calls() as calls:
+            want, got = eager(ids, labels=ids), model(ids, labels=ids)
+        torch.testing.assert_close(got.logits, want.logits, rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-2, atol=1e-2)
+        self.assertEqual(layers_called(calls, "eval"), ALL, calls)
+        eager.train()
+        model.train()
+        with Calls() as calls:
+            got = model(ids, labels=ids)
+            got.loss.backward()
+        want = eager(ids, labels=ids)
+        want.loss.backward()
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-2, atol=1e-2)
+        self.assertEqual(layers_called(calls, "train", "backward"), ALL, calls)
+        close_grads(self, eager, model)
+        return eager, model
+
+    def test_qwen3(self):
+        self.check("qwen3")
+
+    def test_llama(self):
+        self.check("llama")
+
+    def test_compile_fullgraph(self):
+        eager, model = pair("qwen3")
+        kernel_hub.kernelize(model)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True)
+        ids = self.ids()
+        eager.train()
+        compiled.train()
+        got = compiled(ids, labels=ids)
+        got.loss.backward()
+        want = eager(ids, labels=ids)
+        want.loss.backward()
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-2, atol=1e-2)
+        close_grads(self, eager, model)
+
+    def test_cuda_graph_replay(self):
+        eager, model = pair("llama")
+        kernel_hub.kernelize(model)
+        rt = model.kernel_hub_runtime
+        eager.eval()
+        model.eval()
+        ids = self.ids()
+        static_ids = ids.clone()
+        with torch.no_grad():
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):  # warm-up: device code compiled and loaded before capture
+                for _ in range(2):
+                    model(static_ids)
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            rt.set_capturing(True)
+            try:
+                with Calls() as calls, torch.cuda.graph(graph):
+                    static_out = model(static_ids).logits
+                with self.assertRaises(kernel_hub.KernelHubError):
+                    rt.set_mode("train")  # refused during a capture
+            finally:
+                rt.set_capturing(False)
+            self.assertEqual(layers_called(calls, "eval"), ALL - {"CrossEntropy"}, calls)
+            other = torch.randint(0, 4096, ids.shape, device=DEV)
+            static_ids.copy_(other)
+            graph.replay()
+            torch.cuda.synchronize()
+            want = eager(other).logits
+        torch.testing.assert_close(static_out, want, rtol=3e-2, atol=3e-2)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

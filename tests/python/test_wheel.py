@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""The kernel_hub wheel: built offline from this build tree (pip wheel --no-build-isolation
+--no-index, from a copy of tools/python so the checkout stays clean), installed into a scratch
+folder with pip, then used from there with no KERNEL_HUB_* variable pointing back at the tree:
+the library, the CLI and the signed default hub must all come from the wheel (the share layout,
+hub/data_dir.cpp). No torch needed.
+
+Usage: test_wheel.py BUILD_DIR (exit 0 = pass; 77 = skipped: no pip or setuptools)."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.normpath(os.path.join(HERE, "..", "..", "tools", "python"))
+
+CHECK = r"""
+import ctypes, json, os, sys
+import kernel_hub
+from kernel_hub.runtime import Runtime
+site = sys.argv[1]
+assert kernel_hub.library_path().startswith(site), kernel_hub.library_path()
+assert kernel_hub.cli_path().startswith(site), kernel_hub.cli_path()
+print("version", kernel_hub.version())
+trust = kernel_hub.trust_status("kernel-hub/norm@v1")
+assert trust["status"] == "signed", trust
+rt = Runtime(["RMSNorm"])
+report = rt.kernelize({"RMSNorm": "kernel-hub/norm"}, device="cpu")
+assert rt.is_bound("RMSNorm", "eval") and rt.is_bound("RMSNorm", "train"), report
+print("bound from", [b["kernel"] for b in report["bindings"]])
+"""
+
+
+def main():
+    build = os.path.abspath(sys.argv[1])
+    try:  # pip, and setuptools with bdist_wheel (built in since 70.1, else the wheel package)
+        import setuptools
+        if tuple(int(p) for p in setuptools.__version__.split(".")[:2]) < (70, 1):
+            import wheel  # noqa: F401
+        subprocess.run([sys.executable, "-m", "pip", "--version"], check=True,
+                       stdout=subprocess.DEVNULL)
+    except (ImportError, ValueError, subprocess.CalledProcessError) as e:
+        print(f"SKIPPED: building the wheel offline needs pip and setuptools >= 70.1 (or the "
+              f"wheel package) in {sys.executable} ({e!r}); -DKH_TORCH_PYTHON picks another")
+        return 77
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "src")
+        shutil.copytree(SOURCE, src, ignore=shutil.ignore_patterns("build", "dist", "*.egg-info",
+                                                                    "__pycache__", "_sdk"))
+        env = dict(os.environ, KERNEL_HUB_BUILD_DIR=build, PIP_NO_INDEX="1",
+                   PIP_DISABLE_PIP_VERSION_CHECK="1")
+        for k in ("KERNEL_HUB_LIBRARY", "KERNEL_HUB_CLI", "KERNEL_HUB_DATA_DIR",
+                  "KERNEL_HUB_ENDPOINT", "PYTHONPATH"):
+            env.pop(k, None)
+        dist = os.path.join(tmp, "dist")
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                        "-q", "-w", dist, src], check=True, env=env)
+        (wheel,) = os.listdir(dist)
+        assert "-linux_" in wheel, f"{wheel}: expected a platform wheel (native library inside)"
+        names = zipfile.ZipFile(os.path.join(dist, wheel)).namelist()
+        for want in ("kernel_hub/_sdk/bin/kernel-hub", "libkernel_hub.so.0",
+                     "kernel_hub/_sdk/share/kernel-hub/default-hub/kernel-hub/norm/",
+                     "kernel_hub/_sdk/share/kernel-hub/default-hub-key/signing.pub",
+                     "kernel_hub/ops.py", "kernel_hub/kernel_hub_ctypes.py"):
+            assert any(want in n for n in names), f"{wheel} lacks {want}"
+        size = os.path.getsize(os.path.join(dist, wheel))
+        print(f"{wheel}: {len(names)} files, {size / 2**20:.1f} MiB")
+        site = os.path.join(tmp, "site")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                        site, os.path.join(dist, wheel)], check=True, env=env)
+        env["PYTHONPATH"] = site
+        env["KERNEL_HUB_CACHE"] = os.path.join(tmp, "cache")
+        subprocess.run([sys.executable, "-c", CHECK, site], check=True, env=env, cwd=tmp)
+        # The console script runs the carried CLI.
+        out = subprocess.run([os.path.join(site, "bin", "kernel-hub"), "--version"],
+                             capture_output=True, text=True, env=env)
+        assert out.returncode == 0 and out.stdout.strip(), out
+        print("kernel-hub script:", out.stdout.strip())
+    print("wheel: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,359 @@
+"""kernelize(model, config=..., device=..., mode=...): binds kernel-hub packages to a PyTorch /
+Transformers model's layers, by Transformers' layer names.
+
+What is replaced (each only where the config serves the layer on the model's device, in the
+current mode; anything else keeps PyTorch's code):
+  RMSNorm          modules whose class name ends in "RMSNorm" and whose forward computes
+                   weight * x * rsqrt(mean(x^2) + eps) (checked on a small input at kernelize
+                   time: Gemma's (1 + weight) and zero-centred variants are left alone)
+  SiluAndMul       MLP modules with gate_proj, up_proj, down_proj and a SiLU act_fn
+                   (down(silu(gate(x)) * up(x)); Transformers' SwiGLU MLPs)
+  RotaryEmbedding  the apply_rotary_pos_emb of the model's modeling module (Transformers'
+                   "rotary_pos_emb"; NeoX layout, unsqueeze_dim 1), for calls from this
+                   model's attention modules only
+  CrossEntropy     the model's loss_function when it is ForCausalLMLoss
+  Attention        attn_implementation="kernel_hub" (Transformers' AttentionInterface): causal
+                   or full attention without a padding mask or dropout; a padded batch, dropout or
+                   an explicit mask falls back to SDPA.
+
+Config keys are hub layer names (RMSNorm, SiluAndMul, RotaryEmbedding, CrossEntropy, Attention)
+or Transformers' names for them (TRANSFORMERS_NAMES); values are passed to the C API untouched
+(kh_runtime_kernelize parses every KernelConfig form)."""
+import sys
+
+import torch
+
+from . import ops
+from .runtime import Runtime
+
+# Transformers' layer names (its kernel mapping and KernelConfig keys) -> kernel-hub layer names.
+TRANSFORMERS_NAMES = {
+    "rotary_pos_emb": "RotaryEmbedding",
+    "ForCausalLMLoss": "CrossEntropy",
+    "SiLU": "SiluAndMul",
+    "SwiGLU": "SiluAndMul",
+    "MLP": "SiluAndMul",
+    "attention": "Attention",
+    "kernel_hub": "Attention",
+}
+LAYERS = ("RMSNorm", "SiluAndMul", "RotaryEmbedding", "CrossEntropy", "Attention")
+
+# The hub's default mapping (manifests/examples/demo-config.json's packages).
+DEFAULT_CONFIG = {
+    "RMSNorm": "kernel-hub/norm",
+    "SiluAndMul": "kernel-hub/activation",
+    "RotaryEmbedding": "kernel-hub/rotary",
+    "CrossEntropy": "kernel-hub/softmax",
+    "Attention": "kernel-hub/attention",
+}
+
+MODES = {None: ("eval", "train"), "inference": ("eval",), "eval": ("eval",),
+         "training": ("train",), "train": ("train",), "both": ("eval", "train")}
+
+
+def hub_config(config):
+    """The config with Transformers' layer names renamed to the hub's (values untouched)."""
+    if config is None:
+        return dict(DEFAULT_CONFIG)
+    if not isinstance(config, dict):
+        config = getattr(config, "kernel_mapping", None) or getattr(config, "to_dict")()
+    out = {}
+    for key, value in config.items():
+        name = TRANSFORMERS_NAMES.get(key, key)
+        if name in out:
+            raise ValueError(f"kernel_hub.kernelize: the config maps layer {name} twice (as "
+                             f"{key!r} and another name); keep one")
+        out[name] = value
+    return out
+
+
+def device_spec(device):
+    """kh_runtime_kernelize's device: "cpu", or cuda:sm_XY:cuda_V for a torch cuda device."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return "cpu", device
+    if device.type != "cuda":
+        raise ValueError(f"kernel_hub.kernelize: device {device} is neither cpu nor cuda")
+    if device.index not in (None, 0):
+        raise ValueError(f"kernel_hub.kernelize: {device}: kh_runtime_kernelize binds CUDA device "
+                         "0 only; run the model on cuda:0 (CUDA_VISIBLE_DEVICES selects the GPU)")
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"cuda:sm_{major}{minor}:cuda_{driver_cuda_version()}", device
+
+
+def driver_cuda_version():
+    """The CUDA version the driver supports (cuDriverGetVersion), which decides which variants
+    can load; torch.version.cuda (torch's own toolkit) where the driver cannot be asked."""
+    import ctypes
+    try:
+        v = ctypes.c_int()
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(v)) == 0 and v.value:
+            return f"{v.value // 1000}.{v.value % 1000 // 10}"
+    except OSError:
+        pass
+    return torch.version.cuda
+
+
+# ---- The replacements ----
+
+class _Bound:
+    """What a replaced module or function needs: the runtime and the device type it serves."""
+
+    def __init__(self, rt, device_type):
+        self.rt, self.device_type = rt, device_type
+
+    def use(self, layer, x, needs_grad=False):
+        """Whether the bound kernel serves this call. Eval tables hold forward ops without
+        autograd: a call that needs gradients in eval mode stays with PyTorch."""
+        if needs_grad and self.rt.mode == "eval" and torch.is_grad_enabled():
+            return False
+        return x.device.type == self.device_type and self.rt.is_bound(layer)
+
+
+def _kernel_rms_norm(mod, x):
+    kh = mod._kernel_hub
+    needs_grad = x.requires_grad or mod.weight.requires_grad
+    if not kh.use("RMSNorm", x, needs_grad) or mod.weight.dtype != x.dtype:
+        return mod._kernel_hub_forward(x)
+    eps = float(mod._kernel_hub_eps)
+    x = x.contiguous()
+    if kh.rt.mode == "train":
+        return ops.rms_norm_train(x, mod.weight, eps, kh.rt.id)[0]
+    return ops.rms_norm(x, mod.weight, eps, kh.rt.id)
+
+
+def _kernel_mlp(mod, x):
+    kh = mod._kernel_hub
+    if not kh.use("SiluAndMul", x):
+        return mod._kernel_hub_forward(x)
+    h = torch.cat([mod.gate_proj(x), mod.up_proj(x)], dim=-1)
+    return mod.down_proj(ops.silu_and_mul(h, kh.rt.id))
+
+
+_swapped = {}
+
+
+def _swap_forward(mod, forward, kh):
+    """Gives `mod` a subclass of its class whose forward is `forward` (the original stays
+    reachable as _kernel_hub_forward); torch.compile traces it like any module."""
+    cls = type(mod)
+    if getattr(cls, "_kernel_hub_base", None) is not None:
+        cls = cls._kernel_hub_base
+    key = (cls, forward)
+    if key not in _swapped:
+        _swapped[key] = type(cls.__name__, (cls,), {
+            "forward": forward, "_kernel_hub_base": cls,
+            "_kernel_hub_forward": lambda self, *a, **k: cls.forward(self, *a, **k)})
+    mod.__class__ = _swapped[key]
+    mod._kernel_hub = kh
+
+
+def _is_plain_rms_norm(mod):
+    if not type(mod).__name__.endswith("RMSNorm"):
+        return False
+    eps = getattr(mod, "variance_epsilon", getattr(mod, "eps", None))
+    w = getattr(mod, "weight", None)
+    if not isinstance(eps, float) or not isinstance(w, torch.Tensor) or w.dim() != 1:
+        return False
+    if w.device.type == "meta":
+        return False
+    with torch.no_grad():
+        x = torch.randn(2, w.shape[0], device=w.device, dtype=w.dtype)
+        xf = x.float()
+        want = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(w.dtype)
+        base = getattr(type(mod), "_kernel_hub_base", type(mod))
+        got = base.forward(mod, x)
+    mod._kernel_hub_eps = eps
+    return got.shape == want.shape and torch.allclose(got.float(), want.float(), rtol=1e-3,
+                                                      atol=1e-3)
+
+
+def _is_silu_mlp(mod):
+    act = getattr(mod, "act_fn", None)
+    return (all(isinstance(getattr(mod, n, None), torch.nn.Linear)
+                for n in ("gate_proj", "up_proj", "down_proj"))
+            and type(act).__name__ in ("SiLU", "SiLUActivation"))
+
+
+# The _Bound of the kernelized attention module running now (None outside one): the modeling
+# module's apply_rotary_pos_emb is one function for every model of that family, so the
+# replacement serves only calls made from inside a kernelized model's attention.
+_active = None
+
+
+def _kernel_attention(mod, *args, **kwargs):
+    global _active
+    outer, _active = _active, mod._kernel_hub
+    try:
+        return mod._kernel_hub_forward(*args, **kwargs)
+    finally:
+        _active = outer
+
+
+def _rotary_replacement(original):
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, **kwargs):
+        kh = _active
+        if (kh is None or unsqueeze_dim != 1 or kwargs or not kh.use("RotaryEmbedding", q)
+                or cos.shape[-1] % 2 or cos.shape[-1] > q.shape[-1] or q.dim() != 4):
+            return original(q, k, cos, sin, unsqueeze_dim, **kwargs)
+        return ops.rotary(q, k, cos.to(q.dtype), sin.to(q.dtype), kh.rt.id)
+
+    apply_rotary_pos_emb._kernel_hub_original = original
+    return apply_rotary_pos_emb
+
+
+def _loss_replacement(original, kh):
+    def ForCausalLMLoss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100,
+                        shift_labels=None, **kwargs):
+        if not kh.use("CrossEntropy", logits, logits.requires_grad):
+            return original(logits, labels, vocab_size, num_items_in_batch=num_items_in_batch,
+                            ignore_index=ignore_index, shift_labels=shift_labels, **kwargs)
+        logits = logits.float()
+        if shift_labels is None:
+            labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
+            shift_labels = labels[..., 1:].contiguous()
+        logits = logits.view(-1, vocab_size)
+        shift_labels = shift_labels.view(-1).to(logits.device)
+        if kh.rt.mode == "train":
+            per_token = ops.cross_entropy_train(logits, shift_labels, ignore_index, kh.rt.id)[0]
+        else:
+            per_token = ops.cross_entropy(logits, shift_labels, ignore_index, kh.rt.id)
+        if num_items_in_batch is None:  # "mean" over the tokens not ignored, as torch does
+            return per_token.sum() / (shift_labels != ignore_index).sum()
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(per_token.device)
+        return per_token.sum() / num_items_in_batch
+
+    return ForCausalLMLoss
+
+
+def kernel_hub_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                         sliding_window=None, is_causal=None, **kwargs):
+    """Transformers' attention interface for attn_implementation="kernel_hub": query
+    [batch, heads, seq, d] -> ([batch, seq, heads, d], None)."""
+    kh = getattr(module, "_kernel_hub", None)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # No mask: every key is visible up to the causal diagonal. The kernel's causal mask is
+    # aligned bottom-right, which is that diagonal when the lengths are equal or one query
+    # attends to all; a longer KV (a static cache's prefill) needs SDPA's top-left alignment.
+    lengths_ok = query.dim() == 4 and (query.shape[2] == key.shape[2] or query.shape[2] == 1)
+    if (kh is None or not kh.use("Attention", query) or attention_mask is not None
+            or dropout > 0.0 or not lengths_ok):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=dropout, sliding_window=sliding_window,
+                                      is_causal=is_causal, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    window_left = sliding_window - 1 if sliding_window else -1
+    out, _ = ops.attention(query.transpose(1, 2).contiguous(), key.transpose(1, 2).contiguous(),
+                           value.transpose(1, 2).contiguous(), int(bool(causal)), window_left,
+                           float(scale), kh.rt.id)
+    return out, None
+
+
+def kernel_hub_mask(*args, **kwargs):
+    """The mask function of attn_implementation="kernel_hub": None (the kernel masks causally by
+    itself) for a plain causal mask without padding or window and equal lengths or one query,
+    also while tracing or capturing a CUDA graph (where SDPA's mask function builds the mask);
+    otherwise SDPA's mask, and kernel_hub_attention then falls back to SDPA."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+    q, kv = kwargs.get("q_length"), kwargs.get("kv_length")
+    if (not args and kwargs.get("attention_mask") is None and kwargs.get("local_size") is None
+            and kwargs.get("mask_function") is causal_mask_function
+            and isinstance(q, int) and isinstance(kv, int) and (q == kv or q == 1)):
+        return None
+    return sdpa_mask(*args, **kwargs)
+
+
+def register_attention():
+    """Registers "kernel_hub" in Transformers' AttentionInterface and AttentionMaskInterface so
+    attn_implementation="kernel_hub" can be asked for. Called by kernelize and on import when
+    transformers is already imported."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    AttentionInterface.register("kernel_hub", kernel_hub_attention)
+    AttentionMaskInterface.register("kernel_hub", kernel_hub_mask)
+
+
+def _attention_modules(model):
+    for m in model.modules():
+        if hasattr(m, "q_proj") and hasattr(m, "o_proj") and hasattr(m, "head_dim"):
+            yield m
+
+
+def kernelize(model, config=None, device=None, mode=None, hub=None, lock=None, strict=False):
+    """Binds kernel-hub packages to `model`'s layers and returns the model.
+
+    config  a KernelConfig dict in any form kh_runtime_kernelize accepts (Transformers' plain
+            {"RMSNorm": "org/repo", ...}, per device {"RMSNorm": {"cuda": ..., "cpu": ...}}, mode
+            maps {"eval": ..., "train": ...}), or a transformers.KernelConfig; keys may be
+            Transformers' names (TRANSFORMERS_NAMES). Default: DEFAULT_CONFIG.
+    device  torch device the model runs on (default: its parameters' device)
+    mode    "inference"/"eval", "training"/"train", or None (both): which tables are bound
+    hub     hub address (default $KERNEL_HUB_ENDPOINT, else the embedded default hub)
+    lock    a kernels.lock: only its digests are accepted
+    strict  a mapped layer that falls back fails instead
+
+    model.train() / model.eval() then publish the matching table (Runtime.set_mode). The
+    runtime and its report are model.kernel_hub_runtime and .report."""
+    if device is None:
+        p = next(model.parameters(), None)
+        device = p.device if p is not None else "cpu"
+    spec, device = device_spec(device)
+    if mode not in MODES:
+        raise ValueError(f"kernel_hub.kernelize: mode {mode!r}; expected one of "
+                         f"{sorted(k for k in MODES if k)} or None (both)")
+    rt = Runtime(LAYERS, strict=strict)
+    rt.kernelize(hub_config(config), hub=hub, device=spec, modes=MODES[mode], strict=strict,
+                 lock=lock)
+    kh = _Bound(rt, device.type)
+    replaced = {name: 0 for name in LAYERS}
+    for m in model.modules():
+        if _is_plain_rms_norm(m):
+            _swap_forward(m, _kernel_rms_norm, kh)
+            replaced["RMSNorm"] += 1
+        elif _is_silu_mlp(m):
+            _swap_forward(m, _kernel_mlp, kh)
+            replaced["SiluAndMul"] += 1
+    # Rotary: the modeling module's apply_rotary_pos_emb, which its attention calls by name;
+    # the attention modules mark themselves active while they run (_kernel_attention).
+    for m in list(_attention_modules(model)):
+        base = getattr(type(m), "_kernel_hub_base", type(m))
+        mod = sys.modules.get(base.__module__)
+        fn = getattr(mod, "apply_rotary_pos_emb", None) if mod else None
+        if fn is not None and not hasattr(fn, "_kernel_hub_original"):
+            mod.apply_rotary_pos_emb = _rotary_replacement(fn)
+        if fn is not None:
+            replaced["RotaryEmbedding"] += 1
+        _swap_forward(m, _kernel_attention, kh)
+    if "Attention" in rt.bound["eval"] or "Attention" in rt.bound["train"]:
+        register_attention()
+        if getattr(model.config, "_attn_implementation", None) != "kernel_hub" and hasattr(
+                model, "set_attn_implementation"):
+            model.set_attn_implementation("kernel_hub")
+        replaced["Attention"] = sum(1 for _ in _attention_modules(model))
+    if hasattr(type(model), "loss_function"):
+        from transformers.loss.loss_utils import ForCausalLMLoss
+        current = model.loss_function
+        if getattr(current, "__name__", "") == "ForCausalLMLoss":
+            model.loss_function = _loss_replacement(
+                ForCausalLMLoss if current is ForCausalLMLoss else current, kh)
+            replaced["CrossEntropy"] = 1
+    _hook_train(model, rt)
+    model.kernel_hub_runtime = rt
+    model.kernel_hub_replaced = replaced
+    return model
+
+
+def _hook_train(model, rt):
+    """model.train(mode) / model.eval() also publish the runtime's train or eval table."""
+    base_train = getattr(model.train, "_kernel_hub_base", model.train)
+
+    def train(mode=True):
+        out = base_train(mode)
+        rt.set_mode("train" if mode else "eval")
+        return out
+
+    train._kernel_hub_base = base_train
+    model.train = train
+    rt.set_mode("train" if model.training else "eval")

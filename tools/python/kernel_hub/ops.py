@@ -1,0 +1,308 @@
+"""kernel-hub's layers as torch.library custom ops (namespace kernel_hub): each calls the layer
+bound in a Runtime (the `rt` argument, its id) through the C API, on DLPack views of the
+tensors and the current CUDA stream. Fake implementations give shapes and dtypes to
+torch.compile; autograd formulas call the layers' backward ops.
+
+Which op runs is the runtime's published table: eval mode calls the layer's forward op, train
+mode its forward_train op, whose arguments may differ (RMSNorm and CrossEntropy also write what
+backward needs). So each such layer has an eval op and a train op here; callers pick by
+Runtime.mode (bridge.py does).
+
+Arguments follow the packages' op schemas (kernels/*/host.cpp)."""
+import torch
+
+from . import runtime as _runtime
+
+Tensor = torch.Tensor
+
+
+def _call(rt, layer, args, backward=False):
+    _runtime.get(rt).call(layer, args, backward=backward)
+
+
+def _rows(x):
+    return x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+
+
+# ---- RMSNorm (kernel-hub/norm): x [..., cols] with a contiguous last dimension ----
+
+@torch.library.custom_op("kernel_hub::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, weight: Tensor, eps: float, rt: int) -> Tensor:
+    y = torch.empty_like(x)
+    _call(rt, "RMSNorm", [x, weight, eps, y])
+    return y
+
+
+@rms_norm.register_fake
+def _(x, weight, eps, rt):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("kernel_hub::rms_norm_train", mutates_args=())
+def rms_norm_train(x: Tensor, weight: Tensor, eps: float, rt: int) -> tuple[Tensor, Tensor]:
+    y = torch.empty_like(x)
+    rstd = torch.empty(_rows(x), dtype=torch.float32, device=x.device)
+    _call(rt, "RMSNorm", [x, weight, eps, y, rstd])
+    return y, rstd
+
+
+@rms_norm_train.register_fake
+def _(x, weight, eps, rt):
+    return torch.empty_like(x), x.new_empty(_rows(x), dtype=torch.float32)
+
+
+def _norm_workspace_rows(x):
+    # kh_norm_workspace_rows (kernels/norm/launch_config.h): about #SMs x rows per CTA walkers;
+    # on cpu one walker.
+    rows = _rows(x)
+    if x.device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    return max(1, min(rows, sms * 16))
+
+
+@torch.library.custom_op("kernel_hub::rms_norm_backward", mutates_args=())
+def rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor,
+                      rt: int) -> tuple[Tensor, Tensor]:
+    dx = torch.empty_like(x)
+    dweight = torch.empty_like(weight)
+    workspace = torch.empty(_norm_workspace_rows(x), x.shape[-1], dtype=torch.float32,
+                            device=x.device)
+    _call(rt, "RMSNorm", [dy, x, weight, rstd, dx, dweight, workspace], backward=True)
+    return dx, dweight
+
+
+@rms_norm_backward.register_fake
+def _(dy, x, weight, rstd, rt):
+    return torch.empty_like(x), torch.empty_like(weight)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, _eps, rt = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.rt = rt
+
+
+def _rms_norm_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dweight = rms_norm_backward(dy.contiguous(), x, weight, rstd, ctx.rt)
+    return dx, dweight, None, None
+
+
+rms_norm_train.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
+
+
+# ---- SiluAndMul (kernel-hub/activation): x [..., 2d] -> silu(x[..., :d]) * x[..., d:] ----
+
+@torch.library.custom_op("kernel_hub::silu_and_mul", mutates_args=())
+def silu_and_mul(x: Tensor, rt: int) -> Tensor:
+    y = x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
+    _call(rt, "SiluAndMul", [x, y])
+    return y
+
+
+@silu_and_mul.register_fake
+def _(x, rt):
+    return x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
+
+
+@torch.library.custom_op("kernel_hub::silu_and_mul_backward", mutates_args=())
+def silu_and_mul_backward(dy: Tensor, x: Tensor, rt: int) -> Tensor:
+    dx = torch.empty_like(x)
+    _call(rt, "SiluAndMul", [dy, x, dx], backward=True)
+    return dx
+
+
+@silu_and_mul_backward.register_fake
+def _(dy, x, rt):
+    return torch.empty_like(x)
+
+
+def _silu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.rt = inputs[1]
+
+
+def _silu_backward(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return silu_and_mul_backward(dy.contiguous(), x, ctx.rt), None
+
+
+silu_and_mul.register_autograd(_silu_backward, setup_context=_silu_setup)
+
+
+# ---- RotaryEmbedding (kernel-hub/rotary), in Transformers' layout ----
+# q [batch, q_heads, seq, head_dim], k [batch, k_heads, seq, head_dim], cos/sin [batch or 1, seq,
+# rot_dim] as Transformers' rotary modules make them (cat(freqs, freqs): the NeoX layout). The
+# package rotates [tokens, heads, head_dim] views in place from a [positions, rot_dim / 2] cache:
+# here the cache rows are the batch's tokens and positions are 0..tokens-1.
+
+def _rotate(rt, q, k, cos, sin, backward):
+    batch, seq = q.shape[0], q.shape[2]
+    half = cos.shape[-1] // 2
+    cos = cos.expand(batch, seq, cos.shape[-1])
+    sin = sin.expand(batch, seq, sin.shape[-1])
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)  # [batch, seq, heads, head_dim] views
+    try:  # one call when batch and seq collapse into tokens (Transformers' usual strides)
+        views = [(qt.view(batch * seq, *qt.shape[2:]), kt.view(batch * seq, *kt.shape[2:]),
+                  cos.reshape(batch * seq, -1), sin.reshape(batch * seq, -1))]
+    except RuntimeError:
+        views = [(qt[b], kt[b], cos[b], sin[b]) for b in range(batch)]
+    for qv, kv, c, s in views:
+        positions = torch.arange(qv.shape[0], dtype=torch.int64, device=q.device)
+        _call(rt, "RotaryEmbedding", [positions, qv, kv, c[:, :half], s[:, :half], 1],
+              backward=backward)
+
+
+@torch.library.custom_op("kernel_hub::rotary", mutates_args=())
+def rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, rt: int) -> tuple[Tensor, Tensor]:
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    qo.copy_(q)
+    ko.copy_(k)
+    _rotate(rt, qo, ko, cos, sin, backward=False)
+    return qo, ko
+
+
+@rotary.register_fake
+def _(q, k, cos, sin, rt):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.custom_op("kernel_hub::rotary_backward", mutates_args=())
+def rotary_backward(dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor,
+                    rt: int) -> tuple[Tensor, Tensor]:
+    dqo, dko = torch.empty_like(dq), torch.empty_like(dk)
+    dqo.copy_(dq)
+    dko.copy_(dk)
+    _rotate(rt, dqo, dko, cos, sin, backward=True)
+    return dqo, dko
+
+
+@rotary_backward.register_fake
+def _(dq, dk, cos, sin, rt):
+    return torch.empty_like(dq), torch.empty_like(dk)
+
+
+def _rotary_setup(ctx, inputs, output):
+    _q, _k, cos, sin, rt = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.rt = rt
+
+
+def _rotary_backward(ctx, dq, dk):
+    cos, sin = ctx.saved_tensors
+    dq, dk = rotary_backward(dq, dk, cos, sin, ctx.rt)
+    # cos and sin come from the rotary module's buffers: no gradient flows to them.
+    return dq, dk, None, None, None
+
+
+rotary.register_autograd(_rotary_backward, setup_context=_rotary_setup)
+
+
+# ---- CrossEntropy (kernel-hub/softmax): logits [tokens, vocab], int64 targets -> fp32 loss
+# per token (0 for ignore_index) ----
+
+@torch.library.custom_op("kernel_hub::cross_entropy", mutates_args=())
+def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, rt: int) -> Tensor:
+    loss = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    _call(rt, "CrossEntropy", [logits, targets, ignore_index, loss])
+    return loss
+
+
+@cross_entropy.register_fake
+def _(logits, targets, ignore_index, rt):
+    return logits.new_empty(logits.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("kernel_hub::cross_entropy_train", mutates_args=())
+def cross_entropy_train(logits: Tensor, targets: Tensor, ignore_index: int,
+                        rt: int) -> tuple[Tensor, Tensor]:
+    # forward_train writes the gradient too: dlogits = softmax - onehot (grad_scale 1).
+    loss = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+    dlogits = torch.empty_like(logits)
+    _call(rt, "CrossEntropy", [logits, targets, ignore_index, 1.0, loss, dlogits])
+    return loss, dlogits
+
+
+@cross_entropy_train.register_fake
+def _(logits, targets, ignore_index, rt):
+    return logits.new_empty(logits.shape[0], dtype=torch.float32), torch.empty_like(logits)
+
+
+@torch.library.custom_op("kernel_hub::cross_entropy_backward", mutates_args=())
+def cross_entropy_backward(dloss: Tensor, dlogits: Tensor, rt: int) -> Tensor:
+    # The backward op scales dlogits in place; the saved tensor stays intact (a second
+    # backward through a retained graph must see it unscaled), so it scales a copy.
+    out = dlogits.clone()
+    _call(rt, "CrossEntropy", [dloss, out], backward=True)
+    return out
+
+
+@cross_entropy_backward.register_fake
+def _(dloss, dlogits, rt):
+    return torch.empty_like(dlogits)
+
+
+def _ce_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+    ctx.rt = inputs[3]
+
+
+def _ce_backward(ctx, dloss, _ddlogits):
+    (dlogits,) = ctx.saved_tensors
+    return cross_entropy_backward(dloss.float().contiguous(), dlogits, ctx.rt), None, None, None
+
+
+cross_entropy_train.register_autograd(_ce_backward, setup_context=_ce_setup)
+
+
+# ---- Attention (kernel-hub/attention): padded q [batch, seq_q, q_heads, d], k/v [batch, seq_k,
+# k_heads, d] (GQA: q_heads a multiple of k_heads), causal bottom-right, sliding window ----
+
+@torch.library.custom_op("kernel_hub::attention", mutates_args=())
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: int, window_left: int, scale: float,
+              rt: int) -> tuple[Tensor, Tensor]:
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[2], q.shape[0] * q.shape[1], dtype=torch.float32, device=q.device)
+    _call(rt, "Attention", [q, k, v, None, None, q.shape[1], causal, window_left, scale, out, lse])
+    return out, lse
+
+
+@attention.register_fake
+def _(q, k, v, causal, window_left, scale, rt):
+    return torch.empty_like(q), q.new_empty(q.shape[2], q.shape[0] * q.shape[1],
+                                            dtype=torch.float32)
+
+
+@torch.library.custom_op("kernel_hub::attention_backward", mutates_args=())
+def attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                       causal: int, window_left: int, scale: float,
+                       rt: int) -> tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    workspace = None
+    if q.device.type == "cuda":  # tokens_q * q_heads * (head_dim + 1) fp32 (kernels/attention)
+        workspace = torch.empty(q.shape[0] * q.shape[1] * q.shape[2] * (q.shape[3] + 1),
+                                dtype=torch.float32, device=q.device)
+    _call(rt, "Attention", [dout, q, k, v, out, lse, None, None, q.shape[1], k.shape[1], causal,
+                            window_left, scale, dq, dk, dv, workspace], backward=True)
+    return dq, dk, dv
+
+
+@attention_backward.register_fake
+def _(dout, q, k, v, out, lse, causal, window_left, scale, rt):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attn_setup(ctx, inputs, output):
+    q, k, v, causal, window_left, scale, rt = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1])
+    ctx.args = (causal, window_left, scale, rt)
+
+
+def _attn_backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
+    return dq, dk, dv, None, None, None, None
+
+
+attention.register_autograd(_attn_backward, setup_context=_attn_setup)
