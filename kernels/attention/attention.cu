@@ -642,6 +642,17 @@ __device__ __forceinline__ void paged_kv_append(const kh_append_params& p) {
 
 }  // namespace
 
+#include "decode_tc.cuh"
+#define KH_ATTN_DECODE_TC(TNAME, T, D)                          \
+  extern "C" __global__ void __launch_bounds__(128)             \
+      attn_decode_tc_##TNAME##_d##D(const kh_decode_params p) { \
+    attn_decode_tc<T, D>(p);                                    \
+  }
+KH_ATTN_DECODE_TC(bf16, kh_bf16, 64)
+KH_ATTN_DECODE_TC(bf16, kh_bf16, 128)
+KH_ATTN_DECODE_TC(fp16, kh_fp16, 64)
+KH_ATTN_DECODE_TC(fp16, kh_fp16, 128)
+
 #define KH_ATTN_DECODE_ROWS(TNAME, T, D, R)                            \
   extern "C" __global__ void __launch_bounds__(32 * kh_decode_warps()) \
       attn_decode_##TNAME##_d##D##_r##R(const kh_decode_params p) {    \

@@ -190,6 +190,12 @@ KH_HD constexpr int kh_decode_warps() {
   return 4;
 }
 
+// Tensor-core decode (decode_tc.cuh; head_dim 64 and 128): 4 warps, 16 rows per CTA; shared
+// memory: Q and two K/V stages per warp (16 rows each).
+KH_HD constexpr int kh_decode_tc_smem_bytes(int head_dim) {
+  return 17 * 16 * head_dim * 2;
+}
+
 // Appends new tokens' K and V into the pages: token i of sequence b (n_new per sequence, the last
 // ones of seq_lens[b]) from k_new/v_new [batch * n_new, kv_heads, head_dim].
 struct kh_append_params {

@@ -544,7 +544,10 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
   KH_TRY(cuda_layout_ok(a.tensor("v_cache"), c.v.rows));
   const int d = static_cast<int>(q.head_dim);
   const int rows = p.q_heads / p.kv_heads * p.q_tokens;
-  const int r = kh_decode_rows(rows), groups = (rows + r - 1) / r;
+  // Tensor cores (decode_tc.cuh: 16 rows per CTA) for head_dim 64 and 128; CUDA cores (4 or 8
+  // rows per CTA) for head_dim 256.
+  const bool tc = d != 256;
+  const int r = tc ? 16 : kh_decode_rows(rows), groups = (rows + r - 1) / r;
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.kv_heads * groups;
   int64_t splits = (kDecodeTargetCtas + ctas - 1) / ctas;
   splits = splits < (max_ctx + kMinSplitTokens - 1) / kMinSplitTokens
@@ -573,8 +576,12 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
   p.split_tokens = static_cast<int>((max_ctx + splits - 1) / splits);
 
   char name[48];
-  snprintf(name, sizeof name, "attn_decode_%s_d%d_r%d", dtype_tag(q.dtype), d, r);
+  if (tc)
+    snprintf(name, sizeof name, "attn_decode_tc_%s_d%d", dtype_tag(q.dtype), d);
+  else
+    snprintf(name, sizeof name, "attn_decode_%s_d%d_r%d", dtype_tag(q.dtype), d, r);
   LaunchDims dims;
+  if (tc) dims.shared_mem_bytes = static_cast<uint32_t>(kh_decode_tc_smem_bytes(d));
   dims.grid[0] = static_cast<uint32_t>(p.splits);
   dims.grid[1] = static_cast<uint32_t>(p.kv_heads * groups);
   dims.grid[2] = static_cast<uint32_t>(p.batch);

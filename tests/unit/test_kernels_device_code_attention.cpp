@@ -4,7 +4,8 @@
 //    the known ones (bounded);
 //  - the Hopper forward (attn_fwd90_*, wgmma) is in the sm_90a code only;
 //  - the forward and backward ops launch attn_fwd90 / attn_bwd90 where the device code has them
-//    (head_dim 64 and 128) and the portable attn_fwd / attn_bwd elsewhere, every launch names a kernel of that device's code and fits
+//    (head_dim 64 and 128) and the portable attn_fwd / attn_bwd elsewhere, decode the
+//    tensor-core attn_decode_tc for head_dim 64 and 128, every launch names a kernel of that device's code and fits
 //    its launch bounds and the 227 KiB shared-memory limit (a recording backend with sm_80's
 //    kernels on device 0 and sm_90a's on device 1).
 #include <gtest/gtest.h>
@@ -98,6 +99,37 @@ TEST_F(AttentionCudaDispatch, HopperKernelsWhereTheDeviceCodeHasThemPortableElse
         EXPECT_EQ(c.grid[2], static_cast<uint32_t>(B));
         EXPECT_LE(c.shared_mem_bytes, 227u * 1024u);
         EXPECT_EQ(c.device_id, dev);
+
+        // Decode: tensor cores (16 rows per CTA) for head_dim 64 and 128, else CUDA cores.
+        {
+          const int64_t pages = 8, page = 16;
+          HostTensor dq_(dtype, B, H * d), dout(dtype, B, H * d), kc(dtype, pages * page, HK * d);
+          NdView qd(dq_.dl(), {B, 1, H, d}), od(dout.dl(), {B, 1, H, d}),
+              kcv(kc.dl(), {pages, page, HK, d});
+          HostTensor tab = attention_cases::int32_tensor({0, 1, 2, 3, 4, 5, 6, 7}),
+                     lens = attention_cases::int32_tensor({60, 50});
+          NdView tv(tab.dl(), {B, 4}, attention_cases::kInt32),
+              lv(lens.dl(), {B}, attention_cases::kInt32);
+          DLTensor DQ = on_cuda(&qd.t, dev), DO = on_cuda(&od.t, dev), KC = on_cuda(&kcv.t, dev),
+                   TB = on_cuda(&tv.t, dev), SL = on_cuda(&lv.t, dev);
+          ASSERT_EQ(pkg.call("paged_attention_decode",
+                             {targ(&DQ), targ(&KC), targ(&KC), targ(&TB), targ(&SL), iarg(-1),
+                              farg(0.125), targ(&DO), targ(nullptr)},
+                             &err),
+                    KH_OK)
+              << err;
+          std::vector<Launch> dl = backend_.take();
+          ASSERT_EQ(dl.size(), 1u);
+          const std::string dt = dtype == kBF16 ? "bf16" : "fp16";
+          if (d == 256)
+            EXPECT_TRUE(dl[0].kernel.starts_with("attn_decode_" + dt + "_d256_r")) << dl[0].kernel;
+          else
+            EXPECT_EQ(dl[0].kernel, "attn_decode_tc_" + dt + "_d" + std::to_string(d));
+          EXPECT_TRUE(code[dev].count(dl[0].kernel)) << dl[0].kernel;
+          EXPECT_EQ(dl[0].cfg.block[0], 128u);
+          EXPECT_EQ(dl[0].cfg.grid[1], static_cast<uint32_t>(HK));  // 4 rows per KV head: 1 group
+          EXPECT_LE(dl[0].cfg.shared_mem_bytes, 227u * 1024u);
+        }
         if (d == 256) continue;  // no backward for head_dim 256
 
         // The backward: pre, main (attn_bwd90 where the code has it), post.

@@ -1,0 +1,197 @@
+// Decode on tensor cores (sm_80+, head_dim 64 and 128): attention.cu's attn_decode with its dot
+// products on mma.sync. The (query head, query token) rows one KV head serves (the GQA group,
+// up to 16 per CTA, padded with rows that see nothing) are the M dimension of m16n8k16, so K and
+// V are read once per KV head and each 16-token chunk costs 32 tensor-core instructions per warp
+// instead of 16 * D multiply-adds per row on the CUDA cores.
+//
+// One CTA of 4 warps per (context split, KV head x group of 16 rows, sequence). Q (16 x D) is
+// loaded once into shared memory; each warp walks its own 16-token chunks of the split (warp w
+// takes chunks w, w + 4, ...), loading each chunk's K and V rows from their pages with cp.async
+// into its own two shared-memory stages (the next chunk's while this one is computed), and keeps
+// its own online softmax; the warps' states are merged through shared memory at the end and
+// written like attn_decode's (the output, or a split's partial state for attn_decode_combine).
+#ifndef KH_ATTENTION_DECODE_TC_CUH_
+#define KH_ATTENTION_DECODE_TC_CUH_
+
+namespace {
+
+// Rows `tok0 ..` of a 16-row tile from the paged cache (token t of sequence b, KV head hk; rows
+// at or past t_hi zero-filled): one warp, CH 16-byte chunks per row, swizzled as kh_load_tile.
+template <int D, typename T>
+KH_DEV void kh_load_paged_rows(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& kv, int b, int hk,
+                               int tok0, int t_hi, int lane) {
+  constexpr int CH = D / 8;
+#pragma unroll
+  for (int j = 0; j < 16 * CH / 32; ++j) {
+    const int i = lane + j * 32, r = i / CH, c = i % CH;
+    const int t = tok0 + r;
+    const bool valid = t < t_hi;
+    kh_i64 ko = 0, vo = 0;
+    if (valid) kh_paged_offsets(kv, b, t, hk, &ko, &vo);
+    kh_cp_async16(k_tile + kh_swz<CH>(r, c), (const T*)kv.k + ko + c * 8, valid);
+    kh_cp_async16(v_tile + kh_swz<CH>(r, c), (const T*)kv.v + vo + c * 8, valid);
+  }
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
+  constexpr int NW = 4, CH = D / 8;
+  constexpr kh_u32 TILE = 16 * D * 2;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const kh_u32 sQ = kh_smem_addr(smem);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const kh_u32 sW = sQ + TILE + warp * 4 * TILE;  // this warp's stages: K, V, K, V
+
+  const int split = blockIdx.x, b = blockIdx.z;
+  const int G = p.q_heads / p.kv_heads, rows_total = G * p.q_tokens;
+  const int groups = (rows_total + 15) / 16;
+  const int hk = blockIdx.y / groups, rg = blockIdx.y % groups;
+  const int len = p.kv.seq_lens[b];
+  const int t_lo = split * p.split_tokens;
+  const int t_hi = min(len, t_lo + p.split_tokens);
+  const int nchunks = t_hi > t_lo ? (t_hi - t_lo + 15) / 16 : 0;
+
+  // Q rows (zeros for padding rows), one 16-byte chunk per thread per step.
+  for (int i = threadIdx.x; i < 16 * CH; i += NW * 32) {
+    const int r = i / CH, c = i % CH, gr = rg * 16 + r;
+    const bool valid = gr < rows_total;
+    const T* src = (const T*)p.q;
+    if (valid)
+      src += (kh_i64)(b * p.q_tokens + gr / G) * p.q_row + (kh_i64)(hk * G + gr % G) * p.q_head +
+             c * 8;
+    kh_cp_async16(sQ + kh_swz<CH>(r, c), src, valid);
+  }
+  kh_cp_async_commit();
+  if (warp < nchunks)
+    kh_load_paged_rows<D, T>(sW, sW + TILE, p.kv, b, hk, t_lo + warp * 16, t_hi, lane);
+  kh_cp_async_commit();
+  kh_cp_async_wait<1>();
+  __syncthreads();  // Q, loaded by every thread, is in shared memory (warps part ways below)
+
+  // This thread's rows (r0 and r0 + 8 of the 16) and their query positions (-1: padding).
+  int pos[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int gr = rg * 16 + (lane >> 2) + 8 * i;
+    pos[i] = gr < rows_total ? len - p.q_tokens + gr / G : -1;
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  float row_max[2] = {KH_NEG_INF, KH_NEG_INF}, row_sum[2] = {0.f, 0.f};
+  const kh_u32 a_row = sQ + (lane & 15) * CH * 16, a_x = ((lane >> 4) ^ (lane & 7)) << 4;
+  const kh_u32 k_off = ((lane & 7) + ((lane >> 4) << 3)) * CH * 16;
+  const kh_u32 k_x = (((lane >> 3) & 1) ^ (lane & 7)) << 4;
+  const kh_u32 v_off = ((lane & 7) + (((lane >> 3) & 1) << 3)) * CH * 16;
+  const kh_u32 v_x = ((lane >> 4) ^ (lane & 7)) << 4;
+  const float sl2 = p.scale_log2;
+
+  int stage = 0;
+  for (int c = warp; c < nchunks; c += NW, stage ^= 1) {
+    if (c + NW < nchunks)
+      kh_load_paged_rows<D, T>(sW + (stage ^ 1) * 2 * TILE, sW + (stage ^ 1) * 2 * TILE + TILE,
+                               p.kv, b, hk, t_lo + (c + NW) * 16, t_hi, lane);
+    kh_cp_async_commit();
+    kh_cp_async_wait<1>();
+    __syncwarp();  // this warp's chunk, loaded by its lanes, is in shared memory
+    const kh_u32 sK = sW + stage * 2 * TILE, sV = sK + TILE;
+
+    float s[2][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+    kh_mma_tile_abt<T, D / 16, 1>(s, a_row, a_x, sK + k_off, k_x, 16 * CH * 16);
+    const int t0 = t_lo + c * 16;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = t0 + t * 8 + 2 * (lane & 3) + (e & 1), ps = pos[e >> 1];
+        const bool vis =
+            tok < t_hi && tok <= ps && (p.window_left < 0 || tok >= ps - p.window_left);
+        s[t][e] = vis ? s[t][e] * sl2 : KH_NEG_INF;
+      }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = fmaxf(fmaxf(s[0][2 * i], s[0][2 * i + 1]), fmaxf(s[1][2 * i], s[1][2 * i + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(row_max[i], mx);
+      const float m_use = m_new == KH_NEG_INF ? 0.f : m_new;
+      const float alpha = kh_exp2(row_max[i] - m_use);
+      row_max[i] = m_new;
+      row_sum[i] *= alpha;
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t) {
+        o[t][2 * i] *= alpha;
+        o[t][2 * i + 1] *= alpha;
+      }
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        s[t][2 * i] = kh_exp2(s[t][2 * i] - m_use);
+        s[t][2 * i + 1] = kh_exp2(s[t][2 * i + 1] - m_use);
+        row_sum[i] += s[t][2 * i] + s[t][2 * i + 1];
+      }
+    }
+    kh_mma_acc_b<T, 1, D / 16>(o, s, sV + v_off, v_x, 16 * CH * 16);
+    __syncwarp();  // this warp is done with the stage before it loads into it again
+  }
+  kh_cp_async_wait<0>();
+
+  // Merge the warps' states: (max, sum) per row and the unnormalised output, via shared memory
+  // that the stages used (every warp is past its loop).
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
+    row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
+  }
+  __syncthreads();
+  float* s_o = reinterpret_cast<float*>(smem + TILE);  // [NW][16][D]
+  float* s_m = s_o + NW * 16 * D;                      // [NW][16]
+  float* s_l = s_m + NW * 16;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = (lane >> 2) + 8 * i;
+    if ((lane & 3) == 0) {
+      s_m[warp * 16 + r] = row_max[i];
+      s_l[warp * 16 + r] = row_sum[i];
+    }
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+      s_o[(warp * 16 + r) * D + t * 8 + 2 * (lane & 3)] = o[t][2 * i];
+      s_o[(warp * 16 + r) * D + t * 8 + 2 * (lane & 3) + 1] = o[t][2 * i + 1];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 16 * D; i += NW * 32) {
+    const int r = i / D, d = i % D, gr = rg * 16 + r;
+    if (gr >= rows_total) continue;
+    float M = KH_NEG_INF;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, s_m[w * 16 + r]);
+    const float M_use = M == KH_NEG_INF ? 0.f : M;
+    float L = 0.f, O = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float wt = kh_exp2(s_m[w * 16 + r] - M_use);
+      L += s_l[w * 16 + r] * wt;
+      O += s_o[(w * 16 + r) * D + d] * wt;
+    }
+    const int qi = gr / G, h = hk * G + gr % G;
+    const kh_i64 tok = (kh_i64)b * p.q_tokens + qi;
+    if (p.splits == 1) {
+      T* op = (T*)p.o + tok * p.o_row + (kh_i64)h * p.o_head;
+      op[d] = kh_convert<T>::from_float(L > 0.f ? O / L : 0.f);
+    } else {
+      float* part = p.partial + ((tok * p.q_heads + h) * p.splits + split) * (D + 2);
+      part[d] = O;
+      if (d == 0) {
+        part[D] = M;
+        part[D + 1] = L;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+#endif  // KH_ATTENTION_DECODE_TC_CUH_
