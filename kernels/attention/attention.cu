@@ -45,11 +45,8 @@ __device__ __forceinline__ void attn_fwd(const kh_attn_params& p) {
   const int hk = h / (p.q_heads / p.kv_heads);
   const int offset = len_k - len_q;
 
-  // Visible keys of the block's rows [m0, m0 + BM).
-  int n_lo = 0, n_hi = len_k;
-  if (p.causal) n_hi = min(len_k, m0 + BM + offset);
-  if (p.window_left >= 0) n_lo = max(0, m0 + offset - p.window_left);
-  n_lo = n_lo / BN * BN;
+  int n_lo, n_hi;  // visible keys of the block's rows [m0, m0 + BM)
+  kh_attn_key_range(p, m0, BM, BN, len_q, len_k, &n_lo, &n_hi);
 
   const T* qb = (const T*)p.q + (kh_i64)q0 * p.q_row + (kh_i64)h * p.q_head;
   const T* kb = (const T*)p.k + (kh_i64)k0 * p.k_row + (kh_i64)hk * p.k_head;
@@ -108,9 +105,7 @@ __device__ __forceinline__ void attn_fwd(const kh_attn_params& p) {
     kh_cp_async_commit();
 
     // Masks, only where the block crosses an edge: the sequence's end, the diagonal, the window.
-    const bool edge = n0 + BN > len_k || (p.causal && n0 + BN - 1 > m0 + offset) ||
-                      (p.window_left >= 0 && n0 < m0 + BM - 1 + offset - p.window_left);
-    if (edge) {
+    if (kh_attn_block_edge(p, m0, BM, n0, BN, len_q, len_k)) {
 #pragma unroll
       for (int t = 0; t < BN / 8; ++t)
 #pragma unroll
@@ -234,11 +229,8 @@ __device__ __forceinline__ void attn_bwd(const kh_attn_bwd_params& p) {
   kh_attn_seq(f, b, &q0, &len_q, &k0, &len_k);
   if (n0 >= len_k) return;
   const int offset = len_k - len_q;
-  // The queries that see any key of [n0, n0 + BN).
-  int m_lo = 0, m_hi = len_q;
-  if (f.causal) m_lo = max(0, n0 - offset);
-  if (f.window_left >= 0) m_hi = min(len_q, n0 + BN - offset + f.window_left);
-  m_lo = m_lo / BM * BM;
+  int m_lo, m_hi;  // the queries that see any key of [n0, n0 + BN)
+  kh_attn_query_range(f, n0, BN, BM, len_q, len_k, &m_lo, &m_hi);
   const int group = f.q_heads / f.kv_heads;
   const T* kb = (const T*)f.k + (kh_i64)k0 * f.k_row + (kh_i64)hk * f.k_head;
   const T* vb = (const T*)f.v + (kh_i64)k0 * f.v_row + (kh_i64)hk * f.v_head;
@@ -457,6 +449,25 @@ KH_ATTN_BWD90(fp16, kh_fp16, 128)
 
 namespace {
 
+// Column d of row (token tok, query head h) of a decode CTA's merged state (max M, sum L,
+// unnormalised output O): the output when the context has one split, else split `split`'s
+// partial state for attn_decode_combine.
+template <typename T, int D>
+KH_DEV void kh_decode_store(const kh_decode_params& p, kh_i64 tok, int h, int split, int d, float M,
+                            float L, float O) {
+  if (p.splits == 1) {
+    T* op = (T*)p.o + tok * p.o_row + (kh_i64)h * p.o_head;
+    op[d] = kh_convert<T>::from_float(L > 0.f ? O / L : 0.f);
+  } else {
+    float* part = p.partial + ((tok * p.q_heads + h) * p.splits + split) * (D + 2);
+    part[d] = O;
+    if (d == 0) {
+      part[D] = M;
+      part[D + 1] = L;
+    }
+  }
+}
+
 template <typename T, int D, int R>
 __device__ __forceinline__ void attn_decode(const kh_decode_params& p) {
   constexpr int NW = kh_decode_warps();
@@ -587,19 +598,7 @@ __device__ __forceinline__ void attn_decode(const kh_decode_params& p) {
       L += s_l[s2][r] * w;
       O += s_acc[s2][r][d] * w;
     }
-    const int qi = gr / G, h = hk * G + gr % G;
-    const kh_i64 tok = (kh_i64)b * p.q_tokens + qi;
-    if (p.splits == 1) {
-      T* op = (T*)p.o + tok * p.o_row + (kh_i64)h * p.o_head;
-      op[d] = kh_convert<T>::from_float(L > 0.f ? O / L : 0.f);
-    } else {
-      float* part = p.partial + ((tok * p.q_heads + h) * p.splits + split) * (D + 2);
-      part[d] = O;
-      if (d == 0) {
-        part[D] = M;
-        part[D + 1] = L;
-      }
-    }
+    kh_decode_store<T, D>(p, (kh_i64)b * p.q_tokens + gr / G, hk * G + gr % G, split, d, M, L, O);
   }
 }
 

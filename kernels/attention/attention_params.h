@@ -32,6 +32,39 @@ struct kh_attn_params {
   float scale_log2;  // scale * log2(e)
 };
 
+// Keys [n_lo, n_hi) the query rows [m0, m0 + bm) of a sequence can see (n_lo rounded down to a
+// block of bn keys): the causal diagonal and the window cut the range.
+KH_HD void kh_attn_key_range(const kh_attn_params& p, int m0, int bm, int bn, int len_q, int len_k,
+                             int* n_lo, int* n_hi) {
+  const int offset = len_k - len_q;
+  int lo = 0, hi = len_k;
+  if (p.causal) hi = hi < m0 + bm + offset ? hi : m0 + bm + offset;
+  if (p.window_left >= 0) lo = m0 + offset - p.window_left > 0 ? m0 + offset - p.window_left : 0;
+  *n_lo = lo / bn * bn;
+  *n_hi = hi;
+}
+
+// Queries [m_lo, m_hi) that see any key of [n0, n0 + bn) (m_lo rounded down to a block of bm).
+KH_HD void kh_attn_query_range(const kh_attn_params& p, int n0, int bn, int bm, int len_q,
+                               int len_k, int* m_lo, int* m_hi) {
+  const int offset = len_k - len_q;
+  int lo = 0, hi = len_q;
+  if (p.causal) lo = n0 - offset > 0 ? n0 - offset : 0;
+  if (p.window_left >= 0)
+    hi = hi < n0 + bn - offset + p.window_left ? hi : n0 + bn - offset + p.window_left;
+  *m_lo = lo / bm * bm;
+  *m_hi = hi;
+}
+
+// Whether key block [n0, n0 + bn) crosses a mask edge for query rows [m0, m0 + bm): the
+// sequence's end, the causal diagonal or the window's start (else every score is visible).
+KH_HD bool kh_attn_block_edge(const kh_attn_params& p, int m0, int bm, int n0, int bn, int len_q,
+                              int len_k) {
+  const int offset = len_k - len_q;
+  return n0 + bn > len_k || (p.causal && n0 + bn - 1 > m0 + offset) ||
+         (p.window_left >= 0 && n0 < m0 + bm - 1 + offset - p.window_left);
+}
+
 // Forward geometry per head_dim, for the host's launch and the kernel's template: warps per CTA
 // (16 query rows each), keys per block, dynamic shared memory (Q tile, K tile, V tile).
 KH_HD constexpr int kh_attn_fwd_warps(int head_dim) {

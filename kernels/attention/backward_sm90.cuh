@@ -40,10 +40,8 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
   kh_attn_seq(f, b, &q0, &len_q, &k0, &len_k);
   if (n0 >= len_k) return;
   const int offset = len_k - len_q;
-  int m_lo = 0, m_hi = len_q;
-  if (f.causal) m_lo = max(0, n0 - offset);
-  if (f.window_left >= 0) m_hi = min(len_q, n0 + BN - offset + f.window_left);
-  m_lo = m_lo / BM * BM;
+  int m_lo, m_hi;
+  kh_attn_query_range(f, n0, BN, BM, len_q, len_k, &m_lo, &m_hi);
   const int nm = m_hi > m_lo ? (m_hi - m_lo + BM - 1) / BM : 0;
   const int group = f.q_heads / f.kv_heads;
   const int steps = group * nm;

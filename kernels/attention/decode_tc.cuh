@@ -176,19 +176,7 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
       L += s_l[w * 16 + r] * wt;
       O += s_o[(w * 16 + r) * D + d] * wt;
     }
-    const int qi = gr / G, h = hk * G + gr % G;
-    const kh_i64 tok = (kh_i64)b * p.q_tokens + qi;
-    if (p.splits == 1) {
-      T* op = (T*)p.o + tok * p.o_row + (kh_i64)h * p.o_head;
-      op[d] = kh_convert<T>::from_float(L > 0.f ? O / L : 0.f);
-    } else {
-      float* part = p.partial + ((tok * p.q_heads + h) * p.splits + split) * (D + 2);
-      part[d] = O;
-      if (d == 0) {
-        part[D] = M;
-        part[D + 1] = L;
-      }
-    }
+    kh_decode_store<T, D>(p, (kh_i64)b * p.q_tokens + gr / G, hk * G + gr % G, split, d, M, L, O);
   }
 }
 

@@ -40,10 +40,8 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
   const int hk = h / (p.q_heads / p.kv_heads);
   const int offset = len_k - len_q;
 
-  int n_lo = 0, n_hi = len_k;
-  if (p.causal) n_hi = min(len_k, m0 + BM + offset);
-  if (p.window_left >= 0) n_lo = max(0, m0 + offset - p.window_left);
-  n_lo = n_lo / BN * BN;
+  int n_lo, n_hi;
+  kh_attn_key_range(p, m0, BM, BN, len_q, len_k, &n_lo, &n_hi);
   const int nblk = n_hi > n_lo ? (n_hi - n_lo + BN - 1) / BN : 0;
 
   const int tid = threadIdx.x;
@@ -128,9 +126,7 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
       if (j == nblk) break;
 
       const int n0 = n_lo + j * BN;
-      const bool edge = n0 + BN > len_k || (p.causal && n0 + BN - 1 > m0 + offset) ||
-                        (p.window_left >= 0 && n0 < m0 + BM - 1 + offset - p.window_left);
-      if (edge) {
+      if (kh_attn_block_edge(p, m0, BM, n0, BN, len_q, len_k)) {
 #pragma unroll
         for (int t = 0; t < BN / 8; ++t)
 #pragma unroll
