@@ -488,9 +488,8 @@ std::string refusal_advice(const Options& o, long status, int attempts, double w
   const char* state = status == 429   ? "is rate-limiting this client"
                       : status == 503 ? "is unavailable or overloaded"
                                       : "is failing or overloaded";
-  return "the registry answered HTTP " + std::to_string(status) + " to " +
-         std::to_string(attempts) + " attempt(s) over " + seconds_text(waited_s) +
-         " s of waiting; it " + state +
+  return "the server answered HTTP " + std::to_string(status) + " to " + std::to_string(attempts) +
+         " attempt(s) over " + seconds_text(waited_s) + " s of waiting; it " + state +
          ". Run the command again later, raise KERNEL_HUB_MAX_ATTEMPTS (now " +
          std::to_string(std::max(1, o.max_attempts)) +
          ") to keep trying longer, or pull through a mirror";

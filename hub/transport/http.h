@@ -135,8 +135,9 @@ class Client {
 // or Retry-After when the server sent one (> 0), plus up to 10% jitter. Exposed for unit tests.
 double backoff_seconds(const Options& o, int attempt, double retry_after_s);
 
-// What to do when a registry still refuses (429/503) after every attempt, for error messages:
-// "refused N request(s) over W s; <advice>".
+// For the error when a server still answers 408/429/5xx after every attempt: the status, how many
+// attempts over how many seconds of waiting, and what to do (wait, KERNEL_HUB_MAX_ATTEMPTS, a
+// mirror).
 std::string refusal_advice(const Options& o, long status, int attempts, double waited_s);
 
 }  // namespace kh::http

@@ -13,6 +13,8 @@
 #include "hub/store/store.h"
 #include "hub/transport/source.h"
 #include "tests/fixtures/fault_proxy.h"
+#include "tests/fixtures/layout_builder.h"
+#include "tests/fixtures/nginx_fixture.h"
 #include "tests/fixtures/registry_fixture.h"
 #include "tests/integration/blob_test_helpers.h"
 
@@ -203,6 +205,50 @@ TEST_F(RateLimitTest, BlobThatKeepsBeingRefusedSaysWhatAndHowLong) {
     EXPECT_TRUE(contains(what, "/blobs/sha256:")) << what;
     EXPECT_TRUE(contains(what, "HTTP 503 to 2 attempt(s) over 1")) << what;
     EXPECT_TRUE(contains(what, "KERNEL_HUB_MAX_ATTEMPTS")) << what;
+  }
+}
+
+// A static hub (OCI layouts on nginx) behind the same proxy: the same waits, the same error.
+class StaticHubRateLimitTest : public ::testing::Test {
+ protected:
+  TempDir root{"kh-rate-limit-static"};
+  std::unique_ptr<NginxFixture> nginx;
+  std::unique_ptr<FaultProxy> proxy;
+  const std::string repo = "org/static";
+
+  void SetUp() override {
+    if (!NginxFixture::installed()) GTEST_SKIP() << "nginx is not installed";
+    build_layout(root.path() / repo, LayoutSpec{});
+    nginx = std::make_unique<NginxFixture>(root.path());
+    proxy = std::make_unique<FaultProxy>(nginx->port());
+  }
+
+  std::unique_ptr<Source> source(SourceOptions o = fast_source_options()) {
+    return open_layout_source(HubAddress::parse("http://" + proxy->host(), true), o);
+  }
+};
+
+TEST_F(StaticHubRateLimitTest, WaitsOutRetryAfter) {
+  proxy->add_rule({"GET", "index.json", Action::kStatus, 1, 0, 2, 429});
+  auto t0 = Clock::now();
+  EXPECT_EQ(source()->get_manifest(repo, "v1").media_type, oci::kMediaTypeIndex);
+  EXPECT_GE(seconds_since(t0), 2.0 - kEpsilon);
+  EXPECT_EQ(proxy->count("GET", "index.json"), 2u);
+}
+
+TEST_F(StaticHubRateLimitTest, KeepsRefusingSaysWhatAndHowLong) {
+  proxy->add_rule({"GET", "index.json", Action::kStatus, 100, 0, 1, 429});
+  SourceOptions o = fast_source_options();
+  o.http.max_attempts = 2;
+  try {
+    source(o)->get_manifest(repo, "v1");
+    ADD_FAILURE() << "the static hub refused everything, yet the manifest came";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNetwork) << e.what();
+    std::string what = e.what();
+    EXPECT_TRUE(contains(what, "index.json answered HTTP 429")) << what;
+    EXPECT_TRUE(contains(what, "HTTP 429 to 2 attempt(s) over 1")) << what;
+    EXPECT_TRUE(contains(what, "KERNEL_HUB_MAX_ATTEMPTS (now 2)")) << what;
   }
 }
 
