@@ -7,6 +7,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -199,12 +200,52 @@ std::string failure_advice(CURLcode rc, const char* errbuf, const std::string& u
 
 // The command deadline ran out (Options::command_timeout_s): `what` names the request ("GET URL
 // was in flight", "... could not start"). Deterministic: nothing is tried after it.
+// Seconds for messages: "2.5", "30".
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", s == std::floor(s) ? 0 : 1, s);
+  return buf;
+}
+
 std::string command_deadline_passed(const Options& o, const std::string& what,
                                     const std::string& cause) {
   return what + " when this command's deadline of " + std::to_string(o.command_timeout_s) +
          " s for hub work passed" + (cause.empty() ? std::string() : " (last: " + cause + ")") +
          "; nothing more is tried. Run the command again when the hub is faster, or raise "
          "KERNEL_HUB_COMMAND_TIMEOUT_S (seconds, 0 = no deadline)";
+}
+
+// How long to wait before the next attempt, or why there is none: a wait that would end past the
+// command deadline is not started (the jitter alone is dropped when only it would cross it).
+struct RetryWait {
+  double seconds = 0;
+  std::string refusal;  // not empty: do not retry, fail with this message
+};
+
+RetryWait plan_retry(const Options& o, int attempt, double retry_after_s,
+                     Clock::time_point deadline, const std::string& what,
+                     const std::string& cause) {
+  RetryWait w;
+  w.seconds = backoff_seconds(o, attempt, retry_after_s);
+  if (deadline == Clock::time_point::max()) return w;
+  const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+  if (w.seconds < left) return w;
+  if (retry_after_s > 0 && retry_after_s < left) {
+    w.seconds = retry_after_s;
+    return w;
+  }
+  if (retry_after_s > 0) {
+    w.refusal = what + ": the registry answered " + cause + " and asked to wait " +
+                seconds_text(retry_after_s) + " s (Retry-After), more than the " +
+                seconds_text(std::max(0.0, left)) + " s left of this command's deadline of " +
+                std::to_string(o.command_timeout_s) +
+                " s for hub work; nothing more is tried. Run the command again in " +
+                seconds_text(retry_after_s) +
+                " s, or raise KERNEL_HUB_COMMAND_TIMEOUT_S (seconds, 0 = no deadline)";
+  } else {
+    w.refusal = command_deadline_passed(o, what + " was to be retried", cause);
+  }
+  return w;
 }
 
 // A curl timeout in milliseconds: `cap_ms` (0 = none) bounded by what is left before `deadline`
@@ -306,6 +347,7 @@ struct Transfer {
   Clock::time_point deadline = Clock::time_point::max();  // over every attempt of this blob
   bool command_deadline_bounds = false;  // this attempt's timeout is the command deadline
   int failures = 0;
+  double waited_s = 0;  // seconds this blob's retries were to wait (backoff and Retry-After)
   // Per attempt:
   uint64_t start_offset = 0;
   bool body_started = false;
@@ -428,13 +470,29 @@ std::string Response::header(std::string_view name) const {
 }
 
 double backoff_seconds(const Options& o, int attempt, double retry_after_s) {
-  if (retry_after_s > 0) return std::min(retry_after_s, o.retry_after_cap_s);
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  if (retry_after_s > 0) {
+    // Never sooner than asked; up to +10% so that a fleet told the same time does not come back
+    // in one burst.
+    std::uniform_real_distribution<double> jitter(0.0, 0.10);
+    return retry_after_s * (1.0 + jitter(rng));
+  }
   int exponent = std::clamp(attempt - 1, 0, 30);
   double base = std::min(o.backoff_initial_s * std::ldexp(1.0, exponent), o.backoff_max_s);
   // Up to +25% jitter so parallel clients do not retry in lockstep.
-  thread_local std::mt19937_64 rng{std::random_device{}()};
   std::uniform_real_distribution<double> jitter(0.0, 0.25);
   return base * (1.0 + jitter(rng));
+}
+
+std::string refusal_advice(const Options& o, long status, int attempts, double waited_s) {
+  const char* state = status == 429   ? "is rate-limiting this client"
+                      : status == 503 ? "is unavailable or overloaded"
+                                      : "is failing or overloaded";
+  return "the server answered HTTP " + std::to_string(status) + " to " + std::to_string(attempts) +
+         " attempt(s) over " + seconds_text(waited_s) + " s of waiting; it " + state +
+         ". Run the command again later, raise KERNEL_HUB_MAX_ATTEMPTS (now " +
+         std::to_string(std::max(1, o.max_attempts)) +
+         ") to keep trying longer, or pull through a mirror";
 }
 
 // ---- Client ----
@@ -508,6 +566,7 @@ Response Client::send(const Request& request) {
   const Clock::time_point deadline = options_.command_deadline;
   const std::string what = request.method + " " + request.url;
   std::string last_cause;
+  double waited_s = 0;
 
   for (int attempt = 1;; ++attempt) {
     const Clock::time_point now = Clock::now();
@@ -582,7 +641,10 @@ Response Client::send(const Request& request) {
       char* eff = nullptr;
       api.easy_getinfo(c, CURLINFO_EFFECTIVE_URL, &eff);
       if (eff) response.effective_url = eff;
+      // libcurl reads both forms (delay-seconds and HTTP-date); 0 when absent or malformed.
       api.easy_getinfo(c, CURLINFO_RETRY_AFTER, &retry_after);
+      response.attempts = attempt;
+      response.waited_s = waited_s;
       if (!retryable_status(response.status) || attempt >= max_attempts) return response;
       last_cause = "HTTP " + std::to_string(response.status);
     } else if (Clock::now() >= deadline || (rc == CURLE_OPERATION_TIMEDOUT && deadline_bounds)) {
@@ -595,14 +657,11 @@ Response Client::send(const Request& request) {
                       failure_advice(rc, errbuf, request.url, options_, *certs));
     }
     if (rc != CURLE_OK) last_cause = curl_cause(rc, errbuf);
-    double delay = backoff_seconds(options_, attempt, static_cast<double>(retry_after));
-    auto wake = Clock::now() +
-                std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay));
-    if (wake >= deadline) {
-      throw Error(ErrorKind::kNetwork,
-                  command_deadline_passed(options_, what + " was to be retried", last_cause));
-    }
-    std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+    const RetryWait wait =
+        plan_retry(options_, attempt, static_cast<double>(retry_after), deadline, what, last_cause);
+    if (!wait.refusal.empty()) throw Error(ErrorKind::kNetwork, wait.refusal);
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait.seconds));
+    waited_s += wait.seconds;
   }
 }
 
@@ -713,13 +772,6 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     auto retry_later = [&](const std::string& cause, double retry_after_s) {
       ++t.failures;
       t.last_cause = cause;
-      double delay = backoff_seconds(options_, t.failures, retry_after_s);
-      Clock::time_point wake = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                  std::chrono::duration<double>(delay));
-      if (wake >= command_deadline) {
-        fail_with(command_deadline_passed(options_, "GET " + job.url + " was in flight", cause));
-        return;
-      }
       if (Clock::now() >= t.deadline) {
         job.ok = false;
         job.error = "GET " + job.url + " did not complete within " +
@@ -731,13 +783,26 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
       }
       if (t.failures >= std::max(1, options_.max_attempts)) {
         job.ok = false;
-        job.error = "GET " + job.url + " failed after " + std::to_string(t.failures) + " attempts" +
-                    (code ? " (last HTTP status " + std::to_string(code) + ")" : std::string()) +
-                    ": " + cause;
+        job.error =
+            "GET " + job.url + " failed after " + std::to_string(t.failures) + " attempts" +
+            (code ? " (last HTTP status " + std::to_string(code) + ")" : std::string()) + ": " +
+            cause +
+            (retryable_status(code) ? "; " + refusal_advice(options_, code, t.failures, t.waited_s)
+                                    : std::string());
         t.state = Transfer::State::kDone;
         return;
       }
+      const RetryWait wait = plan_retry(options_, t.failures, retry_after_s, command_deadline,
+                                        "GET " + job.url, cause);
+      if (!wait.refusal.empty()) {
+        fail_with(wait.refusal);
+        return;
+      }
+      const Clock::time_point wake =
+          Clock::now() +
+          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait.seconds));
       t.not_before = wake;
+      t.waited_s += wait.seconds;
       if (retry_after_s > 0) {
         auto& gate = host_not_before[host_of(job.url)];
         gate = std::max(gate, t.not_before);

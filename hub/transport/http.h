@@ -41,7 +41,10 @@ struct Options {
   int max_attempts = 5;
   double backoff_initial_s = 1.0;  // doubled per attempt, capped, plus jitter
   double backoff_max_s = 8.0;
-  double retry_after_cap_s = 60.0;
+  // A 429/503 Retry-After (seconds or HTTP-date) is waited in full, plus up to 10% jitter, never
+  // less: retrying sooner only earns another refusal. It is bounded by the command deadline (a
+  // wait past it fails at once, naming it) and by max_attempts; a missing, malformed or past
+  // Retry-After falls back to the backoff above.
   int max_parallel = 8;  // concurrent blob transfers
   // CA file and hashed directory (tls.h says which variables set them, in what order), and
   // those variables for messages. Per-registry certs.d directories are read per host.
@@ -82,6 +85,8 @@ struct Response {
   std::string body;
   std::map<std::string, std::string> headers;  // names lower-cased
   std::string effective_url;
+  int attempts = 1;     // requests sent for it (retries included)
+  double waited_s = 0;  // seconds slept between those attempts (backoff and Retry-After)
   // Header value by case-insensitive name, "" when absent.
   std::string header(std::string_view name) const;
 };
@@ -127,7 +132,12 @@ class Client {
 };
 
 // Seconds to wait before attempt `attempt` (1-based retry count), exponential with jitter,
-// or Retry-After when the server sent one (capped). Exposed for unit tests.
+// or Retry-After when the server sent one (> 0), plus up to 10% jitter. Exposed for unit tests.
 double backoff_seconds(const Options& o, int attempt, double retry_after_s);
+
+// For the error when a server still answers 408/429/5xx after every attempt: the status, how many
+// attempts over how many seconds of waiting, and what to do (wait, KERNEL_HUB_MAX_ATTEMPTS, a
+// mirror).
+std::string refusal_advice(const Options& o, long status, int attempts, double waited_s);
 
 }  // namespace kh::http

@@ -178,7 +178,7 @@ class HttpReader final : public HubReader {
     http::Response res = client_.send(req);
     if (res.status == 200) return std::move(res.body);
     if (res.status == 404 || res.status == 410) return std::nullopt;
-    fail("GET", req.url, res.status);
+    fail("GET", req.url, res);
   }
 
   bool has(const std::string& rel, int64_t size) override {
@@ -187,7 +187,7 @@ class HttpReader final : public HubReader {
     req.url = where(rel);
     http::Response res = client_.send(req);
     if (res.status == 404 || res.status == 410) return false;
-    if (res.status != 200) fail("HEAD", req.url, res.status);
+    if (res.status != 200) fail("HEAD", req.url, res);
     std::string length = res.header("content-length");
     return length.empty() || length == std::to_string(size);
   }
@@ -225,12 +225,17 @@ class HttpReader final : public HubReader {
     return o;
   }
 
-  [[noreturn]] static void fail(const char* method, const std::string& url, long status) {
+  [[noreturn]] void fail(const char* method, const std::string& url,
+                         const http::Response& res) const {
+    const long status = res.status;
     ErrorKind kind = (status == 401 || status == 403) ? ErrorKind::kAuth : ErrorKind::kNetwork;
+    std::string why =
+        kind == ErrorKind::kAuth ? "the server refuses access; check its permissions"
+        : status == 408 || status == 429 || status >= 500
+            ? http::refusal_advice(client_.options(), status, res.attempts, res.waited_s)
+            : "the static hub is not serving this file; check the server";
     throw Error(kind, std::string(method) + " " + url + " answered HTTP " + std::to_string(status) +
-                          (kind == ErrorKind::kAuth
-                               ? ": the server refuses access; check its permissions"
-                               : ": the static hub is not serving this file; check the server"));
+                          ": " + why);
   }
 
   std::string base_url_;

@@ -732,7 +732,8 @@ class RegistrySource : public Source {
     if (resp.status == 400) kind = ErrorKind::kInvalidInput;
     if (resp.status == 408 || resp.status == 429 || resp.status >= 500) {
       kind = ErrorKind::kNetwork;
-      msg += "; the registry is failing or overloaded, retry later";
+      msg +=
+          "; " + http::refusal_advice(client_.options(), resp.status, resp.attempts, resp.waited_s);
     }
     throw Error(kind, msg);
   }
