@@ -231,6 +231,19 @@ int32_t attention_inputs(const Args<S>& a, kh_attn_params* pp, AttnInputs* in) {
   return KH_OK;
 }
 
+// workspace: a contiguous fp32 tensor of any shape on q's device; *data and its element count.
+int32_t workspace_arg(const TensorArg& a, const HeadsView& q, float** data, int64_t* n) {
+  int64_t count = 1;
+  for (int i = 0; i < a.t->ndim; ++i) count *= a.t->shape[i];
+  VectorView ws;
+  KH_TRY(vector_view(a, count, &ws));
+  KH_TRY(expect_dtype(a, ws.dtype, kFP32, "fp32"));
+  KH_TRY(expect_device(a, ws.device, q.device));
+  *data = reinterpret_cast<float*>(ws.data);
+  *n = count;
+  return KH_OK;
+}
+
 // lse: fp32 [q_heads, tokens_q], contiguous.
 int32_t lse_arg(const TensorArg& a, const HeadsView& q, float** out) {
   VectorView lse;
@@ -373,18 +386,13 @@ int32_t attention_backward(const Args<kBackward>& a, void* stream) {
                 "%s: the cuda backward needs workspace: an fp32 tensor of at least tokens_q * "
                 "q_heads * (head_dim + 1) = %lld elements",
                 op, static_cast<long long>(need));
-  VectorView ws;
-  int64_t n = 1;
-  for (int i = 0; i < ws_arg.t->ndim; ++i) n *= ws_arg.t->shape[i];
-  KH_TRY(vector_view(ws_arg, n, &ws));
-  KH_TRY(expect_dtype(ws_arg, ws.dtype, kFP32, "fp32"));
-  KH_TRY(expect_device(ws_arg, ws.device, q.device));
+  int64_t n = 0;
+  KH_TRY(workspace_arg(ws_arg, q, &bp.dq_accum, &n));
   if (n < need)
     return fail(KH_ERR_INVALID_ARGUMENT,
                 "%s: workspace has %lld elements; the backward needs tokens_q * q_heads * "
                 "(head_dim + 1) = %lld",
                 op, static_cast<long long>(n), static_cast<long long>(need));
-  bp.dq_accum = reinterpret_cast<float*>(ws.data);
   bp.delta = bp.dq_accum + q.tokens * q.heads * q.head_dim;
 
   void* params[] = {&bp};
@@ -560,16 +568,10 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
     if (!ws_arg.t) {
       splits = 1;  // no workspace: one pass over the context per CTA
     } else {
-      VectorView ws;
-      const DLTensor* w = ws_arg.t;
-      int64_t n = 1;
-      for (int i = 0; i < w->ndim; ++i) n *= w->shape[i];
-      KH_TRY(vector_view(ws_arg, n, &ws));
-      KH_TRY(expect_dtype(ws_arg, ws.dtype, kFP32, "fp32"));
-      KH_TRY(expect_device(ws_arg, ws.device, q.device));
+      int64_t n = 0;
+      KH_TRY(workspace_arg(ws_arg, q, &p.partial, &n));
       if (n / per_split < splits) splits = n / per_split;
       if (splits < 1) splits = 1;
-      p.partial = reinterpret_cast<float*>(ws.data);
     }
   }
   p.splits = static_cast<int>(splits);

@@ -165,6 +165,23 @@ def timed(fn):
             else float("nan")
 
 
+def rate_table(rows, what_rows, err_name, max_err):
+    """Prints a TFLOP/s table of ours against torch's flash and cuDNN backends; returns the number
+    of rows whose relative error is max_err or more."""
+    print(f"\n| {what_rows} (bf16) | model | ours TFLOP/s | FA2 (torch flash) | cuDNN | vs FA2 "
+          f"| vs cuDNN | {err_name} |")
+    print("|---|---|---|---|---|---|---|---|")
+    bad = 0
+    for name, what, flops, prov, err in rows:
+        t = {k: timed(f) for k, f in prov.items()}
+        tf = {k: flops / (ms * 1e-3) / 1e12 for k, ms in t.items()}
+        print(f"| {name} | {what} | {tf['ours']:.0f} | {tf['flash']:.0f} | {tf['cudnn']:.0f} | "
+              f"{tf['ours'] / tf['flash']:.2f}x | {tf['ours'] / tf['cudnn']:.2f}x | {err:.1e} |",
+              flush=True)
+        bad += not (err < max_err)
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -173,27 +190,8 @@ def main():
     kh = AttentionLoader(a.lib, a.packages)
     p = torch.cuda.get_device_properties(0)
     print(f"GPU {p.name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
-    bad = 0
-    print("\n| forward (bf16) | model | ours TFLOP/s | FA2 (torch flash) | cuDNN | vs FA2 | vs cuDNN "
-          "| rel err |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, what, flops, prov, err in forward_rows(kh):
-        t = {k: timed(f) for k, f in prov.items()}
-        tf = {k: flops / (ms * 1e-3) / 1e12 for k, ms in t.items()}
-        print(f"| {name} | {what} | {tf['ours']:.0f} | {tf['flash']:.0f} | {tf['cudnn']:.0f} | "
-              f"{tf['ours'] / tf['flash']:.2f}x | {tf['ours'] / tf['cudnn']:.2f}x | {err:.1e} |",
-              flush=True)
-        bad += not (err < 1e-2)
-    print("\n| forward+backward (bf16) | model | ours TFLOP/s | FA2 (torch flash) | cuDNN | vs FA2 "
-          "| vs cuDNN | rel err (dq, dk, dv) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, what, flops, prov, err in train_rows(kh):
-        t = {k: timed(f) for k, f in prov.items()}
-        tf = {k: flops / (ms * 1e-3) / 1e12 for k, ms in t.items()}
-        print(f"| {name} | {what} | {tf['ours']:.0f} | {tf['flash']:.0f} | {tf['cudnn']:.0f} | "
-              f"{tf['ours'] / tf['flash']:.2f}x | {tf['ours'] / tf['cudnn']:.2f}x | {err:.1e} |",
-              flush=True)
-        bad += not (err < 2e-2)
+    bad = rate_table(forward_rows(kh), "forward", "rel err", 1e-2)
+    bad += rate_table(train_rows(kh), "forward+backward", "rel err (dq, dk, dv)", 2e-2)
     print("\n| decode (bf16) | layout | ours µs | TB/s | torch flash µs | cuDNN µs | vs best torch "
           "| rel err |")
     print("|---|---|---|---|---|---|---|---|")
