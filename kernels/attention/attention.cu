@@ -424,7 +424,7 @@ KH_ATTN_FWD90(fp16, kh_fp16, 64)
 KH_ATTN_FWD90(fp16, kh_fp16, 128)
 #include "backward_sm90.cuh"
 #define KH_ATTN_BWD90(TNAME, T, D)                            \
-  extern "C" __global__ void __launch_bounds__(256, 1)        \
+  extern "C" __global__ void __launch_bounds__(384, 1)        \
       attn_bwd90_##TNAME##_d##D(const kh_attn_bwd_params p) { \
     attn_bwd_wg<T, D>(p);                                     \
   }

@@ -105,22 +105,29 @@ KH_HD constexpr int kh_attn_fwd90_smem_bytes(int head_dim) {
          16 * kh_attn_fwd90_stages(head_dim) + 1024;
 }
 
-// Hopper backward (backward_sm90.cuh; head_dim 64 and 128): two warpgroups, BN = 128 keys per
-// CTA, BM = 64 queries per step; shared memory: K, V, two stages of Q and dO, the dS^T tile, two
-// stages of LSE and delta, 1024 bytes of alignment slack.
+// Hopper backward (backward_sm90.cuh; head_dim 64 and 128): a producer and two consumer
+// warpgroups, BN = 128 keys per CTA, BM = 64 queries per step; shared memory: K, V, STAGES stages
+// of Q and dO, two dS^T tiles, the fp32 dQ staging tile, STAGES stages of LSE and delta, the
+// mbarriers, 1024 bytes of alignment slack.
 KH_HD constexpr int kh_attn_bwd90_block_n() {
   return 128;
 }
 KH_HD constexpr int kh_attn_bwd90_block_m() {
   return 64;
 }
+KH_HD constexpr int kh_attn_bwd90_stages() {
+  return 3;
+}
 KH_HD constexpr int kh_attn_bwd90_threads() {
-  return 256;
+  return 384;
 }
 KH_HD constexpr int kh_attn_bwd90_smem_bytes(int head_dim) {
-  return (2 * kh_attn_bwd90_block_n() + 4 * kh_attn_bwd90_block_m()) * head_dim * 2 +
-         kh_attn_bwd90_block_n() * kh_attn_bwd90_block_m() * 2 + 4 * kh_attn_bwd90_block_m() * 4 +
-         1024;
+  return (2 * kh_attn_bwd90_block_n() + 2 * kh_attn_bwd90_stages() * kh_attn_bwd90_block_m()) *
+             head_dim * 2 +
+         2 * kh_attn_bwd90_block_n() * kh_attn_bwd90_block_m() * 2 +
+         kh_attn_bwd90_block_m() * head_dim * 4 +
+         kh_attn_bwd90_stages() * 2 * kh_attn_bwd90_block_m() * 4 +
+         8 * (2 * kh_attn_bwd90_stages() + 2) + 1024;
 }
 
 // Sequence b's token ranges.

@@ -1,16 +1,22 @@
 // Hopper backward (sm_90a): attention.cu's attn_bwd (FlashAttention-2's algorithm) with its five
-// products on wgmma.
+// products on wgmma, warp specialized as FlashAttention-3's backward (cp.async and vector
+// reductions where FA3 uses the tensor copy engine).
 //
-// Geometry: one CTA of two warpgroups per (block of BN = 128 keys, KV head, sequence); warpgroup
-// w owns keys 64w .. 64w + 63 and accumulates their dK and dV in registers over every query head
-// of the KV head's group and every query block of BM = 64 that sees them. K and V stay in shared
-// memory; Q, dO and the block's LSE and delta are loaded one step ahead into two stages (every
-// thread loads; 128-byte-swizzled panel tiles, wgmma.cuh). Per step:
-//   S^T = K Q^T and dP^T = V dO^T (wgmma, both operands in shared memory),
-//   P^T = exp2(S^T * scale - LSE), dS^T = P^T (dP^T - delta)        (registers),
-//   dV += P^T dO, dK += dS^T Q (wgmma, A from registers, dO and Q read MN-major),
-//   dS^T -> shared memory, then dQ = dS K split by columns between the warpgroups (wgmma, both
-//   operands read MN-major), added to the fp32 dq_accum with vector reductions (red.v2).
+// Geometry: one CTA of three warpgroups per (block of BN = 128 keys, KV head, sequence). K and V
+// stay in shared memory. Warpgroup 0 is the producer: it loads Q, dO, LSE and delta of each step
+// (query block of BM = 64 rows of one query head of the KV head's group) into STAGES stages with
+// cp.async and signals each stage's `full` mbarrier once it has landed; and it adds each step's
+// dQ tile, which the consumers leave in shared memory, to the fp32 dq_accum with vector
+// reductions (red.global.add.v4), so the consumers never wait on global memory. Warpgroups 1 and
+// 2 are consumers of 64 keys each, accumulating their dK and dV in registers; per step, each
+// product overlapping the register work after it (wgmma commit groups):
+//   S^T = K Q^T, then dP^T = V dO^T (wgmma, both operands in shared memory);
+//   P^T = exp2(S^T * scale - LSE) while dP^T runs; dV += P^T dO (A from registers, dO MN-major);
+//   dS^T = P^T (dP^T - delta) while dV runs; dK += dS^T Q;
+//   dS^T -> shared memory (two buffers) while dK runs; after a named barrier of the consumers,
+//   dQ = dS K split by columns between them (both operands MN-major); the stage is released
+//   (`empty`) and dQ goes to the staging tile (`dq_empty` / `dq_full` mbarriers with the
+//   producer). setmaxnreg moves registers from the producer to the consumers.
 #ifndef KH_ATTENTION_BACKWARD_SM90_CUH_
 #define KH_ATTENTION_BACKWARD_SM90_CUH_
 
@@ -18,22 +24,34 @@
 
 namespace {
 
-KH_DEV void kh_red_add2(float* addr, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+// 4 bytes global -> shared, asynchronously; `valid` false zero-fills.
+KH_DEV void kh_cp_async4(kh_u32 smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(valid ? 4 : 0));
+}
+KH_DEV void kh_red_add4(float* addr, float4 v) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w)
+               : "memory");
 }
 
 template <typename T, int D>
 __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
-  constexpr int BN = kh_attn_bwd90_block_n(), BM = kh_attn_bwd90_block_m(), NT = 256;
-  constexpr kh_u32 TILE_KV = BN * D * 2, TILE_Q = BM * D * 2;
+  constexpr int BN = kh_attn_bwd90_block_n(), BM = kh_attn_bwd90_block_m();
+  constexpr int STAGES = kh_attn_bwd90_stages();
+  constexpr kh_u32 TILE_KV = BN * D * 2, TILE_Q = BM * D * 2, TILE_S = BN * BM * 2;
   const kh_attn_params& f = p.f;
   extern __shared__ __align__(128) unsigned char smem[];
   const kh_u32 base = kh_smem_addr(smem);
   const kh_u32 sK = (base + 1023u) & ~1023u;
   const kh_u32 sV = sK + TILE_KV;
-  const kh_u32 sQ0 = sV + TILE_KV;     // stage s: Q at sQ0 + 2 s TILE_Q, dO right after
-  const kh_u32 sS = sQ0 + 4 * TILE_Q;  // dS^T: BN rows (keys) x BM (queries), one panel
-  float* s_stats = (float*)(smem + (sS + BN * BM * 2 - base));  // [stage][lse | delta][BM]
+  const kh_u32 sQ0 = sV + TILE_KV;              // stage s: Q at sQ0 + 2 s TILE_Q, dO right after
+  const kh_u32 sS = sQ0 + 2 * STAGES * TILE_Q;  // dS^T buffer j & 1: BN keys x BM queries
+  const kh_u32 sDQ = sS + 2 * TILE_S;           // dQ staging: BM rows x D fp32, swizzled
+  const kh_u32 sStats = sDQ + BM * D * 4;       // [stage][lse | delta][BM] fp32, raw
+  const kh_u32 bars = sStats + STAGES * 2 * BM * 4;  // full[S], empty[S], dq_full, dq_empty
+  const kh_u32 dq_full = bars + 16 * STAGES, dq_empty = dq_full + 8;
+  const float* s_stats = (const float*)(smem + (sStats - base));
 
   const int b = blockIdx.z, hk = blockIdx.y, n0 = blockIdx.x * BN;
   int q0, len_q, k0, len_k;
@@ -46,33 +64,98 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
   const int group = f.q_heads / f.kv_heads;
   const int steps = group * nm;
 
-  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const float sl2 = f.scale_log2;
-  const T* kb = (const T*)f.k + (kh_i64)k0 * f.k_row + (kh_i64)hk * f.k_head;
-  const T* vb = (const T*)f.v + (kh_i64)k0 * f.v_row + (kh_i64)hk * f.v_head;
-  kh_load_panels<BN, D, NT>(sK, kb, f.k_row, n0, len_k, tid);
-  kh_load_panels<BN, D, NT>(sV, vb, f.v_row, n0, len_k, tid);
+  const int tid = threadIdx.x;
+  if (tid < STAGES) {
+    kh_mbar_init(bars + 8 * tid, 128);             // full: every producer thread arrives
+    kh_mbar_init(bars + 8 * (STAGES + tid), 256);  // empty: every consumer thread arrives
+  } else if (tid == STAGES) {
+    kh_mbar_init(dq_full, 256);
+    kh_mbar_init(dq_empty, 128);
+  }
+  __syncthreads();
 
-  // Step j's loads: Q and dO of query block j % nm of head hk * group + j / nm (cp.async), and
-  // its LSE (log2 units; +inf where a row contributes nothing) and delta (plain stores).
-  auto load_step = [&](int j) {
-    const int st = j & 1, hq = hk * group + j / nm, m0 = m_lo + (j % nm) * BM;
-    const kh_u32 q_tile = sQ0 + st * 2 * TILE_Q;
-    kh_load_panels<BM, D, NT>(q_tile, (const T*)f.q + (kh_i64)q0 * f.q_row + (kh_i64)hq * f.q_head,
-                              f.q_row, m0, len_q, tid);
-    kh_load_panels<BM, D, NT>(q_tile + TILE_Q,
-                              (const T*)p.dout + (kh_i64)q0 * p.do_row + (kh_i64)hq * p.do_head,
-                              p.do_row, m0, len_q, tid);
-    if (tid < BM) {
-      const int i = m0 + tid;
-      const float l = i < len_q ? f.lse[(kh_i64)hq * f.lse_head + q0 + i] : KH_NEG_INF;
-      s_stats[st * 2 * BM + tid] = l == KH_NEG_INF ? (-KH_NEG_INF) : l * 1.4426950408889634f;
-      s_stats[st * 2 * BM + BM + tid] = i < len_q ? p.delta[(kh_i64)hq * p.tokens_q + q0 + i] : 0.f;
-    }
+  // dQ staging tile: row r's 16-byte chunk c (columns 4c .. 4c + 3) at r * 4D + ((c ^ (r & 7)) *
+  // 16): the consumers' 8-byte stores of 8 rows at once fall in distinct banks, and a row stays
+  // contiguous for the producer's 16-byte reads.
+  auto dq_off = [](int r, int col) -> kh_u32 {
+    return (kh_u32)(r * D * 4 + ((((col >> 2) ^ (r & 7))) << 4) + (col & 3) * 4);
   };
-  if (steps > 0) load_step(0);
-  kh_cp_async_commit();
 
+  if (tid < 128) {
+    // Producer: step j's loads (Q and dO of query block j % nm of head hk * group + j / nm, and
+    // its raw LSE and delta; K and V with step 0) once stage j % STAGES is free; step j - 1 is
+    // signalled when it has landed (one group stays in flight); then step j - 2's dQ tile is
+    // added to dq_accum.
+    kh_regs_dec<40>();
+    // Per-head bases, advanced when the step's head changes (steps walk the query blocks of one
+    // head, then the next head of the group): Q, dO, this thread's LSE (threads < BM) or delta
+    // row, and dq_accum at this thread's 16-byte column chunk.
+    constexpr int CPR = D / 4;  // 16-byte dQ chunks per row
+    const int hq0 = hk * group;
+    const T* qh = (const T*)f.q + (kh_i64)q0 * f.q_row + (kh_i64)hq0 * f.q_head;
+    const T* oh = (const T*)p.dout + (kh_i64)q0 * p.do_row + (kh_i64)hq0 * p.do_head;
+    const bool lse_thread = tid < BM;
+    const float* sh = lse_thread ? f.lse + (kh_i64)hq0 * f.lse_head + q0
+                                 : p.delta + (kh_i64)hq0 * p.tokens_q + q0;
+    const kh_i64 s_head = lse_thread ? f.lse_head : p.tokens_q;
+    float* dqh = p.dq_accum + ((kh_i64)q0 * f.q_heads + hq0) * D + 4 * (tid % CPR);
+    const kh_i64 dq_row = (kh_i64)f.q_heads * D;
+    int mi = 0, rmi = 0;  // query block (of nm) of the step being loaded / reduced
+    auto reduce_dq = [&](int i) {
+      const int m0 = m_lo + rmi * BM;
+      kh_mbar_wait(dq_full, i & 1);
+#pragma unroll 4
+      for (int r = tid / CPR; r < BM; r += 128 / CPR) {
+        const float4 v = *(const float4*)(smem + (sDQ - base) + dq_off(r, 4 * (tid % CPR)));
+        if (m0 + r < len_q) kh_red_add4(dqh + (kh_i64)(m0 + r) * dq_row, v);
+      }
+      kh_mbar_arrive(dq_empty);
+      if (++rmi == nm) {
+        rmi = 0;
+        dqh += D;
+      }
+    };
+    for (int j = 0; j <= steps; ++j) {
+      if (j < steps) {
+        const int st = j % STAGES, m0 = m_lo + mi * BM;
+        if (j >= STAGES) kh_mbar_wait(bars + 8 * (STAGES + st), (j / STAGES - 1) & 1);
+        if (j == 0) {
+          kh_load_panels<BN, D, 128>(sK,
+                                     (const T*)f.k + (kh_i64)k0 * f.k_row + (kh_i64)hk * f.k_head,
+                                     f.k_row, n0, len_k, tid);
+          kh_load_panels<BN, D, 128>(sV,
+                                     (const T*)f.v + (kh_i64)k0 * f.v_row + (kh_i64)hk * f.v_head,
+                                     f.v_row, n0, len_k, tid);
+        }
+        const kh_u32 q_tile = sQ0 + st * 2 * TILE_Q;
+        kh_load_panels<BM, D, 128>(q_tile, qh, f.q_row, m0, len_q, tid);
+        kh_load_panels<BM, D, 128>(q_tile + TILE_Q, oh, p.do_row, m0, len_q, tid);
+        const int i = m0 + (tid & (BM - 1));
+        kh_cp_async4(sStats + (st * 2 * BM + tid) * 4, sh + (i < len_q ? i : 0), i < len_q);
+        if (++mi == nm) {
+          mi = 0;
+          qh += f.q_head;
+          oh += p.do_head;
+          sh += s_head;
+        }
+      }
+      kh_cp_async_commit();
+      if (j >= 1) {
+        kh_cp_async_wait<1>();
+        kh_fence_proxy_async();
+        kh_mbar_arrive(bars + 8 * ((j - 1) % STAGES));
+      }
+      if (j >= 2) reduce_dq(j - 2);
+    }
+    if (steps >= 1) reduce_dq(steps - 1);
+    kh_cp_async_wait<0>();
+    return;
+  }
+
+  // Consumers.
+  kh_regs_inc<232>();
+  const int ct = tid - 128, wg = ct >> 7, warp = (ct >> 5) & 3, lane = tid & 31;
+  const float sl2 = f.scale_log2;
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
@@ -80,18 +163,14 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
   const kh_u32 k_rows = sK + wg * 64 * 128, v_rows = sV + wg * 64 * 128;
 
   for (int j = 0; j < steps; ++j) {
-    const int st = j & 1, hq = hk * group + j / nm, m0 = m_lo + (j % nm) * BM;
-    __syncthreads();  // step j - 1's readers of the other stage and of dS^T are done
-    if (j + 1 < steps) load_step(j + 1);
-    kh_cp_async_commit();
-    kh_cp_async_wait<1>();
-    kh_fence_proxy_async();
-    __syncthreads();
-    const kh_u32 sQ = sQ0 + st * 2 * TILE_Q, sO = sQ + TILE_Q;
+    const int st = j % STAGES, m0 = m_lo + (j % nm) * BM;
+    kh_mbar_wait(bars + 8 * st, (j / STAGES) & 1);
+    const kh_u32 sQ = sQ0 + st * 2 * TILE_Q, sO = sQ + TILE_Q, sDS = sS + (j & 1) * TILE_S;
     const float* s_lse = s_stats + st * 2 * BM;
     const float* s_delta = s_lse + BM;
 
-    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys and the step's BM queries.
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys and the step's BM queries, in
+    // two commit groups: P^T is computed from S^T while the tensor cores still run dP^T.
     float s[BM / 2], dp[BM / 2];
     kh_wgmma_fence();
 #pragma unroll
@@ -101,6 +180,7 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
       kh_wgmma_ss<T, BM>(s, kh_wgmma_desc(k_rows + ka, 16, 1024), kh_wgmma_desc(sQ + qa, 16, 1024),
                          kk > 0);
     }
+    kh_wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const kh_u32 ka = (kh_u32)(kk >> 2) * BN * 128 + (kk & 3) * 32;
@@ -109,19 +189,21 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
                          kk > 0);
     }
     kh_wgmma_commit();
-    kh_wgmma_wait<0>();
+    kh_wgmma_wait<1>();
 
-    // P^T and dS^T; masks only where the block crosses an edge.
+    // P^T; masks only where the block crosses an edge. The LSE is raw (natural log; -inf for a
+    // row that sees no key, whose P must be 0, not exp2(+inf)).
     const bool full = m0 + BM <= len_q && n0 + BN <= len_k &&
                       (!f.causal || m0 + offset >= n0 + BN - 1) &&
                       (f.window_left < 0 || m0 + BM - 1 + offset - f.window_left <= n0);
-    kh_u32 pa[BM / 16][4], da[BM / 16][4];
 #pragma unroll
     for (int t = 0; t < BM / 8; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = t * 8 + 2 * (lane & 3) + (e & 1);
-        float pe = kh_exp2(s[4 * t + e] * sl2 - s_lse[col]);
+        const float l = s_lse[col];
+        const float l2 = l == KH_NEG_INF ? -KH_NEG_INF : l * 1.4426950408889634f;
+        float pe = kh_exp2(s[4 * t + e] * sl2 - l2);
         if (!full) {
           const int qi = m0 + col, key = kr0 + (e >> 1) * 8;
           if (key >= len_k || qi >= len_q ||
@@ -129,31 +211,43 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
             pe = 0.f;
         }
         s[4 * t + e] = pe;
-        dp[4 * t + e] = pe * (dp[4 * t + e] - s_delta[col]);
       }
+    kh_u32 pa[BM / 16][4], da[BM / 16][4];
 #pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq) {
-      pa[kq][0] = kh_pack2<T>(s[8 * kq + 0], s[8 * kq + 1]);
-      pa[kq][1] = kh_pack2<T>(s[8 * kq + 2], s[8 * kq + 3]);
-      pa[kq][2] = kh_pack2<T>(s[8 * kq + 4], s[8 * kq + 5]);
-      pa[kq][3] = kh_pack2<T>(s[8 * kq + 6], s[8 * kq + 7]);
-      da[kq][0] = kh_pack2<T>(dp[8 * kq + 0], dp[8 * kq + 1]);
-      da[kq][1] = kh_pack2<T>(dp[8 * kq + 2], dp[8 * kq + 3]);
-      da[kq][2] = kh_pack2<T>(dp[8 * kq + 4], dp[8 * kq + 5]);
-      da[kq][3] = kh_pack2<T>(dp[8 * kq + 6], dp[8 * kq + 7]);
-    }
-    // dV += P^T dO, dK += dS^T Q (k16 step kq: queries 16kq .. 16kq + 15, rows of dO and Q).
+    for (int kq = 0; kq < BM / 16; ++kq)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pa[kq][i] = kh_pack2<T>(s[8 * kq + 2 * i], s[8 * kq + 2 * i + 1]);
+    // dV += P^T dO (k16 step kq: queries 16kq .. 16kq + 15, rows of dO), running while dS^T is
+    // computed.
     kh_wgmma_fence();
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq)
       kh_wgmma_rs_tb<T, D>(dv, pa[kq], kh_wgmma_desc(sO + kq * 16 * 128, BM * 128, 1024));
+    kh_wgmma_commit();
+    kh_wgmma_wait<1>();  // dP^T is done (dV may still run)
+
+    // dS^T = P^T (dP^T - delta), P^T taken back from its 16-bit copy (fp32 P^T is not kept: its
+    // registers are what lets dV run meanwhile without spills); dK += dS^T Q.
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = kq * 16 + (i >> 1) * 8 + 2 * (lane & 3);
+        float p0, p1;
+        kh_unpack2<T>(pa[kq][i], p0, p1);
+        da[kq][i] = kh_pack2<T>(p0 * (dp[8 * kq + 2 * i] - s_delta[col]),
+                                p1 * (dp[8 * kq + 2 * i + 1] - s_delta[col + 1]));
+      }
+    kh_wgmma_fence();
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq)
       kh_wgmma_rs_tb<T, D>(dk, da[kq], kh_wgmma_desc(sQ + kq * 16 * 128, BM * 128, 1024));
     kh_wgmma_commit();
 
     // dS^T into shared memory (rows = keys, one 128-byte panel of BM queries): a[kq] holds rows
-    // r, r + 8 and queries 16kq + 2c (.. + 1) and 16kq + 8 + 2c (.. + 1), c = lane & 3.
+    // r, r + 8 and queries 16kq + 2c (.. + 1) and 16kq + 8 + 2c (.. + 1), c = lane & 3. Buffer
+    // j & 1 was last read by step j - 2's dQ, which both consumers finished before step j - 1's
+    // barrier.
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq)
 #pragma unroll
@@ -161,36 +255,43 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
         const int r = wg * 64 + warp * 16 + (lane >> 2) + 8 * half;
 #pragma unroll
         for (int tt = 0; tt < 2; ++tt) {
-          const kh_u32 addr = sS + r * 128 + (((2 * kq + tt) ^ (r & 7)) << 4) + (lane & 3) * 4;
+          const kh_u32 addr = sDS + r * 128 + (((2 * kq + tt) ^ (r & 7)) << 4) + (lane & 3) * 4;
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(da[kq][2 * tt + half]));
         }
       }
     kh_fence_proxy_async();
-    __syncthreads();
+    kh_named_sync(1, 256);
 
     // dQ[:, 64 wg .. 64 wg + 63] = dS K: A = dS (queries x keys) read from dS^T transposed, B =
-    // K's panel wg read MN-major; k16 step kk is keys 16kk .. 16kk + 15.
+    // K's panel wg read MN-major; k16 step kk is keys 16kk .. 16kk + 15. Head_dim 64: one
+    // warpgroup's columns are all of dQ (the other computes them too and drops them).
     float dq[32];
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
       kh_wgmma_ss_tt<T, 64>(
-          dq, kh_wgmma_desc(sS + kk * 16 * 128, BM * 128, 1024),
+          dq, kh_wgmma_desc(sDS + kk * 16 * 128, BM * 128, 1024),
           kh_wgmma_desc(sK + (D == 64 ? 0 : wg) * BN * 128 + kk * 16 * 128, BN * 128, 1024),
           kk > 0);
     kh_wgmma_commit();
     kh_wgmma_wait<0>();
-    if (D == 64 && wg == 1) continue;  // head_dim 64: one warpgroup's columns are all of dQ
+    kh_mbar_arrive(bars + 8 * (STAGES + st));  // every product reading the stage is done
+
+    // dQ (scaled) -> the staging tile, once the producer has read step j - 1's.
+    if (j >= 1) kh_mbar_wait(dq_empty, (j - 1) & 1);
+    if (D != 64 || wg == 0) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int qi = m0 + warp * 16 + (lane >> 2) + 8 * half;
-      if (qi >= len_q) continue;
-      float* acc = p.dq_accum + ((kh_i64)(q0 + qi) * f.q_heads + hq) * D + (D == 64 ? 0 : 64 * wg) +
-                   2 * (lane & 3);
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp * 16 + (lane >> 2) + 8 * half;
 #pragma unroll
-      for (int t = 0; t < 8; ++t)
-        kh_red_add2(acc + t * 8, dq[4 * t + 2 * half] * f.scale,
-                    dq[4 * t + 2 * half + 1] * f.scale);
+        for (int t = 0; t < 8; ++t) {
+          const int col = (D == 64 ? 0 : 64 * wg) + t * 8 + 2 * (lane & 3);
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sDQ + dq_off(row, col)),
+                       "f"(dq[4 * t + 2 * half] * f.scale),
+                       "f"(dq[4 * t + 2 * half + 1] * f.scale));
+        }
+      }
     }
+    kh_mbar_arrive(dq_full);
   }
 
   T* dkb = (T*)p.dk + (kh_i64)k0 * p.dk_row + (kh_i64)hk * p.dk_head;

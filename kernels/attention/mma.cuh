@@ -97,6 +97,19 @@ KH_DEV kh_u32 kh_pack2(float lo, float hi) {
   return p;
 }
 
+// The two values of a kh_pack2 register back as fp32.
+template <typename T>
+KH_DEV void kh_unpack2(kh_u32 p, float& lo, float& hi) {
+  if constexpr (kh_same<T, kh_bf16>::value) {
+    lo = __uint_as_float(p << 16);
+    hi = __uint_as_float(p & 0xFFFF0000u);
+  } else {
+    asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}\n"
+        : "=f"(lo), "=f"(hi)
+        : "r"(p));
+  }
+}
+
 // The A fragment of k16 step kk taken from an fp32 accumulator tile (16 rows x 8*N columns in
 // mma's C layout): C's layout is A's, two n-tiles making one k16 step, so P (or dS) feeds the
 // next product from registers (FlashAttention-2's reuse).
