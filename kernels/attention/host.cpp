@@ -27,8 +27,39 @@ constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
 // Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
 constexpr int kMinSplitTokens = 256;
 constexpr int kMaxSplits = 32;
-// CTAs a decode aims for (4 per SM of an H100/H200-class GPU) before it splits the context.
-constexpr int kDecodeTargetCtas = 528;
+// The split plan fills whole waves of decode CTAs on an H100/H200-class GPU (132 SMs, 228 KiB of
+// shared memory each): every CTA of a decode does the same work, so a last, partly filled wave
+// costs as much as a full one. Other GPUs get the same, correct plan with less even waves.
+constexpr int64_t kDecodeSms = 132;
+constexpr int64_t kSmSharedBytes = 228 * 1024;
+// The first split count whose waves are this full is taken.
+constexpr double kDecodeWaveFill = 0.95;
+
+// Decode CTAs one SM holds: shared memory (plus the 1 KiB the driver reserves per CTA) and
+// threads bound it.
+int64_t decode_ctas_per_sm(int64_t smem_bytes, int64_t threads) {
+  const int64_t by_smem = kSmSharedBytes / (smem_bytes + 1024);
+  const int64_t by_threads = 2048 / threads;
+  return by_smem < by_threads ? by_smem : by_threads;
+}
+
+// Splits of the context for `ctas` CTAs per split: the fewest whose waves are kDecodeWaveFill
+// full, else the fullest, at most max_splits.
+int64_t decode_splits(int64_t ctas, int64_t per_sm, int64_t max_splits) {
+  const int64_t slots = kDecodeSms * (per_sm > 0 ? per_sm : 1);
+  int64_t best = 1;
+  double best_fill = 0;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const int64_t n = ctas * s, waves = (n + slots - 1) / slots;
+    const double fill = static_cast<double>(n) / static_cast<double>(waves * slots);
+    if (fill > best_fill) {
+      best = s;
+      best_fill = fill;
+    }
+    if (fill >= kDecodeWaveFill) break;
+  }
+  return best;
+}
 
 const char* dtype_tag(int dtype) {
   return dtype == kBF16 ? "bf16" : "fp16";
@@ -557,11 +588,11 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
   const bool tc = d != 256;
   const int r = tc ? 16 : kh_decode_rows(rows), groups = (rows + r - 1) / r;
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.kv_heads * groups;
-  int64_t splits = (kDecodeTargetCtas + ctas - 1) / ctas;
-  splits = splits < (max_ctx + kMinSplitTokens - 1) / kMinSplitTokens
-               ? splits
-               : (max_ctx + kMinSplitTokens - 1) / kMinSplitTokens;
-  if (splits > kMaxSplits) splits = kMaxSplits;
+  int64_t max_splits = (max_ctx + kMinSplitTokens - 1) / kMinSplitTokens;
+  if (max_splits > kMaxSplits) max_splits = kMaxSplits;
+  const int64_t threads = 32 * kh_decode_warps();
+  int64_t splits = decode_splits(
+      ctas, decode_ctas_per_sm(tc ? kh_decode_tc_smem_bytes(d) : 0, threads), max_splits);
   const TensorArg ws_arg = a.optional_tensor("workspace");
   const int64_t per_split = q.tokens * q.heads * (q.head_dim + 2);
   if (splits > 1) {
