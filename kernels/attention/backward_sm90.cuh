@@ -196,27 +196,28 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     const bool full = m0 + BM <= len_q && n0 + BN <= len_k &&
                       (!f.causal || m0 + offset >= n0 + BN - 1) &&
                       (f.window_left < 0 || m0 + BM - 1 + offset - f.window_left <= n0);
-#pragma unroll
-    for (int t = 0; t < BM / 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = t * 8 + 2 * (lane & 3) + (e & 1);
-        const float l = s_lse[col];
-        const float l2 = l == KH_NEG_INF ? -KH_NEG_INF : l * 1.4426950408889634f;
-        float pe = kh_exp2(s[4 * t + e] * sl2 - l2);
-        if (!full) {
-          const int qi = m0 + col, key = kr0 + (e >> 1) * 8;
-          if (key >= len_k || qi >= len_q ||
-              !kh_attn_visible(qi, key, offset, f.causal, f.window_left))
-            pe = 0.f;
-        }
-        s[4 * t + e] = pe;
-      }
+    // P^T straight into its 16-bit A fragments.
     kh_u32 pa[BM / 16][4], da[BM / 16][4];
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) pa[kq][i] = kh_pack2<T>(s[8 * kq + 2 * i], s[8 * kq + 2 * i + 1]);
+      for (int i = 0; i < 4; ++i) {
+        float pe[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = kq * 16 + (i >> 1) * 8 + 2 * (lane & 3) + e;
+          const float l = s_lse[col];
+          const float l2 = l == KH_NEG_INF ? -KH_NEG_INF : l * 1.4426950408889634f;
+          pe[e] = kh_exp2(s[8 * kq + 2 * i + e] * sl2 - l2);
+          if (!full) {
+            const int qi = m0 + col, key = kr0 + (i & 1) * 8;
+            if (key >= len_k || qi >= len_q ||
+                !kh_attn_visible(qi, key, offset, f.causal, f.window_left))
+              pe[e] = 0.f;
+          }
+        }
+        pa[kq][i] = kh_pack2<T>(pe[0], pe[1]);
+      }
     // dV += P^T dO (k16 step kq: queries 16kq .. 16kq + 15, rows of dO), running while dS^T is
     // computed.
     kh_wgmma_fence();
