@@ -241,6 +241,35 @@ TEST_F(PullMirrorTest, CorruptedMirrorBlobIsRejectedAndFetchedFromTheHub) {
   EXPECT_NE(log.find(kLogInfo, {"blob(s)", "from the hub " + hub->oci_url()}), "") << log.all();
 }
 
+// A mirror redirecting blobs to another host (as registries send them to object storage): the
+// pull follows, the bytes are verified as always, and the mirror's token never reaches that host.
+TEST_F(PullMirrorTest, RedirectToAnotherHostCarriesNoMirrorCredentials) {
+  FaultProxy storage(hub->port());  // the other host: records what it receives
+  FaultProxy redirecting(mirror->port());
+  redirecting.enable_bearer("mirror-token");
+  redirecting.add_rule({"GET", "/blobs/sha256:", FaultProxy::Action::kRedirect, 100, 0, 0, 307,
+                        "http://" + storage.host()});
+  Store store(tmp / "cache");
+  Hub h(HubAddress::parse(hub->oci_url(), true), store, hub_options(redirecting.host()));
+  PullReport report = h.pull(Ref::parse(kRef));
+  EXPECT_EQ(report.blobs_downloaded, built.layers.size());
+  expect_cached(store);
+  size_t storage_gets = 0;
+  for (const auto& seen : storage.requests()) {
+    if (seen.target.find("/blobs/") == std::string::npos) continue;
+    ++storage_gets;
+    EXPECT_EQ(seen.authorization, "") << seen.target;
+  }
+  EXPECT_EQ(storage_gets, built.layers.size());
+  size_t with_token = 0;
+  for (const auto& seen : redirecting.requests()) {
+    if (seen.target.find("/blobs/") != std::string::npos &&
+        seen.authorization == "Bearer mirror-token")
+      ++with_token;
+  }
+  EXPECT_EQ(with_token, built.layers.size());
+}
+
 // Pushes go to the hub only, never to a mirror.
 TEST_F(PullMirrorTest, PushesGoToTheHubOnly) {
   LayoutSpec spec;
