@@ -21,26 +21,31 @@ WriteBehind::Lane& WriteBehind::lane(BlobSink* sink) {
 
 void WriteBehind::push(Lane& lane, const char* data, size_t size) {
   if (size == 0) return;
+  std::unique_lock lock(mu_);
+  if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
+  // One chunk always fits, however large: the bound is on what waits, not on a chunk.
+  ++waiters_;
+  done_cv_.wait(lock,
+                [&] { return queued_bytes_ == 0 || queued_bytes_ + size <= max_queued_bytes_; });
+  --waiters_;
+  queued_bytes_ += size;
+  // Appended to the lane's last chunk while the worker has not taken it: fewer, larger writes
+  // (and wake-ups) than one per receive callback.
+  if (!queue_.empty() && queue_.back().lane == &lane &&
+      queue_.back().bytes.size() + size <= kChunkBytes) {
+    queue_.back().bytes.append(data, size);
+    return;
+  }
   std::string buffer;
-  {
-    std::unique_lock lock(mu_);
-    if (!worker_.joinable()) worker_ = std::thread([this] { run(); });
-    // One chunk always fits, however large: the bound is on what waits, not on a chunk.
-    done_cv_.wait(lock,
-                  [&] { return queued_bytes_ == 0 || queued_bytes_ + size <= max_queued_bytes_; });
-    if (!spare_.empty()) {
-      buffer = std::move(spare_.back());
-      spare_.pop_back();
-    }
-    queued_bytes_ += size;
-    ++lane.pending;
+  if (!spare_.empty()) {
+    buffer = std::move(spare_.back());
+    spare_.pop_back();
   }
-  buffer.assign(data, size);  // the copy, outside the lock
-  {
-    std::lock_guard lock(mu_);
-    queue_.push_back(Chunk{&lane, std::move(buffer)});
-  }
-  work_cv_.notify_one();
+  buffer.reserve(kChunkBytes);
+  buffer.assign(data, size);
+  ++lane.pending;
+  queue_.push_back(Chunk{&lane, std::move(buffer)});
+  if (worker_idle_) work_cv_.notify_one();
 }
 
 std::exception_ptr WriteBehind::error(Lane& lane) {
@@ -50,7 +55,9 @@ std::exception_ptr WriteBehind::error(Lane& lane) {
 
 std::exception_ptr WriteBehind::settle(Lane& lane) {
   std::unique_lock lock(mu_);
+  ++waiters_;
   done_cv_.wait(lock, [&] { return lane.pending == 0; });
+  --waiters_;
   return lane.error;
 }
 
@@ -69,7 +76,9 @@ void WriteBehind::restart(Lane& lane) {
 void WriteBehind::run() {
   std::unique_lock lock(mu_);
   for (;;) {
+    worker_idle_ = true;
     work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    worker_idle_ = false;
     if (queue_.empty()) return;  // stopping, and everything was written
     Chunk chunk = std::move(queue_.front());
     queue_.pop_front();
@@ -88,8 +97,11 @@ void WriteBehind::run() {
     if (failed && !lane.error) lane.error = failed;
     --lane.pending;
     queued_bytes_ -= chunk.bytes.size();
-    if (spare_.size() < 64) spare_.push_back(std::move(chunk.bytes));
-    done_cv_.notify_all();
+    if (spare_.size() < kSpareChunks) {
+      chunk.bytes.clear();
+      spare_.push_back(std::move(chunk.bytes));
+    }
+    if (waiters_ > 0) done_cv_.notify_all();
   }
 }
 

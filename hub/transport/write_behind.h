@@ -61,6 +61,9 @@ class WriteBehind {
   };
   void run();
 
+  static constexpr size_t kChunkBytes = 1u << 20;  // receive callbacks are appended up to this
+  static constexpr size_t kSpareChunks = 16;
+
   const size_t max_queued_bytes_;
   std::mutex mu_;
   std::condition_variable work_cv_;  // chunks queued, or stop
@@ -69,6 +72,8 @@ class WriteBehind {
   std::vector<std::string> spare_;  // buffers of written chunks, reused (no malloc per chunk)
   std::list<Lane> lanes_;
   size_t queued_bytes_ = 0;
+  int waiters_ = 0;           // threads in done_cv_.wait (no wake-up per chunk without one)
+  bool worker_idle_ = false;  // the worker is in work_cv_.wait (no wake-up per chunk otherwise)
   bool stop_ = false;
   std::thread worker_;  // started on the first push
 };
