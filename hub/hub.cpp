@@ -51,6 +51,7 @@ HubOptions HubOptions::from_env() {
   o.source.http = http::Options::from_env();
   o.source.http.offline = o.offline;
   o.source.http.allow_plain_http = env_flag("KERNEL_HUB_PLAIN_HTTP");
+  o.source.mirrors = registry_mirrors_from_env();
   o.ref_ttl_s = HubOptions::kDefaultRefTtl;
   o.trust = trust::TrustPolicy::from_env();
   o.unpack_budget = UnpackBudget::limit_from_env();

@@ -41,8 +41,9 @@ struct HubOptions {
 
   // Offline from KERNEL_HUB_OFFLINE=1, plain HTTP from KERNEL_HUB_PLAIN_HTTP=1, the ref TTL from
   // KERNEL_HUB_REF_TTL (seconds, default kDefaultRefTtl), the unpack budget from
-  // KERNEL_HUB_UNPACK_BUDGET (bytes), plus the http::Options environment overrides (the command
-  // deadline, KERNEL_HUB_COMMAND_TIMEOUT_S, among them).
+  // KERNEL_HUB_UNPACK_BUDGET (bytes), registry mirrors from KERNEL_HUB_MIRRORS
+  // (hub/transport/registry_mirrors.h), plus the http::Options environment overrides (the
+  // command deadline, KERNEL_HUB_COMMAND_TIMEOUT_S, among them).
   static HubOptions from_env();
 };
 

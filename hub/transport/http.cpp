@@ -18,6 +18,7 @@
 #include "hub/base/error.h"
 #include "hub/transport/curl_api.h"
 #include "hub/transport/tls.h"
+#include "hub/transport/write_behind.h"
 
 namespace kh::http {
 
@@ -338,6 +339,10 @@ struct FdCloser {
 
 struct Transfer {
   Download* job = nullptr;
+  // The job's sink behind the write-behind thread: offsets and restarts go through it (they wait
+  // for the queued bytes), writes are queued.
+  WriteBehind* behind = nullptr;
+  WriteBehind::Lane* lane = nullptr;
   Progress* progress = nullptr;
   CURL* easy = nullptr;
   Slist headers;
@@ -360,9 +365,26 @@ struct Transfer {
   std::string last_cause;
 
   void restart_sink() {
-    uint64_t had = job->sink->offset();
-    job->sink->restart();
+    uint64_t had = behind->offset(*lane);
+    behind->restart(*lane);
     if (progress && had > 0) progress->advance(-static_cast<int64_t>(had));
+  }
+
+  // Why the sink refused bytes: kept for finish(), which fails at once when another attempt
+  // would meet the same (more bytes than the descriptor says, a disk error).
+  void sink_failed(std::exception_ptr error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      abort_reason = e.what();
+      abort_final = e.kind() == ErrorKind::kIntegrity || e.kind() == ErrorKind::kRefused ||
+                    e.kind() == ErrorKind::kIo;
+      abort_integrity = e.kind() == ErrorKind::kIntegrity;
+    } catch (const std::exception& e) {
+      abort_reason = e.what();
+    } catch (...) {
+      abort_reason = "unknown error while writing the blob";
+    }
   }
 };
 
@@ -410,20 +432,13 @@ size_t transfer_write(char* data, size_t size, size_t nmemb, void* user) {
       }
       return n;
     }
-    t->job->sink->write(data, n);
+    // The sink's work happens on the write-behind thread; an error it met stops the transfer.
+    if (std::exception_ptr failed = t->behind->error(*t->lane)) std::rethrow_exception(failed);
+    t->behind->push(*t->lane, data, n);
     if (t->progress) t->progress->advance(static_cast<int64_t>(n));
     return n;
-  } catch (const Error& e) {
-    // The sink refused the bytes for a reason another attempt would meet again (more bytes than
-    // the descriptor says, a disk error): not worth a retry.
-    t->abort_reason = e.what();
-    t->abort_final = e.kind() == ErrorKind::kIntegrity || e.kind() == ErrorKind::kRefused ||
-                     e.kind() == ErrorKind::kIo;
-    t->abort_integrity = e.kind() == ErrorKind::kIntegrity;
-  } catch (const std::exception& e) {
-    t->abort_reason = e.what();
   } catch (...) {
-    t->abort_reason = "unknown error while writing the blob";
+    t->sink_failed(std::current_exception());
   }
   return 0;
 }
@@ -670,6 +685,7 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
   if (options_.offline) throw_offline("GET", jobs.front().url);
   const CurlApi& api = global_init();
 
+  WriteBehind behind;  // outlives the transfers' lanes
   std::vector<std::unique_ptr<Transfer>> transfers;
   for (auto& job : jobs) {
     if (!job.sink) throw std::logic_error("http::Client::download: job without a sink");
@@ -678,6 +694,8 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     job.error.clear();
     auto t = std::make_unique<Transfer>();
     t->job = &job;
+    t->behind = &behind;
+    t->lane = &behind.lane(job.sink);
     t->progress = progress;
     t->headers = make_headers(job.headers);
     if (progress) {
@@ -708,7 +726,7 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
   long running = 0;
 
   auto start = [&](Transfer& t) {
-    t.start_offset = t.job->sink->offset();
+    t.start_offset = behind.offset(*t.lane);
     t.body_started = false;
     t.to_sink = false;
     t.response_headers.clear();
@@ -757,6 +775,11 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     --running;
     Download& job = *t.job;
     job.status = code;
+    // Everything received is in the sink before its offset (or digest) is looked at.
+    if (std::exception_ptr failed = behind.settle(*t.lane); failed && t.abort_reason.empty()) {
+      t.sink_failed(failed);
+      rc = CURLE_WRITE_ERROR;
+    }
 
     auto fail_now = [&](const std::string& cause) {
       job.ok = false;

@@ -22,6 +22,7 @@
 #include "hub/base/log.h"
 #include "hub/transport/credentials.h"
 #include "hub/transport/source.h"
+#include "hub/transport/verifying_sink.h"
 #include "hub/trust/signature.h"
 
 namespace kh {
@@ -152,30 +153,6 @@ std::string host_port_of(const std::string& url) {
   if (size_t at = authority.rfind('@'); at != std::string::npos) authority.erase(0, at + 1);
   return authority;
 }
-
-// Hashes what passes through to the real sink, so a blob corrupted in transit is reported
-// as a failed fetch. Resumes keep the hash; restarts reset it.
-class VerifyingSink : public BlobSink {
- public:
-  explicit VerifyingSink(BlobSink* inner) : inner_(inner) {
-    // We cannot hash bytes written before we got the sink: start clean.
-    if (inner_->offset() > 0) inner_->restart();
-  }
-  uint64_t offset() const override { return inner_->offset(); }
-  void write(const char* data, size_t size) override {
-    inner_->write(data, size);
-    hash_.update(data, size);
-  }
-  void restart() override {
-    inner_->restart();
-    hash_.reset();
-  }
-  Digest digest() { return hash_.finish(); }
-
- private:
-  BlobSink* inner_;
-  Sha256 hash_;
-};
 
 class RegistrySource : public Source {
  public:

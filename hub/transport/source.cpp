@@ -8,7 +8,8 @@
 namespace kh {
 
 std::unique_ptr<Source> open_source(const HubAddress& address, const SourceOptions& options) {
-  if (address.kind == HubAddress::Kind::kRegistry) return open_registry_source(address, options);
+  if (address.kind == HubAddress::Kind::kRegistry)
+    return open_mirrored_registry_source(address, options);
   return open_layout_source(address, options);
 }
 

@@ -14,6 +14,7 @@
 #include "hub/oci/oci.h"
 #include "hub/transport/blob_sink.h"
 #include "hub/transport/http.h"
+#include "hub/transport/registry_mirrors.h"
 
 namespace kh {
 
@@ -47,6 +48,9 @@ struct SourceOptions {
   std::string password;
   // Blobs larger than this are pushed in chunks (PATCH); 0 = always monolithic.
   uint64_t chunk_size = 64ull << 20;
+  // Pull-through mirrors tried before a registry hub (registry_mirrors.h; KERNEL_HUB_MIRRORS
+  // through HubOptions::from_env). Ignored for layout hubs.
+  std::vector<RegistryMirror> mirrors;
 };
 
 class Source {
@@ -103,7 +107,11 @@ std::unique_ptr<Source> open_layout_source(const HubAddress& address, const Sour
 // whose repo argument is ignored. Used by `push DIR REF`.
 std::unique_ptr<Source> open_single_layout_source(const std::filesystem::path& layout_dir,
                                                   const SourceOptions& options);
-// Picks the transport from the address kind.
+// A registry hub behind the options' mirrors that apply to it (mirrored_source.cpp); the plain
+// registry source when none does.
+std::unique_ptr<Source> open_mirrored_registry_source(const HubAddress& address,
+                                                      const SourceOptions& options);
+// Picks the transport from the address kind (registries with their mirrors).
 std::unique_ptr<Source> open_source(const HubAddress& address, const SourceOptions& options);
 
 }  // namespace kh

@@ -1,7 +1,9 @@
 // Pull benchmark (not a test): a 256 MiB set of blobs from a loopback docker-registry,
 // kernel-hub against curl fetching the same blobs in the same run; and a warm offline pull of
 // a cached ref, as a process and in-process. Prints a markdown table.
-// Usage: bench_pull [--mib N] [--runs N]
+// Usage: bench_pull [--mib N] [--runs N] [--hold]
+// --hold: push the set, print the hub address, and wait for a line on stdin before measuring
+// (to profile `kernel-hub pull` by hand against the same registry).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,9 +42,14 @@ void must(const ProcessResult& r, const char* what) {
 
 int main(int argc, char** argv) {
   int total_mib = 256, runs = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--mib")) total_mib = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[i + 1]);
+  bool hold = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--hold")) hold = true;
+    if (i + 1 >= argc) continue;
+    if (!std::strcmp(argv[i], "--mib"))
+      total_mib = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--runs"))
+      runs = std::atoi(argv[++i]);
   }
   RegistryFixture registry;
   if (!registry.available()) {
@@ -58,6 +65,12 @@ int main(int argc, char** argv) {
   must(run_process({cli_path(), "--cache", (work / "push-cache").string(), "--plain-http", "--hub",
                     registry.oci_url(), "-q", "push", (work / "layout").string(), "bench/set@v1"}),
        "push");
+  if (hold) {
+    std::printf("hub: %s  ref: bench/set@v1  (press Enter to measure)\n",
+                registry.oci_url().c_str());
+    std::fflush(stdout);
+    std::getchar();
+  }
 
   std::vector<double> ours, curl;
   for (int r = 0; r < runs; ++r) {
