@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
       "KERNEL_HUB_DISABLE=1 (every layer keeps its fallback), KERNEL_HUB_NVRTC (NVRTC library),\n"
       "KERNEL_HUB_TRUST_DIR (trusted keys), KERNEL_HUB_ALLOW_UNSIGNED=1, KERNEL_HUB_OFFLINE_GRACE\n"
       "(seconds past expiry offline loads still accept, default 604800), KERNEL_HUB_DATA_DIR\n"
-      "(the embedded default hub and its key; default: ../share/kernel-hub from the binary).",
+      "(the embedded default hub and its key; default: ../share/kernel-hub from the binary),\n"
+      "KERNEL_HUB_MIRRORS ([REGISTRY=]MIRROR,...: pull-through mirrors tried before the hub).",
       "kernel-hub"};
   app.require_subcommand(1);
   app.fallthrough();  // global options may follow the command name too
