@@ -21,6 +21,10 @@ constexpr uint32_t kGemmV1_2Size = 136;
 // KH_ERR_INVALID_ARGUMENT or KH_ERR_UNSUPPORTED with `error` saying which field is wrong.
 int32_t read_gemm(const kh_gemm_t* in, kh_gemm_t& out, std::string& error);
 
+// Bytes per element and the name of a KH_DTYPE_* code ("bf16", "fp16", "fp32").
+int64_t gemm_dtype_bytes(uint32_t code);
+const char* gemm_dtype_name(uint32_t code);
+
 // Reads, checks and runs one request on `stream`. Never throws: `error` receives the message.
 int32_t run_gemm(const kh_gemm_t* g, void* stream, std::string& error) noexcept;
 
