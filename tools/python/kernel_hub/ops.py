@@ -327,10 +327,10 @@ def _lce_workspace(hidden, weight):
 @torch.library.custom_op("kernel_hub::linear_cross_entropy", mutates_args=())
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int,
                          rt: int) -> Tensor:
-    loss = torch.empty((), dtype=torch.float32, device=hidden.device)
+    loss = torch.empty(1, dtype=torch.float32, device=hidden.device)  # the ops take 1-D
     _call(rt, "FusedLinearCrossEntropy",
           [hidden, weight, labels, ignore_index, _lce_workspace(hidden, weight), loss])
-    return loss
+    return loss.reshape(())
 
 
 @linear_cross_entropy.register_fake
@@ -342,13 +342,13 @@ def _(hidden, weight, labels, ignore_index, rt):
 def linear_cross_entropy_train(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int,
                                rt: int) -> tuple[Tensor, Tensor, Tensor]:
     # forward_train writes the gradients of the mean loss too; backward scales them.
-    loss = torch.empty((), dtype=torch.float32, device=hidden.device)
+    loss = torch.empty(1, dtype=torch.float32, device=hidden.device)
     d_hidden = torch.empty_like(hidden)
     d_weight = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
     _call(rt, "FusedLinearCrossEntropy",
           [hidden, weight, labels, ignore_index, _lce_workspace(hidden, weight), loss, d_hidden,
            d_weight])
-    return loss, d_hidden, d_weight
+    return loss.reshape(()), d_hidden, d_weight
 
 
 @linear_cross_entropy_train.register_fake
@@ -380,7 +380,7 @@ def _lce_setup(ctx, inputs, output):
 
 def _lce_backward(ctx, dloss, _dh, _dw):
     d_hidden, d_weight = ctx.saved_tensors
-    dh, dw = linear_cross_entropy_backward(dloss.float().reshape(()).contiguous(), d_hidden,
+    dh, dw = linear_cross_entropy_backward(dloss.float().reshape(1).contiguous(), d_hidden,
                                            d_weight, ctx.rt)
     return dh, dw.to(ctx.weight_dtype), None, None, None
 
