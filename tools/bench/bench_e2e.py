@@ -67,12 +67,12 @@ def build(args, which):
     torch.manual_seed(0)
     config = model_config(args)
     cls = transformers.LlamaForCausalLM if args.layers else transformers.Qwen3ForCausalLM
-    with torch.device("cuda"):
+    with torch.device(args.device):
         model = cls(config).to(torch.bfloat16)
     model.train()
     if which in ("kh", "compile+kh"):
         import kernel_hub
-        kernel_hub.kernelize(model, device="cuda:0", mode="train")
+        kernel_hub.kernelize(model, device=args.device, mode="train")
     return model
 
 
@@ -88,10 +88,12 @@ def run_one(args, which):
         fullgraph = True
         step_model = torch.compile(model, fullgraph=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    g = torch.Generator(device="cuda").manual_seed(1)
+    g = torch.Generator(device=args.device).manual_seed(1)
     vocab = model.config.vocab_size
-    batches = [torch.randint(0, vocab, (args.batch, args.seq), device="cuda", generator=g)
+    batches = [torch.randint(0, vocab, (args.batch, args.seq), device=args.device, generator=g)
                for _ in range(4)]
+    cuda = args.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     def step(i):
         ids = batches[i % len(batches)]
@@ -115,12 +117,13 @@ def run_one(args, which):
         step_model = torch.compile(model)
         for i in range(args.warmup):
             step(i)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     for i in range(args.steps):
         loss = step(args.warmup + i)
-    torch.cuda.synchronize()
+    sync()
     dt = time.perf_counter() - t0
     breaks = None
     if which.startswith("compile"):
@@ -128,7 +131,8 @@ def run_one(args, which):
         breaks = {k: v for k, v in counters["graph_break"].items()}
     print("RESULT " + json.dumps({
         "config": which, "tokens_per_s": args.batch * args.seq * args.steps / dt,
-        "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "loss": float(loss),
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+        "loss": float(loss.detach()),
         "fullgraph": fullgraph, "graph_breaks": breaks}), flush=True)
 
 
@@ -159,6 +163,7 @@ def main():
     ap.add_argument("--layers", type=int, default=0,
                     help="N Llama-3-8B-shaped layers instead of Qwen3-0.6B")
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--device", default="cuda:0", help="cpu: a smoke run of the script itself")
     ap.add_argument("--liger-dir", default="/tmp/liger",
                     help="where to install .devlibs/wheels' Liger when it does not import")
     ap.add_argument("--run", help=argparse.SUPPRESS)  # one configuration, in a child process
@@ -182,13 +187,15 @@ def main():
                 p for p in (env.get("PYTHONPATH"), base_env["PYTHONPATH"]) if p)
         cmd = [sys.executable, os.path.abspath(__file__), "--run", which, "--steps",
                str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
-               "--seq", str(args.seq), "--layers", str(args.layers)]
+               "--seq", str(args.seq), "--layers", str(args.layers), "--device", args.device]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         if p.returncode != 0 or not line:
             print(f"[{which}] failed (exit {p.returncode}):\n{p.stderr[-3000:]}", file=sys.stderr)
             continue
-        sys.stderr.write(p.stderr[-2000:] if p.stderr.strip() else "")
+        for note in p.stderr.splitlines():  # the script's own notices (a fullgraph retry)
+            if note.startswith(f"[{which}]"):
+                print(note, file=sys.stderr)
         results[which] = json.loads(line[-1][len("RESULT "):])
     shape = (f"{args.layers} Llama-3-8B layers" if args.layers else "Qwen3-0.6B") + \
         f", batch {args.batch} x {args.seq}, bf16, {args.steps} steps after {args.warmup}"
