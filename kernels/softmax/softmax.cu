@@ -366,7 +366,7 @@ __device__ __forceinline__ void lce_scale(T* x, kh_i64 sx, kh_i64 rows, int cols
   const kh_i64 total = rows * cols;
   for (kh_i64 i = (kh_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (kh_i64)gridDim.x * blockDim.x) {
-    T* p = x + (i / cols) * sx + i % cols;
+    T* p = sx == cols ? x + i : x + (i / cols) * sx + i % cols;  // compact: no division
     *p = kh_convert<T>::from_float(g ? kh_to_float(*p) * f : 0.f);
   }
 }
