@@ -65,9 +65,9 @@ extern "C" {
  * The package ABI (KH_ABI_MAJOR/KH_ABI_MINOR in kernel_hub_abi.h, the contract between the loader
  * and a package's host library) is versioned on its own: see that header. */
 #define KH_VERSION_MAJOR 0
-#define KH_VERSION_MINOR 1
+#define KH_VERSION_MINOR 2
 #define KH_VERSION_PATCH 0
-#define KH_VERSION_STRING "0.1.0"
+#define KH_VERSION_STRING "0.2.0"
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define KH_VERSION_NUMBER (KH_VERSION_MAJOR * 10000 + KH_VERSION_MINOR * 100 + KH_VERSION_PATCH)
 
@@ -145,6 +145,11 @@ KH_EXPORT int32_t kh_runtime_kernelize(kh_runtime_t* rt, const char* config_json
                                        const char* lock_path, char** report_json);
 /* Frees a report kh_runtime_kernelize handed out. NULL is fine. */
 KH_EXPORT void kh_runtime_free_report(char* report_json);
+
+/* Runs one GEMM request (kernel_hub_abi.h, kh_gemm_t: row-major, fp32 accumulation) on
+ * `stream`, with cuBLASLt on a CUDA device or on the calling thread for device_id < 0: the
+ * service packages reach through kh_host_v1_t.gemm. Never synchronizes. */
+KH_EXPORT int32_t kh_gemm(const kh_gemm_t* g, void* stream);
 
 /* This thread's last error message ("" when none). Valid until this thread's next call. */
 KH_EXPORT const char* kh_last_error(void);
