@@ -28,6 +28,10 @@ struct HubOptions {
   // older records are re-resolved. 0: always ask the hub. Digests never ask; offline never.
   int64_t ref_ttl_s = 0;
   static constexpr int64_t kDefaultRefTtl = 600;
+  // Pull refreshes an index's signatures from the hub at most once in this many seconds (or
+  // the ref TTL, when longer) per cache, whichever process asked: a fleet pulling at once asks
+  // once.
+  static constexpr int64_t kSignaturesReuseS = 60;
   SourceOptions source;
   // Who may sign what, and the unsigned / expiry rules (KERNEL_HUB_ALLOW_UNSIGNED,
   // KERNEL_HUB_OFFLINE_GRACE).
@@ -156,6 +160,12 @@ class Hub {
   std::string ensure_manifest(const Ref& ref, const oci::Descriptor& desc);
   void prefetch_manifests(const Ref& ref, const std::vector<oci::Descriptor>& manifests);
   void fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blobs, PullReport& report);
+  // How this command waits for another process fetching `what` (a digest) into the shared
+  // cache: until the command deadline, saying so at info level.
+  fs::LockWait wait_for_other(const Ref& ref, const std::string& what) const;
+  // Pull's refresh of an index's signatures from the hub, once per ref TTL across the processes
+  // sharing the cache (single flight under locks/signatures-<hex>.lock).
+  void refresh_signatures(const Ref& ref, const Digest& index);
 
   HubAddress address_;
   Store& store_;

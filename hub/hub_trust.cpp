@@ -73,8 +73,27 @@ trust::SignatureSet Hub::signatures(const std::string& repo, const Digest& index
   trust::SignatureSet remote = source().get_signatures(repo, subject);
   trust::SignatureSet merged = remote;
   merge_into(merged, set);
-  if (!(merged == set)) store_.write_signatures(index, merged.serialize());
+  // Written even when unchanged: its time says when the hub was last asked (refresh_signatures).
+  store_.write_signatures(index, merged.serialize());
   return merged;
+}
+
+void Hub::refresh_signatures(const Ref& ref, const Digest& index) {
+  // Asked within the reuse window (by this or another process sharing the cache): a fleet of
+  // processes pulling one package at once asks once. Never staler than the tag records pull
+  // would answer from (the ref TTL, when longer), and a load whose cached signatures do not
+  // verify asks the hub again (check_trust).
+  const int64_t window = std::max(options_.ref_ttl_s, HubOptions::kSignaturesReuseS);
+  auto fresh = [&] {
+    auto at = store_.signatures_written_at(index);
+    const int64_t now = unix_now();
+    return at && *at <= now + 1 && now - *at < window;
+  };
+  if (fresh()) return;
+  fs::FileLock held = store_.lock("signatures-" + index.hex,
+                                  wait_for_other(ref, "the signatures of " + index.str()));
+  if (fresh()) return;  // fetched by the process we waited for
+  signatures(ref.repo, index, true);
 }
 
 trust::TrustDecision Hub::check_trust(const Ref& ref, const Digest& index,

@@ -27,7 +27,10 @@ command -v docker-registry >/dev/null ||
 WORK=$(mktemp -d /tmp/kh-fleet-bench.XXXXXX)
 REGISTRY_PID=
 cleanup() {
+  set +e  # the registry's exit status after kill is not a failure of the benchmark
   [[ -n $REGISTRY_PID ]] && kill "$REGISTRY_PID" 2>/dev/null && wait "$REGISTRY_PID" 2>/dev/null
+  # KEEP_LOG=FILE keeps the registry's access log for a closer look.
+  [[ -n ${KEEP_LOG:-} ]] && cp "$WORK/access.log" "$KEEP_LOG"
   rm -rf "$WORK"
 }
 trap cleanup EXIT
