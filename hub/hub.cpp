@@ -98,6 +98,7 @@ Hub::Hub(HubAddress address, Store& store, HubOptions options)
   options_.source.http.progress = options_.progress;
   // This command's hub work is timed from here, whenever the source is opened.
   options_.source.http.start_command_clock();
+  started_at_ = unix_now();
   unpack_budget_.limit = options_.unpack_budget;
 }
 
@@ -349,7 +350,12 @@ PullReport Hub::pull(const Ref& ref) {
   // Nothing is unpacked here: trees are made by unpack(), after the trust check of their index.
   // The index's signatures travel into the cache with it, so that offline loads can verify.
   report.kernel_index = kernel_artifact && oci::is_index(report.media_type);
-  if (report.kernel_index && !options_.offline) refresh_signatures(ref, report.digest);
+  // Asked at most once a reuse window per cache (or ref TTL, when longer), whichever process
+  // asks; a load whose cached signatures do not verify asks again (check_trust).
+  if (report.kernel_index && !options_.offline) {
+    const int64_t window = std::max(options_.ref_ttl_s, HubOptions::kSignaturesReuseS);
+    refresh_signatures(ref, report.digest, unix_now() - window + 1);
+  }
   if (!report.from_cache) record_ref(ref, report.digest, resolved_at);
   return report;
 }

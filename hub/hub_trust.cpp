@@ -78,22 +78,18 @@ trust::SignatureSet Hub::signatures(const std::string& repo, const Digest& index
   return merged;
 }
 
-void Hub::refresh_signatures(const Ref& ref, const Digest& index) {
-  // Asked within the reuse window (by this or another process sharing the cache): a fleet of
-  // processes pulling one package at once asks once. Never staler than the tag records pull
-  // would answer from (the ref TTL, when longer), and a load whose cached signatures do not
-  // verify asks the hub again (check_trust).
-  const int64_t window = std::max(options_.ref_ttl_s, HubOptions::kSignaturesReuseS);
+trust::SignatureSet Hub::refresh_signatures(const Ref& ref, const Digest& index, int64_t since) {
+  // A set written at or after `since` is the hub's answer of then, by this or another process
+  // sharing the cache: a fleet of processes pulling one package at once asks once.
   auto fresh = [&] {
     auto at = store_.signatures_written_at(index);
-    const int64_t now = unix_now();
-    return at && *at <= now + 1 && now - *at < window;
+    return at && *at >= since && *at <= unix_now() + 1;
   };
-  if (fresh()) return;
+  if (fresh()) return cached_signatures(store_, index);
   fs::FileLock held = store_.lock("signatures-" + index.hex,
                                   wait_for_other(ref, "the signatures of " + index.str()));
-  if (fresh()) return;  // fetched by the process we waited for
-  signatures(ref.repo, index, true);
+  if (fresh()) return cached_signatures(store_, index);  // fetched by the process we waited for
+  return signatures(ref.repo, index, true);
 }
 
 trust::TrustDecision Hub::check_trust(const Ref& ref, const Digest& index,
@@ -132,8 +128,11 @@ trust::TrustDecision Hub::check_trust(const Ref& ref, const Digest& index,
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kRefused) throw;
     if (options_.offline && !options_.trust.allow_unsigned) throw;
-    decision = trust::verify_trust(request, signatures(ref.repo, index, !options_.offline), keys,
-                                   state, options_.trust, unix_now());
+    // Asked since this command started (here, or by another process sharing the cache): that
+    // answer is as current as asking again.
+    trust::SignatureSet current = options_.offline ? signatures(ref.repo, index, false)
+                                                   : refresh_signatures(ref, index, started_at_);
+    decision = trust::verify_trust(request, current, keys, state, options_.trust, unix_now());
   }
   trust_memo_.emplace(memo_key, decision);
   return decision;
