@@ -98,7 +98,7 @@ Hub::Hub(HubAddress address, Store& store, HubOptions options)
   options_.source.http.progress = options_.progress;
   // This command's hub work is timed from here, whenever the source is opened.
   options_.source.http.start_command_clock();
-  started_at_ = unix_now();
+  started_at_ns_ = unix_now_ns();
   unpack_budget_.limit = options_.unpack_budget;
 }
 
@@ -354,7 +354,7 @@ PullReport Hub::pull(const Ref& ref) {
   // asks; a load whose cached signatures do not verify asks again (check_trust).
   if (report.kernel_index && !options_.offline) {
     const int64_t window = std::max(options_.ref_ttl_s, HubOptions::kSignaturesReuseS);
-    refresh_signatures(ref, report.digest, unix_now() - window + 1);
+    refresh_signatures(ref, report.digest, unix_now_ns() - window * 1000000000);
   }
   if (!report.from_cache) record_ref(ref, report.digest, resolved_at);
   return report;

@@ -163,11 +163,11 @@ class Hub {
   // How this command waits for another process fetching `what` (a digest) into the shared
   // cache: until the command deadline, saying so at info level.
   fs::LockWait wait_for_other(const Ref& ref, const std::string& what) const;
-  // An index's signatures as the hub answered at or after `since` (unix seconds): the stored set
-  // when it was written since then, else the hub's (merged and stored). Single flight across
-  // the processes sharing the cache (locks/signatures-<hex>.lock): a waiter uses what the
-  // process it waited for stored.
-  trust::SignatureSet refresh_signatures(const Ref& ref, const Digest& index, int64_t since);
+  // An index's signatures as the hub answered at or after `since_ns` (unix nanoseconds): the
+  // stored set when it was written since then, else the hub's (merged and stored). Single flight
+  // across the processes sharing the cache (locks/signatures-<hex>.lock): a waiter uses what
+  // the process it waited for stored.
+  trust::SignatureSet refresh_signatures(const Ref& ref, const Digest& index, int64_t since_ns);
 
   HubAddress address_;
   Store& store_;
@@ -175,7 +175,7 @@ class Hub {
   std::unique_ptr<Source> source_;
   std::map<std::string, trust::TrustDecision> trust_memo_;
   UnpackBudget unpack_budget_;
-  int64_t started_at_ = 0;  // unix seconds: when this command's hub work began
+  int64_t started_at_ns_ = 0;  // unix nanoseconds: when this command's hub work began
 };
 
 // The keys kernelize and pull check against: the user's trust store (TrustStore::default_dir())

@@ -78,12 +78,13 @@ trust::SignatureSet Hub::signatures(const std::string& repo, const Digest& index
   return merged;
 }
 
-trust::SignatureSet Hub::refresh_signatures(const Ref& ref, const Digest& index, int64_t since) {
-  // A set written at or after `since` is the hub's answer of then, by this or another process
-  // sharing the cache: a fleet of processes pulling one package at once asks once.
+trust::SignatureSet Hub::refresh_signatures(const Ref& ref, const Digest& index, int64_t since_ns) {
+  // A set written at or after `since_ns` is the hub's answer of then, by this or another process
+  // sharing the cache: a fleet of processes pulling one package at once asks once. (A file time
+  // can lag the clock by a tick, never lead it: the error is an extra request, never a stale set.)
   auto fresh = [&] {
-    auto at = store_.signatures_written_at(index);
-    return at && *at >= since && *at <= unix_now() + 1;
+    auto at = store_.signatures_written_at_ns(index);
+    return at && *at >= since_ns && *at <= unix_now_ns() + 1000000000;
   };
   if (fresh()) return cached_signatures(store_, index);
   fs::FileLock held = store_.lock("signatures-" + index.hex,
@@ -131,7 +132,7 @@ trust::TrustDecision Hub::check_trust(const Ref& ref, const Digest& index,
     // Asked since this command started (here, or by another process sharing the cache): that
     // answer is as current as asking again.
     trust::SignatureSet current = options_.offline ? signatures(ref.repo, index, false)
-                                                   : refresh_signatures(ref, index, started_at_);
+                                                   : refresh_signatures(ref, index, started_at_ns_);
     decision = trust::verify_trust(request, current, keys, state, options_.trust, unix_now());
   }
   trust_memo_.emplace(memo_key, decision);

@@ -472,8 +472,11 @@ void Store::write_signatures(const Digest& index, std::string_view set_json) {
   fs::write_file_atomic(root_ / "signatures" / (index.hex + ".json"), set_json, 0644);
 }
 
-std::optional<int64_t> Store::signatures_written_at(const Digest& index) const {
-  return touched_at(root_ / "signatures" / (checked_hex(index) + ".json"));
+std::optional<int64_t> Store::signatures_written_at_ns(const Digest& index) const {
+  struct stat st;
+  stdfs::path p = root_ / "signatures" / (checked_hex(index) + ".json");
+  if (::lstat(p.c_str(), &st) != 0) return std::nullopt;
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
 
 std::vector<RefRecord> Store::list_refs() const {

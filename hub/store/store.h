@@ -113,9 +113,9 @@ class Store {
   // file can only make a package count as unsigned.
   std::optional<std::string> read_signatures(const Digest& index) const;
   void write_signatures(const Digest& index, std::string_view set_json);
-  // When the kept set was last written (unix seconds): the hub writes it after every fetch,
-  // so this says how fresh the hub's answer is.
-  std::optional<int64_t> signatures_written_at(const Digest& index) const;
+  // When the kept set was last written (the file's time, in nanoseconds since the epoch): the
+  // hub writes it after every fetch, so this says how fresh the hub's answer is.
+  std::optional<int64_t> signatures_written_at_ns(const Digest& index) const;
 
   // Extracts a stored tar+zstd layer into unpacked/<hex>/ (once; safe across processes)
   // and returns that directory. Unpacked trees are derived data made when a package is about to
