@@ -13,6 +13,7 @@
 
 #include "hub/base/env.h"
 #include "hub/base/error.h"
+#include "hub/base/log.h"
 #include "hub/data_dir.h"
 
 namespace kh {
@@ -98,6 +99,7 @@ Hub::Hub(HubAddress address, Store& store, HubOptions options)
   options_.source.http.progress = options_.progress;
   // This command's hub work is timed from here, whenever the source is opened.
   options_.source.http.start_command_clock();
+  started_at_ns_ = unix_now_ns();
   unpack_budget_.limit = options_.unpack_budget;
 }
 
@@ -152,10 +154,45 @@ std::string Hub::ensure_manifest(const Ref& ref, const oci::Descriptor& desc) {
     return *bytes;
   }
   if (options_.offline) offline_miss(ref, "manifest " + desc.digest.str());
+  // Single flight across processes, as for blobs: the one holding the lock fetches, the others
+  // read what it stored (verified again here: the cache is untrusted storage).
+  std::optional<fs::FileLock> mine =
+      store_.claim_blob(desc.digest, wait_for_other(ref, "manifest " + desc.digest.str()));
+  if (!mine) {
+    if (auto bytes = store_.read_blob(desc.digest, oci::kMaxManifestBytes)) {
+      oci::verify_bytes(desc, *bytes, ref.str() + ": manifest");
+      return *bytes;
+    }
+    // Damaged (and removed) since it was stored: fetched here after all.
+  }
   FetchedManifest fm = source().get_manifest(ref.repo, desc.digest.str());
   oci::verify_bytes(desc, fm.bytes, ref.str() + ": manifest");
   store_.put_blob(desc, fm.bytes);
   return fm.bytes;
+}
+
+fs::LockWait Hub::wait_for_other(const Ref& ref, const std::string& what) const {
+  fs::LockWait wait;
+  wait.deadline = options_.source.http.command_deadline;
+  if (wait.deadline == std::chrono::steady_clock::time_point{}) {
+    wait.deadline = std::chrono::steady_clock::time_point::max();
+  }
+  const long timeout_s = options_.source.http.command_timeout_s;
+  wait.on_wait = [ref_text = ref.str(), what](const std::string& holder) {
+    log_line(kLogInfo, fmt::format("{}: waiting for another process downloading {} ({}) into the "
+                                   "shared cache",
+                                   ref_text, what, holder));
+  };
+  wait.timeout_message = [ref_text = ref.str(), what, timeout_s,
+                          root = store_.root()](const std::string& holder) {
+    return fmt::format(
+        "{}: gave up waiting for another process downloading {} into the cache {} ({} holds its "
+        "lock) when this command's deadline of {} s for hub work passed. If that process is "
+        "stuck (stopped with Ctrl-Z, or hung), resume or end it (its lock goes with it) and run "
+        "the command again, or raise KERNEL_HUB_COMMAND_TIMEOUT_S (seconds, 0 = no deadline)",
+        ref_text, what, root.string(), holder, timeout_s);
+  };
+  return wait;
 }
 
 // Fetches the manifests an index lists that the store lacks, several at a time: one round
@@ -195,15 +232,15 @@ void Hub::fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blob
   if (options_.offline) offline_miss(ref, "blob " + missing.front().digest.str());
 
   // Single flight across processes: a blob whose lock another process holds is being
-  // downloaded there; wait for it after our own downloads, then re-check.
+  // downloaded there; wait for it after our own downloads, then use what it stored (or take
+  // the blob over when that process failed or died).
   std::vector<oci::Descriptor> mine, theirs;
   std::vector<fs::FileLock> held;
   for (auto& d : missing) {
-    if (auto lock = store_.try_lock("blob-" + d.digest.hex)) {
-      if (store_.has_blob(d.digest)) continue;  // finished while we looked
+    if (auto lock = store_.try_claim_blob(d.digest)) {
       held.push_back(std::move(*lock));
       mine.push_back(d);
-    } else {
+    } else if (!store_.has_blob(d.digest)) {
       theirs.push_back(d);
     }
   }
@@ -259,12 +296,14 @@ void Hub::fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blob
 
   download(mine);
   held.clear();
-  std::vector<oci::Descriptor> still_missing;
+  std::vector<oci::Descriptor> taken_over;
   for (auto& d : theirs) {
-    fs::FileLock wait = store_.lock("blob-" + d.digest.hex);
-    if (!store_.has_blob(d.digest)) still_missing.push_back(d);  // the other process failed
+    if (auto lock = store_.claim_blob(d.digest, wait_for_other(ref, "blob " + d.digest.str()))) {
+      held.push_back(std::move(*lock));  // the other process failed or died: ours now
+      taken_over.push_back(d);
+    }
   }
-  download(still_missing);
+  download(taken_over);
 }
 
 PullReport Hub::pull(const Ref& ref) {
@@ -312,7 +351,12 @@ PullReport Hub::pull(const Ref& ref) {
   // Nothing is unpacked here: trees are made by unpack(), after the trust check of their index.
   // The index's signatures travel into the cache with it, so that offline loads can verify.
   report.kernel_index = kernel_artifact && oci::is_index(report.media_type);
-  if (report.kernel_index && !options_.offline) signatures(ref.repo, report.digest, true);
+  // Asked at most once a reuse window per cache (or ref TTL, when longer), whichever process
+  // asks; a load whose cached signatures do not verify asks again (check_trust).
+  if (report.kernel_index && !options_.offline) {
+    const int64_t window = std::max(options_.ref_ttl_s, HubOptions::kSignaturesReuseS);
+    refresh_signatures(ref, report.digest, unix_now_ns() - window * 1000000000);
+  }
   if (!report.from_cache) record_ref(ref, report.digest, resolved_at);
   return report;
 }

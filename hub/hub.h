@@ -28,6 +28,10 @@ struct HubOptions {
   // older records are re-resolved. 0: always ask the hub. Digests never ask; offline never.
   int64_t ref_ttl_s = 0;
   static constexpr int64_t kDefaultRefTtl = 600;
+  // Pull refreshes an index's signatures from the hub at most once in this many seconds (or
+  // the ref TTL, when longer) per cache, whichever process asked: a fleet pulling at once asks
+  // once.
+  static constexpr int64_t kSignaturesReuseS = 60;
   SourceOptions source;
   // Who may sign what, and the unsigned / expiry rules (KERNEL_HUB_ALLOW_UNSIGNED,
   // KERNEL_HUB_OFFLINE_GRACE).
@@ -157,6 +161,14 @@ class Hub {
   std::string ensure_manifest(const Ref& ref, const oci::Descriptor& desc);
   void prefetch_manifests(const Ref& ref, const std::vector<oci::Descriptor>& manifests);
   void fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blobs, PullReport& report);
+  // How this command waits for another process fetching `what` (a digest) into the shared
+  // cache: until the command deadline, saying so at info level.
+  fs::LockWait wait_for_other(const Ref& ref, const std::string& what) const;
+  // An index's signatures as the hub answered at or after `since_ns` (unix nanoseconds): the
+  // stored set when it was written since then, else the hub's (merged and stored). Single flight
+  // across the processes sharing the cache (locks/signatures-<hex>.lock): a waiter uses what
+  // the process it waited for stored.
+  trust::SignatureSet refresh_signatures(const Ref& ref, const Digest& index, int64_t since_ns);
 
   HubAddress address_;
   Store& store_;
@@ -164,6 +176,7 @@ class Hub {
   std::unique_ptr<Source> source_;
   std::map<std::string, trust::TrustDecision> trust_memo_;
   UnpackBudget unpack_budget_;
+  int64_t started_at_ns_ = 0;  // unix nanoseconds: when this command's hub work began
 };
 
 // The keys kernelize and pull check against: the user's trust store (TrustStore::default_dir())

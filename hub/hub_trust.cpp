@@ -73,8 +73,24 @@ trust::SignatureSet Hub::signatures(const std::string& repo, const Digest& index
   trust::SignatureSet remote = source().get_signatures(repo, subject);
   trust::SignatureSet merged = remote;
   merge_into(merged, set);
-  if (!(merged == set)) store_.write_signatures(index, merged.serialize());
+  // Written even when unchanged: its time says when the hub was last asked (refresh_signatures).
+  store_.write_signatures(index, merged.serialize());
   return merged;
+}
+
+trust::SignatureSet Hub::refresh_signatures(const Ref& ref, const Digest& index, int64_t since_ns) {
+  // A set written at or after `since_ns` is the hub's answer of then, by this or another process
+  // sharing the cache: a fleet of processes pulling one package at once asks once. (A file time
+  // can lag the clock by a tick, never lead it: the error is an extra request, never a stale set.)
+  auto fresh = [&] {
+    auto at = store_.signatures_written_at_ns(index);
+    return at && *at >= since_ns && *at <= unix_now_ns() + 1000000000;
+  };
+  if (fresh()) return cached_signatures(store_, index);
+  fs::FileLock held = store_.lock("signatures-" + index.hex,
+                                  wait_for_other(ref, "the signatures of " + index.str()));
+  if (fresh()) return cached_signatures(store_, index);  // fetched by the process we waited for
+  return signatures(ref.repo, index, true);
 }
 
 trust::TrustDecision Hub::check_trust(const Ref& ref, const Digest& index,
@@ -113,8 +129,11 @@ trust::TrustDecision Hub::check_trust(const Ref& ref, const Digest& index,
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kRefused) throw;
     if (options_.offline && !options_.trust.allow_unsigned) throw;
-    decision = trust::verify_trust(request, signatures(ref.repo, index, !options_.offline), keys,
-                                   state, options_.trust, unix_now());
+    // Asked since this command started (here, or by another process sharing the cache): that
+    // answer is as current as asking again.
+    trust::SignatureSet current = options_.offline ? signatures(ref.repo, index, false)
+                                                   : refresh_signatures(ref, index, started_at_ns_);
+    decision = trust::verify_trust(request, current, keys, state, options_.trust, unix_now());
   }
   trust_memo_.emplace(memo_key, decision);
   return decision;

@@ -15,6 +15,14 @@ inline int64_t unix_now() {
       .count();
 }
 
+// Wall-clock time in nanoseconds since the epoch, to compare with file times (a file written
+// after this call never has an earlier time: file times come from a coarser copy of this clock).
+inline int64_t unix_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 // Milliseconds since t0 (a std::chrono::steady_clock::now()).
 inline double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -325,11 +325,32 @@ int64_t lock_timeout_s() {
 
 FileLock FileLock::acquire(const stdfs::path& path) {
   const int64_t timeout_s = lock_timeout_s();
+  const auto start = std::chrono::steady_clock::now();
+  LockWait wait;
+  if (timeout_s > 0) wait.deadline = start + std::chrono::seconds(timeout_s);
+  wait.timeout_message = [path, timeout_s](const std::string& holder) {
+    return "gave up after " + std::to_string(timeout_s) + " s waiting for the lock " +
+           path.string() + ", held by " + holder +
+           ". If that process is stuck (stopped with Ctrl-Z, or hung), resume or end "
+           "it; KERNEL_HUB_LOCK_TIMEOUT sets how long to wait (0 = forever)";
+  };
+  // Said after 2 s only: most waits for an unpack or a compile are shorter than that.
+  wait.on_wait_after = std::chrono::seconds(2);
+  wait.on_wait = [path](const std::string& holder) {
+    std::fprintf(stderr, "kernel-hub: waiting for the lock %s, held by %s\n", path.c_str(),
+                 holder.c_str());
+  };
+  return acquire(path, wait);
+}
+
+FileLock FileLock::acquire(const stdfs::path& path, const LockWait& wait) {
   int fd = open_lock_file(path);
   struct flock fl = whole_file_write_lock();
   const auto start = std::chrono::steady_clock::now();
   bool told = false;
-  int sleep_ms = 2;
+  // Short sleeps: a waiter is usually waiting for a small download on the same machine, and
+  // each poll is one fcntl.
+  int sleep_ms = 1;
   for (;;) {
     if (::fcntl(fd, F_OFD_SETLK, &fl) == 0) break;
     if (errno == EINTR) continue;
@@ -339,24 +360,24 @@ FileLock FileLock::acquire(const stdfs::path& path) {
       errno = e;
       throw_errno("cannot lock " + path.string());
     }
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (timeout_s > 0 && waited >= static_cast<double>(timeout_s)) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= wait.deadline) {
       std::string holder = lock_holder(fd);
       ::close(fd);
-      throw Error(ErrorKind::kIo,
-                  "gave up after " + std::to_string(timeout_s) + " s waiting for the lock " +
-                      path.string() + ", held by " + holder +
-                      ". If that process is stuck (stopped with Ctrl-Z, or hung), resume or end "
-                      "it; KERNEL_HUB_LOCK_TIMEOUT sets how long to wait (0 = forever)");
+      throw Error(ErrorKind::kIo, wait.timeout_message ? wait.timeout_message(holder)
+                                                       : "gave up waiting for the lock " +
+                                                             path.string() + ", held by " + holder);
     }
-    if (!told && waited >= 2.0) {
-      std::fprintf(stderr, "kernel-hub: waiting for the lock %s, held by %s\n", path.c_str(),
-                   lock_holder(fd).c_str());
+    if (!told && now - start >= wait.on_wait_after) {
       told = true;
+      if (wait.on_wait) wait.on_wait(lock_holder(fd));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
-    sleep_ms = std::min(sleep_ms * 2, 100);
+    auto nap = std::chrono::milliseconds(sleep_ms);
+    if (wait.deadline - now < nap)
+      nap = std::chrono::duration_cast<std::chrono::milliseconds>(wait.deadline - now) +
+            std::chrono::milliseconds(1);
+    std::this_thread::sleep_for(nap);
+    sleep_ms = std::min(sleep_ms * 2, 20);
   }
   record_holder(fd);
   return FileLock(fd);

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -73,14 +74,31 @@ int64_t lock_timeout_s();
 // "a regular file", "a FIFO", "a symbolic link", ... for messages.
 const char* file_type_name(mode_t mode);
 
-// An open-file-description lock (fcntl F_OFD_SETLK*): released when the process dies.
-// Locks only avoid duplicate work; correctness never depends on them. The holder writes its pid
-// and command into the lock file so that a waiter can say who it waits for.
+// How FileLock::acquire waits for a lock another process holds.
+struct LockWait {
+  // Give up at this time (kIo, with timeout_message(holder)); max(): wait forever.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // Called once with who holds the lock ("pid 123 (kernel-hub)") when it has been found held for
+  // on_wait_after (0: as soon as it is found held).
+  std::function<void(const std::string& holder)> on_wait;
+  std::chrono::milliseconds on_wait_after{0};
+  // The error when the deadline passes: what was waited for and what to do.
+  std::function<std::string(const std::string& holder)> timeout_message;
+};
+
+// An open-file-description lock (fcntl F_OFD_SETLK*, flock's semantics: owned by the open file,
+// released when the process dies, so a killed holder never blocks anyone). Locks only avoid
+// duplicate work; correctness never depends on them. The holder writes its pid and command into
+// the lock file so that a waiter can say who it waits for. The lock file is opened with
+// O_NOFOLLOW|O_CLOEXEC (beneath a guarded root its directory is walked without links too), made
+// with the cache's file mode, never removed, and refused when it is not a regular file.
 class FileLock {
  public:
   // Waits until the lock is held; says on stderr who holds it after 2 s, and gives up (kIo,
-  // naming the holder) after lock_timeout_s(). The lock file is created and never removed.
+  // naming the holder) after lock_timeout_s().
   static FileLock acquire(const stdfs::path& path);
+  // Waits as `wait` says.
+  static FileLock acquire(const stdfs::path& path, const LockWait& wait);
   // Returns nullopt when another process holds it.
   static std::optional<FileLock> try_acquire(const stdfs::path& path);
 

@@ -384,8 +384,25 @@ fs::FileLock Store::lock(const std::string& key) {
   return fs::FileLock::acquire(root_ / "locks" / lock_file_name(key));
 }
 
+fs::FileLock Store::lock(const std::string& key, const fs::LockWait& wait) {
+  return fs::FileLock::acquire(root_ / "locks" / lock_file_name(key), wait);
+}
+
 std::optional<fs::FileLock> Store::try_lock(const std::string& key) {
   return fs::FileLock::try_acquire(root_ / "locks" / lock_file_name(key));
+}
+
+std::optional<fs::FileLock> Store::claim_blob(const Digest& d, const fs::LockWait& wait) {
+  if (has_blob(d)) return std::nullopt;
+  fs::FileLock held = lock("blob-" + checked_hex(d), wait);
+  if (has_blob(d)) return std::nullopt;  // stored by the process we waited for
+  return held;
+}
+
+std::optional<fs::FileLock> Store::try_claim_blob(const Digest& d) {
+  auto held = try_lock("blob-" + checked_hex(d));
+  if (held && has_blob(d)) return std::nullopt;  // stored while we looked
+  return held;
 }
 
 namespace {
@@ -469,6 +486,13 @@ void Store::write_signatures(const Digest& index, std::string_view set_json) {
   checked_hex(index);
   fs::make_dirs(root_ / "signatures");
   fs::write_file_atomic(root_ / "signatures" / (index.hex + ".json"), set_json, 0644);
+}
+
+std::optional<int64_t> Store::signatures_written_at_ns(const Digest& index) const {
+  struct stat st;
+  stdfs::path p = root_ / "signatures" / (checked_hex(index) + ".json");
+  if (::lstat(p.c_str(), &st) != 0) return std::nullopt;
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
 
 std::vector<RefRecord> Store::list_refs() const {

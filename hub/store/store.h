@@ -6,7 +6,8 @@
 //   unpacked/<layer-hex>/       extracted package, read-only
 //   signatures/<index-hex>.json signature envelopes seen for an index (each verified on use)
 //   trust/<hub-id>/<repo>/<tag>.json  highest signature serial accepted (rollback protection)
-//   locks/<name>.lock           single-flight locks (bandwidth only, never correctness)
+//   locks/<name>.lock           single-flight locks (bandwidth only, never correctness):
+//                               blob-<hex> (downloads), signatures-<hex>, unpack-<hex>, ...
 //   CACHEDIR.TAG
 // Every write is temp -> fsync -> rename. A killed process leaves at most a temp file,
 // which no reader mistakes for an entry.
@@ -88,7 +89,19 @@ class Store {
 
   // Single-flight lock for a blob digest or any key (JIT compiles, unpacking).
   fs::FileLock lock(const std::string& key);
+  fs::FileLock lock(const std::string& key, const fs::LockWait& wait);
   std::optional<fs::FileLock> try_lock(const std::string& key);
+
+  // Single flight for one blob or manifest across the processes sharing this cache (one
+  // machine, or a directory shared between namespaces or hosts): whoever holds a digest's lock
+  // (locks/blob-<hex>.lock) downloads it; the others wait and then read the stored copy, which
+  // is verified as every read of the cache is. claim_blob returns the lock to hold while
+  // downloading, or nullopt when the blob is in the store (perhaps after waiting, as `wait`
+  // says, for the process that was downloading it). A holder that dies releases its lock and
+  // leaves at most a temp file, never a blob; its waiters then claim the blob in turn.
+  std::optional<fs::FileLock> claim_blob(const Digest& d, const fs::LockWait& wait);
+  // The same without waiting: nullopt when the blob is stored or another process holds it.
+  std::optional<fs::FileLock> try_claim_blob(const Digest& d);
 
   void write_ref(const RefRecord& r);
   std::optional<RefRecord> read_ref(const std::string& hub_id, const std::string& repo,
@@ -100,6 +113,9 @@ class Store {
   // file can only make a package count as unsigned.
   std::optional<std::string> read_signatures(const Digest& index) const;
   void write_signatures(const Digest& index, std::string_view set_json);
+  // When the kept set was last written (the file's time, in nanoseconds since the epoch): the
+  // hub writes it after every fetch, so this says how fresh the hub's answer is.
+  std::optional<int64_t> signatures_written_at_ns(const Digest& index) const;
 
   // Extracts a stored tar+zstd layer into unpacked/<hex>/ (once; safe across processes)
   // and returns that directory. Unpacked trees are derived data made when a package is about to

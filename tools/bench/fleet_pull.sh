@@ -17,7 +17,9 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 CLI=$BUILD/kernel-hub
 LAYOUT=$BUILD/default-hub/kernel-hub/$PACKAGE
-REF=kernel-hub/$PACKAGE@v1
+REPO=kernel-hub/$PACKAGE
+TAG=v1
+REF=$REPO@$TAG
 
 [[ -x $CLI ]] || { echo "no CLI at $CLI: build first (cmake --build build)" >&2; exit 2; }
 [[ -f $LAYOUT/index.json ]] || { echo "no layout at $LAYOUT: build the default hub first" >&2; exit 2; }
@@ -27,7 +29,10 @@ command -v docker-registry >/dev/null ||
 WORK=$(mktemp -d /tmp/kh-fleet-bench.XXXXXX)
 REGISTRY_PID=
 cleanup() {
+  set +e  # the registry's exit status after kill is not a failure of the benchmark
   [[ -n $REGISTRY_PID ]] && kill "$REGISTRY_PID" 2>/dev/null && wait "$REGISTRY_PID" 2>/dev/null
+  # KEEP_LOG=FILE keeps the registry's access log for a closer look.
+  [[ -n ${KEEP_LOG:-} ]] && cp "$WORK/access.log" "$KEEP_LOG"
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -69,7 +74,12 @@ count_from() {
   local most
   most=$(grep -oE '"GET /v2/[^ ]*/blobs/sha256:[0-9a-f]+' "$WORK/phase.log" | sort | uniq -c |
     sort -rn | awk 'NR==1{print $1}')
-  echo "$total requests ($manifests manifest, $blobs blob GETs; most GETs of one blob: ${most:-0})"
+  # Tag resolutions (one per process is the target) and requests for anything else made twice.
+  local tags repeated
+  tags=$(grep -cE "\"(GET|HEAD) /v2/$REPO/manifests/$TAG " "$WORK/phase.log" || true)
+  repeated=$(grep -oE '"(GET|HEAD|POST|PUT|PATCH) /v2/[^ ]*' "$WORK/phase.log" |
+    grep -vE "/manifests/$TAG\$" | sort | uniq -d | wc -l)
+  echo "$total requests ($manifests manifest, $blobs blob GETs; most GETs of one blob: ${most:-0}; $tags tag resolutions; $repeated other requests made more than once)"
 }
 lines() { wc -l <"$WORK/access.log"; }
 
@@ -107,10 +117,24 @@ fleet_wall=$(echo "$t1 - $t0" | bc -l)
 sleep 0.2
 fleet_requests=$(count_from "$start")
 
+# The floor on this machine: the same N processes with nothing to fetch (an offline pull from the
+# now warm cache: start, read and verify the cache, check the signature).
+t0=$(now)
+pids=()
+for i in $(seq "$N"); do
+  KERNEL_HUB_CACHE=$WORK/cache-fleet "$CLI" "${HUB[@]}" --offline pull "$REF" >/dev/null 2>&1 &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || true; done
+t1=$(now)
+floor_wall=$(echo "$t1 - $t0" | bc -l)
+
 printf 'package %s: %d blobs in the layout (config, layers, manifests, index)\n' "$REF" "$BLOBS"
 printf '1 process:   %6.2f s wall; %s\n' "$one_wall" "$one_requests"
 printf '%d processes: %6.2f s wall (%.2fx one process), %d failed; %s\n' "$N" "$fleet_wall" \
   "$(echo "$fleet_wall / $one_wall" | bc -l)" "$failed" "$fleet_requests"
+printf '%d processes, warm cache, offline (the floor: no requests): %6.2f s wall (%.2fx one process)\n' \
+  "$N" "$floor_wall" "$(echo "$floor_wall / $one_wall" | bc -l)"
 if ((failed > 0)); then
   echo "process $first_failed failed:" && cat "$WORK/logs/$first_failed.out"
 fi

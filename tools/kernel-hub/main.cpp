@@ -70,6 +70,12 @@ int main(int argc, char** argv) {
   }
   g.offline = g.offline || kh::env_flag("KERNEL_HUB_OFFLINE");
   g.plain_http = g.plain_http || kh::env_flag("KERNEL_HUB_PLAIN_HTTP");
+  // -v: every log line, info included (such as a pull waiting for another process's download).
+  if (g.verbose) {
+    kh::set_log_sink([](int, const std::string& line) {
+      std::cerr << "kernel-hub: " << kh::terminal_safe(line) << "\n";
+    });
+  }
 
   try {
     Context ctx(g);
