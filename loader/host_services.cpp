@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "hub/base/log.h"
+#include "loader/gemm_service.h"
 #include "loader/launch_config.h"
 
 namespace kh {
@@ -93,6 +94,14 @@ int32_t host_launch(void* ctx, void* fn, const kh_launch_cfg_t* in, void** args,
   }
 }
 
+int32_t host_gemm(void* ctx, const kh_gemm_t* g, void* stream) {
+  auto* c = context_of(ctx);
+  std::string error;
+  int32_t status = run_gemm(g, stream, error);
+  if (status != KH_OK) t_op_error = fmt::format("{}: gemm: {}", package_label(c), error);
+  return status;
+}
+
 }  // namespace
 
 void set_device_backend(DeviceBackend* backend) {
@@ -111,6 +120,7 @@ HostContext* make_host_context(PackageIdentity package) {
   c->table.set_error = host_set_error;
   c->table.get_function = host_get_function;
   c->table.launch = host_launch;
+  c->table.gemm = host_gemm;
   return c;
 }
 

@@ -279,6 +279,11 @@ KH_EXPORT int32_t kh_device_module_get_function(kh_device_module_t* module, cons
 KH_EXPORT int32_t kh_device_launch(const kh_device_function_t* function, const kh_launch_cfg_t* cfg,
                                    void** args, kh_device_stream_t* stream);
 
+/* Runs one GEMM request (kernel_hub_abi.h, kh_gemm_t: row-major, fp32 accumulation) on
+ * `stream`, with cuBLASLt on a CUDA device or on the calling thread for device_id < 0: the
+ * service packages reach through kh_host_v1_t.gemm. Never synchronizes. */
+KH_EXPORT int32_t kh_gemm(const kh_gemm_t* g, void* stream);
+
 /* This thread's last error message ("" when none). Valid until this thread's next call. */
 KH_EXPORT const char* kh_last_error(void);
 /* The name of a status: "KH_OK", "KH_ERR_OFFLINE", ...; "unknown status" for other values. */

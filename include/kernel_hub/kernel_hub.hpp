@@ -76,6 +76,14 @@ const std::string& last_op_error();
 void set_last_op_error(std::string message);
 void clear_last_op_error();
 
+// ---- The GEMM service ----
+
+// Runs one GEMM request (kernel_hub_abi.h, kh_gemm_t: row-major, fp32 accumulation) on `stream`:
+// cuBLASLt on CUDA device g.device_id, or the calling thread for device_id < 0. The same service
+// packages reach through kh_host_v1_t.gemm. Returns KH_OK, or a status with last_op_error()
+// saying what failed and what to do. Never synchronizes, never throws.
+int32_t gemm(const kh_gemm_t& g, void* stream = nullptr) noexcept;
+
 // ---- The runtime ----
 
 struct RuntimeOptions {

@@ -43,6 +43,7 @@
 #define KERNEL_HUB_ABI_H_
 
 #include <dlpack/dlpack.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -50,7 +51,7 @@ extern "C" {
 #endif
 
 #define KH_ABI_MAJOR 1
-#define KH_ABI_MINOR 1
+#define KH_ABI_MINOR 2
 
 /* Status codes returned by ops and host services. */
 #define KH_OK 0
@@ -113,6 +114,65 @@ typedef struct kh_launch_cfg_t {
 /* struct_size of an ABI 1.0 kh_launch_cfg_t (through device_id): the smallest the loader takes. */
 #define KH_LAUNCH_CFG_V1_0_SIZE 40u
 
+/* ---- The GEMM service (ABI 1.2): kh_host_v1_t.gemm, and kh_gemm() for embedders ----
+ *
+ * One request, ROW-MAJOR, fp32 accumulation always:
+ *
+ *     D[m,n] = alpha * op(A)[m,k] @ op(B)[k,n]                 (flags without KH_GEMM_ACCUMULATE)
+ *     D[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * D[m,n]  (with KH_GEMM_ACCUMULATE)
+ *
+ * for each of `batch` problems (0 reads as 1), problem i reading A + i*stride_a, B + i*stride_b and
+ * writing D + i*stride_d (strides and leading dimensions in elements, not bytes).
+ *
+ *   op(A) = A        stored row-major [m,k], element (r,c) at a[r*lda + c], lda >= k
+ *   op(A) = A^T      (KH_GEMM_TRANS_A) stored row-major [k,m], (r,c) at a[c*lda + r], lda >= m
+ *   op(B) = B        stored row-major [k,n], (r,c) at b[r*ldb + c], ldb >= n
+ *   op(B) = B^T      (KH_GEMM_TRANS_B) stored row-major [n,k], (r,c) at b[c*ldb + r], ldb >= k
+ *   D                row-major [m,n], (r,c) at d[r*ldd + c], ldd >= n
+ *
+ * Without KH_GEMM_ACCUMULATE, D is only written (its old contents, NaN included, are never
+ * read) and beta must be 0. With it, beta = 1 gives D += alpha * op(A) @ op(B).
+ * dtype_ab (A and B) is one KH_DTYPE_BF16, KH_DTYPE_FP16 or KH_DTYPE_FP32 code; dtype_d is
+ * dtype_ab or KH_DTYPE_FP32 (bf16 products written as fp32, say). Products accumulate in fp32,
+ * and fp32 inputs are never rounded to TF32.
+ * m == 0 or n == 0 is an empty product (nothing is read or written); k >= 1, and m*k, k*n and
+ * m*n elements (and batch*stride) must fit in int64. With batch > 1, stride_d >= m*ldd (problems
+ * never write over each other); stride_a or stride_b 0 reuses one matrix for every problem.
+ *
+ * device_id >= 0: a, b and d are device pointers on that CUDA device, and the products run on
+ * `stream` (a CUstream; NULL = the legacy default stream) through cuBLASLt, which the loader
+ * loads on first use (libcublasLt.so.13, then .so.12); without it the call fails with
+ * KH_ERR_NO_DEVICE and a message naming what to install. Pointers aligned to 16 bytes allow the
+ * fastest algorithms; less aligned ones still work. The call never synchronizes; the first call
+ * per device and shape may allocate (cuBLASLt handle and workspace): make it before a CUDA graph
+ * capture.
+ * device_id < 0: host pointers, computed on the calling thread (stream is ignored), so cpu
+ * variants call the same service.
+ * Zero-initialize the struct, then set h (KH_HEADER_INIT(kh_gemm_t)) and the fields: fields may
+ * be appended in later minors, and one a writer does not set must read as 0. */
+#define KH_GEMM_TRANS_A 0x1u
+#define KH_GEMM_TRANS_B 0x2u
+#define KH_GEMM_ACCUMULATE 0x4u
+#define KH_GEMM_FLAGS_KNOWN 0x7u
+
+typedef struct kh_gemm_t {
+  kh_header_t h;
+  int32_t device_id; /* CUDA ordinal, or < 0: host pointers, computed on the cpu */
+  uint32_t flags;    /* KH_GEMM_*; an unknown bit is refused (KH_ERR_INVALID_ARGUMENT) */
+  int64_t m, n, k;
+  uint32_t dtype_ab; /* KH_DTYPE_BF16, KH_DTYPE_FP16 or KH_DTYPE_FP32 (one bit) */
+  uint32_t dtype_d;  /* dtype_ab or KH_DTYPE_FP32 */
+  const void* a;
+  int64_t lda;
+  const void* b;
+  int64_t ldb;
+  void* d;
+  int64_t ldd;
+  float alpha, beta;
+  int64_t batch; /* number of problems; 0 reads as 1 */
+  int64_t stride_a, stride_b, stride_d;
+} kh_gemm_t;
+
 /* Services the loader gives a package (host -> package). One table per loaded package; `ctx`
  * identifies the package to the loader and is passed back as the first argument of every
  * service. The table lives for the rest of the process. */
@@ -134,7 +194,16 @@ typedef struct kh_host_v1_t {
    * does not divide the grid or has more than 16 blocks, an unknown flag) and KH_ERR_LAUNCH when
    * the device or the driver cannot launch it (a cluster below sm_90, a driver error). */
   int32_t (*launch)(void* ctx, void* fn, const kh_launch_cfg_t* cfg, void** args, void* stream);
+  /* ABI 1.2. Runs one GEMM request (kh_gemm_t above) on `stream`. A package checks
+   * host->h.abi_minor >= 2 and host->h.struct_size >= KH_HOST_V1_2_SIZE before calling it; an
+   * older loader has no such field. Returns KH_ERR_INVALID_ARGUMENT for a request it cannot read
+   * or that is inconsistent, KH_ERR_UNSUPPORTED for a dtype pair it does not handle,
+   * KH_ERR_NO_DEVICE without a GPU or cuBLASLt, KH_ERR_LAUNCH when cuBLASLt fails. */
+  int32_t (*gemm)(void* ctx, const kh_gemm_t* g, void* stream);
 } kh_host_v1_t;
+
+/* struct_size of a kh_host_v1_t that has the gemm service. */
+#define KH_HOST_V1_2_SIZE ((uint32_t)(offsetof(kh_host_v1_t, gemm) + sizeof(void*)))
 
 /* Argument kinds of kh_arg_t. */
 #define KH_ARG_TENSOR 1

@@ -145,4 +145,25 @@ void ce_backward(int dtype, const float* dloss, void* dx, int64_t sdx, int64_t r
   }
 }
 
+namespace {
+template <typename T>
+void scale_rows_t(void* xv, int64_t sx, int64_t rows, int64_t cols, float factor, bool zero) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* x = static_cast<T*>(xv) + r * sx;
+    for (int64_t c = 0; c < cols; ++c)
+      x[c] = kh_convert<T>::from_float(zero ? 0.f : kh_to_float(x[c]) * factor);
+  }
+}
+}  // namespace
+
+void scale_rows(int dtype, void* x, int64_t sx, int64_t rows, int64_t cols, float factor,
+                bool zero) {
+  if (dtype == kBF16)
+    scale_rows_t<kh_bf16>(x, sx, rows, cols, factor, zero);
+  else if (dtype == kFP16)
+    scale_rows_t<kh_fp16>(x, sx, rows, cols, factor, zero);
+  else
+    scale_rows_t<float>(x, sx, rows, cols, factor, zero);
+}
+
 }  // namespace khk::softmax_cpu

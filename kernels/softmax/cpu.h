@@ -19,4 +19,8 @@ void ce_forward(int dtype, const void* x, int64_t sx, const int64_t* targets, in
 // dx[r, :] *= dloss[r].
 void ce_backward(int dtype, const float* dloss, void* dx, int64_t sdx, int64_t rows, int64_t cols);
 
+// x[r, :] *= factor over `rows` rows of `cols` (zero: x = 0, whatever x held, NaN included).
+void scale_rows(int dtype, void* x, int64_t sx, int64_t rows, int64_t cols, float factor,
+                bool zero);
+
 }  // namespace khk::softmax_cpu

@@ -1,5 +1,6 @@
-// Host library of the kernel-hub/softmax package: layers Softmax (last dimension) and
-// CrossEntropy (large vocabularies, ignore_index, fp32 loss per token). Ops check their DLPack
+// Host library of the kernel-hub/softmax package: layers Softmax (last dimension),
+// CrossEntropy (large vocabularies, ignore_index, fp32 loss per token) and
+// FusedLinearCrossEntropy (linear_ce.h: lm_head and cross-entropy fused, chunk by chunk). Ops check their DLPack
 // arguments, then run cpu.cpp on kDLCPU tensors or launch softmax.cu's kernels through the
 // loader on kDLCUDA tensors.
 //
@@ -23,16 +24,14 @@
 #include "kernels/common/tensor_args.h"
 #include "kernels/softmax/cpu.h"
 #include "kernels/softmax/launch_config.h"
+#include "kernels/softmax/linear_ce.h"
+#include "kernels/softmax/rows_launch.h"
 
 namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/softmax";
-constexpr const char* kPackageVersion = "1.0.0";
-
-const char* dtype_tag(int dtype) {
-  return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
-}
+constexpr const char* kPackageVersion = "1.1.0";
 
 // A row tensor shaped like x (same rows, cols, dtype and device; its own row stride).
 int32_t like_arg(const TensorArg& t, const RowsView& x, const char* like, RowsView* out) {
@@ -51,27 +50,6 @@ int32_t per_row_f32(const TensorArg& t, const RowsView& x, float** out) {
   KH_TRY(expect_device(t, v.device, x.device));
   *out = reinterpret_cast<float*>(v.data);
   return KH_OK;
-}
-
-// Launches `kernel_base`_<dtype>_<vec|scalar> over the rows of `shape` (all tensors in `rows`
-// must allow the vector path for it to be chosen).
-int32_t launch_rows(const char* op, const char* kernel_base, const RowsView& shape,
-                    std::initializer_list<const RowsView*> rows, void** params, void* stream) {
-  const int vec16 = dtype_vec16(shape.dtype);
-  bool vec = true;
-  for (const RowsView* r : rows) vec = vec && vectorizable(*r, vec16);
-  const SoftmaxLaunch cfg = softmax_launch(shape.rows, vec ? shape.cols / vec16 : shape.cols);
-  if (cfg.blocks > 0x7FFFFFFF)
-    return fail(KH_ERR_UNSUPPORTED, "%s: %lld rows need more than 2^31-1 CTAs", op,
-                static_cast<long long>(shape.rows));
-  char name[64];
-  snprintf(name, sizeof name, "%s_%s_%s", kernel_base, dtype_tag(shape.dtype),
-           vec ? "vec" : "scalar");
-  LaunchDims dims;
-  dims.grid[0] = static_cast<uint32_t>(cfg.blocks);
-  dims.block[0] = cfg.threads_per_row;
-  dims.block[1] = cfg.rows_per_block;
-  return launch_kernel(shape.device.device_id, name, dims, params, stream);
 }
 
 constexpr OpSchema kSoftmax{"softmax(Tensor x, Tensor(a!) y) -> ()"};
@@ -186,18 +164,46 @@ constexpr kh_op_v1_t kOps[] = {
     op<cross_entropy<kCrossEntropy>>(),
     op<cross_entropy<kCrossEntropyTrain>>(),
     op<cross_entropy_backward>(),
+    op<linear_ce>(),
+    op<linear_ce_train>(),
+    op<linear_ce_backward>(),
 };
 
 // Softmax's forward_train is the forward op: backward needs y, which the caller keeps.
 constexpr kh_layer_v1_t kLayers[] = {
     layer("Softmax", kSoftmax, kSoftmax, kSoftmaxBackward),
     layer("CrossEntropy", kCrossEntropy, kCrossEntropyTrain, kCrossEntropyBackward),
+    layer("FusedLinearCrossEntropy", kLinearCe, kLinearCeTrain, kLinearCeBackward),
 };
 
 constexpr kh_module_v1_t kModule =
     make_module(kPackageName, kPackageVersion, "kernel-hub/softmax " KH_BUILD_ID, kLayers, kOps);
 
 }  // namespace
+
+const char* dtype_tag(int dtype) {
+  return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
+}
+
+int32_t launch_rows(const char* op, const char* kernel_base, const RowsView& shape,
+                    std::initializer_list<const RowsView*> rows, void** params, void* stream) {
+  const int vec16 = dtype_vec16(shape.dtype);
+  bool vec = true;
+  for (const RowsView* r : rows) vec = vec && vectorizable(*r, vec16);
+  const SoftmaxLaunch cfg = softmax_launch(shape.rows, vec ? shape.cols / vec16 : shape.cols);
+  if (cfg.blocks > 0x7FFFFFFF)
+    return fail(KH_ERR_UNSUPPORTED, "%s: %lld rows need more than 2^31-1 CTAs", op,
+                static_cast<long long>(shape.rows));
+  char name[64];
+  snprintf(name, sizeof name, "%s_%s_%s", kernel_base, dtype_tag(shape.dtype),
+           vec ? "vec" : "scalar");
+  LaunchDims dims;
+  dims.grid[0] = static_cast<uint32_t>(cfg.blocks);
+  dims.block[0] = cfg.threads_per_row;
+  dims.block[1] = cfg.rows_per_block;
+  return launch_kernel(shape.device.device_id, name, dims, params, stream);
+}
+
 }  // namespace khk
 
 KH_PACKAGE_ENTRY(khk::kModule)

@@ -3,6 +3,12 @@
 // with the gradient softmax - onehot, times grad_scale; backward: the gradient times the incoming
 // per-token loss gradient). bf16/fp16/fp32 storage, fp32 math.
 //
+// FusedLinearCrossEntropy's elementwise part (linear_ce.cpp runs its GEMMs through the loader's
+// GEMM service): lce_count (1 / the number of tokens not ignored, on the device so that no sync
+// is needed), lce_grad (ce_train with that scale read from device memory: per-token loss and
+// dlogits in place, chunk by chunk), lce_loss (the mean, one CTA, a fixed summation order) and
+// lce_scale (backward: d_hidden, d_weight times the upstream scalar; zero fill for no tokens).
+//
 // Header-free for NVRTC: the build inlines softmax_math.h and kh_prelude.cuh. Kernels are
 // extern "C", named <softmax_fwd|softmax_bwd|ce_fwd|ce_train|ce_bwd>_<bf16|fp16|fp32>_<vec|scalar>.
 // Geometry (host.cpp, launch_config.h): blockDim = (threads_per_row, rows_per_block), gridDim.x
@@ -338,3 +344,76 @@ __device__ __forceinline__ void ce_bwd(const float* dloss, T* dx, kh_i64 sdx, kh
 KH_SM_DTYPE(bf16, kh_bf16)
 KH_SM_DTYPE(fp16, kh_fp16)
 KH_SM_DTYPE(fp32, float)
+
+// ---- FusedLinearCrossEntropy ----
+
+namespace {
+
+// Sum over a 1024-thread CTA, in a fixed order (deterministic).
+__device__ __forceinline__ float cta_sum(float v, float* red) {
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) red[threadIdx.x] += red[threadIdx.x + half];
+    __syncthreads();
+  }
+  return red[0];
+}
+
+template <typename T>
+__device__ __forceinline__ void lce_scale(T* x, kh_i64 sx, kh_i64 rows, int cols, const float* g) {
+  const float f = g ? *g : 0.f;
+  const kh_i64 total = rows * cols;
+  for (kh_i64 i = (kh_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (kh_i64)gridDim.x * blockDim.x) {
+    T* p = x + (i / cols) * sx + i % cols;
+    *p = kh_convert<T>::from_float(g ? kh_to_float(*p) * f : 0.f);
+  }
+}
+
+}  // namespace
+
+// inv_count[0] = 1 / #(labels != ignore_index), 0 when every token is ignored. One CTA of 1024.
+extern "C" __global__ void __launch_bounds__(1024)
+    lce_count(const kh_i64* labels, kh_i64 n, kh_i64 ignore_index, float* inv_count) {
+  __shared__ float red[1024];
+  float c = 0.f;
+  for (kh_i64 i = threadIdx.x; i < n; i += blockDim.x) c += labels[i] != ignore_index ? 1.f : 0.f;
+  const float count = cta_sum(c, red);
+  if (threadIdx.x == 0) inv_count[0] = count > 0.f ? 1.f / count : 0.f;
+}
+
+// loss[0] = sum(token_loss) * inv_count[0]. One CTA of 1024.
+extern "C" __global__ void __launch_bounds__(1024)
+    lce_loss(const float* token_loss, kh_i64 n, const float* inv_count, float* loss) {
+  __shared__ float red[1024];
+  float s = 0.f;
+  for (kh_i64 i = threadIdx.x; i < n; i += blockDim.x) s += token_loss[i];
+  const float total = cta_sum(s, red);
+  if (threadIdx.x == 0) loss[0] = total * inv_count[0];
+}
+
+#define KH_LCE_KERNELS(TNAME, T, VEC, VNAME)                                                    \
+  extern "C" __global__ void __launch_bounds__(1024) lce_grad_##TNAME##_##VNAME(                \
+      const T* x, kh_i64 sx, const kh_i64* targets, kh_i64 ignore_index, float* loss, T* dx,    \
+      kh_i64 sdx, const float* inv_count, kh_i64 rows, int cols) {                              \
+    ce_fwd<T, VEC, true, CeRes<VEC>::train>(x, sx, targets, ignore_index, loss, dx, sdx,        \
+                                            inv_count[0], rows, cols);                          \
+  }
+
+KH_LCE_KERNELS(bf16, kh_bf16, kh_vec16<kh_bf16>::n, vec)
+KH_LCE_KERNELS(bf16, kh_bf16, 1, scalar)
+KH_LCE_KERNELS(fp16, kh_fp16, kh_vec16<kh_fp16>::n, vec)
+KH_LCE_KERNELS(fp16, kh_fp16, 1, scalar)
+KH_LCE_KERNELS(fp32, float, kh_vec16<float>::n, vec)
+KH_LCE_KERNELS(fp32, float, 1, scalar)
+
+// x[r, c] *= g[0] over [rows, cols] with row stride sx; g NULL: x = 0. Grid-stride, any grid.
+#define KH_LCE_SCALE(TNAME, T)                                                              \
+  extern "C" __global__ void lce_scale_##TNAME(T* x, kh_i64 sx, kh_i64 rows, int cols,      \
+                                               const float* g) {                            \
+    lce_scale<T>(x, sx, rows, cols, g);                                                     \
+  }
+KH_LCE_SCALE(bf16, kh_bf16)
+KH_LCE_SCALE(fp16, kh_fp16)
+KH_LCE_SCALE(fp32, float)

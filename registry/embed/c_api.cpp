@@ -156,4 +156,15 @@ void kh_runtime_free_report(char* report_json) {
   std::free(report_json);
 }
 
+int32_t kh_gemm(const kh_gemm_t* g, void* stream) {
+  t_last_error.clear();
+  if (!g) {
+    t_last_error = "kh_gemm: the request is NULL; pass a kh_gemm_t (kernel_hub_abi.h)";
+    return KH_ERR_INVALID_ARGUMENT;
+  }
+  int32_t status = kh::gemm(*g, stream);
+  if (status != KH_OK) t_last_error = kh::last_op_error();
+  return status;
+}
+
 }  // extern "C"

@@ -150,13 +150,13 @@ inline void expect_manifest_matches_module(std::span<const char* const> packages
     SCOPED_TRACE(p);
     PackageManifest m = read_package_manifest(package_dir(p));
     EXPECT_EQ(m.name, std::string("kernel-hub/") + p);
-    EXPECT_EQ(m.version, "1.0.0");
+    Package pkg(p);
+    const ModuleView& view = pkg.module().view;
+    EXPECT_EQ(m.version, view.version);  // kernel.json.in and the host library agree
     EXPECT_EQ(m.cuda_source, std::string(p) + ".cu");
     EXPECT_NO_THROW(verify_package_files(package_dir(p), m));
     // The manifest's layers are the module's, one for one, with the same ops, flags and dtypes
     // (the build writes them from the module table: `kernel-hub manifest`).
-    Package pkg(p);
-    const ModuleView& view = pkg.module().view;
     EXPECT_EQ(m.layers.size(), view.layers.size());
     for (const kh_layer_v1_t* l : view.layers)
       EXPECT_TRUE(m.layers.contains(l->name)) << "kernel.json lacks module layer " << l->name;

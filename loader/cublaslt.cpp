@@ -1,0 +1,105 @@
+#include "loader/cublaslt.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "hub/base/dynamic_library.h"
+#include "hub/base/error.h"
+#include "hub/base/log.h"
+
+namespace kh::cublaslt {
+
+namespace {
+
+struct State {
+  std::once_flag once;
+  Api api;
+  std::unique_ptr<Error> failure;
+};
+
+State& state() {
+  static State* s = new State;  // never destroyed; the library is never unloaded
+  return *s;
+}
+
+void load(State& s) {
+  std::string tried;
+  std::optional<DynamicLibrary> lib;
+  for (const std::string& c : candidates()) {
+    std::string why;
+    lib = DynamicLibrary::try_open(c, why);
+    if (lib) break;
+    tried += fmt::format("\n  {}: {}", c, why);
+  }
+  if (!lib)
+    throw Error(ErrorKind::kNotFound,
+                fmt::format("cuBLASLt not found, so the GEMM service cannot run on a CUDA device; "
+                            "tried:{}\ninstall CUDA's cuBLAS (libcublasLt.so.13 or .so.12: the "
+                            "CUDA toolkit, Debian/Ubuntu libcublaslt13 or libcublaslt12, or the "
+                            "nvidia-cublas pip wheel) and, when it is not on the loader's path, "
+                            "set KERNEL_HUB_CUBLASLT to its library or folder; or run on the cpu",
+                            tried));
+  Api& a = s.api;
+  a.library = lib->name();
+  std::string missing;
+#define KH_CUBLASLT_FIND(ret, name, params) \
+  if (!lib->find(#name, a.name)) missing += (missing.empty() ? "" : ", ") + std::string(#name);
+  KH_CUBLASLT_FUNCTIONS(KH_CUBLASLT_FIND)
+#undef KH_CUBLASLT_FIND
+  if (!missing.empty())
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("{} lacks {}: cuBLASLt older than CUDA 11; install cuBLAS 12 or 13",
+                            a.library, missing));
+  a.version = a.cublasLtGetVersion();
+  log_line(kLogDebug, fmt::format("cuBLASLt {} loaded from {}", a.version, a.library));
+}
+
+}  // namespace
+
+std::vector<std::string> candidates() {
+  std::vector<std::string> c;
+  if (const char* env = std::getenv("KERNEL_HUB_CUBLASLT"); env && *env) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(env, ec)) {
+      c.push_back((std::filesystem::path(env) / "libcublasLt.so.13").string());
+      c.push_back((std::filesystem::path(env) / "libcublasLt.so.12").string());
+    } else {
+      c.push_back(env);
+    }
+  }
+  c.push_back("libcublasLt.so.13");
+  c.push_back("libcublasLt.so.12");
+  c.push_back("/usr/local/cuda/lib64/libcublasLt.so.13");
+  c.push_back("/usr/local/cuda/lib64/libcublasLt.so.12");
+  return c;
+}
+
+const Api& cublaslt() {
+  State& s = state();
+  std::call_once(s.once, [&] {
+    try {
+      load(s);
+    } catch (const Error& e) {
+      s.failure = std::make_unique<Error>(e);
+    } catch (const std::exception& e) {
+      s.failure = std::make_unique<Error>(ErrorKind::kIo,
+                                          fmt::format("loading cuBLASLt failed: {}", e.what()));
+    }
+  });
+  if (s.failure) throw *s.failure;
+  return s.api;
+}
+
+std::string status_text(Status status) {
+  State& s = state();
+  if (!s.failure && s.api.cublasLtGetStatusString)
+    if (const char* text = s.api.cublasLtGetStatusString(status)) return text;
+  return fmt::format("cublasStatus_t {}", status);
+}
+
+}  // namespace kh::cublaslt

@@ -1,0 +1,248 @@
+#include "loader/gemm_cuda.h"
+
+#include <climits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "hub/base/error.h"
+#include "loader/cublaslt.h"
+#include "loader/cuda_driver.h"
+#include "loader/gemm_service.h"
+
+namespace kh {
+
+namespace {
+
+using namespace kh::cublaslt;
+
+int data_type(uint32_t dtype) {
+  switch (dtype) {
+    case KH_DTYPE_BF16:
+      return CUDA_R_16BF;
+    case KH_DTYPE_FP16:
+      return CUDA_R_16F;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+// Everything the descriptors and the algorithm choice depend on.
+struct ShapeKey {
+  int32_t device;
+  uint32_t flags, dtype_ab, dtype_d;
+  int64_t m, n, k, lda, ldb, ldd, batch, stride_a, stride_b, stride_d;
+  uint32_t align_a, align_b, align_d;
+  auto tie() const {
+    return std::tie(device, flags, dtype_ab, dtype_d, m, n, k, lda, ldb, ldd, batch, stride_a,
+                    stride_b, stride_d, align_a, align_b, align_d);
+  }
+  bool operator<(const ShapeKey& o) const { return tie() < o.tie(); }
+};
+
+// Descriptors and the chosen algorithm for one shape; never destroyed (cached for the process).
+struct Plan {
+  MatmulDesc desc = nullptr;
+  MatrixLayout a = nullptr, b = nullptr, d = nullptr;  // cuBLASLt's A (our B), B (our A), C = D
+  MatmulAlgo algo{};
+  size_t workspace = 0;
+};
+
+struct DeviceState {
+  Handle handle = nullptr;
+  std::map<void*, cuda::CUdeviceptr> workspaces;  // per stream
+};
+
+struct State {
+  std::shared_mutex mutex;
+  std::map<int32_t, DeviceState> devices;
+  std::map<ShapeKey, std::unique_ptr<Plan>> plans;
+};
+
+State& state() {
+  static State* s = new State;  // never destroyed: handles and memory live with the process
+  return *s;
+}
+
+void check_lt(Status status, const char* what) {
+  if (status != kSuccess)
+    throw Error(ErrorKind::kIo, fmt::format("{} failed: {}", what, status_text(status)));
+}
+
+std::string describe(const kh_gemm_t& g) {
+  return fmt::format("{}{}[{}, {}] x [{}, {}] -> {} [{}, {}]{}", gemm_dtype_name(g.dtype_ab),
+                     g.flags & KH_GEMM_TRANS_A ? " A^T" : "", g.m, g.k, g.k, g.n,
+                     gemm_dtype_name(g.dtype_d), g.m, g.n,
+                     g.batch > 1 ? fmt::format(", batch {}", g.batch) : std::string());
+}
+
+// Creates the descriptors for `key` and asks the heuristic for its first choice. Throws
+// kh::Error (kUnsupported when no algorithm fits).
+std::unique_ptr<Plan> make_plan(const Api& lt, Handle handle, const kh_gemm_t& g,
+                                const ShapeKey& key) {
+  auto plan = std::make_unique<Plan>();
+  const bool ta = g.flags & KH_GEMM_TRANS_A, tb = g.flags & KH_GEMM_TRANS_B;
+  check_lt(lt.cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+           "cublasLtMatmulDescCreate");
+  const int32_t op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
+  const int32_t op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B is our A
+  check_lt(lt.cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
+                                             sizeof(op_a)),
+           "cublasLtMatmulDescSetAttribute(TRANSA)");
+  check_lt(lt.cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
+                                             sizeof(op_b)),
+           "cublasLtMatmulDescSetAttribute(TRANSB)");
+  // Column-major views: our row-major [r, c] is [c, r] column-major with the same ld.
+  const int ab = data_type(g.dtype_ab);
+  auto layout = [&](MatrixLayout& out, int type, int64_t rows, int64_t cols, int64_t ld,
+                    int64_t stride, const char* what) {
+    check_lt(lt.cublasLtMatrixLayoutCreate(&out, type, static_cast<uint64_t>(rows),
+                                           static_cast<uint64_t>(cols), ld),
+             what);
+    if (g.batch > 1) {
+      const int32_t count = static_cast<int32_t>(g.batch);
+      check_lt(lt.cublasLtMatrixLayoutSetAttribute(out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                   sizeof(count)),
+               what);
+      check_lt(lt.cublasLtMatrixLayoutSetAttribute(out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                   &stride, sizeof(stride)),
+               what);
+    }
+  };
+  // Our B stored [k, n] (or [n, k] transposed) reads column-major as [n, k] (or [k, n]).
+  layout(plan->a, ab, tb ? g.k : g.n, tb ? g.n : g.k, g.ldb, g.stride_b, "layout of B");
+  // Our A stored [m, k] (or [k, m]) reads column-major as [k, m] (or [m, k]).
+  layout(plan->b, ab, ta ? g.m : g.k, ta ? g.k : g.m, g.lda, g.stride_a, "layout of A");
+  layout(plan->d, data_type(g.dtype_d), g.n, g.m, g.ldd, g.stride_d, "layout of D");
+
+  Preference pref = nullptr;
+  check_lt(lt.cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  const uint64_t workspace = kGemmWorkspaceBytes;
+  const uint32_t align[4] = {key.align_b, key.align_a, key.align_d, key.align_d};
+  Status st = lt.cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  const int align_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4 && st == kSuccess; ++i)
+    st = lt.cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i]));
+  HeuristicResult result{};
+  int returned = 0;
+  if (st == kSuccess)
+    st = lt.cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d,
+                                           pref, 1, &result, &returned);
+  lt.cublasLtMatmulPreferenceDestroy(pref);
+  if (st != kSuccess || returned < 1)
+    throw Error(
+        ErrorKind::kUnsupported,
+        fmt::format("cuBLASLt has no algorithm for {} on CUDA device {} with pointers "
+                    "aligned to {}/{}/{} bytes and lda {}, ldb {}, ldd {} ({}); align a, b "
+                    "and d to 16 bytes and make leading dimensions multiples of 8",
+                    describe(g), g.device_id, key.align_a, key.align_b, key.align_d, g.lda, g.ldb,
+                    g.ldd, st != kSuccess ? status_text(st) : "the heuristic returned none"));
+  plan->algo = result.algo;
+  plan->workspace = result.workspace_size;
+  return plan;
+}
+
+}  // namespace
+
+uint32_t pointer_alignment(const void* address) {
+  const auto bits = reinterpret_cast<uintptr_t>(address);
+  uint32_t align = 256;
+  while (align > 1 && bits % align != 0) align /= 2;
+  return align;
+}
+
+int32_t gemm_cuda(const kh_gemm_t& g, void* stream, std::string& error) {
+  if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX || g.batch > INT32_MAX) {
+    error = fmt::format("{}: cuBLASLt takes sizes and batch counts up to {}; split the product",
+                        describe(g), INT32_MAX);
+    return KH_ERR_UNSUPPORTED;
+  }
+  const cuda::DeviceInfo* device = nullptr;
+  const Api* lt = nullptr;
+  try {
+    device = &cuda::device(g.device_id);
+    lt = &kh::cublaslt::cublaslt();
+  } catch (const Error& e) {
+    error = fmt::format("cannot run {} on CUDA device {}: {}", describe(g), g.device_id, e.what());
+    return KH_ERR_NO_DEVICE;
+  }
+  const ShapeKey key{g.device_id,
+                     g.flags,
+                     g.dtype_ab,
+                     g.dtype_d,
+                     g.m,
+                     g.n,
+                     g.k,
+                     g.lda,
+                     g.ldb,
+                     g.ldd,
+                     g.batch,
+                     g.stride_a,
+                     g.stride_b,
+                     g.stride_d,
+                     pointer_alignment(g.a),
+                     pointer_alignment(g.b),
+                     pointer_alignment(g.d)};
+  State& s = state();
+  try {
+    cuda::ScopedContext scope(device->primary_context);
+    Handle handle = nullptr;
+    const Plan* plan = nullptr;
+    cuda::CUdeviceptr workspace = 0;
+    {
+      std::shared_lock lock(s.mutex);
+      auto dev = s.devices.find(g.device_id);
+      if (dev != s.devices.end()) {
+        handle = dev->second.handle;
+        auto ws = dev->second.workspaces.find(stream);
+        if (ws != dev->second.workspaces.end()) workspace = ws->second;
+      }
+      auto it = s.plans.find(key);
+      if (it != s.plans.end()) plan = it->second.get();
+    }
+    if (!handle || !workspace || !plan) {
+      std::unique_lock lock(s.mutex);
+      DeviceState& dev = s.devices[g.device_id];
+      if (!dev.handle) check_lt(lt->cublasLtCreate(&dev.handle), "cublasLtCreate");
+      handle = dev.handle;
+      cuda::CUdeviceptr& ws = dev.workspaces[stream];
+      if (!ws) {
+        const cuda::Driver& d = cuda::cuda_driver();
+        if (!d.cuMemAlloc)
+          throw Error(ErrorKind::kUnsupported, "the CUDA driver has no cuMemAlloc");
+        cuda::check(d.cuMemAlloc(&ws, kGemmWorkspaceBytes),
+                    fmt::format("cuMemAlloc of the GEMM workspace ({} MiB) on CUDA device {}",
+                                kGemmWorkspaceBytes >> 20, g.device_id));
+      }
+      workspace = ws;
+      auto& slot = s.plans[key];
+      if (!slot) slot = make_plan(*lt, handle, g, key);
+      plan = slot.get();
+    }
+    const float alpha = g.alpha;
+    const float beta = (g.flags & KH_GEMM_ACCUMULATE) ? g.beta : 0.f;
+    // cuBLASLt's A is our B and its B our A (header comment).
+    Status st = lt->cublasLtMatmul(handle, plan->desc, &alpha, g.b, plan->a, g.a, plan->b, &beta,
+                                   g.d, plan->d, g.d, plan->d, &plan->algo,
+                                   reinterpret_cast<void*>(workspace), plan->workspace, stream);
+    if (st != kSuccess) {
+      error = fmt::format("cublasLtMatmul failed for {} on CUDA device {}: {}", describe(g),
+                          g.device_id, status_text(st));
+      return KH_ERR_LAUNCH;
+    }
+    return KH_OK;
+  } catch (const Error& e) {
+    error = fmt::format("{} on CUDA device {}: {}", describe(g), g.device_id, e.what());
+    return e.kind() == ErrorKind::kUnsupported ? KH_ERR_UNSUPPORTED : KH_ERR_LAUNCH;
+  }
+}
+
+}  // namespace kh

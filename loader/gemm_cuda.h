@@ -1,0 +1,39 @@
+// The GEMM service on a CUDA device, through cuBLASLt (loader/cublaslt.h).
+//
+// Row-major onto column-major. cuBLASLt reads matrices column-major; a row-major [r, c] matrix
+// with leading dimension ld is, read column-major, its transpose [c, r] with the same ld. So the
+// row-major request D = op(A) @ op(B) is run as the column-major product
+//     D^T [n, m] = op(B)^T [n, k] @ op(A)^T [k, m]
+// with the operands swapped: cuBLASLt's A is our B (transa = N when B is not transposed, T when
+// KH_GEMM_TRANS_B), its B is our A (transb = N, or T with KH_GEMM_TRANS_A), its C and D are our
+// D read as [n, m] with ldd. No data moves; the leading dimensions and batch strides pass
+// through unchanged.
+//
+// Per device, created on first use under the device's primary context and kept for the rest of
+// the process: one cuBLASLt handle, and a 32 MiB workspace (cuMemAlloc) per stream the device is
+// used from, so that products on two streams never share scratch memory. Per request shape
+// (sizes, leading dimensions, strides, dtypes, flags and the pointers' alignments) the
+// descriptors and cuBLASLt's first heuristic choice are cached: a repeated shape costs one
+// lookup and cublasLtMatmul.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernel_hub/kernel_hub_abi.h"
+
+namespace kh {
+
+// Workspace per device and stream offered to cuBLASLt.
+constexpr uint64_t kGemmWorkspaceBytes = 32ull << 20;
+
+// Runs a request read_gemm accepted (device_id >= 0, m and n >= 1) on `stream`. KH_ERR_NO_DEVICE
+// without a driver, the device or cuBLASLt; KH_ERR_UNSUPPORTED for sizes above cuBLASLt's int32
+// limits or no algorithm for the shape; KH_ERR_LAUNCH when cuBLASLt or an allocation fails.
+// `error` says which and what to do.
+int32_t gemm_cuda(const kh_gemm_t& g, void* stream, std::string& error);
+
+// The largest power of two (at most 256) dividing `address`: the alignment cuBLASLt is told.
+uint32_t pointer_alignment(const void* address);
+
+}  // namespace kh
