@@ -4,8 +4,9 @@
 // kh::Runtime on the cpu, layers.h) or a float64 reference: embedding and its scatter-add
 // backward, residual add, bf16 <-> fp32 casts (bit-exact against the prelude's host conversion),
 // RMSNorm, SiluAndMul, RoPE (NeoX and GPT-J), causal GQA attention, cross-entropy with an
-// ignored row, and AdamW on fp32 master weights writing bf16 weights; bf16 activations for
-// RMSNorm and attention against the fp32 result within bf16 tolerance; and shape errors.
+// ignored row, AdamW on fp32 master weights writing bf16 weights, and the Linear on the GEMM
+// service (forward, dx, accumulated dW); bf16 activations for RMSNorm, attention and the Linear
+// against the fp32 result within bf16 tolerance; and shape errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +19,7 @@
 #include "kernel_hub/kernel_hub.hpp"
 #include "kernels/common/kh_prelude.cuh"
 #include "tools/demo/device_kernels.h"
+#include "tools/demo/device_linear.h"
 #include "tools/demo/device_tensor.h"
 #include "tools/demo/fallback_ops.h"
 #include "tools/demo/layers.h"
@@ -365,6 +367,41 @@ TEST_F(GpuDemoDevice, AdamWMatchesAFloat64Reference) {
   std::vector<float> wb = download(to_f32(Wb));
   for (int64_t i = 0; i < n; ++i)
     ASSERT_EQ(wb[i], kh_bf16_bits_to_float(kh_float_to_bf16_bits(got[i]))) << i;
+}
+
+TEST_F(GpuDemoDevice, LinearOnTheGemmServiceMatchesTheHostLinear) {
+  const int64_t rows = 45, in = 96, out = 80;
+  std::vector<float> x = randn(rows * in, 70), w = randn(out * in, 71, 0.1f),
+                     dy = randn(rows * out, 72);
+  std::vector<float> y(rows * out), dx(rows * in), dw(out * in, 0.f);
+  linear_forward(x.data(), w.data(), nullptr, y.data(), rows, in, out);
+  linear_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), nullptr, rows, in, out,
+                  false);
+  DeviceTensor X = upload(x, {rows, in}), Wt = upload(w, {out, in}), Y = empty({rows, out});
+  DeviceTensor DY = upload(dy, {rows, out}), DX = empty({rows, in});
+  DeviceTensor DW = upload(std::vector<float>(out * in, 0.f), {out, in});
+  linear_forward(*stream_, X, Wt, Y);
+  linear_backward(*stream_, X, Wt, DY, &DX, &DW);
+  expect_close(download(Y), y, 1e-4f, 1e-4f, "linear y");
+  expect_close(download(DX), dx, 1e-4f, 1e-4f, "linear dx");
+  expect_close(download(DW), dw, 1e-4f, 1e-4f, "linear dw");
+  // bf16 in, fp32 dW accumulated twice.
+  DeviceTensor Yb = empty({rows, out}, kBF16);
+  DeviceTensor Xb = to_bf16(X), Wb = to_bf16(Wt), DYb = to_bf16(DY);
+  linear_forward(*stream_, Xb, Wb, Yb);
+  linear_backward(*stream_, Xb, Wb, DYb, nullptr, &DW);
+  expect_close(download(to_f32(Yb)), y, 5e-2f, 3e-2f, "linear bf16 y");
+  std::vector<float> dw2(dw);
+  for (float& v : dw2) v *= 2.f;
+  expect_close(download(DW), dw2, 5e-2f, 3e-2f, "linear bf16 dw accumulated");
+  try {
+    DeviceTensor wrong = empty({rows, out + 1});
+    linear_forward(*stream_, X, Wt, wrong);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear: y is float32[45, 81]"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(GpuDemoDevice, ShapeAndDtypeErrorsNameTheOpAndTensor) {
