@@ -6,7 +6,9 @@
 // RMSNorm, SiluAndMul, RoPE (NeoX and GPT-J), causal GQA attention, cross-entropy with an
 // ignored row, AdamW on fp32 master weights writing bf16 weights, and the Linear on the GEMM
 // service (forward, dx, accumulated dW); bf16 activations for RMSNorm, attention and the Linear
-// against the fp32 result within bf16 tolerance; and shape errors.
+// against the fp32 result within bf16 tolerance; shape errors; and the device-resident model's
+// eval prefill (weights and activations on the device, one stream) against the host model's
+// logits and loss for the Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norms, GQA, tied) shapes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,9 +22,13 @@
 #include "kernels/common/kh_prelude.cuh"
 #include "tools/demo/device_kernels.h"
 #include "tools/demo/device_linear.h"
+#include "tools/demo/device_model.h"
 #include "tools/demo/device_tensor.h"
 #include "tools/demo/fallback_ops.h"
 #include "tools/demo/layers.h"
+#include "tools/demo/model.h"
+#include "tools/demo/model_config.h"
+#include "tools/demo/staging.h"
 
 namespace kh::demo {
 namespace {
@@ -402,6 +408,41 @@ TEST_F(GpuDemoDevice, LinearOnTheGemmServiceMatchesTheHostLinear) {
     EXPECT_NE(std::string(e.what()).find("linear: y is float32[45, 81]"), std::string::npos)
         << e.what();
   }
+}
+
+TEST_F(GpuDemoDevice, DeviceModelPrefillMatchesTheHostModel) {
+  ModelConfig llama = preset("tiny");
+  ModelConfig qwen2 = llama;
+  qwen2.arch = Arch::kQwen2;
+  qwen2.qkv_bias = true;
+  qwen2.kv_heads = 2;
+  ModelConfig qwen3 = llama;
+  qwen3.arch = Arch::kQwen3;
+  qwen3.qk_norm = true;
+  qwen3.kv_heads = 2;
+  qwen3.tie_embeddings = true;
+  runtime_->set_mode(Mode::kEval);
+  for (const ModelConfig& cfg : {llama, qwen2, qwen3}) {
+    SCOPED_TRACE(cfg.describe());
+    CausalLM host(cfg, *slots_, 1234);
+    const int batch = 2, len = std::min(cfg.seq, 24);
+    std::vector<int64_t> tokens(batch * len), targets(batch * len);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int64_t>((i * 31 + 7) % cfg.vocab);
+      targets[i] = static_cast<int64_t>((i * 17 + 3) % cfg.vocab);
+    }
+    SlotCaller caller(*runtime_, -1);
+    const float host_loss =
+        host.forward(caller, *runtime_, tokens.data(), targets.data(), batch, len);
+    DeviceCausalLM dev(host, *slots_, *runtime_, 0);
+    const float dev_loss = dev.prefill(tokens.data(), targets.data(), batch, len);
+    EXPECT_TRUE(dev.package_slots().empty()) << "nothing is bound: every slot ran its fallback";
+    expect_close(dev.download_logits(), host.logits(), 1e-4f, 1e-4f, "logits");
+    EXPECT_NEAR(dev_loss, host_loss, 1e-4f * std::fabs(host_loss));
+    kh_device_pool_stats_t mem = dev.memory();
+    EXPECT_GT(mem.peak_bytes, host.num_parameters() * sizeof(float));
+  }
+  runtime_->set_mode(Mode::kTrain);
 }
 
 TEST_F(GpuDemoDevice, ShapeAndDtypeErrorsNameTheOpAndTensor) {

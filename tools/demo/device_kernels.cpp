@@ -21,11 +21,11 @@ struct AttnShape {
 };
 static_assert(sizeof(AttnShape) == 24);
 
-const char* const kTyped[] = {"kh_embedding_fwd",    "kh_embedding_bwd",    "kh_add",
-                              "kh_rms_norm",         "kh_rms_norm_bwd_dx",  "kh_rms_norm_bwd_dw",
-                              "kh_silu_and_mul",     "kh_silu_and_mul_bwd", "kh_rotary",
-                              "kh_attention_fwd",    "kh_attention_bwd",    "kh_cross_entropy",
-                              "kh_cross_entropy_bwd"};
+const char* const kTyped[] = {"kh_embedding_fwd",   "kh_embedding_bwd",    "kh_add",
+                              "kh_bias_add",        "kh_rms_norm",         "kh_rms_norm_bwd_dx",
+                              "kh_rms_norm_bwd_dw", "kh_silu_and_mul",     "kh_silu_and_mul_bwd",
+                              "kh_rotary",          "kh_attention_fwd",    "kh_attention_bwd",
+                              "kh_cross_entropy",   "kh_cross_entropy_bwd"};
 
 [[noreturn]] void fail(const char* op, const std::string& why) {
   throw Error(ErrorKind::kInvalidInput, fmt::format("{} (device kernel): {}", op, why));
@@ -149,6 +149,18 @@ void DeviceKernels::add(DeviceStream& s, const DeviceTensor& a, const DeviceTens
   const void* bp = b.data();
   void* outp = out.data();
   launch(s, typed("kh_add", a), blocks_for(n), 1, 1, 0, {&ap, &bp, &outp, &n});
+}
+
+void DeviceKernels::bias_add(DeviceStream& s, DeviceTensor& y, const DeviceTensor& bias) {
+  const char* op = "bias_add";
+  expect_float(op, "y", y);
+  long long rows = rows_of(y), cols = cols_of(y);
+  expect_shape(op, "bias", bias, {cols});
+  expect_dtype(op, "bias", bias, y.dtype());
+  if (rows * cols == 0) return;
+  void* yp = y.data();
+  const void* bp = bias.data();
+  launch(s, typed("kh_bias_add", y), blocks_for(rows * cols), 1, 1, 0, {&yp, &bp, &rows, &cols});
 }
 
 void DeviceKernels::cast(DeviceStream& s, const DeviceTensor& in, DeviceTensor& out) {

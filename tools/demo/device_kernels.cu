@@ -70,6 +70,13 @@ KH_DEV void add(const T* a, const T* b, T* out, long long n) {
     out[i] = from_f<T>(kh_to_float(a[i]) + kh_to_float(b[i]));
 }
 
+// y[r, c] += bias[c] (the linear layers' bias).
+template <typename T>
+KH_DEV void bias_add(T* y, const T* bias, long long rows, long long cols) {
+  for (long long i = global_index(); i < rows * cols; i += global_stride())
+    y[i] = from_f<T>(kh_to_float(y[i]) + kh_to_float(bias[i % cols]));
+}
+
 template <typename From, typename To>
 KH_DEV void cast(const From* in, To* out, long long n) {
   for (long long i = global_index(); i < n; i += global_stride())
@@ -322,6 +329,9 @@ KH_DEV void cross_entropy_bwd(const float* dloss, T* dlogits, long long rows, lo
     embedding_bwd(tokens, dh, dtable, vocab, dim);                                                \
   }                                                                                               \
   KH_GLOBAL void kh_add_##sfx(const T* a, const T* b, T* out, long long n) { add(a, b, out, n); } \
+  KH_GLOBAL void kh_bias_add_##sfx(T* y, const T* bias, long long rows, long long cols) {          \
+    bias_add(y, bias, rows, cols);                                                                \
+  }                                                                                               \
   KH_GLOBAL void kh_rms_norm_##sfx(const T* x, const T* w, float eps, T* y, float* rstd,         \
                                    long long cols) {                                              \
     rms_norm(x, w, eps, y, rstd, cols);                                                           \

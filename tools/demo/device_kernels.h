@@ -40,6 +40,8 @@ class DeviceKernels {
                           DeviceTensor& dtable);
   // out = a + b (out may be a or b).
   void add(DeviceStream& s, const DeviceTensor& a, const DeviceTensor& b, DeviceTensor& out);
+  // y[r, c] += bias[c] (bias [cols], y's dtype).
+  void bias_add(DeviceStream& s, DeviceTensor& y, const DeviceTensor& bias);
   // bfloat16 <-> float32 (round to nearest even).
   void cast(DeviceStream& s, const DeviceTensor& in, DeviceTensor& out);
 
