@@ -250,7 +250,8 @@ EmbedReport kernelize(Runtime& runtime, const KernelConfig& config,
 //   kh::DeviceBuffer x = pool.allocate(n * sizeof(float));
 //   stream.copy(x.data(), host.data(), x.size(), KH_COPY_H2D);
 //   kh::DeviceModule m(0, "scale", source);
-//   kh_launch_cfg_t cfg = kh::launch_cfg(0, {(n + 255) / 256, 1, 1}, {256, 1, 1});
+//   const uint32_t blocks = (n + 255) / 256;
+//   kh_launch_cfg_t cfg = kh::launch_cfg(0, {blocks, 1, 1}, {256, 1, 1});
 //   void* px = x.data();
 //   void* args[] = {&px, &n};
 //   kh::launch(m.function("scale"), cfg, args, stream);
