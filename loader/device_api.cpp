@@ -449,8 +449,9 @@ int32_t launch(const kh_device_function* function, const kh_launch_cfg_t* cfg, v
         function->name, function->device, stream->device);
     return KH_ERR_INVALID_ARGUMENT;
   }
-  return launch_device_function(const_cast<kh_device_function*>(function), c, args, stream->handle,
-                                error);
+  // The launch path takes the DeviceFunction base (as void*: the packages' opaque handle).
+  DeviceFunction* base = const_cast<kh_device_function*>(function);
+  return launch_device_function(base, c, args, stream->handle, error);
 }
 
 }  // namespace kh::device_api

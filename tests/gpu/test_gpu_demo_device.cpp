@@ -8,7 +8,8 @@
 // service (forward, dx, accumulated dW); bf16 activations for RMSNorm, attention and the Linear
 // against the fp32 result within bf16 tolerance; shape errors; and the device-resident model's
 // eval prefill (weights and activations on the device, one stream) against the host model's
-// logits and loss for the Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norms, GQA, tied) shapes.
+// logits and loss for the Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norms, GQA, tied) shapes,
+// and 3 AdamW training steps on the device against the host model's losses and weights.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -435,7 +436,7 @@ TEST_F(GpuDemoDevice, DeviceModelPrefillMatchesTheHostModel) {
     const float host_loss =
         host.forward(caller, *runtime_, tokens.data(), targets.data(), batch, len);
     DeviceCausalLM dev(host, *slots_, *runtime_, 0);
-    const float dev_loss = dev.prefill(tokens.data(), targets.data(), batch, len);
+    const float dev_loss = dev.forward(tokens.data(), targets.data(), batch, len);
     EXPECT_TRUE(dev.package_slots().empty()) << "nothing is bound: every slot ran its fallback";
     expect_close(dev.download_logits(), host.logits(), 1e-4f, 1e-4f, "logits");
     EXPECT_NEAR(dev_loss, host_loss, 1e-4f * std::fabs(host_loss));
@@ -443,6 +444,56 @@ TEST_F(GpuDemoDevice, DeviceModelPrefillMatchesTheHostModel) {
     EXPECT_GT(mem.peak_bytes, host.num_parameters() * sizeof(float));
   }
   runtime_->set_mode(Mode::kTrain);
+}
+
+TEST_F(GpuDemoDevice, DeviceModelTrainsLikeTheHostModel) {
+  ModelConfig qwen2 = preset("tiny");
+  qwen2.arch = Arch::kQwen2;
+  qwen2.qkv_bias = true;
+  qwen2.o_bias = true;
+  qwen2.kv_heads = 2;
+  ModelConfig qwen3 = preset("tiny");
+  qwen3.arch = Arch::kQwen3;
+  qwen3.qk_norm = true;
+  qwen3.kv_heads = 2;
+  qwen3.tie_embeddings = true;
+  AdamConfig adam;
+  adam.lr = 1e-2f;
+  adam.weight_decay = 0.01f;
+  runtime_->set_mode(Mode::kTrain);
+  for (const ModelConfig& cfg : {preset("tiny"), qwen2, qwen3}) {
+    SCOPED_TRACE(cfg.describe());
+    CausalLM host(cfg, *slots_, 99);
+    DeviceCausalLM dev(host, *slots_, *runtime_, 0);
+    SlotCaller caller(*runtime_, -1);
+    const int batch = 2, len = std::min(cfg.seq, 16);
+    std::vector<int64_t> tokens(batch * len), targets(batch * len);
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        tokens[i] = static_cast<int64_t>((i * 13 + step * 5 + 1) % cfg.vocab);
+        targets[i] = static_cast<int64_t>((i * 7 + step * 3 + 2) % cfg.vocab);
+      }
+      host.zero_grad();
+      dev.zero_grad();
+      const float host_loss =
+          host.forward(caller, *runtime_, tokens.data(), targets.data(), batch, len);
+      const float dev_loss = dev.forward(tokens.data(), targets.data(), batch, len);
+      EXPECT_NEAR(dev_loss, host_loss, 1e-4f * std::fabs(host_loss)) << "step " << step;
+      host.backward(caller);
+      dev.backward();
+      host.adam_step(adam);
+      dev.adam_step(adam);
+    }
+    for (const char* name : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                             "model.layers.1.mlp.up_proj.weight", "model.norm.weight"})
+      expect_close(dev.download_weight(name), *host.weight(name), 1e-4f, 1e-3f, name);
+    if (cfg.qkv_bias)
+      expect_close(dev.download_weight("model.layers.0.self_attn.k_proj.bias"),
+                   *host.weight("model.layers.0.self_attn.k_proj.bias"), 1e-4f, 1e-3f, "k bias");
+    if (cfg.qk_norm)
+      expect_close(dev.download_weight("model.layers.1.self_attn.q_norm.weight"),
+                   *host.weight("model.layers.1.self_attn.q_norm.weight"), 1e-4f, 1e-3f, "q_norm");
+  }
 }
 
 TEST_F(GpuDemoDevice, ShapeAndDtypeErrorsNameTheOpAndTensor) {

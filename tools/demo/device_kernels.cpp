@@ -21,11 +21,11 @@ struct AttnShape {
 };
 static_assert(sizeof(AttnShape) == 24);
 
-const char* const kTyped[] = {"kh_embedding_fwd",   "kh_embedding_bwd",    "kh_add",
-                              "kh_bias_add",        "kh_rms_norm",         "kh_rms_norm_bwd_dx",
-                              "kh_rms_norm_bwd_dw", "kh_silu_and_mul",     "kh_silu_and_mul_bwd",
-                              "kh_rotary",          "kh_attention_fwd",    "kh_attention_bwd",
-                              "kh_cross_entropy",   "kh_cross_entropy_bwd"};
+const char* const kTyped[] = {"kh_embedding_fwd",    "kh_embedding_bwd",   "kh_add",
+                              "kh_bias_add",         "kh_column_sum_add",  "kh_rms_norm",
+                              "kh_rms_norm_bwd_dx",  "kh_rms_norm_bwd_dw", "kh_silu_and_mul",
+                              "kh_silu_and_mul_bwd", "kh_rotary",          "kh_attention_fwd",
+                              "kh_attention_bwd",    "kh_cross_entropy",   "kh_cross_entropy_bwd"};
 
 [[noreturn]] void fail(const char* op, const std::string& why) {
   throw Error(ErrorKind::kInvalidInput, fmt::format("{} (device kernel): {}", op, why));
@@ -161,6 +161,18 @@ void DeviceKernels::bias_add(DeviceStream& s, DeviceTensor& y, const DeviceTenso
   void* yp = y.data();
   const void* bp = bias.data();
   launch(s, typed("kh_bias_add", y), blocks_for(rows * cols), 1, 1, 0, {&yp, &bp, &rows, &cols});
+}
+
+void DeviceKernels::column_sum_add(DeviceStream& s, const DeviceTensor& dy, DeviceTensor& db) {
+  const char* op = "column_sum_add";
+  expect_float(op, "dy", dy);
+  long long rows = rows_of(dy), cols = cols_of(dy);
+  expect_shape(op, "db", db, {cols});
+  expect_dtype(op, "db", db, kF32);
+  if (rows * cols == 0) return;
+  const void* dyp = dy.data();
+  void* dbp = db.data();
+  launch(s, typed("kh_column_sum_add", dy), blocks_for(cols), 1, 1, 0, {&dyp, &dbp, &rows, &cols});
 }
 
 void DeviceKernels::cast(DeviceStream& s, const DeviceTensor& in, DeviceTensor& out) {

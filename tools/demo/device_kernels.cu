@@ -77,6 +77,16 @@ KH_DEV void bias_add(T* y, const T* bias, long long rows, long long cols) {
     y[i] = from_f<T>(kh_to_float(y[i]) + kh_to_float(bias[i % cols]));
 }
 
+// db[c] += sum over rows of dy[r, c] (the bias gradient), rows in order; one thread per column.
+template <typename T>
+KH_DEV void column_sum_add(const T* dy, float* db, long long rows, long long cols) {
+  for (long long c = global_index(); c < cols; c += global_stride()) {
+    float acc = 0.f;
+    for (long long r = 0; r < rows; ++r) acc += kh_to_float(dy[r * cols + c]);
+    db[c] += acc;
+  }
+}
+
 template <typename From, typename To>
 KH_DEV void cast(const From* in, To* out, long long n) {
   for (long long i = global_index(); i < n; i += global_stride())
@@ -331,6 +341,9 @@ KH_DEV void cross_entropy_bwd(const float* dloss, T* dlogits, long long rows, lo
   KH_GLOBAL void kh_add_##sfx(const T* a, const T* b, T* out, long long n) { add(a, b, out, n); } \
   KH_GLOBAL void kh_bias_add_##sfx(T* y, const T* bias, long long rows, long long cols) {          \
     bias_add(y, bias, rows, cols);                                                                \
+  }                                                                                               \
+  KH_GLOBAL void kh_column_sum_add_##sfx(const T* dy, float* db, long long rows, long long cols) { \
+    column_sum_add(dy, db, rows, cols);                                                           \
   }                                                                                               \
   KH_GLOBAL void kh_rms_norm_##sfx(const T* x, const T* w, float eps, T* y, float* rstd,         \
                                    long long cols) {                                              \

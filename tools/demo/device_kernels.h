@@ -42,6 +42,8 @@ class DeviceKernels {
   void add(DeviceStream& s, const DeviceTensor& a, const DeviceTensor& b, DeviceTensor& out);
   // y[r, c] += bias[c] (bias [cols], y's dtype).
   void bias_add(DeviceStream& s, DeviceTensor& y, const DeviceTensor& bias);
+  // db (float32 [cols]) += the column sums of dy [rows, cols] (a bias gradient).
+  void column_sum_add(DeviceStream& s, const DeviceTensor& dy, DeviceTensor& db);
   // bfloat16 <-> float32 (round to nearest even).
   void cast(DeviceStream& s, const DeviceTensor& in, DeviceTensor& out);
 
