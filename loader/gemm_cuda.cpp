@@ -38,9 +38,10 @@ struct ShapeKey {
   uint32_t flags, dtype_ab, dtype_d;
   int64_t m, n, k, lda, ldb, ldd, batch, stride_a, stride_b, stride_d;
   uint32_t align_a, align_b, align_d;
+  uint64_t workspace;  // bytes offered: kGemmWorkspaceBytes, or 0 (a capture on a new stream)
   auto tie() const {
     return std::tie(device, flags, dtype_ab, dtype_d, m, n, k, lda, ldb, ldd, batch, stride_a,
-                    stride_b, stride_d, align_a, align_b, align_d);
+                    stride_b, stride_d, align_a, align_b, align_d, workspace);
   }
   bool operator<(const ShapeKey& o) const { return tie() < o.tie(); }
 };
@@ -122,7 +123,7 @@ std::unique_ptr<Plan> make_plan(const Api& lt, Handle handle, const kh_gemm_t& g
 
   Preference pref = nullptr;
   check_lt(lt.cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-  const uint64_t workspace = kGemmWorkspaceBytes;
+  const uint64_t workspace = key.workspace;
   const uint32_t align[4] = {key.align_b, key.align_a, key.align_d, key.align_d};
   Status st = lt.cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
@@ -174,23 +175,24 @@ int32_t gemm_cuda(const kh_gemm_t& g, void* stream, std::string& error) {
     error = fmt::format("cannot run {} on CUDA device {}: {}", describe(g), g.device_id, e.what());
     return KH_ERR_NO_DEVICE;
   }
-  const ShapeKey key{g.device_id,
-                     g.flags,
-                     g.dtype_ab,
-                     g.dtype_d,
-                     g.m,
-                     g.n,
-                     g.k,
-                     g.lda,
-                     g.ldb,
-                     g.ldd,
-                     g.batch,
-                     g.stride_a,
-                     g.stride_b,
-                     g.stride_d,
-                     pointer_alignment(g.a),
-                     pointer_alignment(g.b),
-                     pointer_alignment(g.d)};
+  ShapeKey key{g.device_id,
+               g.flags,
+               g.dtype_ab,
+               g.dtype_d,
+               g.m,
+               g.n,
+               g.k,
+               g.lda,
+               g.ldb,
+               g.ldd,
+               g.batch,
+               g.stride_a,
+               g.stride_b,
+               g.stride_d,
+               pointer_alignment(g.a),
+               pointer_alignment(g.b),
+               pointer_alignment(g.d),
+               kGemmWorkspaceBytes};
   State& s = state();
   try {
     cuda::ScopedContext scope(device->primary_context);
@@ -208,13 +210,24 @@ int32_t gemm_cuda(const kh_gemm_t& g, void* stream, std::string& error) {
       auto it = s.plans.find(key);
       if (it != s.plans.end()) plan = it->second.get();
     }
-    if (!handle || !workspace || !plan) {
+    // A stream first seen while it captures a CUDA graph gets no workspace (cuMemAlloc is not
+    // allowed during a capture): its plans are chosen for none, which every shape has.
+    if (!workspace && handle &&
+        cuda::stream_capture_status(static_cast<cuda::CUstream>(stream)) !=
+            cuda::CU_STREAM_CAPTURE_STATUS_NONE) {
+      key.workspace = 0;
+      std::shared_lock lock(s.mutex);
+      auto it = s.plans.find(key);
+      plan = it != s.plans.end() ? it->second.get() : nullptr;
+    }
+    if (!handle || (!workspace && key.workspace) || !plan) {
       std::unique_lock lock(s.mutex);
       DeviceState& dev = s.devices[g.device_id];
       if (!dev.handle) check_lt(lt->cublasLtCreate(&dev.handle), "cublasLtCreate");
       handle = dev.handle;
-      cuda::CUdeviceptr& ws = dev.workspaces[stream];
-      if (!ws) {
+      cuda::CUdeviceptr unused = 0;
+      cuda::CUdeviceptr& ws = key.workspace ? dev.workspaces[stream] : unused;
+      if (!ws && key.workspace) {
         const cuda::Driver& d = cuda::cuda_driver();
         if (!d.cuMemAlloc)
           throw Error(ErrorKind::kUnsupported, "the CUDA driver has no cuMemAlloc");

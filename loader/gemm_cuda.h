@@ -11,7 +11,10 @@
 //
 // Per device, created on first use under the device's primary context and kept for the rest of
 // the process: one cuBLASLt handle, and a 32 MiB workspace (cuMemAlloc) per stream the device is
-// used from, so that products on two streams never share scratch memory. Per request shape
+// used from, so that products on two streams never share scratch memory (a stream first seen
+// while it captures a CUDA graph, where cuMemAlloc is not allowed, gets plans that need no
+// workspace; the handle must exist by then: call once on the device before capturing). Per
+// request shape
 // (sizes, leading dimensions, strides, dtypes, flags and the pointers' alignments) the
 // descriptors and cuBLASLt's first heuristic choice are cached: a repeated shape costs one
 // lookup and cublasLtMatmul.

@@ -114,6 +114,17 @@ int32_t read_gemm(const kh_gemm_t* in, kh_gemm_t& out, std::string& error) {
                         g.b ? "set" : "NULL", g.d ? "set" : "NULL");
     return KH_ERR_INVALID_ARGUMENT;
   }
+  const int64_t ab_bytes = gemm_dtype_bytes(g.dtype_ab), d_bytes = gemm_dtype_bytes(g.dtype_d);
+  const struct {
+    const char* name;
+    const void* p;
+    int64_t bytes;
+  } pointers[] = {{"a", g.a, ab_bytes}, {"b", g.b, ab_bytes}, {"d", g.d, d_bytes}};
+  for (const auto& q : pointers)
+    if (reinterpret_cast<uintptr_t>(q.p) % static_cast<uintptr_t>(q.bytes) != 0) {
+      error = fmt::format("{} ({}) is not aligned to its {}-byte elements", q.name, q.p, q.bytes);
+      return KH_ERR_INVALID_ARGUMENT;
+    }
   const bool ta = g.flags & KH_GEMM_TRANS_A, tb = g.flags & KH_GEMM_TRANS_B;
   // Stored shapes (row-major): A is [m,k] or, transposed, [k,m]; B is [k,n] or [n,k].
   const int64_t a_rows = ta ? g.k : g.m, a_cols = ta ? g.m : g.k;

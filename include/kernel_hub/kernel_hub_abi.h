@@ -142,8 +142,8 @@ typedef struct kh_launch_cfg_t {
  * device_id >= 0: a, b and d are device pointers on that CUDA device, and the products run on
  * `stream` (a CUstream; NULL = the legacy default stream) through cuBLASLt, which the loader
  * loads on first use (libcublasLt.so.13, then .so.12); without it the call fails with
- * KH_ERR_NO_DEVICE and a message naming what to install. Pointers aligned to 16 bytes allow the
- * fastest algorithms; less aligned ones still work. The call never synchronizes; the first call
+ * KH_ERR_NO_DEVICE and a message naming what to install. a, b and d must be aligned to their
+ * element size (refused otherwise); 16 bytes allows the fastest algorithms, less still works. The call never synchronizes; the first call
  * per device and shape may allocate (cuBLASLt handle and workspace): make it before a CUDA graph
  * capture.
  * device_id < 0: host pointers, computed on the calling thread (stream is ignored), so cpu

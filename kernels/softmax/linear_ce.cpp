@@ -198,6 +198,11 @@ int32_t run(const char* op, Problem& p, bool train, void* stream) {
     }
     return train ? scale_view(p.d_weight, nullptr, true, stream) : KH_OK;
   }
+  // The gradient's 1 / (valid tokens) is folded into dlogits before they are stored, except in
+  // fp16: (softmax - onehot) / valid falls below fp16's smallest subnormal (6e-8) for large
+  // vocabularies and batches, so fp16 dlogits stay unscaled and the gradients are scaled at the
+  // end (one more pass over d_hidden and d_weight).
+  const bool late_scale = h.dtype == kFP16;
   float host_scale = 0.f;
   if (cpu) {
     int64_t valid = 0;
@@ -226,7 +231,7 @@ int32_t run(const char* op, Problem& p, bool train, void* stream) {
     lv.device = h.device;
     if (cpu) {
       softmax_cpu::ce_forward(h.dtype, logits, v, p.labels + r0, p.ignore_index, token_loss + r0,
-                              train ? logits : nullptr, v, host_scale, c, v);
+                              train ? logits : nullptr, v, late_scale ? 1.f : host_scale, c, v);
     } else {
       const void* xp = logits;
       void* dxp = train ? logits : nullptr;
@@ -235,7 +240,7 @@ int32_t run(const char* op, Problem& p, bool train, void* stream) {
       long long sx = v, ign = p.ignore_index, rows = c;
       int cols = static_cast<int>(v);
       if (train) {
-        const float* sp = inv_count;
+        const float* sp = late_scale ? inv_count + 1 : inv_count;  // lce_count wrote 1 there
         void* params[] = {&xp, &sx, &tp, &ign, &lp, &dxp, &sx, &sp, &rows, &cols};
         KH_TRY(launch_rows(op, "lce_grad", lv, {&lv}, params, stream));
       } else {
@@ -253,6 +258,11 @@ int32_t run(const char* op, Problem& p, bool train, void* stream) {
     KH_TRY(gemm.run(KH_GEMM_TRANS_A | (r0 > 0 ? KH_GEMM_ACCUMULATE : 0u), v, hd, c, h.dtype,
                     p.d_weight.dtype, logits, v, hidden_chunk, h.stride, p.d_weight.data,
                     p.d_weight.stride));
+  }
+  if (train && late_scale) {
+    const float* factor = cpu ? &host_scale : inv_count;
+    KH_TRY(scale_view(p.d_hidden, factor, false, stream));
+    KH_TRY(scale_view(p.d_weight, factor, false, stream));
   }
   if (cpu) {
     double sum = 0;

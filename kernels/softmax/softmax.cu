@@ -366,21 +366,25 @@ __device__ __forceinline__ void lce_scale(T* x, kh_i64 sx, kh_i64 rows, int cols
   const kh_i64 total = rows * cols;
   for (kh_i64 i = (kh_i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (kh_i64)gridDim.x * blockDim.x) {
-    T* p = x + (i / cols) * sx + i % cols;
+    T* p = sx == cols ? x + i : x + (i / cols) * sx + i % cols;  // compact: no division
     *p = kh_convert<T>::from_float(g ? kh_to_float(*p) * f : 0.f);
   }
 }
 
 }  // namespace
 
-// inv_count[0] = 1 / #(labels != ignore_index), 0 when every token is ignored. One CTA of 1024.
+// inv_count[0] = 1 / #(labels != ignore_index), 0 when every token is ignored; inv_count[1] = 1
+// (the scale of fp16 dlogits, which are scaled later). One CTA of 1024.
 extern "C" __global__ void __launch_bounds__(1024)
     lce_count(const kh_i64* labels, kh_i64 n, kh_i64 ignore_index, float* inv_count) {
   __shared__ float red[1024];
   float c = 0.f;
   for (kh_i64 i = threadIdx.x; i < n; i += blockDim.x) c += labels[i] != ignore_index ? 1.f : 0.f;
   const float count = cta_sum(c, red);
-  if (threadIdx.x == 0) inv_count[0] = count > 0.f ? 1.f / count : 0.f;
+  if (threadIdx.x == 0) {
+    inv_count[0] = count > 0.f ? 1.f / count : 0.f;
+    inv_count[1] = 1.f;
+  }
 }
 
 // loss[0] = sum(token_loss) * inv_count[0]. One CTA of 1024.

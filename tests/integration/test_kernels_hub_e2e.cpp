@@ -20,6 +20,7 @@
 #include "registry/pack.h"
 #include "tests/fixtures/registry_fixture.h"
 #include "tests/unit/test_kernels_activation_cases.h"
+#include "tests/unit/test_kernels_linear_ce_cases.h"
 #include "tests/unit/test_kernels_norm_cases.h"
 #include "tests/unit/test_kernels_rotary_cases.h"
 #include "tests/unit/test_kernels_softmax_cases.h"
@@ -194,6 +195,8 @@ TEST_F(KernelsHubE2E, PackPushKernelizeCpuGivesFloat64ReferenceResults) {
                                       rng);
       softmax_cases::run_ce_case(ex, *bound["softmax"], dtype, softmax_cases::kCeCases[i], rng);
     }
+    for (int i : {0, 3})  // FusedLinearCrossEntropy: its GEMMs through the loader's service
+      linear_ce_cases::run_case(ex, *bound["softmax"], dtype, linear_ce_cases::kCases[i], rng);
   }
   // Every op of every package went through a slot: forward, forward_train and backward.
   EXPECT_EQ(ex.unused(), std::vector<std::string>{});

@@ -76,7 +76,12 @@ def layers_called(counts, mode, direction="forward"):
     return {layer for (layer, m, d), n in counts.items() if m == mode and d == direction and n}
 
 
-ALL = {"RMSNorm", "SiluAndMul", "RotaryEmbedding", "CrossEntropy", "Attention"}
+ALL = {"RMSNorm", "SiluAndMul", "RotaryEmbedding", "CrossEntropy", "Attention",
+       "FusedLinearCrossEntropy"}
+# In eval the model computes logits (ForCausalLMLoss -> CrossEntropy); in training with labels the
+# fused lm_head + loss runs instead of lm_head and CrossEntropy.
+EVAL_CALLED = ALL - {"FusedLinearCrossEntropy"}
+TRAIN_CALLED = ALL - {"CrossEntropy"}
 
 
 class BridgeTest(unittest.TestCase):
@@ -109,7 +114,7 @@ class BridgeTest(unittest.TestCase):
             want, got = eager(ids, labels=ids), model(ids, labels=ids)
         torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
-        self.assertEqual(layers_called(calls, "eval"), ALL, calls)
+        self.assertEqual(layers_called(calls, "eval"), EVAL_CALLED, calls)
         self.assertEqual(calls[("RMSNorm", "eval", "forward")], n_norms)
 
         # Train: forward_train and backward ops; gradients match eager's.
@@ -123,8 +128,9 @@ class BridgeTest(unittest.TestCase):
             got.loss.backward()
         want.loss.backward()
         torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
-        self.assertEqual(layers_called(calls, "train"), ALL, calls)
-        self.assertEqual(layers_called(calls, "train", "backward"), ALL, calls)
+        self.assertIsNone(got.logits)  # the fused loss never forms them
+        self.assertEqual(layers_called(calls, "train"), TRAIN_CALLED, calls)
+        self.assertEqual(layers_called(calls, "train", "backward"), TRAIN_CALLED, calls)
         self.assertFalse(layers_called(calls, "eval"), calls)
         for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
@@ -134,7 +140,7 @@ class BridgeTest(unittest.TestCase):
         self.assertEqual(rt.native_mode(), "eval")
         with torch.no_grad(), Calls() as calls:
             model(ids)
-        self.assertEqual(layers_called(calls, "eval"), ALL - {"CrossEntropy"}, calls)
+        self.assertEqual(layers_called(calls, "eval"), EVAL_CALLED - {"CrossEntropy"}, calls)
         self.assertFalse(layers_called(calls, "train"), calls)
         return eager, model
 
@@ -155,7 +161,7 @@ class BridgeTest(unittest.TestCase):
         with torch.no_grad(), Calls() as calls:
             want, got = eager(ids, labels=ids), compiled(ids, labels=ids)
         torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
-        self.assertEqual(layers_called(calls, "eval"), ALL, calls)
+        self.assertEqual(layers_called(calls, "eval"), EVAL_CALLED, calls)
         eager.train()
         compiled.train()  # recompiles for the train table (guards on the runtime's mode)
         self.assertEqual(model.kernel_hub_runtime.mode, "train")
@@ -165,7 +171,7 @@ class BridgeTest(unittest.TestCase):
         want = eager(ids, labels=ids)
         want.loss.backward()
         torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
-        self.assertEqual(layers_called(calls, "train", "backward"), ALL, calls)
+        self.assertEqual(layers_called(calls, "train", "backward"), TRAIN_CALLED, calls)
         for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
 
@@ -211,6 +217,65 @@ class BridgeTest(unittest.TestCase):
         self.assertIn(("RMSNorm", "train", "backward"), calls)
         for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+    def test_fused_linear_cross_entropy(self):
+        # Training with ignored labels and num_items_in_batch (the Trainer's gradient
+        # accumulation form): the fused lm_head + loss against torch's, loss and every gradient.
+        for num_items in (None, 17):
+            eager, model = pair("qwen3", seed=3)
+            kernel_hub.kernelize(model, config={"FusedLinearCrossEntropy": "kernel-hub/softmax"},
+                                 device="cpu")
+            self.assertEqual(model.kernel_hub_replaced["FusedLinearCrossEntropy"], 1)
+            ids = self.ids(7)
+            labels = ids.clone()
+            labels[0, :4] = -100
+            labels[1, 5] = -100
+            eager.train()
+            model.train()
+            extra = {} if num_items is None else {"num_items_in_batch": num_items}
+            with Calls() as calls:
+                got = model(ids, labels=labels, **extra)
+                got.loss.backward()
+            want = eager(ids, labels=labels, **extra)
+            want.loss.backward()
+            self.assertEqual(set(calls), {("FusedLinearCrossEntropy", "train", "forward"),
+                                          ("FusedLinearCrossEntropy", "train", "backward")})
+            self.assertIsNone(got.logits)
+            torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+            for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+            # Eval computes logits (and the plain loss) as before.
+            model.eval()
+            eager.eval()
+            with torch.no_grad():
+                got, want = model(ids, labels=labels), eager(ids, labels=labels)
+            torch.testing.assert_close(got.logits, want.logits)
+            torch.testing.assert_close(got.loss, want.loss)
+
+    def test_fused_op_matches_torch_with_all_tokens_ignored(self):
+        eager, model = pair("llama")
+        kernel_hub.kernelize(model, config={"FusedLinearCrossEntropy": "kernel-hub/softmax"},
+                             device="cpu", mode="train")
+        model.train()  # publishes the train table the ops below call
+        rt = model.kernel_hub_runtime
+        g = torch.Generator().manual_seed(9)
+        h = torch.randn(11, 64, generator=g, requires_grad=True)
+        w = torch.randn(96, 64, generator=g, requires_grad=True)
+        labels = torch.full((11,), -100, dtype=torch.int64)
+        loss = kernel_hub.ops.linear_cross_entropy_train(h, w, labels, -100, rt.id)[0]
+        loss.backward()
+        self.assertEqual(loss.item(), 0.0)
+        self.assertTrue(torch.all(h.grad == 0) and torch.all(w.grad == 0))
+        labels[3:] = torch.randint(0, 96, (8,), generator=g)
+        h.grad = w.grad = None
+        loss = kernel_hub.ops.linear_cross_entropy_train(h, w, labels, -100, rt.id)[0]
+        (2.0 * loss).backward()
+        h2, w2 = h.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        want = torch.nn.functional.cross_entropy(h2 @ w2.t(), labels, ignore_index=-100)
+        (2.0 * want).backward()
+        torch.testing.assert_close(loss, want)
+        torch.testing.assert_close(h.grad, h2.grad)
+        torch.testing.assert_close(w.grad, w2.grad)
 
     def test_inference_mode_only(self):
         eager, model = pair("qwen3")

@@ -191,6 +191,35 @@ struct CApi {
   }
 };
 
+// kh_gemm through libkernel_hub.so: a cpu product, and a refusal whose message kh_last_error
+// gives (the service itself: tests/unit/test_loader_gemm.cpp).
+TEST(EmbedCApi, GemmRunsOnTheCpuAndReportsErrors) {
+  CApi c;
+  ASSERT_TRUE(c.ok()) << dlerror();
+  auto gemm = c.get<decltype(kh_gemm)>("kh_gemm");
+  ASSERT_NE(gemm, nullptr);
+  float a[2] = {1, 2}, b[2] = {3, 4}, d[1] = {0};
+  kh_gemm_t g{};
+  g.h = KH_HEADER_INIT(kh_gemm_t);
+  g.device_id = KH_DEVICE_CPU;
+  g.m = g.n = 1;
+  g.k = 2;
+  g.dtype_ab = g.dtype_d = KH_DTYPE_FP32;
+  g.a = a;
+  g.lda = 2;
+  g.b = b;
+  g.ldb = 1;
+  g.d = d;
+  g.ldd = 1;
+  g.alpha = 1.f;
+  ASSERT_EQ(gemm(&g, nullptr), KH_OK) << c.last_error();
+  EXPECT_EQ(d[0], 11.f);
+  g.ldb = 0;
+  EXPECT_EQ(gemm(&g, nullptr), KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(c.last_error()).find("ldb is 0"), std::string::npos) << c.last_error();
+  EXPECT_EQ(gemm(nullptr, nullptr), KH_ERR_INVALID_ARGUMENT);
+}
+
 // The shared library exports the C API and the public C++ API, exactly the symbols of
 // tests/sdk/exported_symbols.txt, and nothing else (kernel_hub.map): the static libraries inside
 // it keep their other symbols to themselves. (sdk.install checks the installed copy with nm.)

@@ -37,6 +37,16 @@ TEST_F(LinearCeCpu, EveryDtypeAndShapeMatchesFloat64) {
     }
 }
 
+// (softmax - onehot) / valid tokens is below fp16's smallest subnormal here (~5e-8): fp16
+// gradients must not be formed from dlogits already divided by the token count.
+TEST_F(LinearCeCpu, Fp16GradientsSurviveManyTokens) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  CpuExecutor cpu;
+  linear_ce_cases::run_case(cpu, *softmax_, kFP16, {40000, 512, 4, 4096, 0, true, 0}, rng);
+}
+
 TEST_F(LinearCeCpu, NoTokensGiveLossZeroAndZeroWeightGradient) {
   CpuExecutor cpu;
   HostTensor hidden(kFP32, 0, 8), weight(kFP32, 5, 8), d_hidden(kFP32, 0, 8),

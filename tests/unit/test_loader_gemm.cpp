@@ -138,6 +138,21 @@ TEST(GemmRequest, RefusesNegativeSizesZeroDepthAndNullPointers) {
   EXPECT_EQ(run_gemm(&g, nullptr, error), KH_OK) << error;
 }
 
+TEST(GemmRequest, RefusesPointersNotAlignedToTheirElements) {
+  alignas(16) static char bytes[256];
+  kh_gemm_t g = request(2, 3, 4, bytes, bytes, bytes);
+  g.d = bytes + 2;  // fp32 D two bytes off
+  Rejected r = check(g);
+  EXPECT_EQ(r.status, KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(r.error.find("is not aligned to its 4-byte elements"), std::string::npos) << r.error;
+  g.dtype_ab = KH_DTYPE_BF16;
+  g.d = bytes;
+  g.a = bytes + 2;  // bf16 elements: 2 bytes is enough
+  EXPECT_EQ(check(g).status, KH_OK);
+  g.b = bytes + 1;
+  EXPECT_EQ(check(g).status, KH_ERR_INVALID_ARGUMENT);
+}
+
 TEST(GemmRequest, RefusesLeadingDimensionsShorterThanARow) {
   kh_gemm_t g = request(2, 3, 4, buf, buf, buf);
   g.lda = 3;

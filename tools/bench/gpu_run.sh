@@ -10,6 +10,11 @@ mkdir -p /tmp/kh-dl
 for f in "$g"/lib/*; do n=$(basename "$f"); ldconfig -p | grep -qF "$n (" || ln -sf "$f" /tmp/kh-dl/"$n"; done
 export LD_LIBRARY_PATH=/tmp/kh-dl
 export KERNEL_HUB_CACHE=/tmp/kh-cache
+# The GEMM service's cuBLASLt: the system's, else the one torch's nvidia-cublas wheel ships.
+if ! ldconfig -p | grep -q 'libcublasLt.so.1[23] '; then
+  d=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)
+  [ -n "$d" ] && [ -d "$d" ] && export KERNEL_HUB_CUBLASLT=$d
+fi
 # The bundled binaries are away from their build tree: the default hub and its key are in the
 # bundle (hub/data_dir.h).
 export KERNEL_HUB_DATA_DIR=$g
@@ -28,7 +33,8 @@ ln -s "$g/default-hub" "$build/default-hub"
 ln -s "$g/default-hub-key" "$build/default-hub-key"
 ln -s "$g/bin/kernel-hub" "$build/kernel-hub"
 status=0
-for t in test_gpu_device_code test_gpu_launch test_kernels_gpu test_kernels_gpu_rotary_softmax test_kernels_gpu_attention; do
+for t in test_gpu_device_code test_gpu_launch test_kernels_gpu test_kernels_gpu_rotary_softmax test_kernels_gpu_attention \
+    test_gpu_gemm test_kernels_gpu_linear_ce; do
   "$g/bin/$t" --gtest_filter="${KH_GTEST_FILTER:-*}" 2>&1 | tee "$out/$t.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|rel' | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done

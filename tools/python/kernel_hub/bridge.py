@@ -12,12 +12,23 @@ current mode; anything else keeps PyTorch's code):
                    "rotary_pos_emb"; NeoX layout, unsqueeze_dim 1), for calls from this
                    model's attention modules only
   CrossEntropy     the model's loss_function when it is ForCausalLMLoss
+  FusedLinearCrossEntropy
+                   a *ForCausalLM model's forward in training with labels (the Liger way:
+                   liger_kernel patches the model class's forward to call its fused loss on the
+                   hidden states; here kernelize gives the model instance a forward that runs
+                   model.model, then the package's fused lm_head + cross-entropy on the last
+                   hidden states and lm_head.weight, so the [tokens, vocab] logits never exist).
+                   The output's logits are then None, as Liger's are. Where it does not apply
+                   (eval mode, no labels, an lm_head with a bias, logit softcapping or scaling,
+                   inputs passed positionally past inputs_embeds) the model's own forward runs,
+                   with ForCausalLMLoss replaced as above.
   Attention        attn_implementation="kernel_hub" (Transformers' AttentionInterface): causal
                    or full attention without a padding mask or dropout; a padded batch, dropout or
                    an explicit mask falls back to SDPA.
 
 Config keys are hub layer names (RMSNorm, SiluAndMul, RotaryEmbedding, CrossEntropy, Attention)
-or Transformers' names for them (TRANSFORMERS_NAMES); values are passed to the C API untouched
+or Transformers' names for them (TRANSFORMERS_NAMES; Liger's "fused_linear_cross_entropy" names
+FusedLinearCrossEntropy); values are passed to the C API untouched
 (kh_runtime_kernelize parses every KernelConfig form)."""
 import sys
 
@@ -35,8 +46,10 @@ TRANSFORMERS_NAMES = {
     "MLP": "SiluAndMul",
     "attention": "Attention",
     "kernel_hub": "Attention",
+    "fused_linear_cross_entropy": "FusedLinearCrossEntropy",
 }
-LAYERS = ("RMSNorm", "SiluAndMul", "RotaryEmbedding", "CrossEntropy", "Attention")
+LAYERS = ("RMSNorm", "SiluAndMul", "RotaryEmbedding", "CrossEntropy", "Attention",
+          "FusedLinearCrossEntropy")
 
 # The hub's default mapping (manifests/examples/demo-config.json's packages).
 DEFAULT_CONFIG = {
@@ -45,6 +58,7 @@ DEFAULT_CONFIG = {
     "RotaryEmbedding": "kernel-hub/rotary",
     "CrossEntropy": "kernel-hub/softmax",
     "Attention": "kernel-hub/attention",
+    "FusedLinearCrossEntropy": "kernel-hub/softmax",
 }
 
 MODES = {None: ("eval", "train"), "inference": ("eval",), "eval": ("eval",),
@@ -227,6 +241,59 @@ def _loss_replacement(original, kh):
     return ForCausalLMLoss
 
 
+def _fused_loss(kh, hidden, weight, labels, ignore_index=-100, num_items_in_batch=None,
+                shift_labels=None):
+    """ForCausalLMLoss's result (mean over the shifted labels not ignored, or the sum over
+    num_items_in_batch) from the last hidden states and the lm_head weight, fused."""
+    if shift_labels is None:
+        labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:]
+    shift_labels = shift_labels.reshape(-1).to(hidden.device).contiguous()
+    h = hidden.reshape(-1, hidden.shape[-1])
+    loss = ops.linear_cross_entropy_train(h, weight, shift_labels, ignore_index, kh.rt.id)[0]
+    if num_items_in_batch is not None:  # sum / num_items, as ForCausalLMLoss does
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss * (shift_labels != ignore_index).sum() / num_items_in_batch
+    return loss
+
+
+def _fused_loss_applies(mod):
+    """Whether mod is a *ForCausalLM whose logits are exactly lm_head(hidden) (no bias, no
+    softcapping or scaling between them and the loss)."""
+    head, config = getattr(mod, "lm_head", None), getattr(mod, "config", None)
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return False
+    if not isinstance(getattr(mod, "model", None), torch.nn.Module) or config is None:
+        return False
+    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier"):
+        if getattr(config, attr, None) not in (None, 1, 1.0):
+            return False
+    return hasattr(mod, "loss_function")
+
+
+def _kernel_causal_lm(mod, *args, **kwargs):
+    kh = mod._kernel_hub
+    labels = kwargs.get("labels")
+    weight = mod.lm_head.weight
+    if (labels is None or len(args) > 5 or kh.rt.mode != "train"
+            or not kh.use("FusedLinearCrossEntropy", weight)
+            or kwargs.get("return_dict") is False):
+        return mod._kernel_hub_forward(*args, **kwargs)
+    kw = {k: v for k, v in kwargs.items()
+          if k not in ("labels", "logits_to_keep", "shift_labels")}
+    outputs = mod.model(*args, **kw)
+    hidden = outputs[0]
+    if hidden.dtype != weight.dtype:
+        hidden = hidden.to(weight.dtype)
+    loss = _fused_loss(kh, hidden, weight, labels,
+                       num_items_in_batch=kwargs.get("num_items_in_batch"),
+                       shift_labels=kwargs.get("shift_labels"))
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+    fields = {k: v for k, v in outputs.items() if k in mod._kernel_hub_output_fields}
+    return CausalLMOutputWithPast(loss=loss, logits=None, **fields)
+
+
 def kernel_hub_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                          sliding_window=None, is_causal=None, **kwargs):
     """Transformers' attention interface for attn_implementation="kernel_hub": query
@@ -339,6 +406,15 @@ def kernelize(model, config=None, device=None, mode=None, hub=None, lock=None, s
             model.loss_function = _loss_replacement(
                 ForCausalLMLoss if current is ForCausalLMLoss else current, kh)
             replaced["CrossEntropy"] = 1
+    if "FusedLinearCrossEntropy" in rt.bound["train"] and _fused_loss_applies(model):
+        import dataclasses
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+        # What the base model's output hands on (past key values or cache, hidden states,
+        # attentions), read once here so the traced forward does no introspection.
+        model._kernel_hub_output_fields = frozenset(
+            f.name for f in dataclasses.fields(CausalLMOutputWithPast)) - {"loss", "logits"}
+        _swap_forward(model, _kernel_causal_lm, kh)
+        replaced["FusedLinearCrossEntropy"] = 1
     _hook_train(model, rt)
     model.kernel_hub_runtime = rt
     model.kernel_hub_replaced = replaced

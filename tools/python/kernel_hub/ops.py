@@ -306,3 +306,83 @@ def _attn_backward(ctx, dout, _dlse):
 
 
 attention.register_autograd(_attn_backward, setup_context=_attn_setup)
+
+
+# ---- FusedLinearCrossEntropy (kernel-hub/softmax 1.1): hidden [tokens, H], weight [V, H] (an
+# lm_head's, no bias), int64 labels [tokens] -> the mean loss over tokens not ignored, without the
+# [tokens, V] logits; train also gives d_hidden (hidden's dtype) and d_weight (fp32) ----
+
+# Rows of logits per chunk the workspace is sized for (kernels/softmax/linear_ce.h: 1024 rows
+# keep the GEMMs efficient; Qwen3's vocab 151936 in bf16 is 297 MiB).
+LCE_CHUNK_ROWS = 1024
+
+
+def _lce_workspace(hidden, weight):
+    n, v = hidden.shape[0], weight.shape[0]
+    rows = max(1, min(n, LCE_CHUNK_ROWS))
+    nbytes = 256 + (n * 4 + 255) // 256 * 256 + rows * v * hidden.element_size() + 256
+    return torch.empty(nbytes, dtype=torch.uint8, device=hidden.device)
+
+
+@torch.library.custom_op("kernel_hub::linear_cross_entropy", mutates_args=())
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int,
+                         rt: int) -> Tensor:
+    loss = torch.empty(1, dtype=torch.float32, device=hidden.device)  # the ops take 1-D
+    _call(rt, "FusedLinearCrossEntropy",
+          [hidden, weight, labels, ignore_index, _lce_workspace(hidden, weight), loss])
+    return loss.reshape(())
+
+
+@linear_cross_entropy.register_fake
+def _(hidden, weight, labels, ignore_index, rt):
+    return hidden.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("kernel_hub::linear_cross_entropy_train", mutates_args=())
+def linear_cross_entropy_train(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int,
+                               rt: int) -> tuple[Tensor, Tensor, Tensor]:
+    # forward_train writes the gradients of the mean loss too; backward scales them.
+    loss = torch.empty(1, dtype=torch.float32, device=hidden.device)
+    d_hidden = torch.empty_like(hidden)
+    d_weight = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+    _call(rt, "FusedLinearCrossEntropy",
+          [hidden, weight, labels, ignore_index, _lce_workspace(hidden, weight), loss, d_hidden,
+           d_weight])
+    return loss.reshape(()), d_hidden, d_weight
+
+
+@linear_cross_entropy_train.register_fake
+def _(hidden, weight, labels, ignore_index, rt):
+    return (hidden.new_empty((), dtype=torch.float32), torch.empty_like(hidden),
+            weight.new_empty(weight.shape, dtype=torch.float32))
+
+
+@torch.library.custom_op("kernel_hub::linear_cross_entropy_backward", mutates_args=())
+def linear_cross_entropy_backward(dloss: Tensor, d_hidden: Tensor, d_weight: Tensor,
+                                  rt: int) -> tuple[Tensor, Tensor]:
+    # The backward op scales in place; the saved gradients stay intact (a retained graph's second
+    # backward must see them unscaled), so it scales copies.
+    dh, dw = d_hidden.clone(), d_weight.clone()
+    _call(rt, "FusedLinearCrossEntropy", [dloss, dh, dw], backward=True)
+    return dh, dw
+
+
+@linear_cross_entropy_backward.register_fake
+def _(dloss, d_hidden, d_weight, rt):
+    return torch.empty_like(d_hidden), torch.empty_like(d_weight)
+
+
+def _lce_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1], output[2])
+    ctx.rt = inputs[4]
+    ctx.weight_dtype = inputs[1].dtype
+
+
+def _lce_backward(ctx, dloss, _dh, _dw):
+    d_hidden, d_weight = ctx.saved_tensors
+    dh, dw = linear_cross_entropy_backward(dloss.float().reshape(1).contiguous(), d_hidden,
+                                           d_weight, ctx.rt)
+    return dh, dw.to(ctx.weight_dtype), None, None, None
+
+
+linear_cross_entropy_train.register_autograd(_lce_backward, setup_context=_lce_setup)

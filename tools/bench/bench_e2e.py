@@ -1,0 +1,222 @@
+"""End-to-end training benchmark (not a test): training tokens/s and peak GPU memory of a
+Qwen3-0.6B-shaped model (transformers' Qwen3Config: hidden 1024, 28 layers, 16/8 heads, head_dim
+128, FFN 3072, vocab 151936, tied embeddings; random init, bf16, SDPA attention, fused AdamW) on
+random tokens, batch 8 x 2048, for
+
+  eager          PyTorch / Transformers as is
+  liger          eager with Liger's kernels (RoPE, RMSNorm, SwiGLU, fused linear cross-entropy),
+                 when liger_kernel imports
+  compile        torch.compile of the model
+  kh             eager + kernel_hub.kernelize (every layer the default hub serves, the fused
+                 linear cross-entropy included)
+  compile+kh     kernelize, then torch.compile (fullgraph where possible; graph breaks are
+                 counted from torch._dynamo.utils.counters and reported)
+
+each in its own process (Liger patches Transformers' modules globally; compile caches stay
+apart), same seed, same data: the loss after the measured steps is printed next to each row so
+that a wrong loss shows. One table: tokens/s, peak memory, the loss, ratios vs eager and vs
+eager+Liger. --layers N builds N Llama-3-8B-shaped layers instead (hidden 4096, 32/8 heads, FFN
+14336, vocab 128256, untied).
+
+Liger on the GPU machine (no network there): its wheel is downloaded on the workstation with
+  pip download liger-kernel==0.8.5 --no-deps -d .devlibs/wheels
+and installed on the GPU machine next to its torch and triton, without touching that Python:
+  pip install --no-deps --target /tmp/liger .devlibs/wheels/liger_kernel-0.8.5-py3-none-any.whl
+  PYTHONPATH=/tmp/liger:tools/python python3 tools/bench/bench_e2e.py
+(--liger-dir DIR does the install itself when the wheel is there and liger_kernel does not
+import). kernel_hub needs KERNEL_HUB_LIBRARY (libkernel_hub.so) and a hub holding the packages
+(KERNEL_HUB_DATA_DIR with the default hub, as tools/bench/gpu_run.sh sets it).
+
+Usage: python3 tools/bench/bench_e2e.py [--steps 10] [--warmup 3] [--batch 8] [--seq 2048]
+       [--layers N] [--configs eager,liger,compile,kh,compile+kh]"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+CONFIGS = ("eager", "liger", "compile", "kh", "compile+kh")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def model_config(args):
+    import transformers
+    if args.layers:
+        return transformers.LlamaConfig(
+            hidden_size=4096, num_hidden_layers=args.layers, num_attention_heads=32,
+            num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
+            max_position_embeddings=max(8192, args.seq), rope_theta=500000.0,
+            tie_word_embeddings=False, attn_implementation="sdpa")
+    return transformers.Qwen3Config(
+        hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+        head_dim=128, intermediate_size=3072, vocab_size=151936,
+        max_position_embeddings=max(40960, args.seq), tie_word_embeddings=True,
+        attn_implementation="sdpa")
+
+
+def build(args, which):
+    import torch
+    import transformers
+    if which == "liger":
+        import liger_kernel.transformers as lk
+        patch = lk.apply_liger_kernel_to_llama if args.layers else lk.apply_liger_kernel_to_qwen3
+        patch(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+              fused_linear_cross_entropy=True)
+    torch.manual_seed(0)
+    config = model_config(args)
+    cls = transformers.LlamaForCausalLM if args.layers else transformers.Qwen3ForCausalLM
+    with torch.device(args.device):
+        model = cls(config).to(torch.bfloat16)
+    model.train()
+    if which in ("kh", "compile+kh"):
+        import kernel_hub
+        kernel_hub.kernelize(model, device=args.device, mode="train")
+    return model
+
+
+def run_one(args, which):
+    """One configuration in this process: a JSON line with tokens/s, peak memory, loss, breaks."""
+    import torch
+    model = build(args, which)
+    fullgraph = None
+    step_model = model
+    if which.startswith("compile"):
+        import torch._dynamo
+        torch._dynamo.reset()
+        fullgraph = True
+        step_model = torch.compile(model, fullgraph=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    g = torch.Generator(device=args.device).manual_seed(1)
+    vocab = model.config.vocab_size
+    batches = [torch.randint(0, vocab, (args.batch, args.seq), device=args.device, generator=g)
+               for _ in range(4)]
+    cuda = args.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def step(i):
+        ids = batches[i % len(batches)]
+        loss = step_model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    try:
+        for i in range(args.warmup):
+            step(i)
+    except Exception as e:  # noqa: BLE001 (a fullgraph failure: retry allowing breaks)
+        if fullgraph is None:
+            raise
+        print(f"[{which}] fullgraph=True failed ({type(e).__name__}: {str(e)[:200]}); "
+              "retrying with graph breaks allowed", file=sys.stderr)
+        import torch._dynamo
+        torch._dynamo.reset()
+        fullgraph = False
+        step_model = torch.compile(model)
+        for i in range(args.warmup):
+            step(i)
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for i in range(args.steps):
+        loss = step(args.warmup + i)
+    sync()
+    dt = time.perf_counter() - t0
+    breaks = None
+    if which.startswith("compile"):
+        from torch._dynamo.utils import counters
+        breaks = {k: v for k, v in counters["graph_break"].items()}
+    print("RESULT " + json.dumps({
+        "config": which, "tokens_per_s": args.batch * args.seq * args.steps / dt,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+        "loss": float(loss.detach()),
+        "fullgraph": fullgraph, "graph_breaks": breaks}), flush=True)
+
+
+def ensure_liger(args):
+    """liger_kernel importable in the children: as is, or installed from the wheel with --target."""
+    env = dict(os.environ)
+    try:
+        import liger_kernel  # noqa: F401
+        return env
+    except ImportError:
+        pass
+    wheels = sorted(glob.glob(os.path.join(ROOT, ".devlibs", "wheels", "liger_kernel-*.whl")))
+    if not wheels or not args.liger_dir:
+        return None
+    if not os.path.isdir(os.path.join(args.liger_dir, "liger_kernel")):
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
+                        "--target", args.liger_dir, wheels[-1]], check=True)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (args.liger_dir, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=0,
+                    help="N Llama-3-8B-shaped layers instead of Qwen3-0.6B")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--device", default="cuda:0", help="cpu: a smoke run of the script itself")
+    ap.add_argument("--liger-dir", default="/tmp/liger",
+                    help="where to install .devlibs/wheels' Liger when it does not import")
+    ap.add_argument("--run", help=argparse.SUPPRESS)  # one configuration, in a child process
+    args = ap.parse_args()
+    if args.run:
+        run_one(args, args.run)
+        return
+    base_env = dict(os.environ)
+    base_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (os.path.join(ROOT, "tools", "python"), base_env.get("PYTHONPATH")) if p)
+    results = {}
+    for which in args.configs.split(","):
+        env = base_env
+        if which == "liger":
+            env = ensure_liger(args)
+            if env is None:
+                print("[liger] liger_kernel does not import and no wheel in .devlibs/wheels: "
+                      "skipped", file=sys.stderr)
+                continue
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (env.get("PYTHONPATH"), base_env["PYTHONPATH"]) if p)
+        cmd = [sys.executable, os.path.abspath(__file__), "--run", which, "--steps",
+               str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
+               "--seq", str(args.seq), "--layers", str(args.layers), "--device", args.device]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+        if p.returncode != 0 or not line:
+            print(f"[{which}] failed (exit {p.returncode}):\n{p.stderr[-3000:]}", file=sys.stderr)
+            continue
+        for note in p.stderr.splitlines():  # the script's own notices (a fullgraph retry)
+            if note.startswith(f"[{which}]"):
+                print(note, file=sys.stderr)
+        results[which] = json.loads(line[-1][len("RESULT "):])
+    shape = (f"{args.layers} Llama-3-8B layers" if args.layers else "Qwen3-0.6B") + \
+        f", batch {args.batch} x {args.seq}, bf16, {args.steps} steps after {args.warmup}"
+    print(f"\n{shape}")
+    print(f"| config | tokens/s | peak GiB | loss | vs eager | vs eager+Liger | fullgraph / breaks |")
+    print("|---|---|---|---|---|---|---|")
+    eager = results.get("eager", {}).get("tokens_per_s")
+    liger = results.get("liger", {}).get("tokens_per_s")
+    for which, r in results.items():
+        tps = r["tokens_per_s"]
+        ratio = lambda ref: f"{tps / ref:.2f}x" if ref else "-"  # noqa: E731
+        breaks = "-"
+        if r["graph_breaks"] is not None:
+            n = sum(r["graph_breaks"].values())
+            breaks = f"{'yes' if r['fullgraph'] else 'no'} / {n}"
+            if n:
+                breaks += " (" + "; ".join(f"{k[:60]}: {v}" for k, v in
+                                          list(r["graph_breaks"].items())[:3]) + ")"
+        print(f"| {which} | {tps:,.0f} | {r['peak_gib']:.1f} | {r['loss']:.4f} | {ratio(eager)} | "
+              f"{ratio(liger)} | {breaks} |")
+
+
+if __name__ == "__main__":
+    main()
