@@ -37,6 +37,11 @@ using CUgraph = CUgraph_st*;
 struct CUgraphNode_st;
 using CUgraphNode = CUgraphNode_st*;
 struct CUgraphEdgeData;
+struct CUevent_st;
+using CUevent = CUevent_st*;
+struct CUgraphExec_st;
+using CUgraphExec = CUgraphExec_st*;
+using CUstreamCaptureMode = int;
 using CUjit_option = int;
 using CUlibraryOption = int;
 using CUdevice_attribute = int;
@@ -59,6 +64,9 @@ constexpr CUdriverProcAddressQueryResult CU_GET_PROC_ADDRESS_SUCCESS = 0;
 constexpr CUdriverProcAddressQueryResult CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1;
 constexpr CUdriverProcAddressQueryResult CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 1;
+constexpr unsigned CU_EVENT_DEFAULT = 0;
+constexpr CUstreamCaptureMode CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1;
+constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14;
 
@@ -119,9 +127,10 @@ constexpr int kMaxRequestedCudaVersion = 13000;
     (CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,         \
      unsigned block_y, unsigned block_z, unsigned shared_mem_bytes, CUstream stream,            \
      void** kernel_params, void** extra))
-// Optional: null when the driver lacks them. Error texts, then memory and streams (the loader
-// itself never allocates; tests and tools use these), function attributes, and cuLaunchKernelEx
-// (clusters and PDL; a plain launch keeps cuLaunchKernel).
+// Optional: null when the driver lacks them. Error texts, then memory and streams (the package
+// loader itself never allocates; the device API (device_api.h), tests and tools use these),
+// function attributes, cuLaunchKernelEx (clusters and PDL; a plain launch keeps cuLaunchKernel),
+// then the device API's async copies, events and CUDA graphs.
 #define KH_CUDA_OPTIONAL(X)                                         \
   X(cuGetErrorName, (CUresult error, const char** text))            \
   X(cuGetErrorString, (CUresult error, const char** text))          \
@@ -135,7 +144,27 @@ constexpr int kMaxRequestedCudaVersion = 13000;
   X(cuStreamDestroy, (CUstream stream))                             \
   X(cuFuncSetAttribute, (CUfunction fn, int attrib, int value))     \
   X(cuLaunchKernelEx,                                               \
-    (const CUlaunchConfig* config, CUfunction f, void** kernel_params, void** extra))
+    (const CUlaunchConfig* config, CUfunction f, void** kernel_params, void** extra)) \
+  X(cuMemGetInfo, (size_t* free_bytes, size_t* total_bytes))                  \
+  X(cuMemcpyHtoDAsync,                                                        \
+    (CUdeviceptr dst, const void* src, size_t bytes, CUstream stream))        \
+  X(cuMemcpyDtoHAsync, (void* dst, CUdeviceptr src, size_t bytes, CUstream stream)) \
+  X(cuMemcpyDtoDAsync,                                                        \
+    (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))        \
+  X(cuMemsetD8Async, (CUdeviceptr dst, unsigned char value, size_t count, CUstream stream)) \
+  X(cuStreamWaitEvent, (CUstream stream, CUevent event, unsigned flags))      \
+  X(cuEventCreate, (CUevent* event, unsigned flags))                          \
+  X(cuEventRecord, (CUevent event, CUstream stream))                          \
+  X(cuEventSynchronize, (CUevent event))                                      \
+  X(cuEventElapsedTime, (float* ms, CUevent start, CUevent end))              \
+  X(cuEventDestroy, (CUevent event))                                          \
+  X(cuStreamBeginCapture, (CUstream stream, CUstreamCaptureMode mode))        \
+  X(cuStreamEndCapture, (CUstream stream, CUgraph* graph))                    \
+  X(cuGraphInstantiateWithFlags,                                              \
+    (CUgraphExec* exec, CUgraph graph, unsigned long long flags))             \
+  X(cuGraphLaunch, (CUgraphExec exec, CUstream stream))                       \
+  X(cuGraphExecDestroy, (CUgraphExec exec))                                   \
+  X(cuGraphDestroy, (CUgraph graph))
 // clang-format on
 
 struct Driver {

@@ -15,8 +15,10 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "loader/cuda_arch.h"
+#include "loader/cuda_driver.h"
 #include "loader/device_code.h"
 #include "loader/host_services.h"
 
@@ -61,7 +63,28 @@ class CudaDeviceBackend final : public DeviceBackend {
                  void* stream, std::string& error) override;
 
   struct Entry;
-  struct Library;
+  // A CUlibrary loaded once per cubin digest or JIT key and never unloaded (kernels may be in
+  // flight or captured in graphs).
+  struct Library {
+    cuda::CUlibrary handle = nullptr;
+    std::string image;  // kept alive: loaded with CU_LIBRARY_BINARY_IS_PRESERVED
+  };
+
+  // CUDA source compiled by NVRTC for `arch` through the JIT cache (jit_cache_dir()) and loaded:
+  // the one compile path, for packages' sources and for runtime modules (device_api.h).
+  // `extra_options` follow nvrtc_options(arch) and are part of the cache key. Throws kh::Error:
+  // kNotFound (no NVRTC), kInvalidInput (the source does not compile: NVRTC's log, positions
+  // as `display_path`(line)), kIo (the driver refused the cubin).
+  struct SourceBuild {
+    const Library* library = nullptr;
+    std::string jit_key;              // hex
+    std::filesystem::path jit_entry;  // <jit dir>/<key>.cubin
+    bool compiled = false;            // NVRTC ran (a JIT cache miss)
+    std::string description;          // "NVRTC 13.0 build of x.cu for sm_90a (JIT cache hit: ...)"
+  };
+  SourceBuild build_source(const std::string& source, const std::string& file_name,
+                           const std::string& display_path, const CudaArch& arch,
+                           const std::vector<std::string>& extra_options);
 
  private:
   CudaDeviceBackend() = default;

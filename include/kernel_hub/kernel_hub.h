@@ -146,6 +146,139 @@ KH_EXPORT int32_t kh_runtime_kernelize(kh_runtime_t* rt, const char* config_json
 /* Frees a report kh_runtime_kernelize handed out. NULL is fine. */
 KH_EXPORT void kh_runtime_free_report(char* report_json);
 
+/* ---- Device API (0.2): memory, streams, events, CUDA graphs and runtime modules ----
+ *
+ * What a GPU runtime needs beside the layer table, on the CUDA driver that kernel-hub loads
+ * lazily (libcuda.so.1; no CUDA runtime, no CUDA headers). Every call that needs a GPU fails
+ * with a clear message where there is none (KH_ERR_NOT_FOUND: no driver or no such device), and
+ * refuses bad arguments (KH_ERR_INVALID_ARGUMENT: NULL, a zero size, a negative device, a
+ * destroyed handle, a pointer the pool did not hand out, a function or stream of another
+ * device). Handles are checked against the live ones of their kind on every call; a destroyed
+ * handle is refused (unless its address was reused by a newer object of the same kind). Destroy
+ * must not race with other calls on the same handle.
+ *
+ *   kh_device_pool_t* pool;  kh_device_stream_t* s;  kh_device_module_t* m;
+ *   kh_device_function_t* fn;  void* x;
+ *   kh_device_pool_create(0, &pool);
+ *   kh_device_stream_create(0, &s);
+ *   kh_device_alloc(pool, n * sizeof(float), &x);
+ *   kh_device_copy_async(x, host, n * sizeof(float), KH_COPY_H2D, s);
+ *   kh_device_module_from_source(0, "scale", "extern \"C\" __global__ void scale(float* x, "
+ *                                "int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; "
+ *                                "if (i < n) x[i] *= 2; }", NULL, 0, &m);
+ *   kh_device_module_get_function(m, "scale", &fn);
+ *   kh_launch_cfg_t cfg = {KH_HEADER_INIT(kh_launch_cfg_t), {(n + 255) / 256, 1, 1},
+ *                          {256, 1, 1}, 0, 0};
+ *   void* args[] = {&x, &n};
+ *   kh_device_launch(fn, &cfg, args, s);
+ *   kh_device_copy_async(host, x, n * sizeof(float), KH_COPY_D2H, s);
+ *   kh_device_stream_synchronize(s);
+ *   kh_device_free(pool, x);  ...  kh_device_pool_destroy(pool);
+ */
+typedef struct kh_device_pool kh_device_pool_t;
+typedef struct kh_device_stream kh_device_stream_t;
+typedef struct kh_device_event kh_device_event_t;
+typedef struct kh_device_graph kh_device_graph_t;
+typedef struct kh_device_module kh_device_module_t;
+typedef struct kh_device_function kh_device_function_t;
+
+/* Number of CUDA devices. */
+KH_EXPORT int32_t kh_device_count(int32_t* count_out);
+/* Free and total memory of the device, in bytes (cuMemGetInfo). */
+KH_EXPORT int32_t kh_device_mem_info(int32_t device, uint64_t* free_out, uint64_t* total_out);
+
+/* Memory pool: a caching allocator over cuMemAlloc. Requests are rounded to a size class (512 B
+ * steps up to 4 KiB, then 4 classes per power of two); a freed block is kept and reused by the
+ * next request of its class without a driver call (so also during a graph capture); when the
+ * driver is out of memory the cache is released and the allocation tried once more. A freed
+ * block may be handed out again at once: free only memory whose users are ordered before the
+ * next user (one stream, or synchronize first). Destroying the pool releases every block, those
+ * still allocated included (a warning says how many). */
+KH_EXPORT int32_t kh_device_pool_create(int32_t device, kh_device_pool_t** pool_out);
+KH_EXPORT int32_t kh_device_pool_destroy(kh_device_pool_t* pool);
+/* A block of at least `bytes` (> 0), aligned to 512 bytes. */
+KH_EXPORT int32_t kh_device_alloc(kh_device_pool_t* pool, uint64_t bytes, void** ptr_out);
+/* Refuses a double free, an interior pointer and another pool's pointer. */
+KH_EXPORT int32_t kh_device_free(kh_device_pool_t* pool, void* ptr);
+/* Releases the cached blocks to the driver; *released_out (may be NULL) gets their bytes. */
+KH_EXPORT int32_t kh_device_pool_trim(kh_device_pool_t* pool, uint64_t* released_out);
+typedef struct kh_device_pool_stats_t {
+  uint32_t struct_size;    /* set by the caller: sizeof(kh_device_pool_stats_t) */
+  uint32_t reserved;       /* 0 */
+  uint64_t current_bytes;  /* in blocks handed out (with rounding) */
+  uint64_t peak_bytes;     /* the largest current_bytes so far */
+  uint64_t reserved_bytes; /* held from the driver: handed out + cached */
+  uint64_t cached_bytes;   /* freed blocks kept for reuse */
+  uint64_t allocations;    /* successful kh_device_alloc calls */
+  uint64_t reuses;         /* of those, served from the cache */
+  uint64_t driver_allocations;
+} kh_device_pool_stats_t;
+/* Fills *stats as far as stats->struct_size reaches (fields are only ever appended). */
+KH_EXPORT int32_t kh_device_pool_stats(const kh_device_pool_t* pool, kh_device_pool_stats_t* stats);
+
+/* Streams: non-blocking (CU_STREAM_NON_BLOCKING) streams of one device. kh_device_stream_handle
+ * is the CUstream, for kh_runtime_forward/backward and kh_gemm. */
+KH_EXPORT int32_t kh_device_stream_create(int32_t device, kh_device_stream_t** stream_out);
+KH_EXPORT int32_t kh_device_stream_destroy(kh_device_stream_t* stream);
+KH_EXPORT int32_t kh_device_stream_synchronize(kh_device_stream_t* stream);
+/* The stream waits (on the device) for the event's last record. */
+KH_EXPORT int32_t kh_device_stream_wait_event(kh_device_stream_t* stream, kh_device_event_t* event);
+KH_EXPORT void* kh_device_stream_handle(const kh_device_stream_t* stream);
+
+/* Copies and memset, ordered on the stream. A device pointer inside a block of a pool of the
+ * stream's device is checked: the range must lie in a live block. Host memory of H2D and D2H
+ * copies is pageable or pinned; with pageable memory the driver may return before the copy runs
+ * (H2D) or only after it (D2H). */
+#define KH_COPY_H2D 1
+#define KH_COPY_D2H 2
+#define KH_COPY_D2D 3
+KH_EXPORT int32_t kh_device_copy_async(void* dst, const void* src, uint64_t bytes, int32_t kind,
+                                       kh_device_stream_t* stream);
+KH_EXPORT int32_t kh_device_memset_async(void* dst, uint8_t value, uint64_t bytes,
+                                         kh_device_stream_t* stream);
+
+/* Events (with timing). */
+KH_EXPORT int32_t kh_device_event_create(int32_t device, kh_device_event_t** event_out);
+KH_EXPORT int32_t kh_device_event_destroy(kh_device_event_t* event);
+KH_EXPORT int32_t kh_device_event_record(kh_device_event_t* event, kh_device_stream_t* stream);
+KH_EXPORT int32_t kh_device_event_synchronize(kh_device_event_t* event);
+/* Milliseconds between two recorded, completed events of one device. */
+KH_EXPORT int32_t kh_device_event_elapsed_ms(kh_device_event_t* start, kh_device_event_t* end,
+                                             float* ms_out);
+
+/* CUDA graphs: capture the work issued to a stream (thread-local capture mode: this thread may
+ * not call unsafe driver functions meanwhile, so a pool miss fails during a capture; cached
+ * blocks are reused), then instantiate once and launch many times. Declare the capture to the
+ * layer table too (kh_runtime_set_capturing). */
+KH_EXPORT int32_t kh_device_graph_begin_capture(kh_device_stream_t* stream);
+KH_EXPORT int32_t kh_device_graph_end_capture(kh_device_stream_t* stream,
+                                              kh_device_graph_t** graph_out);
+KH_EXPORT int32_t kh_device_graph_instantiate(kh_device_graph_t* graph);
+KH_EXPORT int32_t kh_device_graph_launch(kh_device_graph_t* graph, kh_device_stream_t* stream);
+KH_EXPORT int32_t kh_device_graph_destroy(kh_device_graph_t* graph);
+
+/* Runtime modules: CUDA C++ source compiled by the loader's NVRTC for the device's exact
+ * architecture (sm_90a on Hopper: __CUDA_ARCH_FEAT_SM90_ALL is defined) with the loader's
+ * options (-default-device --std=c++17 ...) plus `options`, through the JIT cache that package
+ * sources use ($KERNEL_HUB_CACHE/jit): the second process compiles nothing. `name` names the
+ * source in NVRTC's log ("<name>.cu(12): error ..."); a source that does not compile is
+ * KH_ERR_INVALID_ARGUMENT with the log in kh_last_error(); no NVRTC is KH_ERR_NOT_FOUND. The
+ * loaded code stays in the process after kh_device_module_destroy (kernels may still run or be
+ * captured); the module's function handles become invalid. */
+KH_EXPORT int32_t kh_device_module_from_source(int32_t device, const char* name, const char* source,
+                                               const char* const* options, int32_t num_options,
+                                               kh_device_module_t** module_out);
+KH_EXPORT int32_t kh_device_module_destroy(kh_device_module_t* module);
+/* The kernel by its extern "C" __global__ name; KH_ERR_NOT_FOUND when there is none. */
+KH_EXPORT int32_t kh_device_module_get_function(kh_device_module_t* module, const char* kernel,
+                                                kh_device_function_t** function_out);
+/* Launches on the stream, through the loader's launch path: kh_launch_cfg_t (KH_HEADER_INIT;
+ * device_id the function's device) with clusters, PDL and >48 KiB dynamic shared memory as for
+ * packages. `args` point at each kernel parameter's value. The stream must be of the function's
+ * device. KH_ERR_LAUNCH when the driver refuses the launch. */
+KH_EXPORT int32_t kh_device_launch(const kh_device_function_t* function, const kh_launch_cfg_t* cfg,
+                                   void** args, kh_device_stream_t* stream);
+
 /* Runs one GEMM request (kernel_hub_abi.h, kh_gemm_t: row-major, fp32 accumulation) on
  * `stream`, with cuBLASLt on a CUDA device or on the calling thread for device_id < 0: the
  * service packages reach through kh_host_v1_t.gemm. Never synchronizes. */

@@ -32,6 +32,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kernel_hub/kernel_hub.h"
@@ -238,5 +239,279 @@ EmbedReport kernelize(Runtime& runtime, const std::string& config_json,
 struct KernelConfig;
 EmbedReport kernelize(Runtime& runtime, const KernelConfig& config,
                       const EmbedOptions& options = {});
+
+// ---- The device API (kernel_hub.h, "Device API"): RAII over the C functions ----
+//
+// Header-only: each class owns one C handle and throws kh::Error (the C status's kind, with
+// kh_last_error()'s message) when a call fails.
+//
+//   kh::DevicePool pool(0);
+//   kh::DeviceStream stream(0);
+//   kh::DeviceBuffer x = pool.allocate(n * sizeof(float));
+//   stream.copy(x.data(), host.data(), x.size(), KH_COPY_H2D);
+//   kh::DeviceModule m(0, "scale", source);
+//   const uint32_t blocks = (n + 255) / 256;
+//   kh_launch_cfg_t cfg = kh::launch_cfg(0, {blocks, 1, 1}, {256, 1, 1});
+//   void* px = x.data();
+//   void* args[] = {&px, &n};
+//   kh::launch(m.function("scale"), cfg, args, stream);
+//   stream.synchronize();
+
+namespace device_detail {
+
+inline ErrorKind kind_of_status(int32_t status) {
+  switch (status) {
+    case KH_ERR_INVALID_ARGUMENT:
+      return ErrorKind::kInvalidInput;
+    case KH_ERR_NOT_FOUND:
+    case KH_ERR_NO_DEVICE:
+      return ErrorKind::kNotFound;
+    case KH_ERR_UNSUPPORTED:
+      return ErrorKind::kUnsupported;
+    case KH_ERR_REFUSED:
+      return ErrorKind::kRefused;
+    case KH_ERR_NETWORK:
+      return ErrorKind::kNetwork;
+    case KH_ERR_AUTH:
+      return ErrorKind::kAuth;
+    case KH_ERR_INTEGRITY:
+      return ErrorKind::kIntegrity;
+    case KH_ERR_OFFLINE:
+      return ErrorKind::kOffline;
+    default:  // KH_ERR_IO, KH_ERR_LAUNCH, KH_ERR_INTERNAL
+      return ErrorKind::kIo;
+  }
+}
+
+inline void check(int32_t status) {
+  if (status != KH_OK) throw Error(kind_of_status(status), kh_last_error());
+}
+
+}  // namespace device_detail
+
+// A kh_launch_cfg_t of this header's ABI for `device`.
+inline kh_launch_cfg_t launch_cfg(int device, const uint32_t (&grid)[3], const uint32_t (&block)[3],
+                                  uint32_t shared_mem_bytes = 0) {
+  kh_launch_cfg_t cfg{};
+  cfg.h = KH_HEADER_INIT(kh_launch_cfg_t);
+  for (int i = 0; i < 3; ++i) {
+    cfg.grid[i] = grid[i];
+    cfg.block[i] = block[i];
+  }
+  cfg.shared_mem_bytes = shared_mem_bytes;
+  cfg.device_id = device;
+  return cfg;
+}
+
+// One block of a DevicePool, freed when destroyed (a failure then, such as a pool destroyed
+// first, is ignored: the pool released the memory already).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(kh_device_pool_t* pool, void* ptr, size_t bytes)
+      : pool_(pool), ptr_(ptr), bytes_(bytes) {}
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : pool_(o.pool_), ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.pool_ = nullptr;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      std::swap(pool_, o.pool_);
+      std::swap(ptr_, o.ptr_);
+      std::swap(bytes_, o.bytes_);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const noexcept { return ptr_; }
+  template <typename T>
+  T* as() const noexcept {
+    return static_cast<T*>(ptr_);
+  }
+  size_t size() const noexcept { return bytes_; }
+  explicit operator bool() const noexcept { return ptr_ != nullptr; }
+  void reset() noexcept {
+    if (ptr_) kh_device_free(pool_, ptr_);
+    pool_ = nullptr;
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  kh_device_pool_t* pool_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// kh_device_pool_*: a caching allocator of one device.
+class DevicePool {
+ public:
+  explicit DevicePool(int device) : device_(device) {
+    device_detail::check(kh_device_pool_create(device, &pool_));
+  }
+  ~DevicePool() {
+    if (pool_) kh_device_pool_destroy(pool_);
+  }
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+
+  DeviceBuffer allocate(size_t bytes) {
+    void* p = nullptr;
+    device_detail::check(kh_device_alloc(pool_, bytes, &p));
+    return DeviceBuffer(pool_, p, bytes);
+  }
+  kh_device_pool_stats_t stats() const {
+    kh_device_pool_stats_t s{};
+    s.struct_size = sizeof(s);
+    device_detail::check(kh_device_pool_stats(pool_, &s));
+    return s;
+  }
+  uint64_t trim() {
+    uint64_t released = 0;
+    device_detail::check(kh_device_pool_trim(pool_, &released));
+    return released;
+  }
+  int device() const noexcept { return device_; }
+  kh_device_pool_t* get() const noexcept { return pool_; }
+
+ private:
+  int device_;
+  kh_device_pool_t* pool_ = nullptr;
+};
+
+class DeviceEvent;
+
+// kh_device_stream_*: a non-blocking stream of one device, with its copies and captures.
+class DeviceStream {
+ public:
+  explicit DeviceStream(int device) : device_(device) {
+    device_detail::check(kh_device_stream_create(device, &stream_));
+  }
+  ~DeviceStream() {
+    if (stream_) kh_device_stream_destroy(stream_);
+  }
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+
+  // kind: KH_COPY_H2D, KH_COPY_D2H or KH_COPY_D2D.
+  void copy(void* dst, const void* src, size_t bytes, int32_t kind) {
+    device_detail::check(kh_device_copy_async(dst, src, bytes, kind, stream_));
+  }
+  void memset(void* dst, uint8_t value, size_t bytes) {
+    device_detail::check(kh_device_memset_async(dst, value, bytes, stream_));
+  }
+  void synchronize() { device_detail::check(kh_device_stream_synchronize(stream_)); }
+  inline void wait(const DeviceEvent& event);
+  void begin_capture() { device_detail::check(kh_device_graph_begin_capture(stream_)); }
+
+  int device() const noexcept { return device_; }
+  // The CUstream, for kh::Runtime::forward/backward and kh_gemm.
+  void* handle() const noexcept { return kh_device_stream_handle(stream_); }
+  kh_device_stream_t* get() const noexcept { return stream_; }
+
+ private:
+  int device_;
+  kh_device_stream_t* stream_ = nullptr;
+};
+
+// kh_device_event_*: a timing event of one device.
+class DeviceEvent {
+ public:
+  explicit DeviceEvent(int device) {
+    device_detail::check(kh_device_event_create(device, &event_));
+  }
+  ~DeviceEvent() {
+    if (event_) kh_device_event_destroy(event_);
+  }
+  DeviceEvent(const DeviceEvent&) = delete;
+  DeviceEvent& operator=(const DeviceEvent&) = delete;
+
+  void record(DeviceStream& stream) {
+    device_detail::check(kh_device_event_record(event_, stream.get()));
+  }
+  void synchronize() { device_detail::check(kh_device_event_synchronize(event_)); }
+  // Milliseconds from `start` to this event (both recorded and completed).
+  float elapsed_ms_since(const DeviceEvent& start) const {
+    float ms = 0;
+    device_detail::check(kh_device_event_elapsed_ms(start.event_, event_, &ms));
+    return ms;
+  }
+  kh_device_event_t* get() const noexcept { return event_; }
+
+ private:
+  kh_device_event_t* event_ = nullptr;
+};
+
+inline void DeviceStream::wait(const DeviceEvent& event) {
+  device_detail::check(kh_device_stream_wait_event(stream_, event.get()));
+}
+
+// kh_device_graph_*: the work captured on a stream, instantiated once, launched many times.
+class DeviceGraph {
+ public:
+  // Ends the capture begun with stream.begin_capture() and instantiates the graph.
+  static DeviceGraph end_capture(DeviceStream& stream) {
+    DeviceGraph g;
+    device_detail::check(kh_device_graph_end_capture(stream.get(), &g.graph_));
+    device_detail::check(kh_device_graph_instantiate(g.graph_));
+    return g;
+  }
+  DeviceGraph(DeviceGraph&& o) noexcept : graph_(o.graph_) { o.graph_ = nullptr; }
+  DeviceGraph& operator=(DeviceGraph&& o) noexcept {
+    std::swap(graph_, o.graph_);
+    return *this;
+  }
+  ~DeviceGraph() {
+    if (graph_) kh_device_graph_destroy(graph_);
+  }
+  void launch(DeviceStream& stream) {
+    device_detail::check(kh_device_graph_launch(graph_, stream.get()));
+  }
+
+ private:
+  DeviceGraph() = default;
+  kh_device_graph_t* graph_ = nullptr;
+};
+
+// kh_device_module_*: CUDA source compiled for one device by the loader's NVRTC (JIT cached).
+class DeviceModule {
+ public:
+  DeviceModule(int device, const std::string& name, const std::string& source,
+               const std::vector<std::string>& options = {})
+      : device_(device) {
+    std::vector<const char*> opts;
+    for (const auto& o : options) opts.push_back(o.c_str());
+    device_detail::check(kh_device_module_from_source(device, name.c_str(), source.c_str(),
+                                                      opts.data(),
+                                                      static_cast<int32_t>(opts.size()), &module_));
+  }
+  ~DeviceModule() {
+    if (module_) kh_device_module_destroy(module_);
+  }
+  DeviceModule(const DeviceModule&) = delete;
+  DeviceModule& operator=(const DeviceModule&) = delete;
+
+  // The kernel by its extern "C" name (looked up once, then cached by the module).
+  kh_device_function_t* function(const std::string& kernel) {
+    kh_device_function_t* fn = nullptr;
+    device_detail::check(kh_device_module_get_function(module_, kernel.c_str(), &fn));
+    return fn;
+  }
+  int device() const noexcept { return device_; }
+
+ private:
+  int device_;
+  kh_device_module_t* module_ = nullptr;
+};
+
+inline void launch(const kh_device_function_t* fn, const kh_launch_cfg_t& cfg, void** args,
+                   DeviceStream& stream) {
+  device_detail::check(kh_device_launch(fn, &cfg, args, stream.get()));
+}
 
 }  // namespace kh

@@ -9,6 +9,7 @@
 
 #include "kernel_hub/kernel_hub.h"
 #include "kernel_hub/kernel_hub.hpp"
+#include "registry/embed/c_guard.h"
 #include "registry/embed/status.h"
 
 struct kh_runtime {
@@ -17,31 +18,9 @@ struct kh_runtime {
 
 namespace {
 
-thread_local std::string t_last_error;
-
-// Runs `body`, mapping exceptions to a status and this thread's message.
-template <typename F>
-int32_t guarded(F&& body) noexcept {
-  try {
-    t_last_error.clear();
-    body();
-    return KH_OK;
-  } catch (const kh::Error& e) {
-    t_last_error = e.what();
-    return kh::status_of(e.kind());
-  } catch (const std::exception& e) {
-    t_last_error = e.what();
-    return KH_ERR_INTERNAL;
-  } catch (...) {
-    t_last_error = "unknown exception";
-    return KH_ERR_INTERNAL;
-  }
-}
-
-int32_t null_argument(const char* what) {
-  t_last_error = fmt::format("{} must not be NULL", what);
-  return KH_ERR_INVALID_ARGUMENT;
-}
+using kh::capi::guarded;
+using kh::capi::null_argument;
+using kh::capi::t_last_error;
 
 bool valid_mode(int32_t mode) {
   return mode == KH_MODE_EVAL || mode == KH_MODE_TRAIN;
@@ -186,14 +165,6 @@ int32_t kh_gemm(const kh_gemm_t* g, void* stream) {
   int32_t status = kh::gemm(*g, stream);
   if (status != KH_OK) t_last_error = kh::last_op_error();
   return status;
-}
-
-const char* kh_last_error(void) {
-  return t_last_error.c_str();
-}
-
-const char* kh_status_name(int32_t status) {
-  return kh::status_name(status);
 }
 
 }  // extern "C"

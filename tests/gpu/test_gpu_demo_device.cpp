@@ -1,0 +1,516 @@
+// GPU tests of the GPU-resident runtime's device building blocks (tools/demo/device_*; CTest
+// label `gpu`, every test skips cleanly without a driver or a device): each device kernel on
+// random inputs against the host fallback the demo already trusts (fallback_ops.cpp through a
+// kh::Runtime on the cpu, layers.h) or a float64 reference: embedding and its scatter-add
+// backward, residual add, bf16 <-> fp32 casts (bit-exact against the prelude's host conversion),
+// RMSNorm, SiluAndMul, RoPE (NeoX and GPT-J), causal GQA attention, cross-entropy with an
+// ignored row, AdamW on fp32 master weights writing bf16 weights, and the Linear on the GEMM
+// service (forward, dx, accumulated dW); bf16 activations for RMSNorm, attention and the Linear
+// against the fp32 result within bf16 tolerance; shape errors; and the device-resident model's
+// eval prefill (weights and activations on the device, one stream) against the host model's
+// logits and loss for the Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norms, GQA, tied) shapes,
+// and 3 AdamW training steps on the device against the host model's losses and weights.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hub/base/error.h"
+#include "kernel_hub/kernel_hub.hpp"
+#include "kernels/common/kh_prelude.cuh"
+#include "tools/demo/device_kernels.h"
+#include "tools/demo/device_linear.h"
+#include "tools/demo/device_model.h"
+#include "tools/demo/device_tensor.h"
+#include "tools/demo/fallback_ops.h"
+#include "tools/demo/layers.h"
+#include "tools/demo/model.h"
+#include "tools/demo/model_config.h"
+#include "tools/demo/staging.h"
+
+namespace kh::demo {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// A host DLTensor over `data` (kept alive by the caller).
+struct HostView {
+  std::vector<int64_t> shape;
+  DLTensor t{};
+  HostView(void* data, std::vector<int64_t> s, DLDataType dtype = kF32) : shape(std::move(s)) {
+    t.data = data;
+    t.device = {kDLCPU, 0};
+    t.ndim = static_cast<int32_t>(shape.size());
+    t.dtype = dtype;
+    t.shape = shape.data();
+  }
+  kh_arg_t arg() const {
+    kh_arg_t a{};
+    a.kind = KH_ARG_TENSOR;
+    a.v.t = &t;
+    return a;
+  }
+};
+kh_arg_t arg_int(int64_t i) {
+  kh_arg_t a{};
+  a.kind = KH_ARG_INT;
+  a.v.i = i;
+  return a;
+}
+kh_arg_t arg_float(double f) {
+  kh_arg_t a{};
+  a.kind = KH_ARG_FLOAT;
+  a.v.f = f;
+  return a;
+}
+kh_arg_t arg_null() {
+  kh_arg_t a{};
+  a.kind = KH_ARG_TENSOR;
+  a.v.t = nullptr;
+  return a;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float atol,
+                  float rtol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float tol = atol + rtol * std::fabs(want[i]);
+    if (!(std::fabs(got[i] - want[i]) <= tol) && !(std::isnan(got[i]) && std::isnan(want[i]))) {
+      if (++bad <= 5)
+        ADD_FAILURE() << what << "[" << i << "]: device " << got[i] << ", reference " << want[i];
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ";
+}
+
+class GpuDemoDevice : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    int32_t n = 0;
+    if (kh_device_count(&n) != KH_OK || n < 1) {
+      skip_ = new std::string(kh_last_error());
+      return;
+    }
+    try {
+      kernels_ = new DeviceKernels(0);
+    } catch (const Error& e) {
+      skip_ = new std::string(std::string("device kernels failed to build: ") + e.what());
+      failed_ = true;
+    }
+    pool_ = new DevicePool(0);
+    stream_ = new DeviceStream(0);
+    runtime_ = new Runtime();
+    slots_ = new DemoSlots(add_demo_slots(*runtime_));
+    runtime_->set_mode(Mode::kTrain);
+  }
+  void SetUp() override {
+    if (failed_) FAIL() << *skip_;
+    if (skip_) GTEST_SKIP() << "no usable CUDA device: " << *skip_;
+  }
+
+  DeviceTensor upload(const std::vector<float>& host, std::vector<int64_t> shape) {
+    DeviceTensor t(*pool_, std::move(shape), kF32);
+    t.upload(*stream_, host.data(), host.size() * sizeof(float));
+    return t;
+  }
+  DeviceTensor upload_i64(const std::vector<int64_t>& host) {
+    DeviceTensor t(*pool_, {static_cast<int64_t>(host.size())}, kI64);
+    t.upload(*stream_, host.data(), host.size() * sizeof(int64_t));
+    return t;
+  }
+  DeviceTensor empty(std::vector<int64_t> shape, DLDataType dtype = kF32) {
+    return DeviceTensor(*pool_, std::move(shape), dtype);
+  }
+  std::vector<float> download(const DeviceTensor& t) {
+    std::vector<float> host(static_cast<size_t>(t.numel()));
+    t.download(*stream_, host.data(), host.size() * sizeof(float));
+    stream_->synchronize();
+    return host;
+  }
+  // bf16 round trip through the device casts.
+  DeviceTensor to_bf16(const DeviceTensor& f) {
+    DeviceTensor b = empty(f.shape(), kBF16);
+    kernels_->cast(*stream_, f, b);
+    return b;
+  }
+  DeviceTensor to_f32(const DeviceTensor& b) {
+    DeviceTensor f = empty(b.shape(), kF32);
+    kernels_->cast(*stream_, b, f);
+    return f;
+  }
+  void host_call(uint32_t slot, bool backward, const std::vector<kh_arg_t>& args) {
+    int32_t status = backward ? runtime_->backward(slot, kCpuDevice, args.data(),
+                                                   static_cast<int32_t>(args.size()), nullptr)
+                              : runtime_->forward(slot, kCpuDevice, args.data(),
+                                                  static_cast<int32_t>(args.size()), nullptr);
+    ASSERT_EQ(status, KH_OK) << last_op_error();
+  }
+
+  static std::string* skip_;
+  static bool failed_;
+  static DeviceKernels* kernels_;
+  static DevicePool* pool_;
+  static DeviceStream* stream_;
+  static Runtime* runtime_;
+  static DemoSlots* slots_;
+};
+std::string* GpuDemoDevice::skip_ = nullptr;
+bool GpuDemoDevice::failed_ = false;
+DeviceKernels* GpuDemoDevice::kernels_ = nullptr;
+DevicePool* GpuDemoDevice::pool_ = nullptr;
+DeviceStream* GpuDemoDevice::stream_ = nullptr;
+Runtime* GpuDemoDevice::runtime_ = nullptr;
+DemoSlots* GpuDemoDevice::slots_ = nullptr;
+
+TEST_F(GpuDemoDevice, EmbeddingGatherAndScatterAdd) {
+  const int64_t vocab = 50, dim = 72, rows = 40;
+  std::vector<float> table = randn(vocab * dim, 1);
+  std::vector<int64_t> tokens(rows);
+  for (int64_t r = 0; r < rows; ++r) tokens[r] = (r * 7) % 13;  // repeated tokens
+  tokens[3] = vocab + 5;                                        // outside: a zero row
+  std::vector<float> dh = randn(rows * dim, 2);
+  DeviceTensor t = upload(table, {vocab, dim});
+  DeviceTensor k = upload_i64(tokens);
+  DeviceTensor h = empty({rows, dim});
+  kernels_->embedding_forward(*stream_, t, k, h);
+  DeviceTensor dt = upload(std::vector<float>(vocab * dim, 0.5f), {vocab, dim});
+  kernels_->embedding_backward(*stream_, k, upload(dh, {rows, dim}), dt);
+  std::vector<float> want_h(rows * dim, 0.f);
+  std::vector<double> want_dt(vocab * dim, 0.5);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (tokens[r] >= vocab) continue;
+    for (int64_t c = 0; c < dim; ++c) {
+      want_h[r * dim + c] = table[tokens[r] * dim + c];
+      want_dt[tokens[r] * dim + c] += dh[r * dim + c];
+    }
+  }
+  expect_close(download(h), want_h, 0, 0, "embedding");
+  expect_close(download(dt), std::vector<float>(want_dt.begin(), want_dt.end()), 1e-5f, 1e-5f,
+               "embedding backward");
+}
+
+TEST_F(GpuDemoDevice, ResidualAddAndCasts) {
+  const int64_t n = 3000;
+  std::vector<float> a = randn(n, 3), b = randn(n, 4);
+  a[0] = NAN;
+  a[1] = 1e38f;
+  a[2] = 3.0e38f;  // rounds to inf in bf16
+  DeviceTensor da = upload(a, {n}), db = upload(b, {n});
+  kernels_->add(*stream_, da, db, db);  // in place
+  std::vector<float> sum(n);
+  for (int64_t i = 0; i < n; ++i) sum[i] = a[i] + b[i];
+  expect_close(download(db), sum, 0, 0, "add");
+  std::vector<float> back = download(to_f32(to_bf16(da)));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t bits = kh_float_to_bf16_bits(a[i]);
+    const float want = kh_bf16_bits_to_float(bits);
+    if (std::isnan(want))
+      EXPECT_TRUE(std::isnan(back[i])) << i;
+    else
+      ASSERT_EQ(back[i], want) << i << ": " << a[i];
+  }
+}
+
+TEST_F(GpuDemoDevice, RMSNormMatchesTheHostFallback) {
+  const int64_t rows = 37, cols = 200;
+  const float eps = 1e-6f;
+  std::vector<float> x = randn(rows * cols, 5), w = randn(cols, 6), dy = randn(rows * cols, 7);
+  std::vector<float> y(rows * cols), rstd(rows), dx(rows * cols), dw(cols), ws(1);
+  HostView hx(x.data(), {rows, cols}), hw(w.data(), {cols}), hy(y.data(), {rows, cols}),
+      hr(rstd.data(), {rows}), hdy(dy.data(), {rows, cols}), hdx(dx.data(), {rows, cols}),
+      hdw(dw.data(), {cols}), hws(ws.data(), {1});
+  host_call(slots_->rms_norm, false, {hx.arg(), hw.arg(), arg_float(eps), hy.arg(), hr.arg()});
+  host_call(slots_->rms_norm, true,
+            {hdy.arg(), hx.arg(), hw.arg(), hr.arg(), hdx.arg(), hdw.arg(), hws.arg()});
+  DeviceTensor dx_ = upload(x, {rows, cols}), dw_ = upload(w, {cols});
+  DeviceTensor out = empty({rows, cols}), drstd = empty({rows});
+  kernels_->rms_norm(*stream_, dx_, dw_, eps, out, &drstd);
+  DeviceTensor ddx = empty({rows, cols}), ddw = empty({cols});
+  kernels_->rms_norm_backward(*stream_, upload(dy, {rows, cols}), dx_, dw_, drstd, ddx, ddw);
+  expect_close(download(out), y, 1e-5f, 1e-5f, "rms_norm y");
+  expect_close(download(drstd), rstd, 0, 1e-5f, "rms_norm rstd");
+  expect_close(download(ddx), dx, 1e-5f, 1e-4f, "rms_norm dx");
+  expect_close(download(ddw), dw, 1e-4f, 1e-4f, "rms_norm dweight");
+  // bf16 activations and weight: within bf16 rounding of the fp32 result.
+  DeviceTensor yb = empty({rows, cols}, kBF16);
+  kernels_->rms_norm(*stream_, to_bf16(dx_), to_bf16(dw_), eps, yb, nullptr);
+  expect_close(download(to_f32(yb)), y, 2e-2f, 2e-2f, "rms_norm bf16");
+}
+
+TEST_F(GpuDemoDevice, SiluAndMulMatchesTheHostFallback) {
+  const int64_t rows = 33, d = 150;
+  std::vector<float> x = randn(rows * 2 * d, 8, 2.f), dy = randn(rows * d, 9);
+  std::vector<float> y(rows * d), dx(rows * 2 * d);
+  HostView hx(x.data(), {rows, 2 * d}), hy(y.data(), {rows, d}), hdy(dy.data(), {rows, d}),
+      hdx(dx.data(), {rows, 2 * d});
+  host_call(slots_->silu_and_mul, false, {hx.arg(), hy.arg()});
+  host_call(slots_->silu_and_mul, true, {hdy.arg(), hx.arg(), hdx.arg()});
+  DeviceTensor dx_ = upload(x, {rows, 2 * d}), out = empty({rows, d}), ddx = empty({rows, 2 * d});
+  kernels_->silu_and_mul(*stream_, dx_, out);
+  kernels_->silu_and_mul_backward(*stream_, upload(dy, {rows, d}), dx_, ddx);
+  expect_close(download(out), y, 1e-6f, 1e-5f, "silu_and_mul");
+  expect_close(download(ddx), dx, 1e-6f, 1e-5f, "silu_and_mul backward");
+}
+
+TEST_F(GpuDemoDevice, RotaryMatchesTheHostFallbackBothLayouts) {
+  const int64_t tokens = 21, heads = 4, kv_heads = 2, head_dim = 32, half = 12, max_pos = 30;
+  std::vector<int64_t> pos(tokens);
+  for (int64_t t = 0; t < tokens; ++t) pos[t] = (t * 5) % max_pos;
+  pos[2] = max_pos + 3;  // outside the table: unchanged
+  std::vector<float> cs(max_pos * half), sn(max_pos * half);
+  for (int64_t p = 0; p < max_pos; ++p)
+    for (int64_t j = 0; j < half; ++j) {
+      const double f = p * std::pow(10000.0, -2.0 * j / head_dim);
+      cs[p * half + j] = static_cast<float>(std::cos(f));
+      sn[p * half + j] = static_cast<float>(std::sin(f));
+    }
+  for (int neox = 0; neox < 2; ++neox)
+    for (int backward = 0; backward < 2; ++backward) {
+      std::vector<float> q = randn(tokens * heads * head_dim, 10 + neox),
+                         k = randn(tokens * kv_heads * head_dim, 20 + neox);
+      DeviceTensor dq = upload(q, {tokens, heads, head_dim}),
+                   dk = upload(k, {tokens, kv_heads, head_dim});
+      HostView hp(pos.data(), {tokens}, kI64), hq(q.data(), {tokens, heads, head_dim}),
+          hk(k.data(), {tokens, kv_heads, head_dim}), hc(cs.data(), {max_pos, half}),
+          hs(sn.data(), {max_pos, half});
+      host_call(slots_->rotary, backward != 0,
+                {hp.arg(), hq.arg(), hk.arg(), hc.arg(), hs.arg(), arg_int(neox)});
+      kernels_->rotary(*stream_, upload_i64(pos), dq, &dk, upload(cs, {max_pos, half}),
+                       upload(sn, {max_pos, half}), neox != 0, backward != 0);
+      const std::string what =
+          std::string(neox ? "neox" : "gptj") + (backward ? " backward" : " forward");
+      expect_close(download(dq), q, 1e-6f, 1e-6f, "rotary q " + what);
+      expect_close(download(dk), k, 1e-6f, 1e-6f, "rotary k " + what);
+    }
+}
+
+TEST_F(GpuDemoDevice, AttentionMatchesTheHostFallback) {
+  const int64_t B = 2, L = 19, H = 4, KVH = 2, D = 16;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  std::vector<float> q = randn(B * L * H * D, 30), k = randn(B * L * KVH * D, 31),
+                     v = randn(B * L * KVH * D, 32), dout = randn(B * L * H * D, 33);
+  std::vector<float> out(q.size()), lse(H * B * L), dq(q.size()), dk(k.size()), dv(v.size());
+  HostView hq(q.data(), {B, L, H, D}), hk(k.data(), {B, L, KVH, D}), hv(v.data(), {B, L, KVH, D}),
+      ho(out.data(), {B, L, H, D}), hl(lse.data(), {H, B * L}), hdo(dout.data(), {B, L, H, D}),
+      hdq(dq.data(), {B, L, H, D}), hdk(dk.data(), {B, L, KVH, D}), hdv(dv.data(), {B, L, KVH, D});
+  host_call(slots_->attention, false,
+            {hq.arg(), hk.arg(), hv.arg(), arg_null(), arg_null(), arg_int(L), arg_int(1),
+             arg_int(-1), arg_float(scale), ho.arg(), hl.arg()});
+  host_call(slots_->attention, true,
+            {hdo.arg(), hq.arg(), hk.arg(), hv.arg(), ho.arg(), hl.arg(), arg_null(), arg_null(),
+             arg_int(L), arg_int(L), arg_int(1), arg_int(-1), arg_float(scale), hdq.arg(),
+             hdk.arg(), hdv.arg(), arg_null()});
+  DeviceTensor Q = upload(q, {B, L, H, D}), K = upload(k, {B, L, KVH, D}),
+               V = upload(v, {B, L, KVH, D});
+  DeviceTensor O = empty({B, L, H, D}), LSE = empty({H, B * L});
+  kernels_->attention_forward(*stream_, Q, K, V, scale, O, &LSE);
+  DeviceTensor DQ = empty({B, L, H, D}), DK = empty({B, L, KVH, D}), DV = empty({B, L, KVH, D});
+  kernels_->attention_backward(*stream_, upload(dout, {B, L, H, D}), Q, K, V, O, LSE, scale, DQ, DK,
+                               DV);
+  expect_close(download(O), out, 1e-5f, 1e-4f, "attention out");
+  expect_close(download(LSE), lse, 1e-5f, 1e-5f, "attention lse");
+  expect_close(download(DQ), dq, 1e-5f, 1e-4f, "attention dq");
+  expect_close(download(DK), dk, 1e-5f, 1e-4f, "attention dk");
+  expect_close(download(DV), dv, 1e-5f, 1e-4f, "attention dv");
+  // bf16 q, k, v: within bf16 tolerance of the fp32 output.
+  DeviceTensor Ob = empty({B, L, H, D}, kBF16);
+  kernels_->attention_forward(*stream_, to_bf16(Q), to_bf16(K), to_bf16(V), scale, Ob, nullptr);
+  expect_close(download(to_f32(Ob)), out, 3e-2f, 3e-2f, "attention bf16");
+}
+
+TEST_F(GpuDemoDevice, CrossEntropyMatchesTheHostFallback) {
+  const int64_t rows = 17, classes = 301;
+  std::vector<float> x = randn(rows * classes, 40, 3.f);
+  std::vector<int64_t> targets(rows);
+  for (int64_t r = 0; r < rows; ++r) targets[r] = (r * 37) % classes;
+  targets[4] = -100;  // ignored
+  std::vector<float> loss(rows), dx(rows * classes), dloss = randn(rows, 41);
+  HostView hx(x.data(), {rows, classes}), ht(targets.data(), {rows}, kI64), hl(loss.data(), {rows}),
+      hdx(dx.data(), {rows, classes}), hdl(dloss.data(), {rows});
+  host_call(slots_->cross_entropy, false,
+            {hx.arg(), ht.arg(), arg_int(-100), arg_float(0.25), hl.arg(), hdx.arg()});
+  host_call(slots_->cross_entropy, true, {hdl.arg(), hdx.arg()});
+  DeviceTensor X = upload(x, {rows, classes}), L = empty({rows}), DX = empty({rows, classes});
+  kernels_->cross_entropy(*stream_, X, upload_i64(targets), -100, 0.25f, L, &DX);
+  kernels_->cross_entropy_backward(*stream_, upload(dloss, {rows}), DX);
+  expect_close(download(L), loss, 1e-5f, 1e-5f, "cross_entropy loss");
+  expect_close(download(DX), dx, 1e-7f, 1e-4f, "cross_entropy dlogits");
+}
+
+TEST_F(GpuDemoDevice, AdamWMatchesAFloat64Reference) {
+  const int64_t n = 5000;
+  AdamConfig a;
+  a.lr = 1e-2f;
+  a.weight_decay = 0.1f;
+  std::vector<float> w = randn(n, 50), m(n, 0.f), v(n, 0.f);
+  std::vector<double> rw(w.begin(), w.end()), rm(n, 0.0), rv(n, 0.0);
+  DeviceTensor W = upload(w, {n}), M = upload(m, {n}), V = upload(v, {n});
+  DeviceTensor Wb = empty({n}, kBF16);
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<float> g = randn(n, 60 + static_cast<uint32_t>(step));
+    kernels_->adamw(*stream_, W, upload(g, {n}), M, V, &Wb, a, step);
+    const double c1 = 1 - std::pow(double{a.beta1}, double(step));
+    const double c2 = 1 - std::pow(double{a.beta2}, double(step));
+    for (int64_t i = 0; i < n; ++i) {
+      rm[i] = a.beta1 * rm[i] + (1 - double{a.beta1}) * g[i];
+      rv[i] = a.beta2 * rv[i] + (1 - double{a.beta2}) * g[i] * double{g[i]};
+      rw[i] = rw[i] * (1 - double{a.lr} * a.weight_decay) -
+              (a.lr / c1) * rm[i] / (std::sqrt(rv[i]) / std::sqrt(c2) + a.eps);
+    }
+  }
+  std::vector<float> want(rw.begin(), rw.end());
+  std::vector<float> got = download(W);
+  expect_close(got, want, 1e-5f, 1e-5f, "adamw master weights");
+  std::vector<float> wb = download(to_f32(Wb));
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(wb[i], kh_bf16_bits_to_float(kh_float_to_bf16_bits(got[i]))) << i;
+}
+
+TEST_F(GpuDemoDevice, LinearOnTheGemmServiceMatchesTheHostLinear) {
+  const int64_t rows = 45, in = 96, out = 80;
+  std::vector<float> x = randn(rows * in, 70), w = randn(out * in, 71, 0.1f),
+                     dy = randn(rows * out, 72);
+  std::vector<float> y(rows * out), dx(rows * in), dw(out * in, 0.f);
+  linear_forward(x.data(), w.data(), nullptr, y.data(), rows, in, out);
+  linear_backward(x.data(), w.data(), dy.data(), dx.data(), dw.data(), nullptr, rows, in, out,
+                  false);
+  DeviceTensor X = upload(x, {rows, in}), Wt = upload(w, {out, in}), Y = empty({rows, out});
+  DeviceTensor DY = upload(dy, {rows, out}), DX = empty({rows, in});
+  DeviceTensor DW = upload(std::vector<float>(out * in, 0.f), {out, in});
+  linear_forward(*stream_, X, Wt, Y);
+  linear_backward(*stream_, X, Wt, DY, &DX, &DW);
+  expect_close(download(Y), y, 1e-4f, 1e-4f, "linear y");
+  expect_close(download(DX), dx, 1e-4f, 1e-4f, "linear dx");
+  expect_close(download(DW), dw, 1e-4f, 1e-4f, "linear dw");
+  // bf16 in, fp32 dW accumulated twice.
+  DeviceTensor Yb = empty({rows, out}, kBF16);
+  DeviceTensor Xb = to_bf16(X), Wb = to_bf16(Wt), DYb = to_bf16(DY);
+  linear_forward(*stream_, Xb, Wb, Yb);
+  linear_backward(*stream_, Xb, Wb, DYb, nullptr, &DW);
+  expect_close(download(to_f32(Yb)), y, 5e-2f, 3e-2f, "linear bf16 y");
+  std::vector<float> dw2(dw);
+  for (float& v : dw2) v *= 2.f;
+  expect_close(download(DW), dw2, 5e-2f, 3e-2f, "linear bf16 dw accumulated");
+  try {
+    DeviceTensor wrong = empty({rows, out + 1});
+    linear_forward(*stream_, X, Wt, wrong);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear: y is float32[45, 81]"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(GpuDemoDevice, DeviceModelPrefillMatchesTheHostModel) {
+  ModelConfig llama = preset("tiny");
+  ModelConfig qwen2 = llama;
+  qwen2.arch = Arch::kQwen2;
+  qwen2.qkv_bias = true;
+  qwen2.kv_heads = 2;
+  ModelConfig qwen3 = llama;
+  qwen3.arch = Arch::kQwen3;
+  qwen3.qk_norm = true;
+  qwen3.kv_heads = 2;
+  qwen3.tie_embeddings = true;
+  runtime_->set_mode(Mode::kEval);
+  for (const ModelConfig& cfg : {llama, qwen2, qwen3}) {
+    SCOPED_TRACE(cfg.describe());
+    CausalLM host(cfg, *slots_, 1234);
+    const int batch = 2, len = std::min(cfg.seq, 24);
+    std::vector<int64_t> tokens(batch * len), targets(batch * len);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int64_t>((i * 31 + 7) % cfg.vocab);
+      targets[i] = static_cast<int64_t>((i * 17 + 3) % cfg.vocab);
+    }
+    SlotCaller caller(*runtime_, -1);
+    const float host_loss =
+        host.forward(caller, *runtime_, tokens.data(), targets.data(), batch, len);
+    DeviceCausalLM dev(host, *slots_, *runtime_, 0);
+    const float dev_loss = dev.forward(tokens.data(), targets.data(), batch, len);
+    EXPECT_TRUE(dev.package_slots().empty()) << "nothing is bound: every slot ran its fallback";
+    expect_close(dev.download_logits(), host.logits(), 1e-4f, 1e-4f, "logits");
+    EXPECT_NEAR(dev_loss, host_loss, 1e-4f * std::fabs(host_loss));
+    kh_device_pool_stats_t mem = dev.memory();
+    EXPECT_GT(mem.peak_bytes, host.num_parameters() * sizeof(float));
+  }
+  runtime_->set_mode(Mode::kTrain);
+}
+
+TEST_F(GpuDemoDevice, DeviceModelTrainsLikeTheHostModel) {
+  ModelConfig qwen2 = preset("tiny");
+  qwen2.arch = Arch::kQwen2;
+  qwen2.qkv_bias = true;
+  qwen2.o_bias = true;
+  qwen2.kv_heads = 2;
+  ModelConfig qwen3 = preset("tiny");
+  qwen3.arch = Arch::kQwen3;
+  qwen3.qk_norm = true;
+  qwen3.kv_heads = 2;
+  qwen3.tie_embeddings = true;
+  AdamConfig adam;
+  adam.lr = 1e-2f;
+  adam.weight_decay = 0.01f;
+  runtime_->set_mode(Mode::kTrain);
+  for (const ModelConfig& cfg : {preset("tiny"), qwen2, qwen3}) {
+    SCOPED_TRACE(cfg.describe());
+    CausalLM host(cfg, *slots_, 99);
+    DeviceCausalLM dev(host, *slots_, *runtime_, 0);
+    SlotCaller caller(*runtime_, -1);
+    const int batch = 2, len = std::min(cfg.seq, 16);
+    std::vector<int64_t> tokens(batch * len), targets(batch * len);
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        tokens[i] = static_cast<int64_t>((i * 13 + step * 5 + 1) % cfg.vocab);
+        targets[i] = static_cast<int64_t>((i * 7 + step * 3 + 2) % cfg.vocab);
+      }
+      host.zero_grad();
+      dev.zero_grad();
+      const float host_loss =
+          host.forward(caller, *runtime_, tokens.data(), targets.data(), batch, len);
+      const float dev_loss = dev.forward(tokens.data(), targets.data(), batch, len);
+      EXPECT_NEAR(dev_loss, host_loss, 1e-4f * std::fabs(host_loss)) << "step " << step;
+      host.backward(caller);
+      dev.backward();
+      host.adam_step(adam);
+      dev.adam_step(adam);
+    }
+    for (const char* name : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                             "model.layers.1.mlp.up_proj.weight", "model.norm.weight"})
+      expect_close(dev.download_weight(name), *host.weight(name), 1e-4f, 1e-3f, name);
+    if (cfg.qkv_bias)
+      expect_close(dev.download_weight("model.layers.0.self_attn.k_proj.bias"),
+                   *host.weight("model.layers.0.self_attn.k_proj.bias"), 1e-4f, 1e-3f, "k bias");
+    if (cfg.qk_norm)
+      expect_close(dev.download_weight("model.layers.1.self_attn.q_norm.weight"),
+                   *host.weight("model.layers.1.self_attn.q_norm.weight"), 1e-4f, 1e-3f, "q_norm");
+  }
+}
+
+TEST_F(GpuDemoDevice, ShapeAndDtypeErrorsNameTheOpAndTensor) {
+  DeviceTensor x = empty({4, 8}), w = empty({7}), y = empty({4, 8});
+  try {
+    kernels_->rms_norm(*stream_, x, w, 1e-6f, y, nullptr);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_NE(std::string(e.what()).find("rms_norm (device kernel): weight is float32[7]"),
+              std::string::npos)
+        << e.what();
+  }
+  DeviceTensor tokens = empty({4}, kF32);
+  DeviceTensor table = empty({10, 8});
+  EXPECT_THROW(kernels_->embedding_forward(*stream_, table, tokens, y), Error);
+}
+
+}  // namespace
+}  // namespace kh::demo

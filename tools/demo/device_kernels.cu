@@ -1,0 +1,417 @@
+// The demo runtime's own device kernels: what the GPU-resident runtime runs itself (embedding,
+// residual add, casts, AdamW) and the device fallbacks of its layer slots (RMSNorm, SiluAndMul,
+// RotaryEmbedding, Attention, CrossEntropy), with the host fallbacks' formulas
+// (tools/demo/fallback_ops.cpp, layers.cpp) in fp32 arithmetic. Compiled at run time through the
+// device API (kh_device_module_from_source: the loader's NVRTC and JIT cache); the build inlines
+// the prelude (kernels/common/kh_prelude.cuh) so that the source is header-free.
+//
+// Layouts are row-major and contiguous. Element types: T is float (suffix _f32) or kh_bf16
+// (_bf16); statistics (rstd, lse, loss) and gradients of weights are fp32. Plain, simple kernels:
+// correctness references and fallbacks, not the fast path (the packages are).
+#include "kh_prelude.cuh"
+
+#define KH_GLOBAL extern "C" __global__
+
+namespace {
+
+
+template <typename T>
+KH_DEV T from_f(float f) {
+  return kh_convert<T>::from_float(f);
+}
+
+// Max over the block's threads (blockDim.y == 1). `red` is __shared__ float[32].
+KH_DEV float block_max(float v, float* red) {
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+  const int warps = blockDim.x >> 5;
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float m = red[0];
+  for (int i = 1; i < warps; ++i) m = fmaxf(m, red[i]);
+  __syncthreads();
+  return m;
+}
+
+KH_DEV long long global_index() {
+  return (long long)blockIdx.x * blockDim.x + threadIdx.x;
+}
+KH_DEV long long global_stride() {
+  return (long long)gridDim.x * blockDim.x;
+}
+
+// ---- embedding ----------------------------------------------------------------------------
+// out[r] = table[tokens[r]] (a row of zeros for a token outside [0, vocab)); grid: rows.
+template <typename T>
+KH_DEV void embedding_fwd(const T* table, const long long* tokens, T* out, long long vocab,
+                          long long dim) {
+  const long long r = blockIdx.x;
+  const long long t = tokens[r];
+  const bool ok = t >= 0 && t < vocab;
+  for (long long c = threadIdx.x; c < dim; c += blockDim.x)
+    out[r * dim + c] = ok ? table[t * dim + c] : from_f<T>(0.f);
+}
+
+// dtable[tokens[r]] += dh[r] (fp32 atomics: rows sharing a token add in any order); grid: rows.
+template <typename T>
+KH_DEV void embedding_bwd(const long long* tokens, const T* dh, float* dtable, long long vocab,
+                          long long dim) {
+  const long long r = blockIdx.x;
+  const long long t = tokens[r];
+  if (t < 0 || t >= vocab) return;
+  for (long long c = threadIdx.x; c < dim; c += blockDim.x)
+    atomicAdd(dtable + t * dim + c, kh_to_float(dh[r * dim + c]));
+}
+
+// ---- elementwise --------------------------------------------------------------------------
+// out = a + b (out may be a or b): the residual add.
+template <typename T>
+KH_DEV void add(const T* a, const T* b, T* out, long long n) {
+  for (long long i = global_index(); i < n; i += global_stride())
+    out[i] = from_f<T>(kh_to_float(a[i]) + kh_to_float(b[i]));
+}
+
+// y[r, c] += bias[c] (the linear layers' bias).
+template <typename T>
+KH_DEV void bias_add(T* y, const T* bias, long long rows, long long cols) {
+  for (long long i = global_index(); i < rows * cols; i += global_stride())
+    y[i] = from_f<T>(kh_to_float(y[i]) + kh_to_float(bias[i % cols]));
+}
+
+// db[c] += sum over rows of dy[r, c] (the bias gradient), rows in order; one thread per column.
+template <typename T>
+KH_DEV void column_sum_add(const T* dy, float* db, long long rows, long long cols) {
+  for (long long c = global_index(); c < cols; c += global_stride()) {
+    float acc = 0.f;
+    for (long long r = 0; r < rows; ++r) acc += kh_to_float(dy[r * cols + c]);
+    db[c] += acc;
+  }
+}
+
+template <typename From, typename To>
+KH_DEV void cast(const From* in, To* out, long long n) {
+  for (long long i = global_index(); i < n; i += global_stride())
+    out[i] = from_f<To>(kh_to_float(in[i]));
+}
+
+// ---- RMSNorm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps); grid: rows ---------------
+template <typename T>
+KH_DEV void rms_norm(const T* x, const T* w, float eps, T* y, float* rstd, long long cols) {
+  __shared__ float red[32];
+  const long long r = blockIdx.x;
+  const T* xr = x + r * cols;
+  float ss = 0.f;
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = kh_to_float(xr[c]);
+    ss += v * v;
+  }
+  ss = kh_row_sum(ss, red);
+  const float rs = 1.0f / sqrtf(ss / (float)cols + eps);
+  if (rstd && threadIdx.x == 0) rstd[r] = rs;
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x)
+    y[r * cols + c] = from_f<T>(kh_to_float(xr[c]) * rs * kh_to_float(w[c]));
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w; grid: rows.
+template <typename T>
+KH_DEV void rms_norm_bwd_dx(const T* dy, const T* x, const T* w, const float* rstd, T* dx,
+                            long long cols) {
+  __shared__ float red[32];
+  const long long r = blockIdx.x;
+  const float rs = rstd[r];
+  float sum_gx = 0.f;
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x)
+    sum_gx += kh_to_float(dy[r * cols + c]) * kh_to_float(w[c]) * (kh_to_float(x[r * cols + c]) * rs);
+  const float c1 = kh_row_sum(sum_gx, red) / (float)cols;
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float xhat = kh_to_float(x[r * cols + c]) * rs;
+    dx[r * cols + c] = from_f<T>(rs * (kh_to_float(dy[r * cols + c]) * kh_to_float(w[c]) - xhat * c1));
+  }
+}
+
+// dweight[c] = sum over rows of dy * xhat (overwritten), rows in order as the host does; one
+// thread per column (adjacent threads read adjacent columns).
+template <typename T>
+KH_DEV void rms_norm_bwd_dw(const T* dy, const T* x, const float* rstd, float* dw, long long rows,
+                            long long cols) {
+  for (long long c = global_index(); c < cols; c += global_stride()) {
+    float acc = 0.f;
+    for (long long r = 0; r < rows; ++r)
+      acc += kh_to_float(dy[r * cols + c]) * (kh_to_float(x[r * cols + c]) * rstd[r]);
+    dw[c] = acc;
+  }
+}
+
+// ---- SiluAndMul: y = silu(gate) * up, x = [gate | up] -----------------------------------------
+KH_DEV float silu(float g) {
+  return g / (1.0f + expf(-g));
+}
+KH_DEV float dsilu(float g) {
+  const float s = 1.0f / (1.0f + expf(-g));
+  return s * (1.0f + g * (1.0f - s));
+}
+
+template <typename T>
+KH_DEV void silu_and_mul(const T* x, T* y, long long rows, long long d) {
+  for (long long i = global_index(); i < rows * d; i += global_stride()) {
+    const long long r = i / d, c = i % d;
+    y[i] = from_f<T>(silu(kh_to_float(x[r * 2 * d + c])) * kh_to_float(x[r * 2 * d + d + c]));
+  }
+}
+
+template <typename T>
+KH_DEV void silu_and_mul_bwd(const T* dy, const T* x, T* dx, long long rows, long long d) {
+  for (long long i = global_index(); i < rows * d; i += global_stride()) {
+    const long long r = i / d, c = i % d;
+    const float gate = kh_to_float(x[r * 2 * d + c]), up = kh_to_float(x[r * 2 * d + d + c]);
+    const float g = kh_to_float(dy[i]);
+    dx[r * 2 * d + c] = from_f<T>(g * up * dsilu(gate));
+    dx[r * 2 * d + d + c] = from_f<T>(g * silu(gate));
+  }
+}
+
+// ---- RotaryEmbedding, in place: NeoX pairs (j, j + half), GPT-J (2j, 2j + 1) ----------------
+// q [tokens, q_heads, head_dim], k [tokens, k_heads, head_dim] or NULL, cos/sin [max_pos, half];
+// sign -1 is the backward (the inverse rotation). A position outside [0, max_pos) leaves the
+// token unchanged, as the package does. grid: tokens.
+template <typename T>
+KH_DEV void rotary(const long long* pos, T* q, T* k, const float* cosv, const float* sinv,
+                   int q_heads, int k_heads, int head_dim, int half, long long max_pos, int neox,
+                   float sign) {
+  const long long t = blockIdx.x;
+  const long long p = pos[t];
+  if (p < 0 || p >= max_pos) return;
+  const float* c = cosv + p * half;
+  const float* s = sinv + p * half;
+  const int pairs = (q_heads + (k ? k_heads : 0)) * half;
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int h = i / half, j = i % half;
+    T* v = h < q_heads ? q + (t * q_heads + h) * (long long)head_dim
+                       : k + (t * k_heads + (h - q_heads)) * (long long)head_dim;
+    const int i1 = neox ? j : 2 * j, i2 = neox ? j + half : 2 * j + 1;
+    const float x1 = kh_to_float(v[i1]), x2 = kh_to_float(v[i2]), sn = sign * s[j];
+    v[i1] = from_f<T>(x1 * c[j] - x2 * sn);
+    v[i2] = from_f<T>(x2 * c[j] + x1 * sn);
+  }
+}
+
+// ---- Attention: causal, padded [batch, len, heads, head_dim], GQA --------------------------
+// One block per (query token, head, batch): grid (len, heads, batch). Scores of keys 0..i in
+// dynamic shared memory (len floats forward, 2 * len backward). lse [heads, batch * len].
+struct AttnShape {
+  long long len;
+  int heads, kv_heads, head_dim;
+};
+
+template <typename T>
+KH_DEV float dot_row(const T* a, const T* b, int n) {
+  float acc = 0.f;
+  for (int d = 0; d < n; ++d) acc += kh_to_float(a[d]) * kh_to_float(b[d]);
+  return acc;
+}
+
+template <typename T>
+KH_DEV void attention_fwd(const T* q, const T* k, const T* v, T* out, float* lse, AttnShape s,
+                          float scale) {
+  extern __shared__ float p[];
+  __shared__ float red[32];
+  const long long i = blockIdx.x;
+  const int h = blockIdx.y;
+  const long long b = blockIdx.z;
+  const int hk = h / (s.heads / s.kv_heads);
+  const T* qi = q + ((b * s.len + i) * s.heads + h) * (long long)s.head_dim;
+  float m = -__int_as_float(0x7f800000);
+  for (long long j = threadIdx.x; j <= i; j += blockDim.x) {
+    p[j] = dot_row(qi, k + ((b * s.len + j) * s.kv_heads + hk) * (long long)s.head_dim,
+                   s.head_dim) *
+           scale;
+    m = fmaxf(m, p[j]);
+  }
+  m = block_max(m, red);
+  float sum = 0.f;
+  for (long long j = threadIdx.x; j <= i; j += blockDim.x) sum += (p[j] = expf(p[j] - m));
+  sum = kh_row_sum(sum, red);  // synchronizes: p is complete
+  T* oi = out + ((b * s.len + i) * s.heads + h) * (long long)s.head_dim;
+  const float inv = 1.0f / sum;
+  for (int d = threadIdx.x; d < s.head_dim; d += blockDim.x) {
+    float acc = 0.f;
+    for (long long j = 0; j <= i; ++j)
+      acc += p[j] * kh_to_float(v[((b * s.len + j) * s.kv_heads + hk) * (long long)s.head_dim + d]);
+    oi[d] = from_f<T>(acc * inv);
+  }
+  if (lse && threadIdx.x == 0) lse[(long long)h * gridDim.z * s.len + b * s.len + i] = m + logf(sum);
+}
+
+// dq is written; dk and dv are accumulated with fp32 atomics, so they must be zero before the
+// launch and fp32 (the op wrapper zeroes them).
+template <typename T>
+KH_DEV void attention_bwd(const T* dout, const T* q, const T* k, const T* v, const T* out,
+                          const float* lse, T* dq, float* dk, float* dv, AttnShape s,
+                          float scale) {
+  extern __shared__ float sh[];
+  __shared__ float red[32];
+  const long long i = blockIdx.x;
+  const int h = blockIdx.y;
+  const long long b = blockIdx.z;
+  const int hk = h / (s.heads / s.kv_heads);
+  const long long D = s.head_dim;
+  float* pj = sh;
+  float* dsj = sh + s.len;
+  const long long row_i = ((b * s.len + i) * s.heads + h) * D;
+  const T* qi = q + row_i;
+  const T* doi = dout + row_i;
+  const float l = lse[(long long)h * gridDim.z * s.len + b * s.len + i];
+  float delta = 0.f;
+  for (int d = threadIdx.x; d < s.head_dim; d += blockDim.x)
+    delta += kh_to_float(doi[d]) * kh_to_float(out[row_i + d]);
+  delta = kh_row_sum(delta, red);
+  for (long long j = threadIdx.x; j <= i; j += blockDim.x) {
+    const long long row_j = ((b * s.len + j) * s.kv_heads + hk) * D;
+    const float p = expf(dot_row(qi, k + row_j, s.head_dim) * scale - l);
+    pj[j] = p;
+    dsj[j] = p * (dot_row(doi, v + row_j, s.head_dim) - delta) * scale;
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < s.head_dim; d += blockDim.x) {
+    float acc = 0.f;
+    for (long long j = 0; j <= i; ++j)
+      acc += dsj[j] * kh_to_float(k[((b * s.len + j) * s.kv_heads + hk) * D + d]);
+    dq[row_i + d] = from_f<T>(acc);
+  }
+  for (long long e = threadIdx.x; e < (i + 1) * D; e += blockDim.x) {
+    const long long j = e / D, d = e % D;
+    const long long at = ((b * s.len + j) * s.kv_heads + hk) * D + d;
+    atomicAdd(dv + at, pj[j] * kh_to_float(doi[d]));
+    atomicAdd(dk + at, dsj[j] * kh_to_float(qi[d]));
+  }
+}
+
+// ---- CrossEntropy: loss = logsumexp(x) - x[target]; dlogits = (softmax - onehot) * scale -----
+// grid: rows. A row whose target is ignore_index has loss 0 and zero gradients; a target outside
+// [0, cols) gives a NaN loss, as the host fallback does.
+template <typename T>
+KH_DEV void cross_entropy(const T* logits, const long long* targets, long long ignore,
+                          float grad_scale, float* loss, T* dlogits, long long cols) {
+  __shared__ float red[32];
+  const long long r = blockIdx.x;
+  const T* xr = logits + r * cols;
+  T* dxr = dlogits ? dlogits + r * cols : nullptr;
+  const long long t = targets[r];
+  if (t == ignore) {
+    if (threadIdx.x == 0) loss[r] = 0.f;
+    if (dxr)
+      for (long long c = threadIdx.x; c < cols; c += blockDim.x) dxr[c] = from_f<T>(0.f);
+    return;
+  }
+  float m = -__int_as_float(0x7f800000);
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, kh_to_float(xr[c]));
+  m = block_max(m, red);
+  float sum = 0.f;
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) sum += expf(kh_to_float(xr[c]) - m);
+  sum = kh_row_sum(sum, red);
+  const bool in_range = t >= 0 && t < cols;
+  if (threadIdx.x == 0)
+    loss[r] = in_range ? (m + logf(sum)) - kh_to_float(xr[t]) : __int_as_float(0x7fc00000);
+  if (!dxr) return;
+  const float inv = 1.f / sum;
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x)
+    dxr[c] = from_f<T>((expf(kh_to_float(xr[c]) - m) * inv - (c == t ? 1.f : 0.f)) * grad_scale);
+}
+
+// dlogits[r] *= dloss[r], in place.
+template <typename T>
+KH_DEV void cross_entropy_bwd(const float* dloss, T* dlogits, long long rows, long long cols) {
+  for (long long i = global_index(); i < rows * cols; i += global_stride())
+    dlogits[i] = from_f<T>(kh_to_float(dlogits[i]) * dloss[i / cols]);
+}
+
+}  // namespace
+
+// ---- entry points, one per element type ------------------------------------------------------
+#define KH_FOR_TYPES(X) X(f32, float) X(bf16, kh_bf16)
+
+#define KH_ENTRIES(sfx, T)                                                                        \
+  KH_GLOBAL void kh_embedding_fwd_##sfx(const T* table, const long long* tokens, T* out,          \
+                                        long long vocab, long long dim) {                         \
+    embedding_fwd(table, tokens, out, vocab, dim);                                                \
+  }                                                                                               \
+  KH_GLOBAL void kh_embedding_bwd_##sfx(const long long* tokens, const T* dh, float* dtable,      \
+                                        long long vocab, long long dim) {                         \
+    embedding_bwd(tokens, dh, dtable, vocab, dim);                                                \
+  }                                                                                               \
+  KH_GLOBAL void kh_add_##sfx(const T* a, const T* b, T* out, long long n) { add(a, b, out, n); } \
+  KH_GLOBAL void kh_bias_add_##sfx(T* y, const T* bias, long long rows, long long cols) {          \
+    bias_add(y, bias, rows, cols);                                                                \
+  }                                                                                               \
+  KH_GLOBAL void kh_column_sum_add_##sfx(const T* dy, float* db, long long rows, long long cols) { \
+    column_sum_add(dy, db, rows, cols);                                                           \
+  }                                                                                               \
+  KH_GLOBAL void kh_rms_norm_##sfx(const T* x, const T* w, float eps, T* y, float* rstd,         \
+                                   long long cols) {                                              \
+    rms_norm(x, w, eps, y, rstd, cols);                                                           \
+  }                                                                                               \
+  KH_GLOBAL void kh_rms_norm_bwd_dx_##sfx(const T* dy, const T* x, const T* w, const float* rstd, \
+                                          T* dx, long long cols) {                                \
+    rms_norm_bwd_dx(dy, x, w, rstd, dx, cols);                                                    \
+  }                                                                                               \
+  KH_GLOBAL void kh_rms_norm_bwd_dw_##sfx(const T* dy, const T* x, const float* rstd, float* dw,  \
+                                          long long rows, long long cols) {                       \
+    rms_norm_bwd_dw(dy, x, rstd, dw, rows, cols);                                                 \
+  }                                                                                               \
+  KH_GLOBAL void kh_silu_and_mul_##sfx(const T* x, T* y, long long rows, long long d) {           \
+    silu_and_mul(x, y, rows, d);                                                                  \
+  }                                                                                               \
+  KH_GLOBAL void kh_silu_and_mul_bwd_##sfx(const T* dy, const T* x, T* dx, long long rows,        \
+                                           long long d) {                                         \
+    silu_and_mul_bwd(dy, x, dx, rows, d);                                                         \
+  }                                                                                               \
+  KH_GLOBAL void kh_rotary_##sfx(const long long* pos, T* q, T* k, const float* cosv,             \
+                                 const float* sinv, int q_heads, int k_heads, int head_dim,       \
+                                 int half, long long max_pos, int neox, float sign) {             \
+    rotary(pos, q, k, cosv, sinv, q_heads, k_heads, head_dim, half, max_pos, neox, sign);         \
+  }                                                                                               \
+  KH_GLOBAL void kh_attention_fwd_##sfx(const T* q, const T* k, const T* v, T* out, float* lse,   \
+                                        AttnShape s, float scale) {                               \
+    attention_fwd(q, k, v, out, lse, s, scale);                                                   \
+  }                                                                                               \
+  KH_GLOBAL void kh_attention_bwd_##sfx(const T* dout, const T* q, const T* k, const T* v,        \
+                                        const T* out, const float* lse, T* dq, float* dk,         \
+                                        float* dv, AttnShape s, float scale) {                    \
+    attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, s, scale);                                 \
+  }                                                                                               \
+  KH_GLOBAL void kh_cross_entropy_##sfx(const T* logits, const long long* targets,                \
+                                        long long ignore, float grad_scale, float* loss,          \
+                                        T* dlogits, long long cols) {                             \
+    cross_entropy(logits, targets, ignore, grad_scale, loss, dlogits, cols);                      \
+  }                                                                                               \
+  KH_GLOBAL void kh_cross_entropy_bwd_##sfx(const float* dloss, T* dlogits, long long rows,       \
+                                            long long cols) {                                     \
+    cross_entropy_bwd(dloss, dlogits, rows, cols);                                                \
+  }
+
+KH_FOR_TYPES(KH_ENTRIES)
+
+KH_GLOBAL void kh_cast_bf16_to_f32(const kh_bf16* in, float* out, long long n) {
+  cast(in, out, n);
+}
+KH_GLOBAL void kh_cast_f32_to_bf16(const float* in, kh_bf16* out, long long n) {
+  cast(in, out, n);
+}
+
+// AdamW on fp32 master weights, torch.optim.AdamW's arithmetic as CausalLM::adam_step computes
+// it: w = w * decay - step * m / (sqrt(v) / c2_sqrt + eps), step = lr / (1 - beta1^t),
+// c2_sqrt = sqrt(1 - beta2^t), decay = 1 - lr * weight_decay (the host computes the scalars).
+// w_bf16 (may be NULL) receives the updated weights rounded to bf16: the copy the model runs on.
+KH_GLOBAL void kh_adamw_f32(float* w, const float* g, float* m, float* v, kh_bf16* w_bf16,
+                            long long n, float beta1, float beta2, float step, float c2_sqrt,
+                            float decay, float eps) {
+  for (long long i = global_index(); i < n; i += global_stride()) {
+    const float gi = g[i];
+    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float wi = w[i] * decay - step * mi / (sqrtf(vi) / c2_sqrt + eps);
+    w[i] = wi;
+    if (w_bf16) w_bf16[i] = from_f<kh_bf16>(wi);
+  }
+}

@@ -1,0 +1,114 @@
+// The GPU-resident runtime's model: the demo's Llama / Qwen2 / Qwen3 decoder (model.h) with its
+// parameters, their gradients and AdamW moments and every activation on one CUDA device, every
+// op ordered on one stream, nothing staged through the host. fp32 for now, so that logits,
+// losses and training steps match the host model's (bf16 weights with fp32 master copies are the
+// next step: the AdamW kernel already writes them).
+//
+// Each slot (RMSNorm, RotaryEmbedding, SiluAndMul, Attention, CrossEntropy) runs what the
+// runtime's table holds for the device in the runtime's mode: a package kernel bound there gets
+// device DLTensors and the stream (the host model's argument lists; train mode: forward_train,
+// and backward), the runtime's fallback runs as its device kernel (device_kernels.h). The
+// embedding, the linear layers (kh_gemm), biases and residual adds are the runtime's own.
+// gate_proj and up_proj are stored as one [2 * ffn, hidden] parameter, so one GEMM writes the
+// [gate | up] rows SiluAndMul takes (AdamW is elementwise: the same update).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernel_hub/kernel_hub.hpp"
+#include "tools/demo/device_kernels.h"
+#include "tools/demo/device_tensor.h"
+#include "tools/demo/fallback_ops.h"
+#include "tools/demo/model.h"
+#include "tools/demo/model_config.h"
+
+namespace kh::demo {
+
+class DeviceCausalLM {
+ public:
+  // Copies `host`'s weights to CUDA device `device` and compiles the device kernels (JIT
+  // cached). The runtime's table decides, per slot, package or fallback at each call.
+  DeviceCausalLM(const CausalLM& host, const DemoSlots& slots, const Runtime& runtime, int device);
+
+  // batch sequences of len tokens (host arrays). The runtime's mode decides eval (prefill) or
+  // train (keeps what backward() needs). With targets, returns the mean cross-entropy; without,
+  // 0. The logits [batch * len, vocab] stay on the device (logits()).
+  float forward(const int64_t* tokens, const int64_t* targets, int batch, int len);
+  // Gradients of the mean loss of the last train forward (with targets), added to the
+  // parameters' gradients (zeroed at construction and by zero_grad()).
+  void backward();
+  void zero_grad();
+  // One AdamW step on every parameter (CausalLM::adam_step's arithmetic).
+  void adam_step(const AdamConfig& adam);
+
+  const DeviceTensor& logits() const { return logits_; }
+  std::vector<float> download_logits();
+  // A parameter's weights by Transformers name (gate_proj and up_proj are rows of the fused
+  // parameter), downloaded.
+  std::vector<float> download_weight(const std::string& name);
+  // Peak and current device memory of the model's pool.
+  kh_device_pool_stats_t memory() const { return pool_.stats(); }
+  // The slots a package served in the last forward or backward ("RMSNorm", ...); the others ran
+  // the runtime's device kernels.
+  const std::vector<std::string>& package_slots() const { return package_slots_; }
+  DeviceStream& stream() { return stream_; }
+
+ private:
+  struct Param {
+    DeviceTensor w, g, m, v;  // fp32 weights, gradient, AdamW moments
+  };
+  struct Layer {
+    Param *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *bo, *mlp_norm, *gate_up,
+        *wdown;
+  };
+  // Activations of one layer kept for backward (train mode).
+  struct Saved {
+    DeviceTensor h_in, rstd1, a, q_pre, k_pre, rstd_q, rstd_k, q, k, v, attn, lse, h_mid, rstd2, m,
+        gu, s;
+  };
+
+  Param& param(const std::string& name);
+  Param* optional_param(const std::string& name);
+  bool bound(uint32_t slot) const;
+  void call_slot(uint32_t slot, const char* name, bool backward, const std::vector<kh_arg_t>& args);
+  DeviceTensor empty(std::vector<int64_t> shape, DLDataType dtype = kF32);
+  void linear(const DeviceTensor& x, const Param& w, const Param* bias, DeviceTensor& y);
+  void linear_grad(const DeviceTensor& x, Param& w, Param* bias, const DeviceTensor& dy,
+                   DeviceTensor* dx, bool accumulate_dx);
+  // RMSNorm over rows of w's length; rstd (train) may be null.
+  void norm(const DeviceTensor& x, const Param& w, DeviceTensor& y, DeviceTensor* rstd);
+  void norm_backward(const DeviceTensor& dy, const DeviceTensor& x, Param& w,
+                     const DeviceTensor& rstd, DeviceTensor& dx);
+  void rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward);
+  void layer_forward(Layer& L, Saved& s, DeviceTensor& h);
+  void layer_backward(Layer& L, Saved& s, DeviceTensor& dh);
+  float attention_scale() const;
+
+  ModelConfig cfg_;
+  DemoSlots slots_;
+  const Runtime& runtime_;
+  int device_;
+  DevicePool pool_;
+  DeviceStream stream_;
+  DeviceKernels kernels_;
+  std::map<std::string, Param> params_;  // by Transformers name; "…mlp.gate_up" for the fused one
+  std::vector<Layer> layers_;
+  Param *emb_ = nullptr, *final_norm_ = nullptr, *head_ = nullptr;
+  DeviceTensor cos_, sin_;
+  int64_t adam_t_ = 0;
+
+  // The last forward.
+  bool train_ = false;
+  bool has_targets_ = false;
+  int batch_ = 0, len_ = 0;
+  DeviceTensor tokens_, targets_, positions_;
+  std::vector<Saved> saved_;
+  DeviceTensor h_last_, rstd_f_, f_, logits_, loss_, dlogits_;
+  std::vector<std::string> package_slots_;
+};
+
+}  // namespace kh::demo

@@ -1,0 +1,69 @@
+// A tensor in device memory for the GPU-resident runtime: a block of a kh::DevicePool (freed
+// to the pool when the tensor goes), a row-major shape and a dtype, and the DLTensor view that
+// slot calls take (kDLCUDA on the pool's device, contiguous: strides NULL).
+#pragma once
+
+#include <dlpack/dlpack.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernel_hub/kernel_hub.hpp"
+
+namespace kh::demo {
+
+inline constexpr DLDataType kF32{kDLFloat, 32, 1};
+inline constexpr DLDataType kBF16{kDLBfloat, 16, 1};
+inline constexpr DLDataType kI64{kDLInt, 64, 1};
+
+// "float32", "bfloat16", "int64", or "code/bits/lanes".
+std::string dtype_name(DLDataType dtype);
+bool same_dtype(DLDataType a, DLDataType b);
+
+class DeviceTensor {
+ public:
+  DeviceTensor() = default;
+  // Uninitialized memory from `pool` (none for zero elements). Throws kh::Error: kInvalidInput
+  // for a negative dimension or a dtype that is not whole bytes, the pool's errors otherwise.
+  DeviceTensor(DevicePool& pool, std::vector<int64_t> shape, DLDataType dtype);
+  DeviceTensor(DeviceTensor&& other) noexcept = default;
+  DeviceTensor& operator=(DeviceTensor&& other) noexcept = default;
+
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_.at(static_cast<size_t>(i)); }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  DLDataType dtype() const { return dtype_; }
+  int device() const { return device_; }
+  int64_t numel() const;
+  size_t bytes() const;
+  void* data() const { return data_; }
+  template <typename T>
+  T* data_as() const {
+    return static_cast<T*>(data_);
+  }
+  // The same memory seen with another shape of the same element count (no copy).
+  DeviceTensor view(std::vector<int64_t> shape) const;
+
+  // The DLTensor of this tensor, valid while it lives and is not moved or reshaped.
+  const DLTensor* dl() const;
+
+  // Host <-> device, ordered on `stream` (the host memory must stay valid until the stream
+  // reaches the copy). `bytes` must equal bytes().
+  void upload(DeviceStream& stream, const void* host, size_t bytes);
+  void download(DeviceStream& stream, void* host, size_t bytes) const;
+  void zero(DeviceStream& stream);
+  // "bfloat16[4, 64]", for messages.
+  std::string describe() const;
+
+ private:
+  std::shared_ptr<DeviceBuffer> buffer_;  // shared with views; freed to the pool by the last
+  void* data_ = nullptr;
+  std::vector<int64_t> shape_;
+  DLDataType dtype_{kDLFloat, 32, 1};
+  int device_ = -1;
+  mutable DLTensor dl_{};
+};
+
+}  // namespace kh::demo
