@@ -3,7 +3,8 @@
 # gpu_bundle.sh): GPU tests, the device-load benchmark and the kernel benchmarks against
 # PyTorch. Logs go to $OUT (or /tmp/kh-gpu-out). KH_GTEST_FILTER: a --gtest_filter for the test
 # binaries (e.g. "-*Activation*" to leave out the 65 s activation sweep when only norm or softmax
-# code changed); KH_BENCH_ARGS: extra options of bench_kernels.py.
+# code changed); KH_GPU_TESTS: the test binaries to run (default: all); KH_BENCH_ARGS and
+# KH_ATTENTION_BENCH_ARGS: extra options of bench_kernels.py and bench_attention.py.
 set -uo pipefail
 root=$(pwd); g=$root/.devlibs/gpu; out=${OUT:-/tmp/kh-gpu-out}; mkdir -p "$out"
 mkdir -p /tmp/kh-dl
@@ -33,8 +34,8 @@ ln -s "$g/default-hub" "$build/default-hub"
 ln -s "$g/default-hub-key" "$build/default-hub-key"
 ln -s "$g/bin/kernel-hub" "$build/kernel-hub"
 status=0
-for t in test_gpu_device_code test_gpu_launch test_kernels_gpu test_kernels_gpu_rotary_softmax test_kernels_gpu_attention \
-    test_gpu_gemm test_kernels_gpu_linear_ce; do
+for t in ${KH_GPU_TESTS:-test_gpu_device_code test_gpu_launch test_kernels_gpu test_kernels_gpu_rotary_softmax \
+    test_kernels_gpu_attention test_gpu_gemm test_kernels_gpu_linear_ce test_gpu_device_api test_gpu_demo_device}; do
   "$g/bin/$t" --gtest_filter="${KH_GTEST_FILTER:-*}" 2>&1 | tee "$out/$t.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|rel' | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done
@@ -47,7 +48,8 @@ if [ -x "$g/bin/test_demo" ]; then
   "$g/bin/bench_kernelize" 2>&1 | tee "$out/bench_kernelize.log" | tail -6
 fi
 if [ -f "$g/bench_attention.py" ] && [ -z "${KH_SKIP_ATTENTION_BENCH:-}" ]; then
-  (cd "$g" && python3 bench_attention.py --lib "$g/bin/libkernel_hub.so" --packages "$g/kernels") \
+  (cd "$g" && python3 bench_attention.py --lib "$g/bin/libkernel_hub.so" --packages "$g/kernels" \
+    ${KH_ATTENTION_BENCH_ARGS:-}) \
     2>&1 | tee "$out/bench_attention.log" | tail -30
 fi
 if [ -f "$g/bench_kernels.py" ] && [ -z "${KH_SKIP_KERNEL_BENCH:-}" ]; then
