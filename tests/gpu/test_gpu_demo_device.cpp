@@ -484,9 +484,13 @@ TEST_F(GpuDemoDevice, DeviceModelTrainsLikeTheHostModel) {
       host.adam_step(adam);
       dev.adam_step(adam);
     }
+    // Weights after three AdamW steps: an element whose gradient is near zero moves by up to
+    // lr * m / sqrt(v), whose sign and size depend on the last bits of that gradient (the GEMM's
+    // summation order against the host loops'), so the bound is a tenth of one step (lr 1e-2);
+    // a wrong gradient moves elements by whole steps. The losses above are checked tightly.
     for (const char* name : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
                              "model.layers.1.mlp.up_proj.weight", "model.norm.weight"})
-      expect_close(dev.download_weight(name), *host.weight(name), 1e-4f, 1e-3f, name);
+      expect_close(dev.download_weight(name), *host.weight(name), 1e-3f, 1e-3f, name);
     if (cfg.qkv_bias)
       expect_close(dev.download_weight("model.layers.0.self_attn.k_proj.bias"),
                    *host.weight("model.layers.0.self_attn.k_proj.bias"), 1e-4f, 1e-3f, "k bias");
