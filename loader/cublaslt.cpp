@@ -29,13 +29,7 @@ State& state() {
 
 void load(State& s) {
   std::string tried;
-  std::optional<DynamicLibrary> lib;
-  for (const std::string& c : candidates()) {
-    std::string why;
-    lib = DynamicLibrary::try_open(c, why);
-    if (lib) break;
-    tried += fmt::format("\n  {}: {}", c, why);
-  }
+  std::optional<DynamicLibrary> lib = DynamicLibrary::open_first(candidates(), tried);
   if (!lib)
     throw Error(ErrorKind::kNotFound,
                 fmt::format("cuBLASLt not found, so the GEMM service cannot run on a CUDA device; "

@@ -35,6 +35,17 @@ std::optional<DynamicLibrary> DynamicLibrary::try_open(const std::string& name, 
   return DynamicLibrary(name, handle);
 }
 
+std::optional<DynamicLibrary> DynamicLibrary::open_first(const std::vector<std::string>& names,
+                                                         std::string& tried) {
+  for (const std::string& name : names) {
+    std::string why;
+    std::optional<DynamicLibrary> lib = try_open(name, why);
+    if (lib) return lib;
+    tried += "\n  " + name + ": " + why;
+  }
+  return std::nullopt;
+}
+
 void* DynamicLibrary::address(const char* symbol) const {
   return ::dlsym(handle_, symbol);
 }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace kh {
 
@@ -22,6 +23,11 @@ class DynamicLibrary {
   // As the constructor, without throwing: nullopt, with dlerror's reason in `why`, when `name`
   // does not open (for callers that try several names or report the failure their own way).
   static std::optional<DynamicLibrary> try_open(const std::string& name, std::string& why);
+
+  // The first of `names` that opens; nullopt when none does, with one line per name tried
+  // ("\n  NAME: reason") appended to `tried` for the caller's error message.
+  static std::optional<DynamicLibrary> open_first(const std::vector<std::string>& names,
+                                                  std::string& tried);
 
   const std::string& name() const { return name_; }
 
