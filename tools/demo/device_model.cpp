@@ -95,15 +95,10 @@ DeviceCausalLM::DeviceCausalLM(const CausalLM& host, const DemoSlots& slots, con
   final_norm_ = &param("model.norm.weight");
   head_ = cfg_.tie_embeddings ? emb_ : &param("lm_head.weight");
 
-  // The host model's NeoX rotary cache (model.cpp), computed the same way.
+  // The host model's rotary cache (model_config.h).
   const int half = cfg_.head_dim / 2;
-  std::vector<float> c(static_cast<size_t>(cfg_.seq) * half), s(c.size());
-  for (int p = 0; p < cfg_.seq; ++p)
-    for (int j = 0; j < half; ++j) {
-      const double inv = std::pow(cfg_.rope_theta, -2.0 * j / cfg_.head_dim);
-      c[static_cast<size_t>(p) * half + j] = static_cast<float>(std::cos(p * inv));
-      s[static_cast<size_t>(p) * half + j] = static_cast<float>(std::sin(p * inv));
-    }
+  std::vector<float> c, s;
+  rope_tables(cfg_, c, s);
   cos_ = DeviceTensor(pool_, {cfg_.seq, half}, kF32);
   sin_ = DeviceTensor(pool_, {cfg_.seq, half}, kF32);
   cos_.upload(stream_, c.data(), c.size() * sizeof(float));

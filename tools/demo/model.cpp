@@ -116,17 +116,7 @@ void CausalLM::build(std::map<std::string, std::vector<float>>* weights, uint64_
     };
   }
 
-  // NeoX rotary cache as Transformers' default RoPE: inv_freq_j = theta^(-2j / head_dim), angle
-  // = pos * inv_freq_j; rotate_half pairs (j, j + half).
-  const int half = cfg_.head_dim / 2;
-  cos_.resize(static_cast<size_t>(cfg_.seq) * half);
-  sin_.resize(cos_.size());
-  for (int p = 0; p < cfg_.seq; ++p)
-    for (int j = 0; j < half; ++j) {
-      const double inv = std::pow(cfg_.rope_theta, -2.0 * j / cfg_.head_dim);
-      cos_[static_cast<size_t>(p) * half + j] = static_cast<float>(std::cos(p * inv));
-      sin_[static_cast<size_t>(p) * half + j] = static_cast<float>(std::sin(p * inv));
-    }
+  rope_tables(cfg_, cos_, sin_);
 }
 
 CausalLM::Param& CausalLM::param(const std::string& name) {

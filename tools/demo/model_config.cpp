@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "hub/base/error.h"
@@ -229,6 +231,18 @@ std::vector<WeightSpec> weight_specs(const ModelConfig& c) {
   w.push_back({"model.norm.weight", {H}});
   if (!c.tie_embeddings) w.push_back({"lm_head.weight", {V, H}});
   return w;
+}
+
+void rope_tables(const ModelConfig& config, std::vector<float>& cos, std::vector<float>& sin) {
+  const int half = config.head_dim / 2;
+  cos.resize(static_cast<size_t>(config.seq) * half);
+  sin.resize(cos.size());
+  for (int p = 0; p < config.seq; ++p)
+    for (int j = 0; j < half; ++j) {
+      const double inv = std::pow(config.rope_theta, -2.0 * j / config.head_dim);
+      cos[static_cast<size_t>(p) * half + j] = static_cast<float>(std::cos(p * inv));
+      sin[static_cast<size_t>(p) * half + j] = static_cast<float>(std::sin(p * inv));
+    }
 }
 
 }  // namespace kh::demo

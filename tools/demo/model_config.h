@@ -69,4 +69,8 @@ struct WeightSpec {
 // (untied) lm_head.
 std::vector<WeightSpec> weight_specs(const ModelConfig& config);
 
+// The NeoX rotary cache of Transformers' default RoPE, [seq, head_dim / 2] each:
+// inv_freq_j = theta^(-2j / head_dim), angle = pos * inv_freq_j; rotate_half pairs (j, j + half).
+void rope_tables(const ModelConfig& config, std::vector<float>& cos, std::vector<float>& sin);
+
 }  // namespace kh::demo
