@@ -1,7 +1,5 @@
 #include "loader/cublaslt.h"
 
-#include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -11,6 +9,7 @@
 #include "hub/base/dynamic_library.h"
 #include "hub/base/error.h"
 #include "hub/base/log.h"
+#include "loader/cuda_library_names.h"
 
 namespace kh::cublaslt {
 
@@ -56,21 +55,7 @@ void load(State& s) {
 }  // namespace
 
 std::vector<std::string> candidates() {
-  std::vector<std::string> c;
-  if (const char* env = std::getenv("KERNEL_HUB_CUBLASLT"); env && *env) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(env, ec)) {
-      c.push_back((std::filesystem::path(env) / "libcublasLt.so.13").string());
-      c.push_back((std::filesystem::path(env) / "libcublasLt.so.12").string());
-    } else {
-      c.push_back(env);
-    }
-  }
-  c.push_back("libcublasLt.so.13");
-  c.push_back("libcublasLt.so.12");
-  c.push_back("/usr/local/cuda/lib64/libcublasLt.so.13");
-  c.push_back("/usr/local/cuda/lib64/libcublasLt.so.12");
-  return c;
+  return cuda_library_candidates("KERNEL_HUB_CUBLASLT", "libcublasLt");
 }
 
 const Api& cublaslt() {

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <clocale>
-#include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -14,6 +12,7 @@
 #include "hub/base/dynamic_library.h"
 #include "hub/base/error.h"
 #include "hub/base/log.h"
+#include "loader/cuda_library_names.h"
 
 namespace kh {
 
@@ -68,21 +67,7 @@ State& state() {
 }
 
 std::vector<std::string> candidates() {
-  std::vector<std::string> c;
-  if (const char* env = std::getenv("KERNEL_HUB_NVRTC"); env && *env) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(env, ec)) {
-      c.push_back((std::filesystem::path(env) / "libnvrtc.so.13").string());
-      c.push_back((std::filesystem::path(env) / "libnvrtc.so.12").string());
-    } else {
-      c.push_back(env);
-    }
-  }
-  c.push_back("libnvrtc.so.13");
-  c.push_back("libnvrtc.so.12");
-  c.push_back("/usr/local/cuda/lib64/libnvrtc.so.13");
-  c.push_back("/usr/local/cuda/lib64/libnvrtc.so.12");
-  return c;
+  return cuda_library_candidates("KERNEL_HUB_NVRTC", "libnvrtc");
 }
 
 void load(State& s) {
