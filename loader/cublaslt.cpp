@@ -60,17 +60,7 @@ std::vector<std::string> candidates() {
 
 const Api& cublaslt() {
   State& s = state();
-  std::call_once(s.once, [&] {
-    try {
-      load(s);
-    } catch (const Error& e) {
-      s.failure = std::make_unique<Error>(e);
-    } catch (const std::exception& e) {
-      s.failure = std::make_unique<Error>(ErrorKind::kIo,
-                                          fmt::format("loading cuBLASLt failed: {}", e.what()));
-    }
-  });
-  if (s.failure) throw *s.failure;
+  load_once_or_throw(s.once, s.failure, "cuBLASLt", [&] { load(s); });
   return s.api;
 }
 

@@ -152,18 +152,10 @@ void load(State& s) {
 
 const Driver& cuda_driver() {
   State& s = state();
-  std::call_once(s.once, [&] {
+  load_once_or_throw(s.once, s.failure, "the CUDA driver", [&] {
     s.attempted.store(true, std::memory_order_release);
-    try {
-      load(s);
-    } catch (const Error& e) {
-      s.failure = std::make_unique<Error>(e);
-    } catch (const std::exception& e) {
-      s.failure = std::make_unique<Error>(
-          ErrorKind::kIo, fmt::format("loading the CUDA driver failed: {}", e.what()));
-    }
+    load(s);
   });
-  if (s.failure) throw *s.failure;
   return s.driver;
 }
 

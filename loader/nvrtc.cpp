@@ -140,17 +140,7 @@ class LocaleGuard {
 
 const NvrtcInfo& nvrtc() {
   State& s = state();
-  std::call_once(s.once, [&] {
-    try {
-      load(s);
-    } catch (const Error& e) {
-      s.failure = std::make_unique<Error>(e);
-    } catch (const std::exception& e) {
-      s.failure = std::make_unique<Error>(ErrorKind::kIo,
-                                          fmt::format("loading NVRTC failed: {}", e.what()));
-    }
-  });
-  if (s.failure) throw *s.failure;
+  load_once_or_throw(s.once, s.failure, "NVRTC", [&] { load(s); });
   return s.info;
 }
 

@@ -54,4 +54,17 @@ void DynamicLibrary::missing(const char* symbol) const {
   throw Error(ErrorKind::kUnsupported, name_ + " has no " + symbol + ": it is too old; " + hint_);
 }
 
+std::unique_ptr<Error> load_failure(std::exception_ptr thrown, const char* what) {
+  try {
+    std::rethrow_exception(thrown);
+  } catch (const Error& e) {
+    return std::make_unique<Error>(e);
+  } catch (const std::exception& e) {
+    return std::make_unique<Error>(ErrorKind::kIo,
+                                   std::string("loading ") + what + " failed: " + e.what());
+  } catch (...) {
+    return std::make_unique<Error>(ErrorKind::kIo, std::string("loading ") + what + " failed");
+  }
+}
+
 }  // namespace kh

@@ -7,6 +7,8 @@
 // declares its table's typed pointers and resolves them here by name.
 #pragma once
 
+#include <exception>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -14,6 +16,8 @@
 #include <vector>
 
 namespace kh {
+
+class Error;
 
 class DynamicLibrary {
  public:
@@ -61,6 +65,25 @@ const Table& load_once(Load load) {
   static Table table{};
   std::call_once(once, [&] { table = load(); });
   return table;
+}
+
+// The error a library load threw, kept for every later caller: an Error as it is, anything else
+// as kIo "loading WHAT failed: ...".
+std::unique_ptr<Error> load_failure(std::exception_ptr thrown, const char* what);
+
+// Runs `load` once per process; when it throws, this and every later call throw the same error
+// without trying again (a missing CUDA library stays missing for the process).
+template <class Load>
+void load_once_or_throw(std::once_flag& once, std::unique_ptr<Error>& failure, const char* what,
+                        Load&& load) {
+  std::call_once(once, [&] {
+    try {
+      load();
+    } catch (...) {
+      failure = load_failure(std::current_exception(), what);
+    }
+  });
+  if (failure) throw *failure;
 }
 
 }  // namespace kh

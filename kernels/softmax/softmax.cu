@@ -397,12 +397,12 @@ extern "C" __global__ void __launch_bounds__(1024)
   if (threadIdx.x == 0) loss[0] = total * inv_count[0];
 }
 
-#define KH_LCE_KERNELS(TNAME, T, VEC, VNAME)                                                    \
-  extern "C" __global__ void __launch_bounds__(1024) lce_grad_##TNAME##_##VNAME(                \
-      const T* x, kh_i64 sx, const kh_i64* targets, kh_i64 ignore_index, float* loss, T* dx,    \
-      kh_i64 sdx, const float* inv_count, kh_i64 rows, int cols) {                              \
-    ce_fwd<T, VEC, true, CeRes<VEC>::train>(x, sx, targets, ignore_index, loss, dx, sdx,        \
-                                            inv_count[0], rows, cols);                          \
+#define KH_LCE_KERNELS(TNAME, T, VEC, VNAME)                                                 \
+  extern "C" __global__ void __launch_bounds__(1024) lce_grad_##TNAME##_##VNAME(             \
+      const T* x, kh_i64 sx, const kh_i64* targets, kh_i64 ignore_index, float* loss, T* dx, \
+      kh_i64 sdx, const float* inv_count, kh_i64 rows, int cols) {                           \
+    ce_fwd<T, VEC, true, CeRes<VEC>::train>(x, sx, targets, ignore_index, loss, dx, sdx,     \
+                                            inv_count[0], rows, cols);                       \
   }
 
 KH_LCE_KERNELS(bf16, kh_bf16, kh_vec16<kh_bf16>::n, vec)
@@ -413,10 +413,10 @@ KH_LCE_KERNELS(fp32, float, kh_vec16<float>::n, vec)
 KH_LCE_KERNELS(fp32, float, 1, scalar)
 
 // x[r, c] *= g[0] over [rows, cols] with row stride sx; g NULL: x = 0. Grid-stride, any grid.
-#define KH_LCE_SCALE(TNAME, T)                                                              \
-  extern "C" __global__ void lce_scale_##TNAME(T* x, kh_i64 sx, kh_i64 rows, int cols,      \
-                                               const float* g) {                            \
-    lce_scale<T>(x, sx, rows, cols, g);                                                     \
+#define KH_LCE_SCALE(TNAME, T)                                                         \
+  extern "C" __global__ void lce_scale_##TNAME(T* x, kh_i64 sx, kh_i64 rows, int cols, \
+                                               const float* g) {                       \
+    lce_scale<T>(x, sx, rows, cols, g);                                                \
   }
 KH_LCE_SCALE(bf16, kh_bf16)
 KH_LCE_SCALE(fp16, kh_fp16)

@@ -14,7 +14,6 @@
 
 namespace {
 
-
 template <typename T>
 KH_DEV T from_f(float f) {
   return kh_convert<T>::from_float(f);
@@ -120,11 +119,13 @@ KH_DEV void rms_norm_bwd_dx(const T* dy, const T* x, const T* w, const float* rs
   const float rs = rstd[r];
   float sum_gx = 0.f;
   for (long long c = threadIdx.x; c < cols; c += blockDim.x)
-    sum_gx += kh_to_float(dy[r * cols + c]) * kh_to_float(w[c]) * (kh_to_float(x[r * cols + c]) * rs);
+    sum_gx +=
+        kh_to_float(dy[r * cols + c]) * kh_to_float(w[c]) * (kh_to_float(x[r * cols + c]) * rs);
   const float c1 = kh_row_sum(sum_gx, red) / (float)cols;
   for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
     const float xhat = kh_to_float(x[r * cols + c]) * rs;
-    dx[r * cols + c] = from_f<T>(rs * (kh_to_float(dy[r * cols + c]) * kh_to_float(w[c]) - xhat * c1));
+    dx[r * cols + c] =
+        from_f<T>(rs * (kh_to_float(dy[r * cols + c]) * kh_to_float(w[c]) - xhat * c1));
   }
 }
 
@@ -221,9 +222,9 @@ KH_DEV void attention_fwd(const T* q, const T* k, const T* v, T* out, float* lse
   const T* qi = q + ((b * s.len + i) * s.heads + h) * (long long)s.head_dim;
   float m = -__int_as_float(0x7f800000);
   for (long long j = threadIdx.x; j <= i; j += blockDim.x) {
-    p[j] = dot_row(qi, k + ((b * s.len + j) * s.kv_heads + hk) * (long long)s.head_dim,
-                   s.head_dim) *
-           scale;
+    p[j] =
+        dot_row(qi, k + ((b * s.len + j) * s.kv_heads + hk) * (long long)s.head_dim, s.head_dim) *
+        scale;
     m = fmaxf(m, p[j]);
   }
   m = block_max(m, red);
@@ -238,15 +239,15 @@ KH_DEV void attention_fwd(const T* q, const T* k, const T* v, T* out, float* lse
       acc += p[j] * kh_to_float(v[((b * s.len + j) * s.kv_heads + hk) * (long long)s.head_dim + d]);
     oi[d] = from_f<T>(acc * inv);
   }
-  if (lse && threadIdx.x == 0) lse[(long long)h * gridDim.z * s.len + b * s.len + i] = m + logf(sum);
+  if (lse && threadIdx.x == 0)
+    lse[(long long)h * gridDim.z * s.len + b * s.len + i] = m + logf(sum);
 }
 
 // dq is written; dk and dv are accumulated with fp32 atomics, so they must be zero before the
 // launch and fp32 (the op wrapper zeroes them).
 template <typename T>
 KH_DEV void attention_bwd(const T* dout, const T* q, const T* k, const T* v, const T* out,
-                          const float* lse, T* dq, float* dk, float* dv, AttnShape s,
-                          float scale) {
+                          const float* lse, T* dq, float* dk, float* dv, AttnShape s, float scale) {
   extern __shared__ float sh[];
   __shared__ float red[32];
   const long long i = blockIdx.x;
@@ -329,63 +330,65 @@ KH_DEV void cross_entropy_bwd(const float* dloss, T* dlogits, long long rows, lo
 // ---- entry points, one per element type ------------------------------------------------------
 #define KH_FOR_TYPES(X) X(f32, float) X(bf16, kh_bf16)
 
-#define KH_ENTRIES(sfx, T)                                                                        \
-  KH_GLOBAL void kh_embedding_fwd_##sfx(const T* table, const long long* tokens, T* out,          \
-                                        long long vocab, long long dim) {                         \
-    embedding_fwd(table, tokens, out, vocab, dim);                                                \
-  }                                                                                               \
-  KH_GLOBAL void kh_embedding_bwd_##sfx(const long long* tokens, const T* dh, float* dtable,      \
-                                        long long vocab, long long dim) {                         \
-    embedding_bwd(tokens, dh, dtable, vocab, dim);                                                \
-  }                                                                                               \
-  KH_GLOBAL void kh_add_##sfx(const T* a, const T* b, T* out, long long n) { add(a, b, out, n); } \
+#define KH_ENTRIES(sfx, T)                                                                         \
+  KH_GLOBAL void kh_embedding_fwd_##sfx(const T* table, const long long* tokens, T* out,           \
+                                        long long vocab, long long dim) {                          \
+    embedding_fwd(table, tokens, out, vocab, dim);                                                 \
+  }                                                                                                \
+  KH_GLOBAL void kh_embedding_bwd_##sfx(const long long* tokens, const T* dh, float* dtable,       \
+                                        long long vocab, long long dim) {                          \
+    embedding_bwd(tokens, dh, dtable, vocab, dim);                                                 \
+  }                                                                                                \
+  KH_GLOBAL void kh_add_##sfx(const T* a, const T* b, T* out, long long n) {                       \
+    add(a, b, out, n);                                                                             \
+  }                                                                                                \
   KH_GLOBAL void kh_bias_add_##sfx(T* y, const T* bias, long long rows, long long cols) {          \
-    bias_add(y, bias, rows, cols);                                                                \
-  }                                                                                               \
+    bias_add(y, bias, rows, cols);                                                                 \
+  }                                                                                                \
   KH_GLOBAL void kh_column_sum_add_##sfx(const T* dy, float* db, long long rows, long long cols) { \
-    column_sum_add(dy, db, rows, cols);                                                           \
-  }                                                                                               \
-  KH_GLOBAL void kh_rms_norm_##sfx(const T* x, const T* w, float eps, T* y, float* rstd,         \
-                                   long long cols) {                                              \
-    rms_norm(x, w, eps, y, rstd, cols);                                                           \
-  }                                                                                               \
-  KH_GLOBAL void kh_rms_norm_bwd_dx_##sfx(const T* dy, const T* x, const T* w, const float* rstd, \
-                                          T* dx, long long cols) {                                \
-    rms_norm_bwd_dx(dy, x, w, rstd, dx, cols);                                                    \
-  }                                                                                               \
-  KH_GLOBAL void kh_rms_norm_bwd_dw_##sfx(const T* dy, const T* x, const float* rstd, float* dw,  \
-                                          long long rows, long long cols) {                       \
-    rms_norm_bwd_dw(dy, x, rstd, dw, rows, cols);                                                 \
-  }                                                                                               \
-  KH_GLOBAL void kh_silu_and_mul_##sfx(const T* x, T* y, long long rows, long long d) {           \
-    silu_and_mul(x, y, rows, d);                                                                  \
-  }                                                                                               \
-  KH_GLOBAL void kh_silu_and_mul_bwd_##sfx(const T* dy, const T* x, T* dx, long long rows,        \
-                                           long long d) {                                         \
-    silu_and_mul_bwd(dy, x, dx, rows, d);                                                         \
-  }                                                                                               \
-  KH_GLOBAL void kh_rotary_##sfx(const long long* pos, T* q, T* k, const float* cosv,             \
-                                 const float* sinv, int q_heads, int k_heads, int head_dim,       \
-                                 int half, long long max_pos, int neox, float sign) {             \
-    rotary(pos, q, k, cosv, sinv, q_heads, k_heads, head_dim, half, max_pos, neox, sign);         \
-  }                                                                                               \
-  KH_GLOBAL void kh_attention_fwd_##sfx(const T* q, const T* k, const T* v, T* out, float* lse,   \
-                                        AttnShape s, float scale) {                               \
-    attention_fwd(q, k, v, out, lse, s, scale);                                                   \
-  }                                                                                               \
-  KH_GLOBAL void kh_attention_bwd_##sfx(const T* dout, const T* q, const T* k, const T* v,        \
-                                        const T* out, const float* lse, T* dq, float* dk,         \
-                                        float* dv, AttnShape s, float scale) {                    \
-    attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, s, scale);                                 \
-  }                                                                                               \
-  KH_GLOBAL void kh_cross_entropy_##sfx(const T* logits, const long long* targets,                \
-                                        long long ignore, float grad_scale, float* loss,          \
-                                        T* dlogits, long long cols) {                             \
-    cross_entropy(logits, targets, ignore, grad_scale, loss, dlogits, cols);                      \
-  }                                                                                               \
-  KH_GLOBAL void kh_cross_entropy_bwd_##sfx(const float* dloss, T* dlogits, long long rows,       \
-                                            long long cols) {                                     \
-    cross_entropy_bwd(dloss, dlogits, rows, cols);                                                \
+    column_sum_add(dy, db, rows, cols);                                                            \
+  }                                                                                                \
+  KH_GLOBAL void kh_rms_norm_##sfx(const T* x, const T* w, float eps, T* y, float* rstd,           \
+                                   long long cols) {                                               \
+    rms_norm(x, w, eps, y, rstd, cols);                                                            \
+  }                                                                                                \
+  KH_GLOBAL void kh_rms_norm_bwd_dx_##sfx(const T* dy, const T* x, const T* w, const float* rstd,  \
+                                          T* dx, long long cols) {                                 \
+    rms_norm_bwd_dx(dy, x, w, rstd, dx, cols);                                                     \
+  }                                                                                                \
+  KH_GLOBAL void kh_rms_norm_bwd_dw_##sfx(const T* dy, const T* x, const float* rstd, float* dw,   \
+                                          long long rows, long long cols) {                        \
+    rms_norm_bwd_dw(dy, x, rstd, dw, rows, cols);                                                  \
+  }                                                                                                \
+  KH_GLOBAL void kh_silu_and_mul_##sfx(const T* x, T* y, long long rows, long long d) {            \
+    silu_and_mul(x, y, rows, d);                                                                   \
+  }                                                                                                \
+  KH_GLOBAL void kh_silu_and_mul_bwd_##sfx(const T* dy, const T* x, T* dx, long long rows,         \
+                                           long long d) {                                          \
+    silu_and_mul_bwd(dy, x, dx, rows, d);                                                          \
+  }                                                                                                \
+  KH_GLOBAL void kh_rotary_##sfx(const long long* pos, T* q, T* k, const float* cosv,              \
+                                 const float* sinv, int q_heads, int k_heads, int head_dim,        \
+                                 int half, long long max_pos, int neox, float sign) {              \
+    rotary(pos, q, k, cosv, sinv, q_heads, k_heads, head_dim, half, max_pos, neox, sign);          \
+  }                                                                                                \
+  KH_GLOBAL void kh_attention_fwd_##sfx(const T* q, const T* k, const T* v, T* out, float* lse,    \
+                                        AttnShape s, float scale) {                                \
+    attention_fwd(q, k, v, out, lse, s, scale);                                                    \
+  }                                                                                                \
+  KH_GLOBAL void kh_attention_bwd_##sfx(const T* dout, const T* q, const T* k, const T* v,         \
+                                        const T* out, const float* lse, T* dq, float* dk,          \
+                                        float* dv, AttnShape s, float scale) {                     \
+    attention_bwd(dout, q, k, v, out, lse, dq, dk, dv, s, scale);                                  \
+  }                                                                                                \
+  KH_GLOBAL void kh_cross_entropy_##sfx(const T* logits, const long long* targets,                 \
+                                        long long ignore, float grad_scale, float* loss,           \
+                                        T* dlogits, long long cols) {                              \
+    cross_entropy(logits, targets, ignore, grad_scale, loss, dlogits, cols);                       \
+  }                                                                                                \
+  KH_GLOBAL void kh_cross_entropy_bwd_##sfx(const float* dloss, T* dlogits, long long rows,        \
+                                            long long cols) {                                      \
+    cross_entropy_bwd(dloss, dlogits, rows, cols);                                                 \
   }
 
 KH_FOR_TYPES(KH_ENTRIES)
