@@ -15,9 +15,9 @@
 #include <type_traits>
 #include <vector>
 
-namespace kh {
+#include "hub/base/error.h"
 
-class Error;
+namespace kh {
 
 class DynamicLibrary {
  public:
