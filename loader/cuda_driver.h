@@ -97,6 +97,30 @@ struct CUlaunchConfig {
 static_assert(sizeof(CUlaunchAttributeValue) == 64 && sizeof(CUlaunchAttribute) == 72 &&
               sizeof(CUlaunchConfig) == 56);
 
+// cuTensorMapEncodeTiled's types (CUDA 12.0+): the opaque 128-byte descriptor and the enum values
+// the tensor-map service (loader/tensor_map_service.h) passes. cuda.h aligns CUtensorMap to 128;
+// the driver requires 64, which is what kh_tensor_map_t's callers promise.
+struct CUtensorMap {
+  alignas(64) cuuint64_t opaque[16];
+};
+static_assert(sizeof(CUtensorMap) == 128);
+using cuuint32_t = uint32_t;
+using CUtensorMapDataType = int;
+using CUtensorMapInterleave = int;
+using CUtensorMapSwizzle = int;
+using CUtensorMapL2promotion = int;
+using CUtensorMapFloatOOBfill = int;
+constexpr CUtensorMapDataType CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6;
+constexpr CUtensorMapDataType CU_TENSOR_MAP_DATA_TYPE_FLOAT32 = 7;
+constexpr CUtensorMapDataType CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9;
+constexpr CUtensorMapInterleave CU_TENSOR_MAP_INTERLEAVE_NONE = 0;
+constexpr CUtensorMapSwizzle CU_TENSOR_MAP_SWIZZLE_NONE = 0;
+constexpr CUtensorMapSwizzle CU_TENSOR_MAP_SWIZZLE_32B = 1;
+constexpr CUtensorMapSwizzle CU_TENSOR_MAP_SWIZZLE_64B = 2;
+constexpr CUtensorMapSwizzle CU_TENSOR_MAP_SWIZZLE_128B = 3;
+constexpr CUtensorMapL2promotion CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3;
+constexpr CUtensorMapFloatOOBfill CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;  // out of bounds reads 0
+
 // The oldest driver API the loader asks cuGetProcAddress for: cuLibrary* needs CUDA 12.0.
 constexpr int kMinDriverCudaVersion = 12000;
 // The newest API version whose signatures the declarations below match.
@@ -130,7 +154,8 @@ constexpr int kMaxRequestedCudaVersion = 13000;
 // Optional: null when the driver lacks them. Error texts, then memory and streams (the package
 // loader itself never allocates; the device API (device_api.h), tests and tools use these),
 // function attributes, cuLaunchKernelEx (clusters and PDL; a plain launch keeps cuLaunchKernel),
-// then the device API's async copies, events and CUDA graphs.
+// then the device API's async copies, events and CUDA graphs, and the tensor-map service's
+// encoder (TMA descriptors).
 #define KH_CUDA_OPTIONAL(X)                                         \
   X(cuGetErrorName, (CUresult error, const char** text))            \
   X(cuGetErrorString, (CUresult error, const char** text))          \
@@ -164,7 +189,13 @@ constexpr int kMaxRequestedCudaVersion = 13000;
     (CUgraphExec* exec, CUgraph graph, unsigned long long flags))             \
   X(cuGraphLaunch, (CUgraphExec exec, CUstream stream))                       \
   X(cuGraphExecDestroy, (CUgraphExec exec))                                   \
-  X(cuGraphDestroy, (CUgraph graph))
+  X(cuGraphDestroy, (CUgraph graph))                                          \
+  X(cuTensorMapEncodeTiled,                                                   \
+    (CUtensorMap* map, CUtensorMapDataType dtype, cuuint32_t rank, void* address, \
+     const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,  \
+     const cuuint32_t* element_strides, CUtensorMapInterleave interleave,       \
+     CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2_promotion,           \
+     CUtensorMapFloatOOBfill oob_fill))
 // clang-format on
 
 struct Driver {

@@ -7,6 +7,7 @@
 #include "hub/base/log.h"
 #include "loader/gemm_service.h"
 #include "loader/launch_config.h"
+#include "loader/tensor_map_service.h"
 
 namespace kh {
 
@@ -102,6 +103,14 @@ int32_t host_gemm(void* ctx, const kh_gemm_t* g, void* stream) {
   return status;
 }
 
+int32_t host_tensor_map(void* ctx, const kh_tensor_map_t* req, void* map) {
+  auto* c = context_of(ctx);
+  std::string error;
+  int32_t status = encode_tensor_map(req, map, error);
+  if (status != KH_OK) t_op_error = fmt::format("{}: tensor_map: {}", package_label(c), error);
+  return status;
+}
+
 }  // namespace
 
 void set_device_backend(DeviceBackend* backend) {
@@ -121,6 +130,7 @@ HostContext* make_host_context(PackageIdentity package) {
   c->table.get_function = host_get_function;
   c->table.launch = host_launch;
   c->table.gemm = host_gemm;
+  c->table.tensor_map = host_tensor_map;
   return c;
 }
 

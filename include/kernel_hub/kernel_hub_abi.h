@@ -51,7 +51,7 @@ extern "C" {
 #endif
 
 #define KH_ABI_MAJOR 1
-#define KH_ABI_MINOR 2
+#define KH_ABI_MINOR 3
 
 /* Status codes returned by ops and host services. */
 #define KH_OK 0
@@ -173,6 +173,40 @@ typedef struct kh_gemm_t {
   int64_t stride_a, stride_b, stride_d;
 } kh_gemm_t;
 
+/* ---- The tensor-map service (ABI 1.3): kh_host_v1_t.tensor_map ----
+ *
+ * Packages link no CUDA library, so their host code cannot call the driver's
+ * cuTensorMapEncodeTiled to build the TMA descriptors (CUtensorMap) that sm_90+ kernels take as
+ * __grid_constant__ parameters. The loader encodes one for them: a tiled view of a row-major
+ * tensor of `rank` dimensions, dims[0] the contiguous one, copied box by box into shared memory.
+ * The map is fixed to the common case: element strides 1, no interleave, out-of-bounds elements
+ * read as zero, L2 promotion 256 B; swizzle_bytes picks the shared memory swizzle (128 B for
+ * wgmma operands).
+ *
+ * Rules (the driver's, checked before it is called, each refusal KH_ERR_INVALID_ARGUMENT with a
+ * message naming the field): h from KH_HEADER_INIT(kh_tensor_map_t); device_id >= 0; one dtype
+ * bit; rank 1..5; swizzle_bytes 0, 32, 64 or 128; base non-NULL and 16-byte aligned; dims[i] in
+ * 1..2^32; strides[i] (1 <= i < rank) multiples of 16 and below 2^40; box[i] in 1..256 with
+ * box[0] * element size a multiple of 16 and, with a swizzle, at most swizzle_bytes. Entries at
+ * and past `rank` are ignored. The map needs no context and does not check that base points
+ * into memory of that size: TMA copies are bounded by dims, not by the allocation.
+ * Zero-initialize the struct, then set h and the fields: fields may be appended in later minors,
+ * and one a writer does not set must read as 0. */
+#define KH_TENSOR_MAP_BYTES 128u
+typedef struct kh_tensor_map_t {
+  kh_header_t h;
+  int32_t device_id;      /* CUDA ordinal the map will be used on (>= 0) */
+  uint32_t dtype;         /* KH_DTYPE_BF16, KH_DTYPE_FP16 or KH_DTYPE_FP32 (one bit) */
+  uint32_t rank;          /* 1..5 */
+  uint32_t swizzle_bytes; /* 0 (none), 32, 64 or 128 */
+  const void* base;       /* device address of element (0, ..., 0), 16-byte aligned */
+  uint64_t dims[5];       /* elements along each dimension; dims[0] is the contiguous one */
+  uint64_t strides[5];    /* bytes between consecutive indices of dimension i, for i >= 1
+                             (multiples of 16, below 2^40); strides[0] is ignored */
+  uint32_t box[5];        /* elements of one copy along each dimension, 1..256 each; with a
+                             swizzle, box[0] * element size <= swizzle_bytes */
+} kh_tensor_map_t;
+
 /* Services the loader gives a package (host -> package). One table per loaded package; `ctx`
  * identifies the package to the loader and is passed back as the first argument of every
  * service. The table lives for the rest of the process. */
@@ -200,10 +234,22 @@ typedef struct kh_host_v1_t {
    * or that is inconsistent, KH_ERR_UNSUPPORTED for a dtype pair it does not handle,
    * KH_ERR_NO_DEVICE without a GPU or cuBLASLt, KH_ERR_LAUNCH when cuBLASLt fails. */
   int32_t (*gemm)(void* ctx, const kh_gemm_t* g, void* stream);
+  /* ABI 1.3. Encodes a TMA descriptor (the driver's CUtensorMap, tiled mode, element strides 1,
+   * no interleave, out-of-bounds elements read as zero, L2 promotion 256 B) for `req` into
+   * `map` (KH_TENSOR_MAP_BYTES, 64-byte aligned), for a kernel parameter declared
+   * __grid_constant__. A package checks host->h.abi_minor >= 3 and host->h.struct_size >=
+   * KH_HOST_V1_3_SIZE before calling it. Never touches a stream: the map is a value, passed to
+   * launch() like any other parameter, and may be reused while `base` stays valid. Returns
+   * KH_ERR_INVALID_ARGUMENT for a request that breaks a rule above (or a NULL or misaligned
+   * map), KH_ERR_NO_DEVICE without a driver or without device `device_id`, KH_ERR_LAUNCH when
+   * the driver refuses the encode (the message carries its CUresult). */
+  int32_t (*tensor_map)(void* ctx, const kh_tensor_map_t* req, void* map);
 } kh_host_v1_t;
 
 /* struct_size of a kh_host_v1_t that has the gemm service. */
 #define KH_HOST_V1_2_SIZE ((uint32_t)(offsetof(kh_host_v1_t, gemm) + sizeof(void*)))
+/* struct_size of a kh_host_v1_t that has the tensor-map service. */
+#define KH_HOST_V1_3_SIZE ((uint32_t)(offsetof(kh_host_v1_t, tensor_map) + sizeof(void*)))
 
 /* Argument kinds of kh_arg_t. */
 #define KH_ARG_TENSOR 1
