@@ -168,9 +168,10 @@ int32_t encode_tensor_map(const kh_tensor_map_t* req, void* map, std::string& er
     kh_tensor_map_t t;
     if (int32_t status = read_tensor_map(req, t, error); status != KH_OK) return status;
     const cuda::Driver* d = nullptr;
+    const cuda::DeviceInfo* device = nullptr;
     try {
       d = &cuda::cuda_driver();
-      cuda::device(t.device_id);  // the device must exist; the encode itself needs no context
+      device = &cuda::device(t.device_id);  // names the ordinals there are when it does not exist
     } catch (const Error& e) {
       error =
           fmt::format("cannot encode a tensor map for CUDA device {}: {}", t.device_id, e.what());
@@ -184,6 +185,10 @@ int32_t encode_tensor_map(const kh_tensor_map_t* req, void* map, std::string& er
     }
     const cuda::cuuint32_t element_strides[kMaxRank] = {1, 1, 1, 1, 1};
     cuda::CUtensorMap encoded{};
+    // The encode reads no device state, but the driver lists CUDA_ERROR_INVALID_CONTEXT among its
+    // results: with the device's primary context current (retained above anyway), the caller's
+    // context state (none, or another device's) cannot matter.
+    cuda::ScopedContext scope(device->primary_context);
     // globalStrides has rank - 1 entries, for dimensions 1 and up.
     cuda::CUresult r = d->cuTensorMapEncodeTiled(
         &encoded, data_type(t.dtype), t.rank, const_cast<void*>(t.base), t.dims, t.strides + 1,
