@@ -188,8 +188,9 @@ typedef struct kh_gemm_t {
  * bit; rank 1..5; swizzle_bytes 0, 32, 64 or 128; base non-NULL and 16-byte aligned; dims[i] in
  * 1..2^32; strides[i] (1 <= i < rank) multiples of 16 and below 2^40; box[i] in 1..256 with
  * box[0] * element size a multiple of 16 and, with a swizzle, at most swizzle_bytes. Entries at
- * and past `rank` are ignored. The map needs no context and does not check that base points
- * into memory of that size: TMA copies are bounded by dims, not by the allocation.
+ * and past `rank` are ignored; another ABI major is KH_ERR_ABI. The caller needs no current
+ * context. The loader cannot check that base points at memory of that size: it must hold dims
+ * with those strides (TMA copies are bounded by dims, not by the allocation).
  * Zero-initialize the struct, then set h and the fields: fields may be appended in later minors,
  * and one a writer does not set must read as 0. */
 #define KH_TENSOR_MAP_BYTES 128u
