@@ -413,20 +413,20 @@ KH_ATTN_FWD_DTYPE(fp16, kh_fp16)
 
 #ifdef KH_ATTN_SM90
 #include "forward_sm90.cuh"
-#define KH_ATTN_FWD90(TNAME, T, D)                        \
-  extern "C" __global__ void __launch_bounds__(384, 1)    \
-      attn_fwd90_##TNAME##_d##D(const kh_attn_params p) { \
-    attn_fwd_wg<T, D>(p);                                 \
+#define KH_ATTN_FWD90(TNAME, T, D)                                          \
+  extern "C" __global__ void __launch_bounds__(384, 1)                      \
+      attn_fwd90_##TNAME##_d##D(const __grid_constant__ kh_attn_params p) { \
+    attn_fwd_wg<T, D>(p);                                                   \
   }
 KH_ATTN_FWD90(bf16, kh_bf16, 64)
 KH_ATTN_FWD90(bf16, kh_bf16, 128)
 KH_ATTN_FWD90(fp16, kh_fp16, 64)
 KH_ATTN_FWD90(fp16, kh_fp16, 128)
 #include "backward_sm90.cuh"
-#define KH_ATTN_BWD90(TNAME, T, D)                            \
-  extern "C" __global__ void __launch_bounds__(384, 1)        \
-      attn_bwd90_##TNAME##_d##D(const kh_attn_bwd_params p) { \
-    attn_bwd_wg<T, D>(p);                                     \
+#define KH_ATTN_BWD90(TNAME, T, D)                                              \
+  extern "C" __global__ void __launch_bounds__(384, 1)                          \
+      attn_bwd90_##TNAME##_d##D(const __grid_constant__ kh_attn_bwd_params p) { \
+    attn_bwd_wg<T, D>(p);                                                       \
   }
 KH_ATTN_BWD90(bf16, kh_bf16, 64)
 KH_ATTN_BWD90(bf16, kh_bf16, 128)

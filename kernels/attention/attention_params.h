@@ -6,6 +6,14 @@
 
 #include "kh_prelude.cuh"
 
+// A TMA descriptor (the driver's CUtensorMap: 128 opaque bytes, 64-byte aligned) of one of
+// q, k, v viewed as 4-d {64 columns of a panel, token, panel (head_dim / 64), head}: one box of
+// {64, rows, head_dim / 64, 1} with the 128-byte swizzle lands in shared memory exactly as
+// kh_load_panels lays a panel tile out (wgmma.cuh).
+struct alignas(64) kh_tma_desc {
+  unsigned long long w[16];
+};
+
 // Attention over packed variable-length sequences. Sequence b's queries are tokens
 // [q_start(b), q_start(b) + len_q(b)) of q and o, its keys/values tokens of k and v likewise:
 // from cu_seqlens_q/k (int32 [batch + 1]) when given, else b * seqlen_q/k with length
@@ -30,6 +38,11 @@ struct kh_attn_params {
   int window_left;   // < 0: no window
   float scale;       // softmax scale (1 / sqrt(head_dim) usually)
   float scale_log2;  // scale * log2(e)
+  // Hopper forward: nonzero when the host encoded q_map, k_map and v_map (the loader's
+  // tensor-map service; kh_attn_head_map in host.cpp), so the producer loads whole tiles with
+  // TMA instead of cp.async from every producer thread.
+  int tma;
+  kh_tma_desc q_map, k_map, v_map;
 };
 
 // Keys [n_lo, n_hi) the query rows [m0, m0 + bm) of a sequence can see (n_lo rounded down to a
@@ -168,6 +181,9 @@ struct kh_attn_bwd_params {
   kh_i64 do_row, do_head, dq_row, dq_head, dk_row, dk_head, dv_row, dv_head;
   kh_i64 tokens_q;
   int max_seqlen_k;
+  // Hopper backward with f.tma: dO's map (f.q_map and dO's boxes are BM rows, f.k_map and
+  // f.v_map's BN rows).
+  kh_tma_desc do_map;
 };
 
 // Backward geometry: 4 warps, BN = 64 keys per CTA (16 per warp), BM = 64 queries per step.

@@ -72,6 +72,7 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     kh_mbar_init(dq_full, 256);
     kh_mbar_init(dq_empty, 128);
   }
+  kh_fence_mbar_init();
   __syncthreads();
 
   // dQ staging tile: row r's 16-byte chunk c (columns 4c .. 4c + 3) at r * 4D + ((c ^ (r & 7)) *
@@ -119,7 +120,21 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
       if (j < steps) {
         const int st = j % STAGES, m0 = m_lo + mi * BM;
         if (j >= STAGES) kh_mbar_wait(bars + 8 * (STAGES + st), (j / STAGES - 1) & 1);
-        if (j == 0) {
+        // With f.tma, whole tiles come by TMA (thread 0 adds their bytes to the stage's `full`
+        // barrier, which the cp.async arrivals below still gate); tiles that run past the
+        // sequence come by cp.async, which zero-fills: their rows must be zeros, not the next
+        // tokens of the tensor (0 * a non-finite value would be NaN in dS, dV, dK or dQ).
+        const bool kv_tma = f.tma && n0 + BN <= len_k, q_tma = f.tma && m0 + BM <= len_q;
+        const kh_u32 full_st = bars + 8 * st;
+        if (tid == 0 && (q_tma || (j == 0 && kv_tma))) {
+          kh_mbar_expect_tx(full_st,
+                            (q_tma ? 2 * TILE_Q : 0) + (j == 0 && kv_tma ? 2 * TILE_KV : 0));
+          if (j == 0 && kv_tma) {
+            kh_tma_load4(sK, &f.k_map, 0, k0 + n0, 0, hk, full_st);
+            kh_tma_load4(sV, &f.v_map, 0, k0 + n0, 0, hk, full_st);
+          }
+        }
+        if (j == 0 && !kv_tma) {
           kh_load_panels<BN, D, 128>(sK,
                                      (const T*)f.k + (kh_i64)k0 * f.k_row + (kh_i64)hk * f.k_head,
                                      f.k_row, n0, len_k, tid);
@@ -128,8 +143,16 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
                                      f.v_row, n0, len_k, tid);
         }
         const kh_u32 q_tile = sQ0 + st * 2 * TILE_Q;
-        kh_load_panels<BM, D, 128>(q_tile, qh, f.q_row, m0, len_q, tid);
-        kh_load_panels<BM, D, 128>(q_tile + TILE_Q, oh, p.do_row, m0, len_q, tid);
+        if (q_tma) {
+          if (tid == 0) {
+            const int hq = hq0 + j / nm;
+            kh_tma_load4(q_tile, &f.q_map, 0, q0 + m0, 0, hq, full_st);
+            kh_tma_load4(q_tile + TILE_Q, &p.do_map, 0, q0 + m0, 0, hq, full_st);
+          }
+        } else {
+          kh_load_panels<BM, D, 128>(q_tile, qh, f.q_row, m0, len_q, tid);
+          kh_load_panels<BM, D, 128>(q_tile + TILE_Q, oh, p.do_row, m0, len_q, tid);
+        }
         const int i = m0 + (tid & (BM - 1));
         kh_cp_async4(sStats + (st * 2 * BM + tid) * 4, sh + (i < len_q ? i : 0), i < len_q);
         if (++mi == nm) {

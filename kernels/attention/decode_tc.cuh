@@ -17,17 +17,32 @@ namespace {
 
 // Rows `tok0 ..` of a 16-row tile from the paged cache (token t of sequence b, KV head hk; rows
 // at or past t_hi zero-filled): one warp, CH 16-byte chunks per row, swizzled as kh_load_tile.
+// `page` >= 0: the 16 rows lie in that page (the caller looked it up), so no row needs the block
+// table or a division by the page size; -1: each row looks its page up.
 template <int D, typename T>
 KH_DEV void kh_load_paged_rows(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& kv, int b, int hk,
-                               int tok0, int t_hi, int lane) {
+                               int tok0, int t_hi, int lane, int page) {
   constexpr int CH = D / 8;
+  kh_i64 k_base = 0, v_base = 0;
+  if (page >= 0) {
+    const kh_i64 row0 = tok0 % kv.page_size;
+    k_base = page * kv.k_page + row0 * kv.k_row + (kh_i64)hk * kv.k_head;
+    v_base = page * kv.v_page + row0 * kv.v_row + (kh_i64)hk * kv.v_head;
+  }
 #pragma unroll
   for (int j = 0; j < 16 * CH / 32; ++j) {
     const int i = lane + j * 32, r = i / CH, c = i % CH;
     const int t = tok0 + r;
     const bool valid = t < t_hi;
     kh_i64 ko = 0, vo = 0;
-    if (valid) kh_paged_offsets(kv, b, t, hk, &ko, &vo);
+    if (valid) {
+      if (page >= 0) {
+        ko = k_base + r * kv.k_row;
+        vo = v_base + r * kv.v_row;
+      } else {
+        kh_paged_offsets(kv, b, t, hk, &ko, &vo);
+      }
+    }
     kh_cp_async16(k_tile + kh_swz<CH>(r, c), (const T*)kv.k + ko + c * 8, valid);
     kh_cp_async16(v_tile + kh_swz<CH>(r, c), (const T*)kv.v + vo + c * 8, valid);
   }
@@ -62,8 +77,18 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
     kh_cp_async16(sQ + kh_swz<CH>(r, c), src, valid);
   }
   kh_cp_async_commit();
+  // Where pages hold whole 16-token chunks (page_size a multiple of 16, the split starting on
+  // one), a chunk's page is looked up once, one chunk ahead of its loads, so the block table's
+  // latency hides behind a chunk's work instead of preceding every load.
+  const bool whole_chunks = p.kv.page_size % 16 == 0 && t_lo % 16 == 0;
+  auto page_of = [&](int chunk) -> int {
+    if (!whole_chunks || chunk >= nchunks) return -1;
+    return p.kv.block_table[(kh_i64)b * p.kv.table_stride + (t_lo + chunk * 16) / p.kv.page_size];
+  };
   if (warp < nchunks)
-    kh_load_paged_rows<D, T>(sW, sW + TILE, p.kv, b, hk, t_lo + warp * 16, t_hi, lane);
+    kh_load_paged_rows<D, T>(sW, sW + TILE, p.kv, b, hk, t_lo + warp * 16, t_hi, lane,
+                             page_of(warp));
+  int next_page = page_of(warp + NW);
   kh_cp_async_commit();
   kh_cp_async_wait<1>();
   __syncthreads();  // Q, loaded by every thread, is in shared memory (warps part ways below)
@@ -90,8 +115,9 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
   for (int c = warp; c < nchunks; c += NW, stage ^= 1) {
     if (c + NW < nchunks)
       kh_load_paged_rows<D, T>(sW + (stage ^ 1) * 2 * TILE, sW + (stage ^ 1) * 2 * TILE + TILE,
-                               p.kv, b, hk, t_lo + (c + NW) * 16, t_hi, lane);
+                               p.kv, b, hk, t_lo + (c + NW) * 16, t_hi, lane, next_page);
     kh_cp_async_commit();
+    next_page = page_of(c + 2 * NW);
     kh_cp_async_wait<1>();
     __syncwarp();  // this warp's chunk, loaded by its lanes, is in shared memory
     const kh_u32 sK = sW + stage * 2 * TILE, sV = sK + TILE;

@@ -49,6 +49,7 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
     kh_mbar_init(bars + 8 * tid, 128);             // full: every producer thread arrives
     kh_mbar_init(bars + 8 * (STAGES + tid), 256);  // empty: every consumer thread arrives
   }
+  kh_fence_mbar_init();
   __syncthreads();
 
   // Each role is one branch of this if/else: setmaxnreg needs it so.
@@ -57,6 +58,45 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
     kh_regs_dec<40>();
     const T* kb = (const T*)p.k + (kh_i64)k0 * p.k_row + (kh_i64)hk * p.k_head;
     const T* vb = (const T*)p.v + (kh_i64)k0 * p.v_row + (kh_i64)hk * p.v_head;
+    if (p.tma) {
+      // One thread issues each block's copies (K and V, and Q with block 0) and arms the stage's
+      // `full` barrier with their bytes; the others arrive at once. A block that runs past the
+      // sequence's keys is loaded with cp.async instead, which zero-fills: TMA would read the
+      // next tokens of the tensor there, and V rows that are not finite would turn P = 0 into NaN.
+      // Q needs no such care (rows past the sequence are never stored).
+      if (tid == 0) {
+        kh_tma_prefetch_desc(&p.q_map);
+        kh_tma_prefetch_desc(&p.k_map);
+        kh_tma_prefetch_desc(&p.v_map);
+      }
+      for (int j = 0; j < nblk; ++j) {
+        const int s = j % STAGES, n0 = n_lo + j * BN;
+        if (j >= STAGES) kh_mbar_wait(bars + 8 * (STAGES + s), (j / STAGES - 1) & 1);
+        const kh_u32 sK = sKV + s * 2 * TILE_KV;
+        if (n0 + BN <= len_k) {
+          if (tid == 0) {
+            kh_mbar_arrive_tx(bars + 8 * s, 2 * TILE_KV + (j == 0 ? TILE_Q : 0));
+            if (j == 0) kh_tma_load4(sQ, &p.q_map, 0, q0 + m0, 0, h, bars);
+            kh_tma_load4(sK, &p.k_map, 0, k0 + n0, 0, hk, bars + 8 * s);
+            kh_tma_load4(sK + TILE_KV, &p.v_map, 0, k0 + n0, 0, hk, bars + 8 * s);
+          } else {
+            kh_mbar_arrive(bars + 8 * s);
+          }
+        } else {
+          if (j == 0)
+            kh_load_panels<BM, D, 128>(sQ,
+                                       (const T*)p.q + (kh_i64)q0 * p.q_row + (kh_i64)h * p.q_head,
+                                       p.q_row, m0, len_q, tid);
+          kh_load_panels<BN, D, 128>(sK, kb, p.k_row, n0, len_k, tid);
+          kh_load_panels<BN, D, 128>(sK + TILE_KV, vb, p.v_row, n0, len_k, tid);
+          kh_cp_async_commit();
+          kh_cp_async_wait<0>();
+          kh_fence_proxy_async();
+          kh_mbar_arrive(bars + 8 * s);
+        }
+      }
+      return;
+    }
     kh_load_panels<BM, D, 128>(sQ, (const T*)p.q + (kh_i64)q0 * p.q_row + (kh_i64)h * p.q_head,
                                p.q_row, m0, len_q, tid);
     // Up to STAGES - 2 blocks stay in flight past the one signalled: block j's loads are issued
@@ -96,35 +136,34 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
     // Named barrier 1 + w: consumer w's turn on the tensor cores. Consumer 0 goes first.
     if (wg == 1) kh_named_arrive(1, 256);
 
-    for (int j = 0; j <= nblk; ++j) {
-      const int s = j % STAGES;
-      if (j < nblk) kh_mbar_wait(bars + 8 * s, (j / STAGES) & 1);
-      kh_named_sync(1 + wg, 256);
-      if (j > 0) {
-        const kh_u32 sV = sKV + ((j - 1) % STAGES) * 2 * TILE_KV + TILE_KV;
-        kh_wgmma_fence();
+    // Block j: S = Q K(j)^T is issued before O += P(j-1) V(j-1) in the same turn, and block j's
+    // softmax runs while P(j-1) V(j-1) is still on the tensor cores (FlashAttention-3's
+    // intra-warpgroup overlap, on top of the ping-pong between the consumers): it leaves O and
+    // P(j-1)'s fragments alone until the product is done, then rescales O and packs P(j). The
+    // first and last blocks are peeled so that every wait in the loop is unconditional (ptxas
+    // serializes the wgmma pipeline when it cannot tell which group a wait covers).
+    float alpha[2];
+    auto issue_s = [&](float(&sacc)[BN / 2], int j) {
+      const kh_u32 sK = sKV + (j % STAGES) * 2 * TILE_KV;
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-          kh_wgmma_rs_tb<T, D>(o, pa[kk], kh_wgmma_desc(sV + kk * 16 * 128, BN * 128, 1024));
-      }
-      float sacc[BN / 2];
-      if (j < nblk) {
-        const kh_u32 sK = sKV + s * 2 * TILE_KV;
-        if (j == 0) kh_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const kh_u32 koff = (kh_u32)(kk >> 2) * BM * 128 + (kk & 3) * 32;
-          const kh_u32 kkoff = (kh_u32)(kk >> 2) * BN * 128 + (kk & 3) * 32;
-          kh_wgmma_ss<T, BN>(sacc, kh_wgmma_desc(q_rows + koff, 16, 1024),
-                             kh_wgmma_desc(sK + kkoff, 16, 1024), kk > 0);
-        }
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const kh_u32 koff = (kh_u32)(kk >> 2) * BM * 128 + (kk & 3) * 32;
+        const kh_u32 kkoff = (kh_u32)(kk >> 2) * BN * 128 + (kk & 3) * 32;
+        kh_wgmma_ss<T, BN>(sacc, kh_wgmma_desc(q_rows + koff, 16, 1024),
+                           kh_wgmma_desc(sK + kkoff, 16, 1024), kk > 0);
       }
       kh_wgmma_commit();
-      kh_named_arrive(2 - wg, 256);  // the other consumer's turn
-      kh_wgmma_wait<0>();
-      if (j > 0) kh_mbar_arrive(bars + 8 * (STAGES + (j - 1) % STAGES));  // V(j-1), K(j-1) done
-      if (j == nblk) break;
-
+    };
+    auto issue_pv = [&](int j) {  // O += P(j) V(j)
+      const kh_u32 sV = sKV + (j % STAGES) * 2 * TILE_KV + TILE_KV;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        kh_wgmma_rs_tb<T, D>(o, pa[kk], kh_wgmma_desc(sV + kk * 16 * 128, BN * 128, 1024));
+      kh_wgmma_commit();
+    };
+    // Block j's scores -> unnormalized probabilities (in place), the row statistics and the
+    // factor O must be rescaled by.
+    auto softmax = [&](float(&sacc)[BN / 2], int j) {
       const int n0 = n_lo + j * BN;
       if (kh_attn_block_edge(p, m0, BM, n0, BN, len_q, len_k)) {
 #pragma unroll
@@ -146,22 +185,24 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(row_max[i], mx * sl2);
-        const float m_use = m_new == KH_NEG_INF ? 0.f : m_new;  // a row with nothing visible yet
-        const float alpha = kh_exp2(row_max[i] - m_use);
+        const float m_use = m_new == KH_NEG_INF ? 0.f : m_new;  // nothing visible yet
+        alpha[i] = kh_exp2(row_max[i] - m_use);
         row_max[i] = m_new;
-        row_sum[i] *= alpha;
-#pragma unroll
-        for (int t = 0; t < D / 8; ++t) {
-          o[4 * t + 2 * i] *= alpha;
-          o[4 * t + 2 * i + 1] *= alpha;
-        }
+        float sum = 0.f;
 #pragma unroll
         for (int t = 0; t < BN / 8; ++t) {
           sacc[4 * t + 2 * i] = kh_exp2(sacc[4 * t + 2 * i] * sl2 - m_use);
           sacc[4 * t + 2 * i + 1] = kh_exp2(sacc[4 * t + 2 * i + 1] * sl2 - m_use);
-          row_sum[i] += sacc[4 * t + 2 * i] + sacc[4 * t + 2 * i + 1];
+          sum += sacc[4 * t + 2 * i] + sacc[4 * t + 2 * i + 1];
         }
+        row_sum[i] = row_sum[i] * alpha[i] + sum;
       }
+    };
+    auto rescale_and_pack = [&](const float(&sacc)[BN / 2]) {
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[4 * t + e] *= alpha[e >> 1];
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         pa[kk][0] = kh_pack2<T>(sacc[8 * kk + 0], sacc[8 * kk + 1]);
@@ -169,6 +210,43 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
         pa[kk][2] = kh_pack2<T>(sacc[8 * kk + 4], sacc[8 * kk + 5]);
         pa[kk][3] = kh_pack2<T>(sacc[8 * kk + 6], sacc[8 * kk + 7]);
       }
+    };
+
+    if (nblk > 0) {
+      float sacc[BN / 2];
+      kh_mbar_wait(bars, 0);
+      kh_named_sync(1 + wg, 256);
+      kh_wgmma_fence();
+      issue_s(sacc, 0);
+      kh_named_arrive(2 - wg, 256);
+      kh_wgmma_wait<0>();
+      softmax(sacc, 0);
+      rescale_and_pack(sacc);
+    } else {
+      kh_named_sync(1 + wg, 256);
+      kh_named_arrive(2 - wg, 256);
+    }
+    for (int j = 1; j < nblk; ++j) {
+      float sacc[BN / 2];
+      kh_mbar_wait(bars + 8 * (j % STAGES), (j / STAGES) & 1);
+      kh_named_sync(1 + wg, 256);
+      kh_wgmma_fence();
+      issue_s(sacc, j);
+      issue_pv(j - 1);
+      kh_named_arrive(2 - wg, 256);  // the other consumer's turn
+      kh_wgmma_wait<1>();            // S(j) is done; P(j-1) V(j-1) may still run
+      softmax(sacc, j);
+      kh_wgmma_wait<0>();
+      kh_mbar_arrive(bars + 8 * (STAGES + (j - 1) % STAGES));  // stage j - 1 is free
+      rescale_and_pack(sacc);
+    }
+    if (nblk > 0) {
+      kh_named_sync(1 + wg, 256);
+      kh_wgmma_fence();
+      issue_pv(nblk - 1);
+      kh_named_arrive(2 - wg, 256);
+      kh_wgmma_wait<0>();
+      kh_mbar_arrive(bars + 8 * (STAGES + (nblk - 1) % STAGES));
     }
     if (wg == 0) kh_named_sync(1, 256);  // consumer 1's last hand-over
 

@@ -10,6 +10,8 @@
 // probabilities from q, k and lse); its backward takes the caller's fp32 workspace on cuda.
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <atomic>
 
 #include "kernels/attention/attention_params.h"
@@ -22,7 +24,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/attention";
-constexpr const char* kPackageVersion = "1.1.0";
+constexpr const char* kPackageVersion = "1.2.0";
 constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
 // Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
 constexpr int kMinSplitTokens = 256;
@@ -312,6 +314,42 @@ int32_t has_kernel(int32_t device, const char* kernel, bool* out) {
   return KH_OK;
 }
 
+// A TMA descriptor of q, k, v or dO for the Hopper kernels, from the loader's tensor-map service
+// (ABI 1.3): the tensor viewed as {64 columns of a panel, token, head_dim / 64 panels, head}
+// (attention_params.h), boxes of `rows` tokens and every panel, the 128-byte swizzle. False
+// where the loader is older or the layout is not one TMA takes (strides or the base not
+// multiples of 16 bytes): the kernels then load with cp.async, as before ABI 1.3.
+bool head_map(int32_t device, const HeadsView& t, int rows, kh_tma_desc* out) {
+  // KERNEL_HUB_ATTENTION_TMA=0 keeps the cp.async loads (the GPU tests run both paths).
+  if (const char* e = getenv("KERNEL_HUB_ATTENTION_TMA"); e && strcmp(e, "0") == 0) return false;
+  const kh_host_v1_t* h = host();
+  if (!h || h->h.abi_minor < 3 || h->h.struct_size < KH_HOST_V1_3_SIZE || !h->tensor_map)
+    return false;
+  constexpr int64_t kElem = 2;  // bf16 and fp16: the Hopper kernels take nothing else
+  if ((t.token_stride * kElem) % 16 != 0 || (t.head_stride * kElem) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(t.data) % 16 != 0 || t.head_dim % 64 != 0)
+    return false;
+  kh_tensor_map_t r{};
+  r.h = KH_HEADER_INIT(kh_tensor_map_t);
+  r.device_id = device;
+  r.dtype = t.dtype == kBF16 ? KH_DTYPE_BF16 : KH_DTYPE_FP16;
+  r.rank = 4;
+  r.swizzle_bytes = 128;
+  r.base = t.data;
+  const uint64_t dims[4] = {64, static_cast<uint64_t>(t.tokens),
+                            static_cast<uint64_t>(t.head_dim / 64), static_cast<uint64_t>(t.heads)};
+  const uint64_t strides[4] = {0, static_cast<uint64_t>(t.token_stride * kElem), 128,
+                               static_cast<uint64_t>(t.head_stride * kElem)};
+  const uint32_t box[4] = {64, static_cast<uint32_t>(rows), static_cast<uint32_t>(t.head_dim / 64),
+                           1};
+  for (int i = 0; i < 4; ++i) {
+    r.dims[i] = dims[i];
+    r.strides[i] = strides[i];
+    r.box[i] = box[i];
+  }
+  return h->tensor_map(h->ctx, &r, out) == KH_OK;
+}
+
 int32_t attention_forward(const Args<kForward>& a, void* stream) {
   kh_attn_params p;
   AttnInputs in;
@@ -337,6 +375,10 @@ int32_t attention_forward(const Args<kForward>& a, void* stream) {
     KH_TRY(has_kernel(device, name, &hopper));
   }
   if (!hopper) snprintf(name, sizeof name, "attn_fwd_%s_d%d", dtype_tag(q.dtype), d);
+  if (hopper)
+    p.tma = head_map(device, q, kh_attn_fwd90_block_m(), &p.q_map) &&
+            head_map(device, in.k, kh_attn_fwd90_block_n(d), &p.k_map) &&
+            head_map(device, in.v, kh_attn_fwd90_block_n(d), &p.v_map);
   const int bm = hopper ? kh_attn_fwd90_block_m() : 16 * kh_attn_fwd_warps(d);
   LaunchDims dims;
   dims.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + bm - 1) / bm);
@@ -438,6 +480,12 @@ int32_t attention_backward(const Args<kBackward>& a, void* stream) {
     bool hopper = false;
     KH_TRY(has_kernel(q.device.device_id, name, &hopper));
     if (!hopper) snprintf(name, sizeof name, "attn_bwd_%s_d%d", dtype_tag(q.dtype), d);
+    const int32_t device = q.device.device_id;
+    if (hopper)
+      bp.f.tma = head_map(device, q, kh_attn_bwd90_block_m(), &bp.f.q_map) &&
+                 head_map(device, g, kh_attn_bwd90_block_m(), &bp.do_map) &&
+                 head_map(device, k, kh_attn_bwd90_block_n(), &bp.f.k_map) &&
+                 head_map(device, in.v, kh_attn_bwd90_block_n(), &bp.f.v_map);
     const int bn = hopper ? kh_attn_bwd90_block_n() : kh_attn_bwd_block();
     LaunchDims main;
     main.grid[0] = static_cast<uint32_t>((bp.max_seqlen_k + bn - 1) / bn);
@@ -606,7 +654,9 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
     }
   }
   p.splits = static_cast<int>(splits);
-  p.split_tokens = static_cast<int>((max_ctx + splits - 1) / splits);
+  // Whole 16-token chunks per split (decode_tc.cuh looks a chunk's page up once when the page
+  // size is a multiple of 16 too).
+  p.split_tokens = static_cast<int>(((max_ctx + splits - 1) / splits + 15) / 16 * 16);
 
   char name[48];
   if (tc)

@@ -85,6 +85,33 @@ KH_DEV void kh_mbar_wait(kh_u32 bar, int parity) {
         : "r"(bar), "r"(parity)
         : "memory");
 }
+// mbarrier arrival that also expects `bytes` more from asynchronous copies (TMA) this phase.
+KH_DEV void kh_mbar_arrive_tx(kh_u32 bar, kh_u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Expects `bytes` more from asynchronous copies this phase, without arriving.
+KH_DEV void kh_mbar_expect_tx(kh_u32 bar, kh_u32 bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Makes mbarrier initialization visible to the async proxy (TMA completes transactions on it).
+KH_DEV void kh_fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// TMA: the box at coordinates {c0, c1, c2, c3} of the 4-d tensor `map` (a __grid_constant__
+// kernel parameter) into shared memory at `dst`, completing `bytes` on mbarrier `bar`.
+KH_DEV void kh_tma_load4(kh_u32 dst, const kh_tma_desc* map, int c0, int c1, int c2, int c3,
+                         kh_u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+KH_DEV void kh_tma_prefetch_desc(const kh_tma_desc* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
 KH_DEV void kh_named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

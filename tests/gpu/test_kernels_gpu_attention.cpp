@@ -69,6 +69,30 @@ TEST_F(KernelsGpuAttention, BackwardMatchesFloat64) {
                              attention_cases::run_backward);
 }
 
+// The Hopper kernels load with TMA when the loader encodes tensor maps (ABI 1.3) and with
+// cp.async otherwise; the tests above take the first path on an H100/H200, these the second.
+class WithoutTma {
+ public:
+  WithoutTma() { setenv("KERNEL_HUB_ATTENTION_TMA", "0", 1); }
+  ~WithoutTma() { unsetenv("KERNEL_HUB_ATTENTION_TMA"); }
+};
+
+TEST_F(KernelsGpuAttention, ForwardWithoutTmaMatchesFloat64) {
+  WithoutTma no_tma;
+  Package pkg("attention");
+  GpuExecutor gpu;
+  attention_cases::run_cases(gpu, pkg, {kBF16, kFP16}, kGpuForwardCases,
+                             attention_cases::run_forward);
+}
+
+TEST_F(KernelsGpuAttention, BackwardWithoutTmaMatchesFloat64) {
+  WithoutTma no_tma;
+  Package pkg("attention");
+  GpuExecutor gpu;
+  attention_cases::run_cases(gpu, pkg, {kBF16, kFP16}, kGpuBackwardCases,
+                             attention_cases::run_backward);
+}
+
 TEST_F(KernelsGpuAttention, PagedAppendAndDecodeMatchFloat64) {
   Package pkg("attention");
   GpuExecutor gpu;
