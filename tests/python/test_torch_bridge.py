@@ -72,6 +72,11 @@ class Calls:
         Runtime.call = self._orig
 
 
+def cache_of(output):
+    """A model output's KV cache (Transformers 5 names the field cache, 4 past_key_values)."""
+    return getattr(output, "cache", None) or getattr(output, "past_key_values", None)
+
+
 def layers_called(counts, mode, direction="forward"):
     return {layer for (layer, m, d), n in counts.items() if m == mode and d == direction and n}
 
@@ -90,6 +95,9 @@ class BridgeTest(unittest.TestCase):
         cls.tmp = tempfile.TemporaryDirectory()
         os.environ["KERNEL_HUB_CACHE"] = os.path.join(cls.tmp.name, "cache")
         os.environ.pop("KERNEL_HUB_ENDPOINT", None)
+        # Inductor's caches of this run only: AOTAutograd's cache is keyed by the traced forward,
+        # so a warm cache from an older kernel_hub could replay that version's backward.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cls.tmp.name, "inductor")
 
     def ids(self, seed=1):
         g = torch.Generator().manual_seed(seed)
@@ -129,6 +137,7 @@ class BridgeTest(unittest.TestCase):
         want.loss.backward()
         torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
         self.assertIsNone(got.logits)  # the fused loss never forms them
+        self.assertIsNone(cache_of(got))  # no KV cache in a training forward
         self.assertEqual(layers_called(calls, "train"), TRAIN_CALLED, calls)
         self.assertEqual(layers_called(calls, "train", "backward"), TRAIN_CALLED, calls)
         self.assertFalse(layers_called(calls, "eval"), calls)
@@ -139,9 +148,10 @@ class BridgeTest(unittest.TestCase):
         model.eval()
         self.assertEqual(rt.native_mode(), "eval")
         with torch.no_grad(), Calls() as calls:
-            model(ids)
+            out = model(ids)
         self.assertEqual(layers_called(calls, "eval"), EVAL_CALLED - {"CrossEntropy"}, calls)
         self.assertFalse(layers_called(calls, "train"), calls)
+        self.assertIsNotNone(cache_of(out))  # eval keeps Transformers' cache
         return eager, model
 
     def test_qwen3(self):
@@ -152,7 +162,7 @@ class BridgeTest(unittest.TestCase):
 
     def test_compile_fullgraph(self):
         eager, model = pair("qwen3")
-        kernel_hub.kernelize(model, device="cpu")
+        kernel_hub.kernelize(model, device="cpu", inductor_layers=())  # every kernel, compiled
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True)  # a graph break raises
         ids = self.ids(2)
@@ -174,6 +184,28 @@ class BridgeTest(unittest.TestCase):
         self.assertEqual(layers_called(calls, "train", "backward"), TRAIN_CALLED, calls)
         for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+    def test_compile_leaves_inductor_layers_to_inductor(self):
+        # The default: rotary and SiluAndMul keep PyTorch's code while torch.compile traces (for
+        # Inductor to fuse); eager calls of the same model still use every kernel.
+        self.assertEqual(set(kernel_hub.INDUCTOR_LAYERS), {"RotaryEmbedding", "SiluAndMul"})
+        eager, model = pair("llama")
+        kernel_hub.kernelize(model, device="cpu")
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True)
+        ids = self.ids(8)
+        eager.eval()
+        model.eval()
+        with torch.no_grad(), Calls() as calls:
+            want, got = eager(ids, labels=ids), compiled(ids, labels=ids)
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+        self.assertEqual(layers_called(calls, "eval"),
+                         EVAL_CALLED - set(kernel_hub.INDUCTOR_LAYERS), calls)
+        with torch.no_grad(), Calls() as calls:
+            model(ids)
+        self.assertEqual(layers_called(calls, "eval"), EVAL_CALLED - {"CrossEntropy"}, calls)
+        with self.assertRaises(ValueError):
+            kernel_hub.kernelize(model, device="cpu", inductor_layers=("NoSuchLayer",))
 
     def test_generate_with_kv_cache(self):
         # Decode steps: one query against the cache (the kernel's bottom-right causal mask).
@@ -276,6 +308,33 @@ class BridgeTest(unittest.TestCase):
         torch.testing.assert_close(loss, want)
         torch.testing.assert_close(h.grad, h2.grad)
         torch.testing.assert_close(w.grad, w2.grad)
+        # The backward scales the saved gradients in place: a second backward through a retained
+        # graph is refused (torch's version check) rather than given scaled gradients.
+        loss = kernel_hub.ops.linear_cross_entropy_train(h, w, labels, -100, rt.id)[0]
+        (3.0 * loss).backward(retain_graph=True)
+        with self.assertRaisesRegex(RuntimeError, "inplace"):
+            loss.backward()
+        # bf16: d_weight comes back in the weight's dtype (accumulated per chunk in bf16, as Liger
+        # does), within bf16 tolerance of an fp32 reference, over several chunks of tokens.
+        n = 300
+        hb = torch.randn(n, 64, generator=g).bfloat16().requires_grad_()
+        wb = torch.randn(96, 64, generator=g).bfloat16().requires_grad_()
+        lb = torch.randint(0, 96, (n,), generator=g)
+        chunk = kernel_hub.ops.LCE_CHUNK_BYTES
+        kernel_hub.ops.LCE_CHUNK_BYTES = 128 * 96 * 2  # 128 rows: 3 chunks
+        try:
+            out = kernel_hub.ops.linear_cross_entropy_train(hb, wb, lb, -100, rt.id)
+        finally:
+            kernel_hub.ops.LCE_CHUNK_BYTES = chunk
+        self.assertEqual(out[2].dtype, torch.bfloat16)
+        out[0].backward()
+        self.assertEqual(wb.grad.dtype, torch.bfloat16)
+        h2, w2 = hb.detach().float().requires_grad_(), wb.detach().float().requires_grad_()
+        want = torch.nn.functional.cross_entropy(h2 @ w2.t(), lb)
+        want.backward()
+        torch.testing.assert_close(out[0], want, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(hb.grad.float(), h2.grad, rtol=2e-2, atol=1e-3)
+        torch.testing.assert_close(wb.grad.float(), w2.grad, rtol=2e-2, atol=1e-3)
 
     def test_inference_mode_only(self):
         eager, model = pair("qwen3")
