@@ -45,6 +45,20 @@ print("mapped", sorted({p for p in maps if "/libarchive" in p or "/libcurl" in p
 """
 
 
+CURL_CHECK = r"""
+import kernel_hub
+from kernel_hub.runtime import Runtime
+try:
+    Runtime(["RMSNorm"]).kernelize({"RMSNorm": "kernel-hub/norm"}, hub="http://127.0.0.1:9",
+                                   device="cpu", strict=True)
+except kernel_hub.KernelHubError:
+    pass
+maps = open("/proc/self/maps").read().split()
+print("\n".join(sorted({p for p in maps if any(n in p for n in ("/libcurl", "/libnghttp2",
+                                                                "/libssl"))})))
+"""
+
+
 def install_and_check(wheel, tmp, env):
     """Installs `wheel` into a scratch folder and runs CHECK there; returns CHECK's output."""
     site = os.path.join(tmp, "site")
@@ -88,6 +102,16 @@ def check_manylinux(build, tmp, env):
     assert mapped and "libarchive.so.13" in mapped[0] and site in mapped[0], \
         f"libarchive should come from the wheel ({site}): {mapped}"
     assert "/usr/lib" not in mapped[0] and "/lib/x86_64" not in mapped[0], mapped
+    # libcurl too, and its own dependencies from kernel_hub.libs: a kernelize against a hub that
+    # refuses connections loads it (and fails, as it should).
+    env = dict(env, PYTHONPATH=site, KERNEL_HUB_CACHE=os.path.join(tmp, "cache-curl"))
+    out = subprocess.run([sys.executable, "-c", CURL_CHECK], check=True, env=env, cwd=tmp,
+                         capture_output=True, text=True).stdout
+    libs = out.split()
+    for want in ("libcurl.so.4", "libnghttp2", "libssl"):
+        found = [p for p in libs if want in os.path.basename(p)]
+        assert found and all(p.startswith(site) for p in found), f"{want}: {found} ({out})"
+    print("manylinux wheel: libcurl and its dependencies from the wheel")
     print("manylinux wheel: ok")
 
 
@@ -116,7 +140,8 @@ def main():
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
                         "-q", "-w", dist, src], check=True, env=env)
         (wheel,) = os.listdir(dist)
-        assert "-linux_" in wheel, f"{wheel}: expected a platform wheel (native library inside)"
+        assert "-py3-none-linux_" in wheel, \
+            f"{wheel}: expected a platform wheel for any Python 3 (native library, no extension)"
         names = zipfile.ZipFile(os.path.join(dist, wheel)).namelist()
         for want in ("kernel_hub/_sdk/bin/kernel-hub", "libkernel_hub.so.0",
                      "kernel_hub/_sdk/share/kernel-hub/default-hub/kernel-hub/norm/",

@@ -98,4 +98,18 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(version=version(), cmdclass={"build_py": BuildPyWithSdk}, distclass=BinaryDistribution)
+try:  # setuptools >= 70.1 carries bdist_wheel; older ones use the wheel package's
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    from wheel.bdist_wheel import bdist_wheel
+
+
+class PlatformWheel(bdist_wheel):
+    # No Python extension inside (ctypes over the C API): any Python 3 of the platform, not only
+    # the building one's cpXY ABI.
+    def get_tag(self):
+        return ("py3", "none", super().get_tag()[2])
+
+
+setup(version=version(), cmdclass={"build_py": BuildPyWithSdk, "bdist_wheel": PlatformWheel},
+      distclass=BinaryDistribution)
