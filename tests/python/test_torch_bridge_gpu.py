@@ -159,8 +159,11 @@ class GpuBridgeTest(unittest.TestCase):
 
 # The peak-memory comparison: Qwen3-0.6B's layer and head shapes, 4 layers, 4 x 1024 tokens.
 PEAK_BATCH, PEAK_SEQ, PEAK_LAYERS = 4, 1024, 4
-# kernel-hub may use at most this much more than Liger (allocator rounding, small buffers).
-PEAK_MARGIN = 64 << 20
+# kernel-hub may use at most this much more than Liger: the fused loss's logits chunk is a fixed
+# budget (kernel_hub.ops.LCE_CHUNK_BYTES: 256 rows, 74 MiB at this vocab, for the d_weight GEMM's
+# efficiency) where Liger's scales with the tokens (32 rows, 9 MiB at 4k tokens; 128 rows at the
+# benchmark's 16k), plus allocator rounding. Everything else must be at most Liger's.
+PEAK_MARGIN = 96 << 20
 
 
 def peak_memory(which):

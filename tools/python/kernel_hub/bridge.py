@@ -24,9 +24,11 @@ current mode; anything else keeps PyTorch's code):
                    with ForCausalLMLoss replaced as above.
   Attention        attn_implementation="kernel_hub" (Transformers' AttentionInterface): causal
                    or full attention without a padding mask or dropout; a padded batch, dropout or
-                   an explicit mask falls back to SDPA. A *ForCausalLM's training forward (grad
-                   enabled) then runs with use_cache=False unless the caller passes use_cache or
-                   a cache (the cache would hold a second copy of every layer's K and V).
+                   an explicit mask falls back to SDPA. A *ForCausalLM's eager training forward
+                   (grad enabled) then runs with use_cache=False unless the caller passes
+                   use_cache or a cache (the cache would hold a second copy of every layer's K
+                   and V); under torch.compile the cache is built but left out of the fused
+                   loss's output (_kernel_causal_lm says why).
 
 Config keys are hub layer names (RMSNorm, SiluAndMul, RotaryEmbedding, CrossEntropy, Attention)
 or Transformers' names for them (TRANSFORMERS_NAMES; Liger's "fused_linear_cross_entropy" names
@@ -520,12 +522,15 @@ def kernelize(model, config=None, device=None, mode=None, hub=None, lock=None, s
                 ForCausalLMLoss if current is ForCausalLMLoss else current, kh)
             replaced["CrossEntropy"] = 1
     # The *ForCausalLM's forward: the fused loss in training, and no KV cache in a training
-    # forward when the attention kernel serves training (_without_training_cache).
+    # forward when the attention kernel serves training (_training_without_cache). The flags
+    # are set even when nothing is swapped, for a model kernelized before with another config.
     fused = "FusedLinearCrossEntropy" in rt.bound["train"] and _fused_loss_applies(model)
     base_forward = getattr(type(model), "_kernel_hub_base", type(model)).forward
     takes_use_cache = (isinstance(getattr(model, "model", None), torch.nn.Module)
                        and "use_cache" in inspect.signature(base_forward).parameters
                        and "Attention" in rt.bound["train"])
+    model._kernel_hub_fused_loss = fused
+    model._kernel_hub_takes_use_cache = takes_use_cache
     if fused or takes_use_cache:
         import dataclasses
         from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -533,8 +538,6 @@ def kernelize(model, config=None, device=None, mode=None, hub=None, lock=None, s
         # attentions), read once here so the traced forward does no introspection.
         model._kernel_hub_output_fields = frozenset(
             f.name for f in dataclasses.fields(CausalLMOutputWithPast)) - {"loss", "logits"}
-        model._kernel_hub_fused_loss = fused
-        model._kernel_hub_takes_use_cache = takes_use_cache
         _swap_forward(model, _kernel_causal_lm, kh)
         replaced["FusedLinearCrossEntropy"] = int(fused)
     _hook_train(model, rt)
