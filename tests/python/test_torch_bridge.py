@@ -207,6 +207,65 @@ class BridgeTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             kernel_hub.kernelize(model, device="cpu", inductor_layers=("NoSuchLayer",))
 
+    def test_training_saves_what_liger_saves(self):
+        # The op-by-op audit against Liger-Kernel 0.8.5's saved tensors, as bytes of the storages
+        # autograd keeps for backward (parameters aside), exactly. Per decoder layer and token:
+        #   input_layernorm  x [H], rstd fp32 [1]        (Liger's RMSNorm: X, RSTD)
+        #   q/k/v_proj       their input, the norm's output [H]
+        #   q_norm, k_norm   x [Q], [K], rstd [qh], [kvh]
+        #   attention        q, k (rotated) [Q], [K], v [K], out [Q] (o_proj's input), lse [qh]
+        #                    (SDPA's)
+        #   post_attention_layernorm  x [H], rstd [1]; gate/up input [H]
+        #   SiluAndMul       [gate, up] [2I] (Liger's a, b); down_proj's input [I]
+        # and once: input ids, cos and sin, the final norm (x, rstd), the fused loss's d_hidden
+        # [T, H] and d_weight [V, H] in the weight's dtype (no logits, no fp32 copy).
+        eager, model = pair("qwen3")
+        model.to(torch.bfloat16)  # where an fp32 copy would show
+        kernel_hub.kernelize(model, device="cpu")
+        model.train()
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        saved = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in params:
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        ids = self.ids(9)
+        with Calls() as calls, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(ids, labels=ids).loss.backward()
+        self.assertEqual(layers_called(calls, "train", "backward"), TRAIN_CALLED, calls)
+        c = model.config
+        t, h, i = ids.numel(), c.hidden_size, c.intermediate_size
+        qh, kvh = c.num_attention_heads, c.num_key_value_heads
+        q, k = qh * c.head_dim, kvh * c.head_dim
+        f = 2  # bf16; rstd and lse are fp32
+        layer = t * (4 * h + 3 * q + 3 * k + 3 * i) * f + t * (2 + 2 * qh + kvh) * 4
+        once = (ids.numel() * 8 + 2 * ids.shape[1] * c.head_dim * f + t * h * f + t * 4 +
+                t * h * f + c.vocab_size * h * f)
+        self.assertEqual(sum(saved.values()), c.num_hidden_layers * layer + once)
+
+    def test_mlp_projection_hooks_still_run(self):
+        # The MLP writes gate and up into one buffer with two GEMMs; a projection with a hook
+        # (an adapter, a quantizer, a profiler) keeps its Linear call instead.
+        eager, model = pair("llama")
+        kernel_hub.kernelize(model, device="cpu")
+        seen = []
+        model.model.layers[0].mlp.gate_proj.register_forward_hook(lambda *a: seen.append(1))
+        eager.train()
+        model.train()
+        ids = self.ids(10)
+        with Calls() as calls:
+            got = model(ids, labels=ids)
+            got.loss.backward()
+        want = eager(ids, labels=ids)
+        want.loss.backward()
+        self.assertEqual(len(seen), 1)
+        self.assertEqual(calls[("SiluAndMul", "train", "forward")], 2, calls)
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+        for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
     def test_generate_with_kv_cache(self):
         # Decode steps: one query against the cache (the kernel's bottom-right causal mask).
         eager, model = pair("llama")

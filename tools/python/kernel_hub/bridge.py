@@ -212,8 +212,10 @@ class _GateUp(torch.autograd.Function):
 
 
 def _plain_linear(lin, x):
-    """Whether lin(x) is x @ lin.weight^T exactly: no bias, no hooks, no autocast, one dtype."""
-    return (lin.bias is None and not lin._forward_hooks and not lin._forward_pre_hooks
+    """Whether lin(x) is x @ lin.weight^T exactly: a torch Linear (not one an adapter library
+    swapped in after kernelize), no bias, no hooks, no autocast, one dtype."""
+    return (type(lin) is torch.nn.Linear and lin.bias is None and not lin._forward_hooks
+            and not lin._forward_pre_hooks
             and lin.weight.dtype == x.dtype and lin.weight.device == x.device
             and not torch.is_autocast_enabled(x.device.type))
 
