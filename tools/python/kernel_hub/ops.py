@@ -319,8 +319,8 @@ attention.register_autograd(_attn_backward, setup_context=_attn_setup)
 # forward); more rows mean fewer passes of the d_weight GEMM's read-modify-write over [V, H]
 # (256 rows in bf16: 128 FLOP per byte of d_weight traffic, about an H200's compute-to-bandwidth
 # ratio). Qwen3's vocab 151936 in bf16: 256 rows, 74 MiB (Liger bounds the chunk by the hidden
-# states' size: 128 rows at 16k tokens, 32 at 4k).
-LCE_CHUNK_BYTES = 80 << 20
+# states' size: 128 rows at 16k tokens, 32 at 4k). KERNEL_HUB_LCE_CHUNK_MIB sets another budget.
+LCE_CHUNK_BYTES = int(os.environ.get("KERNEL_HUB_LCE_CHUNK_MIB", "80")) << 20
 LCE_CHUNK_ROWS = 1024
 
 # d_weight's dtype: the weight's (None; what Liger does by default: it rounds once per chunk and
