@@ -6,8 +6,8 @@ swap, torch.compile(fullgraph=True), and a CUDA graph of the kernelized eval for
 equals eager. Also the peak memory of one training step of a 4-layer Qwen3-0.6B-shaped model
 (vocab 151936) kernelized against the same model with Liger-Kernel's equivalents (RoPE, RMSNorm,
 SwiGLU, fused linear cross-entropy), each in its own process (Liger patches Transformers' classes
-globally), when liger_kernel imports (PYTHONPATH=/tmp/liger as tools/bench/bench_e2e.py says;
-that comparison skips otherwise). Exit 77 (skipped) without torch, transformers or a CUDA device.
+globally), when liger_kernel imports (from PYTHONPATH, or $KH_LIGER_DIR, default /tmp/liger, where
+tools/bench/bench_e2e.py installs it; that comparison skips otherwise). Exit 77 (skipped) without torch, transformers or a CUDA device.
 
 Usage: test_torch_bridge_gpu.py (KERNEL_HUB_LIBRARY, KERNEL_HUB_CLI and PYTHONPATH as CTest
 sets them); test_torch_bridge_gpu.py --peak-memory kh|liger measures one configuration and prints
@@ -31,6 +31,11 @@ if not torch.cuda.is_available():
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# Liger for the peak-memory comparison: importable as is, or where bench_e2e.py installs its wheel
+# (--liger-dir, default /tmp/liger; CTest's PYTHONPATH does not name it).
+LIGER_DIR = os.environ.get("KH_LIGER_DIR", "/tmp/liger")
+if os.path.isdir(os.path.join(LIGER_DIR, "liger_kernel")):
+    sys.path.append(LIGER_DIR)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                                 "python"))
 import kernel_hub  # noqa: E402
@@ -207,7 +212,7 @@ def peak_memory(which):
 
 
 @unittest.skipUnless(importlib.util.find_spec("liger_kernel"),
-                     "liger_kernel does not import (PYTHONPATH=/tmp/liger, see bench_e2e.py)")
+                     f"liger_kernel does not import (nor from {LIGER_DIR}: see bench_e2e.py)")
 class PeakMemoryTest(unittest.TestCase):
     def measure(self, which):
         env = dict(os.environ, KERNEL_HUB_CACHE=os.path.join(self.tmp.name, "cache"))
