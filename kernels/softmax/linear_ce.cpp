@@ -149,6 +149,7 @@ int32_t read_problem(const Args<S>& a, Problem* p) {
 int32_t scale_view(const RowsView& x, const float* factor, bool zero, void* stream) {
   if (x.rows == 0 || x.cols == 0) return KH_OK;
   if (is_cpu(x.device)) {
+    if (!zero && *factor == 1.f) return KH_OK;  // loss.backward(): nothing to scale
     softmax_cpu::scale_rows(x.dtype, x.data, x.stride, x.rows, x.cols, zero ? 0.f : *factor, zero);
     return KH_OK;
   }

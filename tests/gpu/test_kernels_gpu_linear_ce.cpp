@@ -22,9 +22,10 @@ class KernelsGpuLinearCe : public GpuKernelsTest<KernelsGpuLinearCe> {
 };
 
 const linear_ce_cases::Case kGpuCases[] = {
-    {256, 4099, 128, 64, 7, true, 0},   // odd vocab (scalar path), 4 chunks
-    {300, 4096, 64, 300, 0, false, 8},  // one chunk, strided hidden, input-dtype gradients
-    {128, 2048, 96, 16, 1, true, 0},    // every token ignored
+    {256, 4099, 128, 64, 7, true, 0},     // odd vocab (scalar path), 4 chunks
+    {300, 4096, 64, 300, 0, false, 8},    // one chunk, strided hidden, input-dtype gradients
+    {128, 2048, 96, 16, 1, true, 0},      // every token ignored
+    {1024, 4099, 128, 128, 7, false, 0},  // input-dtype d_weight over 8 chunks (the bridge's)
 };
 
 TEST_F(KernelsGpuLinearCe, EveryDtypeAndShapeMatchesFloat64) {

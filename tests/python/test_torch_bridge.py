@@ -72,6 +72,11 @@ class Calls:
         Runtime.call = self._orig
 
 
+def cache_of(output):
+    """A model output's KV cache (Transformers 5 names the field cache, 4 past_key_values)."""
+    return getattr(output, "cache", None) or getattr(output, "past_key_values", None)
+
+
 def layers_called(counts, mode, direction="forward"):
     return {layer for (layer, m, d), n in counts.items() if m == mode and d == direction and n}
 
@@ -90,6 +95,9 @@ class BridgeTest(unittest.TestCase):
         cls.tmp = tempfile.TemporaryDirectory()
         os.environ["KERNEL_HUB_CACHE"] = os.path.join(cls.tmp.name, "cache")
         os.environ.pop("KERNEL_HUB_ENDPOINT", None)
+        # Inductor's caches of this run only: AOTAutograd's cache is keyed by the traced forward,
+        # so a warm cache from an older kernel_hub could replay that version's backward.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cls.tmp.name, "inductor")
 
     def ids(self, seed=1):
         g = torch.Generator().manual_seed(seed)
@@ -129,6 +137,7 @@ class BridgeTest(unittest.TestCase):
         want.loss.backward()
         torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
         self.assertIsNone(got.logits)  # the fused loss never forms them
+        self.assertIsNone(cache_of(got))  # no KV cache in a training forward
         self.assertEqual(layers_called(calls, "train"), TRAIN_CALLED, calls)
         self.assertEqual(layers_called(calls, "train", "backward"), TRAIN_CALLED, calls)
         self.assertFalse(layers_called(calls, "eval"), calls)
@@ -139,9 +148,10 @@ class BridgeTest(unittest.TestCase):
         model.eval()
         self.assertEqual(rt.native_mode(), "eval")
         with torch.no_grad(), Calls() as calls:
-            model(ids)
+            out = model(ids)
         self.assertEqual(layers_called(calls, "eval"), EVAL_CALLED - {"CrossEntropy"}, calls)
         self.assertFalse(layers_called(calls, "train"), calls)
+        self.assertIsNotNone(cache_of(out))  # eval keeps Transformers' cache
         return eager, model
 
     def test_qwen3(self):
@@ -152,7 +162,7 @@ class BridgeTest(unittest.TestCase):
 
     def test_compile_fullgraph(self):
         eager, model = pair("qwen3")
-        kernel_hub.kernelize(model, device="cpu")
+        kernel_hub.kernelize(model, device="cpu", inductor_layers=())  # every kernel, compiled
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True)  # a graph break raises
         ids = self.ids(2)
@@ -172,6 +182,87 @@ class BridgeTest(unittest.TestCase):
         want.loss.backward()
         torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
         self.assertEqual(layers_called(calls, "train", "backward"), TRAIN_CALLED, calls)
+        for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+    def test_compile_leaves_inductor_layers_to_inductor(self):
+        # The default: rotary and SiluAndMul keep PyTorch's code while torch.compile traces (for
+        # Inductor to fuse); eager calls of the same model still use every kernel.
+        self.assertEqual(set(kernel_hub.INDUCTOR_LAYERS), {"RotaryEmbedding", "SiluAndMul"})
+        eager, model = pair("llama")
+        kernel_hub.kernelize(model, device="cpu")
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True)
+        ids = self.ids(8)
+        eager.eval()
+        model.eval()
+        with torch.no_grad(), Calls() as calls:
+            want, got = eager(ids, labels=ids), compiled(ids, labels=ids)
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+        self.assertEqual(layers_called(calls, "eval"),
+                         EVAL_CALLED - set(kernel_hub.INDUCTOR_LAYERS), calls)
+        with torch.no_grad(), Calls() as calls:
+            model(ids)
+        self.assertEqual(layers_called(calls, "eval"), EVAL_CALLED - {"CrossEntropy"}, calls)
+        with self.assertRaises(ValueError):
+            kernel_hub.kernelize(model, device="cpu", inductor_layers=("NoSuchLayer",))
+
+    def test_training_saves_what_liger_saves(self):
+        # The op-by-op audit against Liger-Kernel 0.8.5's saved tensors, as bytes of the storages
+        # autograd keeps for backward (parameters aside), exactly. Per decoder layer and token:
+        #   input_layernorm  x [H], rstd fp32 [1]        (Liger's RMSNorm: X, RSTD)
+        #   q/k/v_proj       their input, the norm's output [H]
+        #   q_norm, k_norm   x [Q], [K], rstd [qh], [kvh]
+        #   attention        q, k (rotated) [Q], [K], v [K], out [Q] (o_proj's input), lse [qh]
+        #                    (SDPA's)
+        #   post_attention_layernorm  x [H], rstd [1]; gate/up input [H]
+        #   SiluAndMul       [gate, up] [2I] (Liger's a, b); down_proj's input [I]
+        # and once: input ids, cos and sin, the final norm (x, rstd), the fused loss's d_hidden
+        # [T, H] and d_weight [V, H] in the weight's dtype (no logits, no fp32 copy).
+        eager, model = pair("qwen3")
+        model.to(torch.bfloat16)  # where an fp32 copy would show
+        kernel_hub.kernelize(model, device="cpu")
+        model.train()
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        saved = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in params:
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        ids = self.ids(9)
+        with Calls() as calls, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(ids, labels=ids).loss.backward()
+        self.assertEqual(layers_called(calls, "train", "backward"), TRAIN_CALLED, calls)
+        c = model.config
+        t, h, i = ids.numel(), c.hidden_size, c.intermediate_size
+        qh, kvh = c.num_attention_heads, c.num_key_value_heads
+        q, k = qh * c.head_dim, kvh * c.head_dim
+        f = 2  # bf16; rstd and lse are fp32
+        layer = t * (4 * h + 3 * q + 3 * k + 3 * i) * f + t * (2 + 2 * qh + kvh) * 4
+        once = (ids.numel() * 8 + 2 * ids.shape[1] * c.head_dim * f + t * h * f + t * 4 +
+                t * h * f + c.vocab_size * h * f)
+        self.assertEqual(sum(saved.values()), c.num_hidden_layers * layer + once)
+
+    def test_mlp_projection_hooks_still_run(self):
+        # The MLP writes gate and up into one buffer with two GEMMs; a projection with a hook
+        # (an adapter, a quantizer, a profiler) keeps its Linear call instead.
+        eager, model = pair("llama")
+        kernel_hub.kernelize(model, device="cpu")
+        seen = []
+        model.model.layers[0].mlp.gate_proj.register_forward_hook(lambda *a: seen.append(1))
+        eager.train()
+        model.train()
+        ids = self.ids(10)
+        with Calls() as calls:
+            got = model(ids, labels=ids)
+            got.loss.backward()
+        want = eager(ids, labels=ids)
+        want.loss.backward()
+        self.assertEqual(len(seen), 1)
+        self.assertEqual(calls[("SiluAndMul", "train", "forward")], 2, calls)
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
         for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
 
@@ -276,6 +367,33 @@ class BridgeTest(unittest.TestCase):
         torch.testing.assert_close(loss, want)
         torch.testing.assert_close(h.grad, h2.grad)
         torch.testing.assert_close(w.grad, w2.grad)
+        # The backward scales the saved gradients in place: a second backward through a retained
+        # graph is refused (torch's version check) rather than given scaled gradients.
+        loss = kernel_hub.ops.linear_cross_entropy_train(h, w, labels, -100, rt.id)[0]
+        (3.0 * loss).backward(retain_graph=True)
+        with self.assertRaisesRegex(RuntimeError, "inplace"):
+            loss.backward()
+        # bf16: d_weight comes back in the weight's dtype (accumulated per chunk in bf16, as Liger
+        # does), within bf16 tolerance of an fp32 reference, over several chunks of tokens.
+        n = 300
+        hb = torch.randn(n, 64, generator=g).bfloat16().requires_grad_()
+        wb = torch.randn(96, 64, generator=g).bfloat16().requires_grad_()
+        lb = torch.randint(0, 96, (n,), generator=g)
+        chunk = kernel_hub.ops.LCE_CHUNK_BYTES
+        kernel_hub.ops.LCE_CHUNK_BYTES = 128 * 96 * 2  # 128 rows: 3 chunks
+        try:
+            out = kernel_hub.ops.linear_cross_entropy_train(hb, wb, lb, -100, rt.id)
+        finally:
+            kernel_hub.ops.LCE_CHUNK_BYTES = chunk
+        self.assertEqual(out[2].dtype, torch.bfloat16)
+        out[0].backward()
+        self.assertEqual(wb.grad.dtype, torch.bfloat16)
+        h2, w2 = hb.detach().float().requires_grad_(), wb.detach().float().requires_grad_()
+        want = torch.nn.functional.cross_entropy(h2 @ w2.t(), lb)
+        want.backward()
+        torch.testing.assert_close(out[0], want, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(hb.grad.float(), h2.grad, rtol=2e-2, atol=1e-3)
+        torch.testing.assert_close(wb.grad.float(), w2.grad, rtol=2e-2, atol=1e-3)
 
     def test_inference_mode_only(self):
         eager, model = pair("qwen3")

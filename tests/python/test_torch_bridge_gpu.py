@@ -3,11 +3,19 @@
 models in bf16, kernelized with the hub's cuda packages against eager copies: logits, loss and
 gradients within bf16 tolerance, every layer served by its kernel (calls counted), train/eval
 swap, torch.compile(fullgraph=True), and a CUDA graph of the kernelized eval forward whose replay
-equals eager. Exit 77 (skipped) without torch, transformers or a CUDA device.
+equals eager. Also the peak memory of one training step of a 4-layer Qwen3-0.6B-shaped model
+(vocab 151936) kernelized against the same model with Liger-Kernel's equivalents (RoPE, RMSNorm,
+SwiGLU, fused linear cross-entropy), each in its own process (Liger patches Transformers' classes
+globally), when liger_kernel imports (from PYTHONPATH, or $KH_LIGER_DIR, default /tmp/liger, where
+tools/bench/bench_e2e.py installs it; that comparison skips otherwise). Exit 77 (skipped) without torch, transformers or a CUDA device.
 
 Usage: test_torch_bridge_gpu.py (KERNEL_HUB_LIBRARY, KERNEL_HUB_CLI and PYTHONPATH as CTest
-sets them)."""
+sets them); test_torch_bridge_gpu.py --peak-memory kh|liger measures one configuration and prints
+a PEAK line (the test's child processes)."""
+import importlib.util
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -23,6 +31,11 @@ if not torch.cuda.is_available():
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# Liger for the peak-memory comparison: importable as is, or where bench_e2e.py installs its wheel
+# (--liger-dir, default /tmp/liger; CTest's PYTHONPATH does not name it).
+LIGER_DIR = os.environ.get("KH_LIGER_DIR", "/tmp/liger")
+if os.path.isdir(os.path.join(LIGER_DIR, "liger_kernel")):
+    sys.path.append(LIGER_DIR)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                                 "python"))
 import kernel_hub  # noqa: E402
@@ -61,6 +74,9 @@ class GpuBridgeTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         os.environ["KERNEL_HUB_CACHE"] = os.path.join(cls.tmp.name, "cache")
+        # Inductor's caches of this run only: AOTAutograd's cache is keyed by the traced forward,
+        # so a warm cache from an older kernel_hub could replay that version's backward.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cls.tmp.name, "inductor")
 
     def ids(self):
         g = torch.Generator().manual_seed(1)
@@ -146,5 +162,86 @@ class GpuBridgeTest(unittest.TestCase):
         torch.testing.assert_close(static_out, want, rtol=3e-2, atol=3e-2)
 
 
+# The peak-memory comparison: Qwen3-0.6B's layer and head shapes, 4 layers, 4 x 1024 tokens.
+PEAK_BATCH, PEAK_SEQ, PEAK_LAYERS = 4, 1024, 4
+# kernel-hub may use at most this much more than Liger: the fused loss's logits chunk is a fixed
+# budget (kernel_hub.ops.LCE_CHUNK_BYTES: 256 rows, 74 MiB at this vocab, for the d_weight GEMM's
+# efficiency) where Liger's scales with the tokens (32 rows, 9 MiB at 4k tokens; 128 rows at the
+# benchmark's 16k), plus allocator rounding. Everything else must be at most Liger's.
+PEAK_MARGIN = 96 << 20
+
+
+def peak_memory(which):
+    """Peak torch.cuda.max_memory_allocated of one training step (forward, backward, fused AdamW
+    step) after a warm-up step, for `which` (kh or liger); also the forward's peak and what the
+    forward leaves for backward, to tell where a difference comes from."""
+    if which == "liger":
+        import liger_kernel.transformers as lk
+        lk.apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                       fused_linear_cross_entropy=True)
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        hidden_size=1024, num_hidden_layers=PEAK_LAYERS, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
+        max_position_embeddings=4096, tie_word_embeddings=True, attn_implementation="sdpa")
+    with torch.device(DEV):
+        model = transformers.Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.train()
+    if which == "kh":
+        kernel_hub.kernelize(model, mode="train")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    g = torch.Generator(device=DEV).manual_seed(1)
+    ids = torch.randint(0, config.vocab_size, (PEAK_BATCH, PEAK_SEQ), device=DEV, generator=g)
+    out = {}
+    for step in range(2):  # the first allocates the optimizer's state
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        loss = model(input_ids=ids, labels=ids).loss
+        torch.cuda.synchronize()
+        out["forward_peak"] = torch.cuda.max_memory_allocated() - base
+        out["saved_for_backward"] = torch.cuda.memory_allocated() - base
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        out["step_peak"] = torch.cuda.max_memory_allocated()
+        out["loss"] = float(loss.detach())
+        del loss
+    return out
+
+
+@unittest.skipUnless(importlib.util.find_spec("liger_kernel"),
+                     f"liger_kernel does not import (nor from {LIGER_DIR}: see bench_e2e.py)")
+class PeakMemoryTest(unittest.TestCase):
+    def measure(self, which):
+        env = dict(os.environ, KERNEL_HUB_CACHE=os.path.join(self.tmp.name, "cache"))
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--peak-memory", which],
+                           env=env, capture_output=True, text=True, timeout=600)
+        lines = [x for x in p.stdout.splitlines() if x.startswith("PEAK ")]
+        self.assertTrue(p.returncode == 0 and lines, f"{which}: exit {p.returncode}\n"
+                        f"{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+        return json.loads(lines[-1][len("PEAK "):])
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_peak_memory_at_most_liger(self):
+        kh, liger = self.measure("kh"), self.measure("liger")
+        mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
+        for name in ("step_peak", "forward_peak", "saved_for_backward"):
+            print(f"{name}: kernel-hub {mib(kh[name])}, Liger {mib(liger[name])}, difference "
+                  f"{mib(kh[name] - liger[name])}", file=sys.stderr)
+        self.assertAlmostEqual(kh["loss"], liger["loss"], delta=0.05 * liger["loss"])
+        self.assertLessEqual(kh["step_peak"], liger["step_peak"] + PEAK_MARGIN,
+                             f"kernel-hub {mib(kh['step_peak'])} vs Liger {mib(liger['step_peak'])}")
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--peak-memory":
+        print("PEAK " + json.dumps(peak_memory(sys.argv[2])), flush=True)
+        sys.exit(0)
     unittest.main(verbosity=2)

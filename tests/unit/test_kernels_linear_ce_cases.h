@@ -144,6 +144,7 @@ inline const Case kCases[] = {
     {37, 301, 24, 8, 3, true, 0},   // 5 chunks (the last of 5 rows), every 3rd token ignored
     {37, 301, 24, 64, 3, true, 5},  // one chunk, strided rows
     {16, 128, 32, 5, 0, false, 0},  // gradients in the input dtype
+    {37, 301, 24, 8, 3, false, 0},  // input-dtype d_weight summed over 5 chunks (the bridge's)
     {9, 77, 16, 4, 1, true, 0},     // every token ignored: loss 0, zero gradients
     {1, 50, 8, 1, 0, true, 0},      // one token
 };

@@ -10,7 +10,11 @@ random tokens, batch 8 x 2048, for
   kh             eager + kernel_hub.kernelize (every layer the default hub serves, the fused
                  linear cross-entropy included)
   compile+kh     kernelize, then torch.compile (fullgraph where possible; graph breaks are
-                 counted from torch._dynamo.utils.counters and reported)
+                 counted from torch._dynamo.utils.counters and reported). The layers in
+                 kernel_hub.INDUCTOR_LAYERS keep PyTorch's code under compile (Inductor fuses
+                 them); compile+kh:LAYERS names that set for the row instead ("none" for none, hub
+                 layer names joined by "+", e.g. compile+kh:none, compile+kh:RotaryEmbedding),
+                 so that several sets run side by side
 
 each in its own process (Liger patches Transformers' modules globally; compile caches stay
 apart), same seed, same data: the loss after the measured steps is printed next to each row so
@@ -28,7 +32,10 @@ import). kernel_hub needs KERNEL_HUB_LIBRARY (libkernel_hub.so) and a hub holdin
 (KERNEL_HUB_DATA_DIR with the default hub, as tools/bench/gpu_run.sh sets it).
 
 Usage: python3 tools/bench/bench_e2e.py [--steps 10] [--warmup 3] [--batch 8] [--seq 2048]
-       [--layers N] [--configs eager,liger,compile,kh,compile+kh]"""
+       [--layers N] [--configs eager,liger,compile,kh,compile+kh[,compile+kh:LAYERS...]]
+
+Peak memory is torch.cuda.max_memory_allocated over the measured steps (tensors; the "reserved"
+column is max_memory_reserved: what the caching allocator held from the device)."""
 import argparse
 import glob
 import json
@@ -56,6 +63,14 @@ def model_config(args):
         attn_implementation="sdpa")
 
 
+def inductor_layers(which):
+    """compile+kh:LAYERS -> the inductor_layers argument of kernelize (None: the default)."""
+    if ":" not in which:
+        return None
+    spec = which.split(":", 1)[1]
+    return () if spec == "none" else tuple(spec.split("+"))
+
+
 def build(args, which):
     import torch
     import transformers
@@ -70,9 +85,10 @@ def build(args, which):
     with torch.device(args.device):
         model = cls(config).to(torch.bfloat16)
     model.train()
-    if which in ("kh", "compile+kh"):
+    if which.split(":")[0] in ("kh", "compile+kh"):
         import kernel_hub
-        kernel_hub.kernelize(model, device=args.device, mode="train")
+        kernel_hub.kernelize(model, device=args.device, mode="train",
+                             inductor_layers=inductor_layers(which))
     return model
 
 
@@ -132,6 +148,7 @@ def run_one(args, which):
     print("RESULT " + json.dumps({
         "config": which, "tokens_per_s": args.batch * args.seq * args.steps / dt,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+        "reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0,
         "loss": float(loss.detach()),
         "fullgraph": fullgraph, "graph_breaks": breaks}), flush=True)
 
@@ -200,10 +217,12 @@ def main():
     shape = (f"{args.layers} Llama-3-8B layers" if args.layers else "Qwen3-0.6B") + \
         f", batch {args.batch} x {args.seq}, bf16, {args.steps} steps after {args.warmup}"
     print(f"\n{shape}")
-    print(f"| config | tokens/s | peak GiB | loss | vs eager | vs eager+Liger | fullgraph / breaks |")
-    print("|---|---|---|---|---|---|---|")
+    print("| config | tokens/s | peak GiB | reserved GiB | loss | vs eager | vs eager+Liger | "
+          "vs compile | fullgraph / breaks |")
+    print("|---|---|---|---|---|---|---|---|---|")
     eager = results.get("eager", {}).get("tokens_per_s")
     liger = results.get("liger", {}).get("tokens_per_s")
+    compiled = results.get("compile", {}).get("tokens_per_s")
     for which, r in results.items():
         tps = r["tokens_per_s"]
         ratio = lambda ref: f"{tps / ref:.2f}x" if ref else "-"  # noqa: E731
@@ -214,8 +233,8 @@ def main():
             if n:
                 breaks += " (" + "; ".join(f"{k[:60]}: {v}" for k, v in
                                           list(r["graph_breaks"].items())[:3]) + ")"
-        print(f"| {which} | {tps:,.0f} | {r['peak_gib']:.1f} | {r['loss']:.4f} | {ratio(eager)} | "
-              f"{ratio(liger)} | {breaks} |")
+        print(f"| {which} | {tps:,.0f} | {r['peak_gib']:.2f} | {r.get('reserved_gib', 0):.2f} | "
+              f"{r['loss']:.4f} | {ratio(eager)} | {ratio(liger)} | {ratio(compiled)} | {breaks} |")
 
 
 if __name__ == "__main__":

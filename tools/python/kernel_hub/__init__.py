@@ -18,7 +18,8 @@ __all__ = ["kernelize", "pull", "lock", "trust_status", "info", "version", "Kern
 def __getattr__(name):
     # torch and transformers load only when a model is kernelized: pull/lock need neither.
     import importlib
-    if name in ("kernelize", "DEFAULT_CONFIG", "TRANSFORMERS_NAMES", "register_attention"):
+    if name in ("kernelize", "DEFAULT_CONFIG", "TRANSFORMERS_NAMES", "INDUCTOR_LAYERS",
+                "register_attention"):
         return getattr(importlib.import_module(".bridge", __name__), name)
     if name == "Runtime":
         return importlib.import_module(".runtime", __name__).Runtime

@@ -24,12 +24,22 @@ current mode; anything else keeps PyTorch's code):
                    with ForCausalLMLoss replaced as above.
   Attention        attn_implementation="kernel_hub" (Transformers' AttentionInterface): causal
                    or full attention without a padding mask or dropout; a padded batch, dropout or
-                   an explicit mask falls back to SDPA.
+                   an explicit mask falls back to SDPA. A *ForCausalLM's eager training forward
+                   (grad enabled) then runs with use_cache=False unless the caller passes
+                   use_cache or a cache (the cache would hold a second copy of every layer's K
+                   and V); under torch.compile the cache is built but left out of the fused
+                   loss's output (_kernel_causal_lm says why).
 
 Config keys are hub layer names (RMSNorm, SiluAndMul, RotaryEmbedding, CrossEntropy, Attention)
 or Transformers' names for them (TRANSFORMERS_NAMES; Liger's "fused_linear_cross_entropy" names
 FusedLinearCrossEntropy); values are passed to the C API untouched
-(kh_runtime_kernelize parses every KernelConfig form)."""
+(kh_runtime_kernelize parses every KernelConfig form).
+
+Under torch.compile the layers in INDUCTOR_LAYERS (rotary embedding, SiluAndMul) keep PyTorch's
+code for Inductor to fuse with the GEMMs around them; kernelize(inductor_layers=()) keeps every
+kernel."""
+import inspect
+import os
 import sys
 
 import torch
@@ -63,6 +73,16 @@ DEFAULT_CONFIG = {
 
 MODES = {None: ("eval", "train"), "inference": ("eval",), "eval": ("eval",),
          "training": ("train",), "train": ("train",), "both": ("eval", "train")}
+
+# Layers that keep PyTorch's code while torch.compile traces the model, so that Inductor fuses
+# them with their neighbours, where that beats a separate kernel: rotary embedding (Inductor
+# writes the rotated q and k in one pass, straight in the layout attention takes, and fuses the
+# backward likewise; the package rotates in place, so the op copies first: two passes) and
+# SiluAndMul (Inductor reads the gate and up projections' outputs directly; the kernel needs them
+# concatenated: one more write and read of [tokens, 2 * intermediate]). Eager runs keep every
+# kernel. kernelize(inductor_layers=...) or KERNEL_HUB_INDUCTOR_LAYERS (comma-separated hub
+# layer names, "" or "none" for none) choose another set.
+INDUCTOR_LAYERS = ("RotaryEmbedding", "SiluAndMul")
 
 
 def hub_config(config):
@@ -110,16 +130,38 @@ def driver_cuda_version():
 
 # ---- The replacements ----
 
-class _Bound:
-    """What a replaced module or function needs: the runtime and the device type it serves."""
+def inductor_layer_set(layers=None):
+    """The hub layer names left to Inductor under torch.compile: `layers` (names, Transformers'
+    names accepted), else $KERNEL_HUB_INDUCTOR_LAYERS, else INDUCTOR_LAYERS."""
+    if layers is None:
+        env = os.environ.get("KERNEL_HUB_INDUCTOR_LAYERS")
+        if env is None:
+            return frozenset(INDUCTOR_LAYERS)
+        layers = [] if env.strip().lower() in ("", "none") else env.split(",")
+    out = set()
+    for name in layers:
+        name = TRANSFORMERS_NAMES.get(name.strip(), name.strip())
+        if name not in LAYERS:
+            raise ValueError(f"kernel_hub.kernelize: inductor_layers names {name!r}; expected "
+                             f"hub layer names from {LAYERS}")
+        out.add(name)
+    return frozenset(out)
 
-    def __init__(self, rt, device_type):
-        self.rt, self.device_type = rt, device_type
+
+class _Bound:
+    """What a replaced module or function needs: the runtime, the device type it serves and the
+    layers left to Inductor while torch.compile traces."""
+
+    def __init__(self, rt, device_type, inductor=frozenset()):
+        self.rt, self.device_type, self.inductor = rt, device_type, inductor
 
     def use(self, layer, x, needs_grad=False):
         """Whether the bound kernel serves this call. Eval tables hold forward ops without
-        autograd: a call that needs gradients in eval mode stays with PyTorch."""
+        autograd: a call that needs gradients in eval mode stays with PyTorch. Under
+        torch.compile, the layers in `inductor` stay with PyTorch (a constant while tracing)."""
         if needs_grad and self.rt.mode == "eval" and torch.is_grad_enabled():
+            return False
+        if layer in self.inductor and torch.compiler.is_compiling():
             return False
         return x.device.type == self.device_type and self.rt.is_bound(layer)
 
@@ -136,11 +178,57 @@ def _kernel_rms_norm(mod, x):
     return ops.rms_norm(x, mod.weight, eps, kh.rt.id)
 
 
+class _GateUp(torch.autograd.Function):
+    """[gate_proj(x), up_proj(x)] as the one [..., 2 * intermediate] tensor SiluAndMul reads, each
+    GEMM writing its half (cuBLAS takes the row stride): no concatenation (a write and a read of
+    [tokens, 2 * intermediate] per layer) and no separate gate and up tensors. Saves what the two
+    Linear layers would (x and the weights); the backward accumulates both halves' dx in one
+    buffer (mm, then addmm_)."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate, w_up):
+        x2 = x.reshape(-1, x.shape[-1])
+        i = w_gate.shape[0]
+        h = x2.new_empty(x2.shape[0], 2 * i)
+        torch.mm(x2, w_gate.t(), out=h[:, :i])
+        torch.mm(x2, w_up.t(), out=h[:, i:])
+        ctx.save_for_backward(x, w_gate, w_up)
+        return h.view(*x.shape[:-1], 2 * i)
+
+    @staticmethod
+    def backward(ctx, dh):
+        x, w_gate, w_up = ctx.saved_tensors
+        i = w_gate.shape[0]
+        dh2 = dh.reshape(-1, 2 * i)
+        x2 = x.reshape(-1, x.shape[-1])
+        dx = d_gate = d_up = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.mm(dh2[:, :i], w_gate).addmm_(dh2[:, i:], w_up).view(x.shape)
+        if ctx.needs_input_grad[1]:
+            d_gate = dh2[:, :i].t().mm(x2)
+        if ctx.needs_input_grad[2]:
+            d_up = dh2[:, i:].t().mm(x2)
+        return dx, d_gate, d_up
+
+
+def _plain_linear(lin, x):
+    """Whether lin(x) is x @ lin.weight^T exactly: a torch Linear (not one an adapter library
+    swapped in after kernelize), no bias, no hooks, no autocast, one dtype."""
+    return (type(lin) is torch.nn.Linear and lin.bias is None and not lin._forward_hooks
+            and not lin._forward_pre_hooks
+            and lin.weight.dtype == x.dtype and lin.weight.device == x.device
+            and not torch.is_autocast_enabled(x.device.type))
+
+
 def _kernel_mlp(mod, x):
     kh = mod._kernel_hub
     if not kh.use("SiluAndMul", x):
         return mod._kernel_hub_forward(x)
-    h = torch.cat([mod.gate_proj(x), mod.up_proj(x)], dim=-1)
+    if (not torch.compiler.is_compiling() and _plain_linear(mod.gate_proj, x)
+            and _plain_linear(mod.up_proj, x)):
+        h = _GateUp.apply(x, mod.gate_proj.weight, mod.up_proj.weight)
+    else:  # hooks, autocast, or traced by torch.compile (which keeps torch's Linear)
+        h = torch.cat([mod.gate_proj(x), mod.up_proj(x)], dim=-1)
     return mod.down_proj(ops.silu_and_mul(h, kh.rt.id))
 
 
@@ -272,12 +360,35 @@ def _fused_loss_applies(mod):
     return hasattr(mod, "loss_function")
 
 
+def _training_without_cache(mod, args, kwargs):
+    """Whether this is a training forward (grad enabled) that did not ask for a KV cache.
+    Transformers' use_cache defaults to the config's (True), and its DynamicCache keeps a copy of
+    every layer's keys and values ([batch, heads, seq, d]) while the forward runs; the attention
+    kernel reads [batch, seq, heads, d] and saves that copy for backward, so with the cache each
+    layer's K and V would be held twice (1.8 GiB over Qwen3-0.6B's 28 layers at 16k tokens).
+    Gradient checkpointing in Transformers turns the cache off the same way."""
+    return (mod._kernel_hub_takes_use_cache and mod.training and torch.is_grad_enabled()
+            and len(args) <= 3 and kwargs.get("use_cache") is None
+            and kwargs.get("past_key_values") is None and kwargs.get("cache") is None)
+
+
+# The output fields that hold the KV cache (Transformers 5: cache; 4: past_key_values).
+_CACHE_FIELDS = ("cache", "past_key_values")
+
+
 def _kernel_causal_lm(mod, *args, **kwargs):
     kh = mod._kernel_hub
+    no_cache = _training_without_cache(mod, args, kwargs)
+    if no_cache and not torch.compiler.is_compiling():
+        kwargs = dict(kwargs, use_cache=False)
+    # Under torch.compile the cache stays: without one, Transformers cannot rule out packed
+    # sequences in the positions while tracing and builds an explicit mask (which sends attention
+    # to SDPA). The fused path below leaves it out of the output, so Inductor writes each K and V
+    # once, straight in the layout the attention kernel reads.
     labels = kwargs.get("labels")
     weight = mod.lm_head.weight
-    if (labels is None or len(args) > 5 or kh.rt.mode != "train"
-            or not kh.use("FusedLinearCrossEntropy", weight)
+    if (not mod._kernel_hub_fused_loss or labels is None or len(args) > 5
+            or kh.rt.mode != "train" or not kh.use("FusedLinearCrossEntropy", weight)
             or kwargs.get("return_dict") is False):
         return mod._kernel_hub_forward(*args, **kwargs)
     kw = {k: v for k, v in kwargs.items()
@@ -290,7 +401,8 @@ def _kernel_causal_lm(mod, *args, **kwargs):
                        num_items_in_batch=kwargs.get("num_items_in_batch"),
                        shift_labels=kwargs.get("shift_labels"))
     from transformers.modeling_outputs import CausalLMOutputWithPast
-    fields = {k: v for k, v in outputs.items() if k in mod._kernel_hub_output_fields}
+    fields = {k: v for k, v in outputs.items() if k in mod._kernel_hub_output_fields
+              and not (no_cache and k in _CACHE_FIELDS)}
     return CausalLMOutputWithPast(loss=loss, logits=None, **fields)
 
 
@@ -348,7 +460,8 @@ def _attention_modules(model):
             yield m
 
 
-def kernelize(model, config=None, device=None, mode=None, hub=None, lock=None, strict=False):
+def kernelize(model, config=None, device=None, mode=None, hub=None, lock=None, strict=False,
+              inductor_layers=None):
     """Binds kernel-hub packages to `model`'s layers and returns the model.
 
     config  a KernelConfig dict in any form kh_runtime_kernelize accepts (Transformers' plain
@@ -360,6 +473,10 @@ def kernelize(model, config=None, device=None, mode=None, hub=None, lock=None, s
     hub     hub address (default $KERNEL_HUB_ENDPOINT, else the embedded default hub)
     lock    a kernels.lock: only its digests are accepted
     strict  a mapped layer that falls back fails instead
+    inductor_layers
+            hub layer names that keep PyTorch's code while torch.compile traces the model, for
+            Inductor to fuse (default: $KERNEL_HUB_INDUCTOR_LAYERS, else INDUCTOR_LAYERS); ()
+            keeps every kernel under compile. Eager calls are not affected.
 
     model.train() / model.eval() then publish the matching table (Runtime.set_mode). The
     runtime and its report are model.kernel_hub_runtime and .report."""
@@ -373,7 +490,7 @@ def kernelize(model, config=None, device=None, mode=None, hub=None, lock=None, s
     rt = Runtime(LAYERS, strict=strict)
     rt.kernelize(hub_config(config), hub=hub, device=spec, modes=MODES[mode], strict=strict,
                  lock=lock)
-    kh = _Bound(rt, device.type)
+    kh = _Bound(rt, device.type, inductor_layer_set(inductor_layers))
     replaced = {name: 0 for name in LAYERS}
     for m in model.modules():
         if _is_plain_rms_norm(m):
@@ -406,7 +523,17 @@ def kernelize(model, config=None, device=None, mode=None, hub=None, lock=None, s
             model.loss_function = _loss_replacement(
                 ForCausalLMLoss if current is ForCausalLMLoss else current, kh)
             replaced["CrossEntropy"] = 1
-    if "FusedLinearCrossEntropy" in rt.bound["train"] and _fused_loss_applies(model):
+    # The *ForCausalLM's forward: the fused loss in training, and no KV cache in a training
+    # forward when the attention kernel serves training (_training_without_cache). The flags
+    # are set even when nothing is swapped, for a model kernelized before with another config.
+    fused = "FusedLinearCrossEntropy" in rt.bound["train"] and _fused_loss_applies(model)
+    base_forward = getattr(type(model), "_kernel_hub_base", type(model)).forward
+    takes_use_cache = (isinstance(getattr(model, "model", None), torch.nn.Module)
+                       and "use_cache" in inspect.signature(base_forward).parameters
+                       and "Attention" in rt.bound["train"])
+    model._kernel_hub_fused_loss = fused
+    model._kernel_hub_takes_use_cache = takes_use_cache
+    if fused or takes_use_cache:
         import dataclasses
         from transformers.modeling_outputs import CausalLMOutputWithPast
         # What the base model's output hands on (past key values or cache, hidden states,
@@ -414,7 +541,7 @@ def kernelize(model, config=None, device=None, mode=None, hub=None, lock=None, s
         model._kernel_hub_output_fields = frozenset(
             f.name for f in dataclasses.fields(CausalLMOutputWithPast)) - {"loss", "logits"}
         _swap_forward(model, _kernel_causal_lm, kh)
-        replaced["FusedLinearCrossEntropy"] = 1
+        replaced["FusedLinearCrossEntropy"] = int(fused)
     _hook_train(model, rt)
     model.kernel_hub_runtime = rt
     model.kernel_hub_replaced = replaced

@@ -9,6 +9,8 @@ backward needs). So each such layer has an eval op and a train op here; callers 
 Runtime.mode (bridge.py does).
 
 Arguments follow the packages' op schemas (kernels/*/host.cpp)."""
+import os
+
 import torch
 
 from . import runtime as _runtime
@@ -310,16 +312,32 @@ attention.register_autograd(_attn_backward, setup_context=_attn_setup)
 
 # ---- FusedLinearCrossEntropy (kernel-hub/softmax 1.1): hidden [tokens, H], weight [V, H] (an
 # lm_head's, no bias), int64 labels [tokens] -> the mean loss over tokens not ignored, without the
-# [tokens, V] logits; train also gives d_hidden (hidden's dtype) and d_weight (fp32) ----
+# [tokens, V] logits; train also gives d_hidden (hidden's dtype) and d_weight ----
 
-# Rows of logits per chunk the workspace is sized for (kernels/softmax/linear_ce.h: 1024 rows
-# keep the GEMMs efficient; Qwen3's vocab 151936 in bf16 is 297 MiB).
+# Rows of logits per chunk: as many as fit in LCE_CHUNK_BYTES, a multiple of 128 between 128 and
+# 1024 (kernels/softmax/linear_ce.h). The chunk is live at the step's memory peak (the end of the
+# forward); more rows mean fewer passes of the d_weight GEMM's read-modify-write over [V, H]
+# (256 rows in bf16: 128 FLOP per byte of d_weight traffic, about an H200's compute-to-bandwidth
+# ratio). Qwen3's vocab 151936 in bf16: 256 rows, 74 MiB (Liger bounds the chunk by the hidden
+# states' size: 128 rows at 16k tokens, 32 at 4k). KERNEL_HUB_LCE_CHUNK_MIB sets another budget.
+LCE_CHUNK_BYTES = int(os.environ.get("KERNEL_HUB_LCE_CHUNK_MIB", "80")) << 20
 LCE_CHUNK_ROWS = 1024
+
+# d_weight's dtype: the weight's (None; what Liger does by default: it rounds once per chunk and
+# needs no [V, H] fp32 buffer, 0.6 GB at Qwen3's head), or torch.float32 (one rounding, at the
+# cost of that buffer and a conversion). KERNEL_HUB_LCE_FP32_WEIGHT_GRAD=1 sets float32.
+LCE_WEIGHT_GRAD_DTYPE = (torch.float32 if os.environ.get("KERNEL_HUB_LCE_FP32_WEIGHT_GRAD") == "1"
+                         else None)
+
+
+def _lce_chunk_rows(tokens, vocab, elem_bytes):
+    rows = LCE_CHUNK_BYTES // max(1, vocab * elem_bytes) // 128 * 128
+    return max(1, min(tokens, LCE_CHUNK_ROWS, max(128, rows)))
 
 
 def _lce_workspace(hidden, weight):
     n, v = hidden.shape[0], weight.shape[0]
-    rows = max(1, min(n, LCE_CHUNK_ROWS))
+    rows = _lce_chunk_rows(n, v, hidden.element_size())
     nbytes = 256 + (n * 4 + 255) // 256 * 256 + rows * v * hidden.element_size() + 256
     return torch.empty(nbytes, dtype=torch.uint8, device=hidden.device)
 
@@ -338,13 +356,18 @@ def _(hidden, weight, labels, ignore_index, rt):
     return hidden.new_empty((), dtype=torch.float32)
 
 
+def _lce_weight_grad_dtype(weight):
+    return LCE_WEIGHT_GRAD_DTYPE or weight.dtype
+
+
 @torch.library.custom_op("kernel_hub::linear_cross_entropy_train", mutates_args=())
 def linear_cross_entropy_train(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int,
                                rt: int) -> tuple[Tensor, Tensor, Tensor]:
     # forward_train writes the gradients of the mean loss too; backward scales them.
     loss = torch.empty(1, dtype=torch.float32, device=hidden.device)
     d_hidden = torch.empty_like(hidden)
-    d_weight = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
+    d_weight = torch.empty(weight.shape, dtype=_lce_weight_grad_dtype(weight),
+                           device=weight.device)
     _call(rt, "FusedLinearCrossEntropy",
           [hidden, weight, labels, ignore_index, _lce_workspace(hidden, weight), loss, d_hidden,
            d_weight])
@@ -354,22 +377,24 @@ def linear_cross_entropy_train(hidden: Tensor, weight: Tensor, labels: Tensor, i
 @linear_cross_entropy_train.register_fake
 def _(hidden, weight, labels, ignore_index, rt):
     return (hidden.new_empty((), dtype=torch.float32), torch.empty_like(hidden),
-            weight.new_empty(weight.shape, dtype=torch.float32))
+            weight.new_empty(weight.shape, dtype=_lce_weight_grad_dtype(weight)))
 
 
-@torch.library.custom_op("kernel_hub::linear_cross_entropy_backward", mutates_args=())
-def linear_cross_entropy_backward(dloss: Tensor, d_hidden: Tensor, d_weight: Tensor,
-                                  rt: int) -> tuple[Tensor, Tensor]:
-    # The backward op scales in place; the saved gradients stay intact (a retained graph's second
-    # backward must see them unscaled), so it scales copies.
-    dh, dw = d_hidden.clone(), d_weight.clone()
-    _call(rt, "FusedLinearCrossEntropy", [dloss, dh, dw], backward=True)
-    return dh, dw
+@torch.library.custom_op("kernel_hub::linear_cross_entropy_scale_",
+                         mutates_args=("d_hidden", "d_weight"))
+def linear_cross_entropy_scale_(dloss: Tensor, d_hidden: Tensor, d_weight: Tensor,
+                                rt: int) -> None:
+    # The backward op: both gradients times the loss's upstream gradient, in place (no pass when
+    # it is exactly 1). In place, as Liger does, so the backward allocates nothing: the saved
+    # gradients become the returned ones. The declared mutation bumps their version counters, so
+    # a second backward through a retained graph fails with torch's "modified by an inplace
+    # operation" error instead of using scaled gradients.
+    _call(rt, "FusedLinearCrossEntropy", [dloss, d_hidden, d_weight], backward=True)
 
 
-@linear_cross_entropy_backward.register_fake
+@linear_cross_entropy_scale_.register_fake
 def _(dloss, d_hidden, d_weight, rt):
-    return torch.empty_like(d_hidden), torch.empty_like(d_weight)
+    return None
 
 
 def _lce_setup(ctx, inputs, output):
@@ -380,9 +405,10 @@ def _lce_setup(ctx, inputs, output):
 
 def _lce_backward(ctx, dloss, _dh, _dw):
     d_hidden, d_weight = ctx.saved_tensors
-    dh, dw = linear_cross_entropy_backward(dloss.float().reshape(1).contiguous(), d_hidden,
-                                           d_weight, ctx.rt)
-    return dh, dw.to(ctx.weight_dtype), None, None, None
+    linear_cross_entropy_scale_(dloss.float().reshape(1).contiguous(), d_hidden, d_weight, ctx.rt)
+    if d_weight.dtype != ctx.weight_dtype:  # LCE_WEIGHT_GRAD_DTYPE float32
+        d_weight = d_weight.to(ctx.weight_dtype)
+    return d_hidden, d_weight, None, None, None
 
 
 linear_cross_entropy_train.register_autograd(_lce_backward, setup_context=_lce_setup)
