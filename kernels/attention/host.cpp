@@ -318,7 +318,7 @@ int32_t has_kernel(int32_t device, const char* kernel, bool* out) {
 // (ABI 1.3): the tensor viewed as {64 columns of a panel, token, head_dim / 64 panels, head}
 // (attention_params.h), boxes of `rows` tokens and every panel, the 128-byte swizzle. False
 // where the loader is older or the layout is not one TMA takes (strides or the base not
-// multiples of 16 bytes): the kernels then load with cp.async, as before ABI 1.3.
+// multiples of 16 bytes): the kernels then load with cp.async.
 bool head_map(int32_t device, const HeadsView& t, int rows, kh_tma_desc* out) {
   // KERNEL_HUB_ATTENTION_TMA=0 keeps the cp.async loads (the GPU tests run both paths).
   if (const char* e = getenv("KERNEL_HUB_ATTENTION_TMA"); e && strcmp(e, "0") == 0) return false;

@@ -10,18 +10,23 @@ namespace {
 const kh_host_v1_t* g_host = nullptr;  // written once by the entry point, read by every op
 }  // namespace
 
+// The ABI 1.0 table (through `launch`): what every op needs. Services of later minors (gemm,
+// tensor_map) are checked where they are called, so a package built against a newer header still
+// loads under an older loader and does without them (or fails that op with a clear message).
+constexpr size_t kHostV1_0Size = offsetof(kh_host_v1_t, launch) + sizeof(void*);
+
 bool accept_host(const kh_host_v1_t* h, const char* package) {
   if (!h) return false;
-  if (h->h.abi_major != KH_ABI_MAJOR || h->h.struct_size < sizeof(kh_host_v1_t)) {
+  if (h->h.abi_major != KH_ABI_MAJOR || h->h.struct_size < kHostV1_0Size) {
     // Only call set_error when the table is new enough to have it.
     if (h->h.abi_major == KH_ABI_MAJOR &&
         h->h.struct_size >= offsetof(kh_host_v1_t, set_error) + sizeof(h->set_error) &&
         h->set_error) {
       char msg[256];
       snprintf(msg, sizeof msg,
-               "%s needs a kernel-hub host table of ABI %d.%d or newer (got %u.%u, %u bytes); "
+               "%s needs a kernel-hub host table of ABI %d.0 or newer (got %u.%u, %u bytes); "
                "update the loader",
-               package, KH_ABI_MAJOR, KH_ABI_MINOR, h->h.abi_major, h->h.abi_minor,
+               package, KH_ABI_MAJOR, h->h.abi_major, h->h.abi_minor,
                h->h.struct_size);
       h->set_error(h->ctx, msg);
     }
