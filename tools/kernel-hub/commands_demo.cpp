@@ -145,7 +145,7 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   o.batch = a.batch;
   o.steps = a.steps;
   o.seed = a.seed;
-  o.adam.lr = a.lr > 0 ? a.lr : (a.model == "tiny" ? 1e-2f : 3e-4f);
+  o.adam.lr = a.lr > 0 ? a.lr : (o.model.hidden >= 1024 ? 3e-4f : 1e-2f);
   o.cuda_ordinal = ordinal;
   const std::string dtype = a.dtype.empty() ? (ordinal >= 0 ? "bf16" : "fp32") : a.dtype;
   if (ordinal < 0 && (dtype != "fp32" || a.profile))
@@ -268,8 +268,10 @@ void add_demo_command(CLI::App& app, Runner& run) {
   cmd->add_option("--seq", a->seq, "Tokens per sequence (default 32)")
       ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--seed", a->seed, "Seed of the model and the training data (default 1)");
-  cmd->add_option("--lr", a->lr,
-                  "AdamW learning rate (default 0.01 for tiny, 0.0003 for the other models)")
+  cmd->add_option(
+         "--lr", a->lr,
+         "AdamW learning rate (default 0.01; 0.0003 for models of hidden size 1024 and more, "
+         "such as qwen3-0.6b)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--dtype", a->dtype,
                   "bf16 (fp32 master weights) or fp32; CUDA only (default bf16 on a GPU, fp32 "
