@@ -60,6 +60,7 @@ struct DemoRun {
   double train_tokens_per_s = 0, prefill_tokens_per_s = 0, prefill_ms = 0;
   uint64_t peak_bytes = 0;
   std::vector<std::string> package_slots, runtime_slots;  // what served each slot's calls
+  std::map<std::string, std::string> refused_slots;       // bound, but refused this model: why
   struct Breakdown {
     double total_ms = 0, gemm_ms = 0, attention_ms = 0, hub_ms = 0, other_ms = 0;
   };

@@ -160,6 +160,7 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   note_slots(model, seen);
 
   run.peak_bytes = model.memory().peak_bytes;
+  run.refused_slots = model.refusals();
   for (uint32_t s : {slots.rms_norm, slots.rotary, slots.silu_and_mul, slots.cross_entropy,
                      slots.attention, slots.linear_cross_entropy}) {
     if (s == kNoSlot) continue;

@@ -216,23 +216,32 @@ DeviceCausalLM::Param* DeviceCausalLM::optional_param(const std::string& name) {
 
 bool DeviceCausalLM::bound(uint32_t slot) const {
   const Table* t = runtime_.table().current();
-  return slot < t->num_slots && !t->entry(device_, slot).is_fallback;
+  if (slot >= t->num_slots || t->entry(device_, slot).is_fallback) return false;
+  return !refused_.contains(runtime_.slot_name(slot));
 }
 
-void DeviceCausalLM::call_slot(uint32_t slot, const char* name, bool backward,
+bool DeviceCausalLM::call_slot(uint32_t slot, const char* name, bool backward,
                                const std::vector<kh_arg_t>& args) {
-  if (std::find(package_slots_.begin(), package_slots_.end(), name) == package_slots_.end())
-    package_slots_.push_back(name);
   const auto n = static_cast<int32_t>(args.size());
   int32_t status = KH_OK;
   timed(slot == slots_.attention ? Phase::kAttention : Phase::kHub, [&] {
     status = backward ? runtime_.backward(slot, device_, args.data(), n, stream_.handle())
                       : runtime_.forward(slot, device_, args.data(), n, stream_.handle());
   });
+  if (status == KH_ERR_UNSUPPORTED) {
+    // The package does not take this model (a head_dim its kernels lack, say): ops check
+    // before they launch, so nothing was written; the runtime's own kernels serve the slot
+    // from here on.
+    refused_.emplace(name, last_op_error());
+    return false;
+  }
   if (status != KH_OK)
     throw Error(ErrorKind::kIo, fmt::format("{} {} on CUDA device {} failed ({}): {}", name,
                                             backward ? "backward" : "forward", device_,
                                             kh_status_name(status), last_op_error()));
+  if (std::find(package_slots_.begin(), package_slots_.end(), name) == package_slots_.end())
+    package_slots_.push_back(name);
+  return true;
 }
 
 DeviceTensor DeviceCausalLM::empty(std::vector<int64_t> shape, DLDataType dtype) {
@@ -286,10 +295,9 @@ void DeviceCausalLM::norm(const DeviceTensor& x, const Param& w, DeviceTensor& y
     std::vector<kh_arg_t> args = {tensor_arg(&x), tensor_arg(&run(w)), float_arg(cfg_.eps),
                                   tensor_arg(&y)};
     if (rstd) args.push_back(tensor_arg(rstd));
-    call_slot(slots_.rms_norm, kRMSNorm, false, args);
-  } else {
-    kernels_.rms_norm(stream_, x, run(w), cfg_.eps, y, rstd);
+    if (call_slot(slots_.rms_norm, kRMSNorm, false, args)) return;
   }
+  kernels_.rms_norm(stream_, x, run(w), cfg_.eps, y, rstd);
 }
 
 void DeviceCausalLM::norm_backward(const DeviceTensor& dy, const DeviceTensor& x, Param& w,
@@ -300,24 +308,24 @@ void DeviceCausalLM::norm_backward(const DeviceTensor& dy, const DeviceTensor& x
     // workspace).
     DeviceTensor dweight = act({C});
     DeviceTensor workspace = empty({std::min<int64_t>(R, 64), C});
-    call_slot(slots_.rms_norm, kRMSNorm, true,
-              {tensor_arg(&dy), tensor_arg(&x), tensor_arg(&run(w)), tensor_arg(&rstd),
-               tensor_arg(&dx), tensor_arg(&dweight), tensor_arg(&workspace)});
-    add_grad(w.g, dweight);  // the op overwrites dweight; the runtime adds
-  } else {
-    DeviceTensor dweight = empty({C});
-    kernels_.rms_norm_backward(stream_, dy, x, run(w), rstd, dx, dweight);
-    add_grad(w.g, dweight);
+    if (call_slot(slots_.rms_norm, kRMSNorm, true,
+                  {tensor_arg(&dy), tensor_arg(&x), tensor_arg(&run(w)), tensor_arg(&rstd),
+                   tensor_arg(&dx), tensor_arg(&dweight), tensor_arg(&workspace)})) {
+      add_grad(w.g, dweight);  // the op overwrites dweight; the runtime adds
+      return;
+    }
   }
+  DeviceTensor dweight = empty({C});
+  kernels_.rms_norm_backward(stream_, dy, x, run(w), rstd, dx, dweight);
+  add_grad(w.g, dweight);
 }
 
 void DeviceCausalLM::rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward) {
-  if (bound(slots_.rotary))
-    call_slot(slots_.rotary, kRotaryEmbedding, backward,
-              {tensor_arg(&positions_), tensor_arg(&q3), tensor_arg(&k3), tensor_arg(&cos_),
-               tensor_arg(&sin_), int_arg(1)});
-  else
-    kernels_.rotary(stream_, positions_, q3, &k3, cos_, sin_, /*neox=*/true, backward);
+  if (bound(slots_.rotary) && call_slot(slots_.rotary, kRotaryEmbedding, backward,
+                                        {tensor_arg(&positions_), tensor_arg(&q3), tensor_arg(&k3),
+                                         tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1)}))
+    return;
+  kernels_.rotary(stream_, positions_, q3, &k3, cos_, sin_, /*neox=*/true, backward);
 }
 
 // ---- one decoder layer: the host model's layer_forward / layer_backward on the device ------
@@ -362,12 +370,11 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h) {
   s.attn = act({B, S, NH, HD});
   if (train_) s.lse = empty({NH, T});
   DeviceTensor* lse = train_ ? &s.lse : nullptr;
-  if (attention_bound())
-    call_slot(slots_.attention, kAttention, false,
-              {tensor_arg(&q4), tensor_arg(&k4), tensor_arg(&v4), tensor_arg(nullptr),
-               tensor_arg(nullptr), int_arg(S), int_arg(1), int_arg(-1),
-               float_arg(attention_scale()), tensor_arg(&s.attn), tensor_arg(lse)});
-  else
+  if (!(attention_bound() &&
+        call_slot(slots_.attention, kAttention, false,
+                  {tensor_arg(&q4), tensor_arg(&k4), tensor_arg(&v4), tensor_arg(nullptr),
+                   tensor_arg(nullptr), int_arg(S), int_arg(1), int_arg(-1),
+                   float_arg(attention_scale()), tensor_arg(&s.attn), tensor_arg(lse)})))
     timed(Phase::kAttention,
           [&] { kernels_.attention_forward(stream_, q4, k4, v4, attention_scale(), s.attn, lse); });
   DeviceTensor branch = act({T, H});
@@ -393,9 +400,8 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h) {
 }
 
 void DeviceCausalLM::silu_and_mul(const DeviceTensor& gu, DeviceTensor& out) {
-  if (bound(slots_.silu_and_mul))
-    call_slot(slots_.silu_and_mul, kSiluAndMul, false, {tensor_arg(&gu), tensor_arg(&out)});
-  else
+  if (!(bound(slots_.silu_and_mul) &&
+        call_slot(slots_.silu_and_mul, kSiluAndMul, false, {tensor_arg(&gu), tensor_arg(&out)})))
     kernels_.silu_and_mul(stream_, gu, out);
 }
 
@@ -410,10 +416,9 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   silu_and_mul(s.gu, act_out);  // recomputed (not kept by forward)
   linear_grad(act_out, *L.wdown, nullptr, dh, &ds, false);
   act_out = DeviceTensor();
-  if (bound(slots_.silu_and_mul))
-    call_slot(slots_.silu_and_mul, kSiluAndMul, true,
-              {tensor_arg(&ds), tensor_arg(&s.gu), tensor_arg(&dgu)});
-  else
+  if (!(bound(slots_.silu_and_mul) &&
+        call_slot(slots_.silu_and_mul, kSiluAndMul, true,
+                  {tensor_arg(&ds), tensor_arg(&s.gu), tensor_arg(&dgu)})))
     kernels_.silu_and_mul_backward(stream_, ds, s.gu, dgu);
   linear_grad(s.m, *L.gate_up, nullptr, dgu, &dm, false);
   norm_backward(dm, s.h_mid, *L.mlp_norm, s.rstd2, dx);
@@ -426,15 +431,18 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   DeviceTensor dq = act({B, S, NH, HD}), dk = act({B, S, NKV, HD}), dv = act({B, S, NKV, HD});
   DeviceTensor q4 = s.q.view({B, S, NH, HD}), k4 = s.k.view({B, S, NKV, HD}),
                v4 = s.v.view({B, S, NKV, HD}), o4 = s.attn.view(s.attn.shape());
+  bool served = false;
   if (attention_bound()) {
     // The package's cuda backward sums dq through an fp32 workspace of T * NH * (HD + 1).
     DeviceTensor workspace = empty({T * NH * (HD + 1)});
-    call_slot(slots_.attention, kAttention, true,
-              {tensor_arg(&dattn), tensor_arg(&q4), tensor_arg(&k4), tensor_arg(&v4),
-               tensor_arg(&o4), tensor_arg(&s.lse), tensor_arg(nullptr), tensor_arg(nullptr),
-               int_arg(S), int_arg(S), int_arg(1), int_arg(-1), float_arg(attention_scale()),
-               tensor_arg(&dq), tensor_arg(&dk), tensor_arg(&dv), tensor_arg(&workspace)});
-  } else {
+    served =
+        call_slot(slots_.attention, kAttention, true,
+                  {tensor_arg(&dattn), tensor_arg(&q4), tensor_arg(&k4), tensor_arg(&v4),
+                   tensor_arg(&o4), tensor_arg(&s.lse), tensor_arg(nullptr), tensor_arg(nullptr),
+                   int_arg(S), int_arg(S), int_arg(1), int_arg(-1), float_arg(attention_scale()),
+                   tensor_arg(&dq), tensor_arg(&dk), tensor_arg(&dv), tensor_arg(&workspace)});
+  }
+  if (!served) {
     // The runtime's attention accumulates dk and dv in fp32 (atomics): narrowed for bf16.
     DeviceTensor dk32 = bf16_ ? empty(dk.shape()) : dk.view(dk.shape());
     DeviceTensor dv32 = bf16_ ? empty(dv.shape()) : dv.view(dv.shape());
@@ -526,11 +534,9 @@ float DeviceCausalLM::forward(const int64_t* tokens, const int64_t* targets, int
   }
   // Eval with every logit (the parity tests): cross-entropy over them.
   loss_ = empty({T});
-  if (bound(slots_.cross_entropy))
-    call_slot(
-        slots_.cross_entropy, kCrossEntropy, false,
-        {tensor_arg(&logits_), tensor_arg(&targets_), int_arg(kIgnoreIndex), tensor_arg(&loss_)});
-  else
+  if (!(bound(slots_.cross_entropy) && call_slot(slots_.cross_entropy, kCrossEntropy, false,
+                                                 {tensor_arg(&logits_), tensor_arg(&targets_),
+                                                  int_arg(kIgnoreIndex), tensor_arg(&loss_)})))
     kernels_.cross_entropy(stream_, logits_, targets_, kIgnoreIndex, 1.f, loss_, nullptr);
   std::vector<float> host(static_cast<size_t>(T));
   loss_.download(stream_, host.data(), host.size() * sizeof(float));
@@ -566,23 +572,27 @@ float DeviceCausalLM::fused_loss(bool grad) {
     const int64_t bytes = 256 + (T * 4 + 255) / 256 * 256 + chunk * V * elem + 256;
     DeviceTensor workspace = empty({bytes}, kU8);
     DeviceTensor loss = empty({1});
+    bool served = false;
     if (grad) {
       DeviceTensor dw = empty({V, H});
-      call_slot(slots_.linear_cross_entropy, kFusedLinearCrossEntropy, false,
-                {tensor_arg(&f_), tensor_arg(&head), tensor_arg(&targets_), int_arg(kIgnoreIndex),
-                 tensor_arg(&workspace), tensor_arg(&loss), tensor_arg(&df_), tensor_arg(&dw)});
+      served = call_slot(
+          slots_.linear_cross_entropy, kFusedLinearCrossEntropy, false,
+          {tensor_arg(&f_), tensor_arg(&head), tensor_arg(&targets_), int_arg(kIgnoreIndex),
+           tensor_arg(&workspace), tensor_arg(&loss), tensor_arg(&df_), tensor_arg(&dw)});
       // The loss is the mean: its upstream gradient is 1, so the backward op (which scales
       // d_hidden and d_weight by it) has nothing to do.
-      kernels_.add(stream_, head_->g, dw, head_->g);
+      if (served) kernels_.add(stream_, head_->g, dw, head_->g);
     } else {
-      call_slot(slots_.linear_cross_entropy, kFusedLinearCrossEntropy, false,
-                {tensor_arg(&f_), tensor_arg(&head), tensor_arg(&targets_), int_arg(kIgnoreIndex),
-                 tensor_arg(&workspace), tensor_arg(&loss)});
+      served = call_slot(slots_.linear_cross_entropy, kFusedLinearCrossEntropy, false,
+                         {tensor_arg(&f_), tensor_arg(&head), tensor_arg(&targets_),
+                          int_arg(kIgnoreIndex), tensor_arg(&workspace), tensor_arg(&loss)});
     }
-    float host = 0;
-    loss.download(stream_, &host, sizeof host);
-    stream_.synchronize();
-    return host;
+    if (served) {
+      float host = 0;
+      loss.download(stream_, &host, sizeof host);
+      stream_.synchronize();
+      return host;
+    }
   }
   // The runtime's own: chunk rows of logits at a time (GEMM), cross-entropy with the gradient
   // (softmax - onehot) / T written over the logits, then dhidden = dlogits . W and
@@ -590,7 +600,7 @@ float DeviceCausalLM::fused_loss(bool grad) {
   loss_ = empty({T});
   const int64_t chunk = std::min(T, options_.loss_chunk_rows);
   DeviceTensor logits = act({chunk, V});
-  const bool ce_package = bound(slots_.cross_entropy);
+  bool ce_package = bound(slots_.cross_entropy);
   DeviceTensor dlogits = grad && ce_package ? act({chunk, V}) : DeviceTensor();
   const float scale = 1.0f / static_cast<float>(T);
   for (int64_t r0 = 0; r0 < T; r0 += chunk) {
@@ -599,15 +609,14 @@ float DeviceCausalLM::fused_loss(bool grad) {
     DeviceTensor targets_c = targets_.rows(r0, n);
     timed(Phase::kGemm, [&] { linear_forward(stream_, f_c, head, logits_c); });
     DeviceTensor dlogits_c = grad && ce_package ? dlogits.rows(0, n) : logits_c.view({n, V});
-    if (ce_package && grad)
-      call_slot(slots_.cross_entropy, kCrossEntropy, false,
-                {tensor_arg(&logits_c), tensor_arg(&targets_c), int_arg(kIgnoreIndex),
-                 float_arg(scale), tensor_arg(&loss_c), tensor_arg(&dlogits_c)});
-    else if (ce_package)
-      call_slot(slots_.cross_entropy, kCrossEntropy, false,
-                {tensor_arg(&logits_c), tensor_arg(&targets_c), int_arg(kIgnoreIndex),
-                 tensor_arg(&loss_c)});
+    std::vector<kh_arg_t> args = {tensor_arg(&logits_c), tensor_arg(&targets_c),
+                                  int_arg(kIgnoreIndex)};
+    if (grad)
+      args.insert(args.end(), {float_arg(scale), tensor_arg(&loss_c), tensor_arg(&dlogits_c)});
     else
+      args.push_back(tensor_arg(&loss_c));
+    ce_package = ce_package && call_slot(slots_.cross_entropy, kCrossEntropy, false, args);
+    if (!ce_package)  // dlogits_c: the package's buffer or, in place, the logits
       kernels_.cross_entropy(stream_, logits_c, targets_c, kIgnoreIndex, scale, loss_c,
                              grad ? &dlogits_c : nullptr);
     if (grad) {

@@ -97,6 +97,9 @@ class DeviceCausalLM {
   // The slots a package served in the last forward or backward ("RMSNorm", ...); the others ran
   // the runtime's device kernels.
   const std::vector<std::string>& package_slots() const { return package_slots_; }
+  // Slots bound to a package that refused this model (its message): the runtime's kernels serve
+  // them (the attention package's cuda kernels take head_dim 64, 128, 256, for instance).
+  const std::map<std::string, std::string>& refusals() const { return refused_; }
   DeviceStream& stream() { return stream_; }
   DLDataType dtype() const { return act_; }
   const ModelConfig& config() const { return cfg_; }
@@ -137,7 +140,10 @@ class DeviceCausalLM {
   Param& param(const std::string& name);
   Param* optional_param(const std::string& name);
   bool bound(uint32_t slot) const;
-  void call_slot(uint32_t slot, const char* name, bool backward, const std::vector<kh_arg_t>& args);
+  // Runs a bound slot's package op. false: the package refused the call (KH_ERR_UNSUPPORTED,
+  // nothing written): the caller runs the runtime's kernel, and so does every later call of the
+  // slot (refusals()). Any other failure throws.
+  bool call_slot(uint32_t slot, const char* name, bool backward, const std::vector<kh_arg_t>& args);
   DeviceTensor empty(std::vector<int64_t> shape, DLDataType dtype = kF32);
   DeviceTensor act(std::vector<int64_t> shape) { return empty(std::move(shape), act_); }
   // gradient (fp32) += d (fp32 or bf16).
@@ -180,6 +186,7 @@ class DeviceCausalLM {
   std::vector<Saved> saved_;
   DeviceTensor h_last_, rstd_f_, f_, logits_, loss_, df_;
   std::vector<std::string> package_slots_;
+  std::map<std::string, std::string> refused_;
 
   bool profiling_ = false;
   std::vector<std::unique_ptr<DeviceEvent>> events_;  // reused; pairs from profile_ index

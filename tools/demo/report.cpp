@@ -164,6 +164,7 @@ nlohmann::json demo_json(const DemoSummary& summary, const DemoOptions& o,
         {"peak_bytes", run.peak_bytes},
         {"package_slots", run.package_slots},
         {"runtime_slots", run.runtime_slots},
+        {"refused_slots", run.refused_slots},
     };
     if (run.profiled) {
       d["profile"]["train_step"] = breakdown(run.train_profile);

@@ -222,6 +222,11 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
     };
     ctx.say(fmt::format("slots: package kernels ran for {}; the runtime's own kernels for {}",
                         names(run.package_slots), names(run.runtime_slots)));
+    for (const auto& [slot, why] : run.refused_slots)
+      ctx.say(
+          fmt::format("  {}: bound, but the package refused this model, so the runtime's "
+                      "kernels served it: {}",
+                      slot, why));
     if (run.profiled)
       for (auto& [what, b] :
            {std::pair{"train step", run.train_profile}, std::pair{"prefill", run.prefill_profile}})
