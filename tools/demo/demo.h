@@ -1,7 +1,8 @@
 // The demo run: train the model (a preset at random init or a checkpoint) in train mode, switch
-// the runtime to eval (one atomic store), measure the eval loss on held-out batches and continue a prompt greedily. The runtime
-// must already hold the demo slots (add_demo_slots) and be kernelized, or not (fallbacks only):
-// run_demo does not care which implementation serves a slot.
+// the runtime to eval (one atomic store), measure the eval loss on held-out batches and continue
+// a prompt greedily. The runtime must already hold the demo slots (add_demo_slots, or
+// add_device_demo_slots for run_device_demo) and be kernelized, or not (fallbacks only): the runs
+// do not care which implementation serves a slot.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,9 @@ struct DemoOptions {
   int eval_batches = 4;
   int prompt_tokens = 4;
   int generate_tokens = 16;
-  int cuda_ordinal = -1;  // < 0: cpu; else slots bound for this CUDA device are staged to it
+  // run_demo: < 0 the cpu; else slots bound for this CUDA device are staged to it (SlotCaller).
+  // run_device_demo: the device the model lives on.
+  int cuda_ordinal = -1;
   // run_device_demo only: bf16 (fp32 master weights) or fp32; prefill passes timed after one
   // warm-up; a profiled train step and prefill after the timed ones.
   bool bf16 = true;
