@@ -9,11 +9,15 @@
 // against the fp32 result within bf16 tolerance; shape errors; and the device-resident model's
 // eval prefill (weights and activations on the device, one stream) against the host model's
 // logits and loss for the Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norms, GQA, tied) shapes,
-// and 3 AdamW training steps on the device against the host model's losses and weights.
+// and 3 AdamW training steps on the device against the host model's losses and weights; the bf16
+// model (fp32 master weights) against the fp32 one (logits, training losses), the chunked train
+// loss and its gradients against the host model's full-logits ones, and the random init on the
+// device (seeded, scaled as init_stddev).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -498,6 +502,161 @@ TEST_F(GpuDemoDevice, DeviceModelTrainsLikeTheHostModel) {
       expect_close(dev.download_weight("model.layers.1.self_attn.q_norm.weight"),
                    *host.weight("model.layers.1.self_attn.q_norm.weight"), 1e-4f, 1e-3f, "q_norm");
   }
+}
+
+ModelConfig tiny_qwen3() {
+  ModelConfig qwen3 = preset("tiny");
+  qwen3.arch = Arch::kQwen3;
+  qwen3.qk_norm = true;
+  qwen3.kv_heads = 2;
+  qwen3.tie_embeddings = true;
+  return qwen3;
+}
+
+void fill_batch(std::vector<int64_t>& tokens, std::vector<int64_t>& targets, int vocab, int step) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int64_t>((i * 13 + step * 5 + 1) % vocab);
+    targets[i] = static_cast<int64_t>((i * 7 + step * 3 + 2) % vocab);
+  }
+}
+
+DeviceModelOptions with_dtype(DLDataType dtype, int64_t chunk = 1024) {
+  DeviceModelOptions o;
+  o.dtype = dtype;
+  o.loss_chunk_rows = chunk;
+  return o;
+}
+
+TEST_F(GpuDemoDevice, Bf16ModelLogitsMatchTheFp32ModelWithinBf16Tolerance) {
+  runtime_->set_mode(Mode::kEval);
+  for (const ModelConfig& cfg : {preset("tiny"), tiny_qwen3()}) {
+    SCOPED_TRACE(cfg.describe());
+    CausalLM host(cfg, *slots_, 4321);
+    DeviceCausalLM f32(host, *slots_, *runtime_, 0, with_dtype(kF32));
+    DeviceCausalLM b16(host, *slots_, *runtime_, 0, with_dtype(kBF16));
+    EXPECT_TRUE(same_dtype(b16.dtype(), kBF16));
+    const int batch = 2, len = 24;
+    std::vector<int64_t> tokens(batch * len), targets(batch * len);
+    fill_batch(tokens, targets, cfg.vocab, 0);
+    const float loss32 = f32.forward(tokens.data(), targets.data(), batch, len);
+    const float loss16 = b16.forward(tokens.data(), targets.data(), batch, len);
+    EXPECT_TRUE(same_dtype(b16.logits().dtype(), kBF16));
+    // bf16 keeps 8 mantissa bits: a few roundings per layer of logits of size ~1.
+    expect_close(b16.download_logits(), f32.download_logits(), 6e-2f, 4e-2f, "bf16 logits");
+    EXPECT_NEAR(loss16, loss32, 2e-2f * std::fabs(loss32));
+    // The last-token logits are those rows of the full ones.
+    const std::vector<float> all = f32.download_logits();
+    f32.forward(tokens.data(), nullptr, batch, len, DeviceCausalLM::Logits::kLast);
+    ASSERT_EQ(f32.logits().shape(), (std::vector<int64_t>{batch, cfg.vocab}));
+    const std::vector<float> last = f32.download_logits();
+    for (int b = 0; b < batch; ++b)
+      for (int v = 0; v < cfg.vocab; ++v)
+        ASSERT_NEAR(last[b * cfg.vocab + v], all[(b * len + len - 1) * cfg.vocab + v], 1e-5f);
+  }
+  runtime_->set_mode(Mode::kTrain);
+}
+
+TEST_F(GpuDemoDevice, Bf16TrainingTracksTheFp32Losses) {
+  runtime_->set_mode(Mode::kTrain);
+  AdamConfig adam;
+  adam.lr = 1e-2f;
+  const ModelConfig cfg = tiny_qwen3();
+  CausalLM host(cfg, *slots_, 77);
+  DeviceCausalLM f32(host, *slots_, *runtime_, 0, with_dtype(kF32));
+  DeviceCausalLM b16(host, *slots_, *runtime_, 0, with_dtype(kBF16));
+  const int batch = 4, len = 32;
+  std::vector<int64_t> tokens(batch * len), targets(batch * len);
+  std::vector<float> l32, l16;
+  for (int step = 0; step < 6; ++step) {
+    fill_batch(tokens, targets, cfg.vocab, step);
+    for (auto [model, losses] : {std::pair{&f32, &l32}, std::pair{&b16, &l16}}) {
+      model->zero_grad();
+      losses->push_back(model->forward(tokens.data(), targets.data(), batch, len));
+      EXPECT_FALSE(model->logits().data()) << "a train loss materialises no logits";
+      model->backward();
+      model->adam_step(adam);
+    }
+  }
+  for (size_t i = 0; i < l32.size(); ++i)
+    EXPECT_NEAR(l16[i], l32[i], 3e-2f * std::fabs(l32[i])) << "step " << i;
+  EXPECT_LT(l16.back(), l16.front() - 0.3f) << "bf16 training learns";
+}
+
+TEST_F(GpuDemoDevice, ChunkedLossAndGradientsEqualTheFullLogitsOnes) {
+  // The host model's loss takes the full [tokens, vocab] logits; the device model's train loss
+  // goes 5 tokens at a time (7 chunks, the last one short) or in one chunk.
+  runtime_->set_mode(Mode::kTrain);
+  AdamConfig adam;
+  adam.lr = 1e-2f;
+  const ModelConfig cfg = tiny_qwen3();
+  CausalLM host(cfg, *slots_, 5);
+  DeviceCausalLM chunked(host, *slots_, *runtime_, 0, with_dtype(kF32, 5));
+  DeviceCausalLM whole(host, *slots_, *runtime_, 0, with_dtype(kF32, 1 << 20));
+  SlotCaller caller(*runtime_, -1);
+  const int batch = 2, len = 16;
+  std::vector<int64_t> tokens(batch * len), targets(batch * len);
+  for (int step = 0; step < 2; ++step) {
+    fill_batch(tokens, targets, cfg.vocab, step);
+    host.zero_grad();
+    chunked.zero_grad();
+    whole.zero_grad();
+    const float lh = host.forward(caller, *runtime_, tokens.data(), targets.data(), batch, len);
+    const float lc = chunked.forward(tokens.data(), targets.data(), batch, len);
+    const float lw = whole.forward(tokens.data(), targets.data(), batch, len);
+    EXPECT_NEAR(lc, lh, 1e-4f * std::fabs(lh)) << "step " << step;
+    EXPECT_NEAR(lw, lh, 1e-4f * std::fabs(lh)) << "step " << step;
+    host.backward(caller);
+    chunked.backward();
+    whole.backward();
+    host.adam_step(adam);
+    chunked.adam_step(adam);
+    whole.adam_step(adam);
+  }
+  // The tied embedding is the LM head: its gradient is the chunked GEMMs' sum.
+  for (const char* name :
+       {"model.embed_tokens.weight", "model.norm.weight", "model.layers.1.mlp.down_proj.weight"}) {
+    expect_close(chunked.download_weight(name), *host.weight(name), 1e-3f, 1e-3f, name);
+    expect_close(chunked.download_weight(name), whole.download_weight(name), 1e-4f, 1e-4f, name);
+  }
+  // Eval with targets and last-token logits takes the chunked loss too: the full one's value.
+  runtime_->set_mode(Mode::kEval);
+  fill_batch(tokens, targets, cfg.vocab, 9);
+  const float full = whole.forward(tokens.data(), targets.data(), batch, len);
+  const float by_chunks =
+      chunked.forward(tokens.data(), targets.data(), batch, len, DeviceCausalLM::Logits::kLast);
+  EXPECT_NEAR(by_chunks, full, 1e-5f * std::fabs(full));
+  runtime_->set_mode(Mode::kTrain);
+}
+
+TEST_F(GpuDemoDevice, RandomInitOnTheDeviceIsSeededAndScaled) {
+  runtime_->set_mode(Mode::kEval);
+  ModelConfig cfg = tiny_qwen3();
+  cfg.hidden = 128;
+  cfg.ffn = 256;
+  const std::map<std::string, std::vector<float>> none;
+  DeviceCausalLM a(cfg, none, 11, *slots_, *runtime_, 0, with_dtype(kBF16));
+  DeviceCausalLM b(cfg, none, 11, *slots_, *runtime_, 0, with_dtype(kBF16));
+  DeviceCausalLM c(cfg, none, 12, *slots_, *runtime_, 0, with_dtype(kBF16));
+  const std::string q = "model.layers.0.self_attn.q_proj.weight";
+  const std::vector<float> wa = a.download_weight(q);
+  EXPECT_EQ(wa, b.download_weight(q));
+  EXPECT_NE(wa, c.download_weight(q));
+  double sum = 0, sq = 0;
+  for (float v : wa) {
+    sum += v;
+    sq += static_cast<double>(v) * v;
+  }
+  const double mean = sum / wa.size(), sd = std::sqrt(sq / wa.size() - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 0.01);
+  EXPECT_NEAR(sd, init_stddev(cfg, q), 0.05 * init_stddev(cfg, q));
+  for (float v : a.download_weight("model.norm.weight")) ASSERT_EQ(v, 1.f);
+  EXPECT_EQ(a.num_parameters(), CausalLM(cfg, *slots_, 1).num_parameters());
+  const int batch = 2, len = 16;
+  std::vector<int64_t> tokens(batch * len), targets(batch * len);
+  fill_batch(tokens, targets, cfg.vocab, 0);
+  const float loss = a.forward(tokens.data(), targets.data(), batch, len);
+  EXPECT_NEAR(loss, std::log(static_cast<float>(cfg.vocab)), 1.0f) << "a fresh model guesses";
+  runtime_->set_mode(Mode::kTrain);
 }
 
 TEST_F(GpuDemoDevice, ShapeAndDtypeErrorsNameTheOpAndTensor) {

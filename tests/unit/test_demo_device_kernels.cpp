@@ -3,7 +3,8 @@
 // needs no GPU) with every entry point the wrappers look up, and the device building blocks fail
 // clearly without a driver. tests/gpu/test_gpu_demo_device.cpp runs them against the host
 // fallbacks on a GPU. The Linear's GEMM requests (forward, dx, accumulated dW) run through the
-// same service on host pointers (device_id -1) against the host model's linear loops.
+// same service on host pointers (device_id -1) against the host model's linear loops. The device
+// runtime's slot set has FusedLinearCrossEntropy, whose own ops refuse (never called).
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -19,6 +20,7 @@
 #include "tools/demo/device_kernels.h"
 #include "tools/demo/device_linear.h"
 #include "tools/demo/device_tensor.h"
+#include "tools/demo/fallback_ops.h"
 #include "tools/demo/layers.h"
 
 namespace kh::demo {
@@ -58,6 +60,25 @@ TEST(DemoDeviceKernels, NoDriverIsAClearError) {
     EXPECT_EQ(e.kind(), ErrorKind::kNotFound);
     EXPECT_NE(std::string(e.what()).find("no NVIDIA driver on this machine"), std::string::npos)
         << e.what();
+  }
+}
+
+TEST(DemoDeviceSlots, TheDeviceRuntimeHasTheFusedLossSlotWhoseOwnOpsRefuse) {
+  Runtime cpu_runtime;
+  const DemoSlots host = add_demo_slots(cpu_runtime);
+  EXPECT_EQ(host.linear_cross_entropy, kNoSlot) << "the CPU model has five slots";
+  Runtime rt;
+  const DemoSlots s = add_device_demo_slots(rt);
+  ASSERT_NE(s.linear_cross_entropy, kNoSlot);
+  EXPECT_EQ(rt.slot_name(s.linear_cross_entropy), "FusedLinearCrossEntropy");
+  EXPECT_EQ(rt.slot_name(s.attention), "Attention");
+  // The device model never calls the slot's own ops (its chunked loss is the fallback): they
+  // refuse, saying so, rather than compute anything.
+  for (Mode mode : {Mode::kEval, Mode::kTrain}) {
+    rt.set_mode(mode);
+    EXPECT_EQ(rt.forward(s.linear_cross_entropy, kCpuDevice, nullptr, 0, nullptr),
+              KH_ERR_UNSUPPORTED);
+    EXPECT_NE(last_op_error().find("chunked loss"), std::string::npos) << last_op_error();
   }
 }
 

@@ -12,24 +12,23 @@
 
 namespace kh::demo {
 
-namespace {
-
-// Entropy of the generator's next-token distribution (nats).
 float generator_entropy(int vocab, double follow) {
   const double noise = (1.0 - follow) / vocab;
   const double top = follow + noise;
   return static_cast<float>(-top * std::log(top) - (vocab - 1) * noise * std::log(noise));
 }
 
-}  // namespace
-
-DemoRun run_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& o) {
+void check_demo_options(const DemoOptions& o) {
   if (o.steps < 1 || o.batch < 1 || o.eval_batches < 1 || o.prompt_tokens < 1 ||
       o.prompt_tokens >= o.model.seq)
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("demo: steps, batch and eval batches must be >= 1 and the prompt "
                             "1..{} tokens",
                             o.model.seq - 1));
+}
+
+DemoRun run_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& o) {
+  check_demo_options(o);
   DemoRun run;
   CausalLM model =
       o.weights.empty() ? CausalLM(o.model, slots, o.seed) : CausalLM(o.model, slots, o.weights);

@@ -1,7 +1,8 @@
-// The demo run: train the model (a preset at random init or a checkpoint) in train mode, switch the runtime to eval (one atomic
-// store), measure the eval loss on held-out batches and continue a prompt greedily. The runtime
-// must already hold the demo slots (add_demo_slots) and be kernelized, or not (fallbacks only):
-// run_demo does not care which implementation serves a slot.
+// The demo run: train the model (a preset at random init or a checkpoint) in train mode, switch
+// the runtime to eval (one atomic store), measure the eval loss on held-out batches and continue
+// a prompt greedily. The runtime must already hold the demo slots (add_demo_slots, or
+// add_device_demo_slots for run_device_demo) and be kernelized, or not (fallbacks only): the runs
+// do not care which implementation serves a slot.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,14 @@ struct DemoOptions {
   int eval_batches = 4;
   int prompt_tokens = 4;
   int generate_tokens = 16;
-  int cuda_ordinal = -1;  // < 0: cpu; else slots bound for this CUDA device are staged to it
+  // run_demo: < 0 the cpu; else slots bound for this CUDA device are staged to it (SlotCaller).
+  // run_device_demo: the device the model lives on.
+  int cuda_ordinal = -1;
+  // run_device_demo only: bf16 (fp32 master weights) or fp32; prefill passes timed after one
+  // warm-up; a profiled train step and prefill after the timed ones.
+  bool bf16 = true;
+  int prefill_reps = 3;
+  bool profile = false;
   // Called after every training step (progress display); step counts from 1.
   std::function<void(int step, int steps, float loss)> on_step;
 };
@@ -47,8 +55,30 @@ struct DemoRun {
   double mode_switch_us = 0;  // set_mode(eval)
   StagingStats staging;
   std::vector<std::string> staged_slots;  // slots whose calls ran on the CUDA device
+
+  // run_device_demo: throughput from CUDA events (train: the steps after the first, which
+  // compiles and plans; prefill: last-token logits, after a warm-up pass), the pool's peak.
+  bool on_device = false;
+  std::string dtype;
+  double train_tokens_per_s = 0, prefill_tokens_per_s = 0, prefill_ms = 0;
+  uint64_t peak_bytes = 0;
+  std::vector<std::string> package_slots, runtime_slots;  // what served each slot's calls
+  std::map<std::string, std::string> refused_slots;       // bound, but refused this model: why
+  struct Breakdown {
+    double total_ms = 0, gemm_ms = 0, attention_ms = 0, hub_ms = 0, other_ms = 0;
+  };
+  bool profiled = false;
+  Breakdown train_profile, prefill_profile;
 };
 
 DemoRun run_demo(Runtime& runtime, const DemoSlots& slots, const DemoOptions& options);
+// Throws kInvalidInput unless steps, batch, eval batches >= 1 and the prompt fits the sequence.
+void check_demo_options(const DemoOptions& options);
+// Entropy of the generator's next-token distribution (nats): the best loss any model reaches.
+float generator_entropy(int vocab, double follow);
+
+// The same run with the model resident on CUDA device options.cuda_ordinal (device_model.h):
+// random init on the device, or options.weights; slots from add_device_demo_slots.
+DemoRun run_device_demo(Runtime& runtime, const DemoSlots& slots, const DemoOptions& options);
 
 }  // namespace kh::demo

@@ -76,7 +76,8 @@ std::vector<std::string> device_kernel_names() {
     names.push_back(std::string(base) + "_f32");
     names.push_back(std::string(base) + "_bf16");
   }
-  names.insert(names.end(), {"kh_cast_bf16_to_f32", "kh_cast_f32_to_bf16", "kh_adamw_f32"});
+  names.insert(names.end(), {"kh_cast_bf16_to_f32", "kh_cast_f32_to_bf16", "kh_adamw_f32",
+                             "kh_init_normal_f32", "kh_fill_f32"});
   return names;
 }
 
@@ -189,6 +190,25 @@ void DeviceKernels::cast(DeviceStream& s, const DeviceTensor& in, DeviceTensor& 
   void* outp = out.data();
   launch(s, fn(to_f32 ? "kh_cast_bf16_to_f32" : "kh_cast_f32_to_bf16"), blocks_for(n), 1, 1, 0,
          {&ip, &outp, &n});
+}
+
+void DeviceKernels::init_normal(DeviceStream& s, DeviceTensor& w, uint64_t seed, float stddev) {
+  const char* op = "init_normal";
+  expect_dtype(op, "w", w, kF32);
+  long long n = w.numel();
+  if (n == 0) return;
+  void* wp = w.data();
+  unsigned long long sd = seed;
+  launch(s, fn("kh_init_normal_f32"), blocks_for(n), 1, 1, 0, {&wp, &n, &sd, &stddev});
+}
+
+void DeviceKernels::fill(DeviceStream& s, DeviceTensor& w, float value) {
+  const char* op = "fill";
+  expect_dtype(op, "w", w, kF32);
+  long long n = w.numel();
+  if (n == 0) return;
+  void* wp = w.data();
+  launch(s, fn("kh_fill_f32"), blocks_for(n), 1, 1, 0, {&wp, &n, &value});
 }
 
 void DeviceKernels::rms_norm(DeviceStream& s, const DeviceTensor& x, const DeviceTensor& weight,

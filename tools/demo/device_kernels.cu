@@ -287,7 +287,7 @@ KH_DEV void attention_bwd(const T* dout, const T* q, const T* k, const T* v, con
 }
 
 // ---- CrossEntropy: loss = logsumexp(x) - x[target]; dlogits = (softmax - onehot) * scale -----
-// grid: rows. A row whose target is ignore_index has loss 0 and zero gradients; a target outside
+// grid: rows; dlogits may be logits (in place). A row whose target is ignore_index has loss 0 and zero gradients; a target outside
 // [0, cols) gives a NaN loss, as the host fallback does.
 template <typename T>
 KH_DEV void cross_entropy(const T* logits, const long long* targets, long long ignore,
@@ -306,12 +306,14 @@ KH_DEV void cross_entropy(const T* logits, const long long* targets, long long i
   float m = -__int_as_float(0x7f800000);
   for (long long c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, kh_to_float(xr[c]));
   m = block_max(m, red);
+  // The target's logit is read before the reduction below synchronizes the block, so dlogits
+  // may be logits itself (in place): no thread overwrites a logit before every read of it.
+  const bool in_range = t >= 0 && t < cols;
+  const float x_t = in_range && threadIdx.x == 0 ? kh_to_float(xr[t]) : 0.f;
   float sum = 0.f;
   for (long long c = threadIdx.x; c < cols; c += blockDim.x) sum += expf(kh_to_float(xr[c]) - m);
   sum = kh_row_sum(sum, red);
-  const bool in_range = t >= 0 && t < cols;
-  if (threadIdx.x == 0)
-    loss[r] = in_range ? (m + logf(sum)) - kh_to_float(xr[t]) : __int_as_float(0x7fc00000);
+  if (threadIdx.x == 0) loss[r] = in_range ? (m + logf(sum)) - x_t : __int_as_float(0x7fc00000);
   if (!dxr) return;
   const float inv = 1.f / sum;
   for (long long c = threadIdx.x; c < cols; c += blockDim.x)
@@ -392,6 +394,31 @@ KH_DEV void cross_entropy_bwd(const float* dloss, T* dlogits, long long rows, lo
   }
 
 KH_FOR_TYPES(KH_ENTRIES)
+
+// Random initialization on the device (a model at real size is never built on the host):
+// element i of a tensor draws from a counter-based generator (splitmix64 of seed and i), so the
+// values depend on the seed alone, not on the launch geometry. Box-Muller, as the host model's
+// fill_normal (not the same stream: the device model's random init is its own).
+KH_DEV unsigned long long splitmix64(unsigned long long x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+KH_GLOBAL void kh_init_normal_f32(float* w, long long n, unsigned long long seed, float stddev) {
+  for (long long i = global_index(); i < n; i += global_stride()) {
+    const unsigned long long a = splitmix64(seed ^ splitmix64((unsigned long long)i));
+    const unsigned long long b = splitmix64(a);
+    const double u1 = ((double)(a >> 11) + 1.0) * 0x1.0p-53;
+    const double u2 = (double)(b >> 11) * 0x1.0p-53;
+    w[i] = (float)(stddev * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+  }
+}
+
+KH_GLOBAL void kh_fill_f32(float* w, long long n, float value) {
+  for (long long i = global_index(); i < n; i += global_stride()) w[i] = value;
+}
 
 KH_GLOBAL void kh_cast_bf16_to_f32(const kh_bf16* in, float* out, long long n) {
   cast(in, out, n);

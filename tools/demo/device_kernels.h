@@ -46,6 +46,10 @@ class DeviceKernels {
   void column_sum_add(DeviceStream& s, const DeviceTensor& dy, DeviceTensor& db);
   // bfloat16 <-> float32 (round to nearest even).
   void cast(DeviceStream& s, const DeviceTensor& in, DeviceTensor& out);
+  // w (float32) = normal(0, stddev) draws that depend on seed and the element index only.
+  void init_normal(DeviceStream& s, DeviceTensor& w, uint64_t seed, float stddev);
+  // w (float32) = value everywhere.
+  void fill(DeviceStream& s, DeviceTensor& w, float value);
 
   // RMSNorm over the last dimension; rstd (float32 [rows]) may be null (eval).
   void rms_norm(DeviceStream& s, const DeviceTensor& x, const DeviceTensor& weight, float eps,
@@ -71,8 +75,8 @@ class DeviceKernels {
                           const DeviceTensor& k, const DeviceTensor& v, const DeviceTensor& out,
                           const DeviceTensor& lse, float scale, DeviceTensor& dq, DeviceTensor& dk,
                           DeviceTensor& dv);
-  // loss float32 [rows] per row; with dlogits (logits' shape and dtype): (softmax - onehot) *
-  // grad_scale, zero rows for ignore_index.
+  // loss float32 [rows] per row; with dlogits (logits' shape and dtype, may be logits itself):
+  // (softmax - onehot) * grad_scale, zero rows for ignore_index.
   void cross_entropy(DeviceStream& s, const DeviceTensor& logits, const DeviceTensor& targets,
                      int64_t ignore_index, float grad_scale, DeviceTensor& loss,
                      DeviceTensor* dlogits);

@@ -1,19 +1,33 @@
 // The GPU-resident runtime's model: the demo's Llama / Qwen2 / Qwen3 decoder (model.h) with its
 // parameters, their gradients and AdamW moments and every activation on one CUDA device, every
-// op ordered on one stream, nothing staged through the host. fp32 for now, so that logits,
-// losses and training steps match the host model's (bf16 weights with fp32 master copies are the
-// next step: the AdamW kernel already writes them).
+// op ordered on one stream, nothing staged through the host.
 //
-// Each slot (RMSNorm, RotaryEmbedding, SiluAndMul, Attention, CrossEntropy) runs what the
-// runtime's table holds for the device in the runtime's mode: a package kernel bound there gets
-// device DLTensors and the stream (the host model's argument lists; train mode: forward_train,
-// and backward), the runtime's fallback runs as its device kernel (device_kernels.h). The
-// embedding, the linear layers (kh_gemm), biases and residual adds are the runtime's own.
+// Two precisions, chosen at construction: fp32 (everything fp32: logits, losses and training
+// steps match the host model's) and bf16 as Transformers trains: fp32 master weights, gradients
+// and AdamW moments, a bf16 copy of every parameter (written by the AdamW kernel) that the GEMMs
+// (bf16 in, fp32 accumulation) and the slots take, and bf16 activations between ops, the
+// residual stream included, with fp32 math inside the kernels. Per-row statistics (rstd, lse,
+// per-token losses) stay fp32.
+//
+// The train loss never materialises the [tokens, vocab] logits: a train forward with targets
+// runs the FusedLinearCrossEntropy slot when a package serves it, else the runtime's own chunked
+// LM head + cross-entropy (loss_chunk_rows tokens at a time through kh_gemm); either way it
+// computes the gradients of the mean loss for the final hidden states and the LM head right
+// away (as Liger's fused linear cross-entropy does), and backward() goes on from there.
+//
+// Each slot (RMSNorm, RotaryEmbedding, SiluAndMul, Attention, CrossEntropy,
+// FusedLinearCrossEntropy) runs what the runtime's table holds for the device in the runtime's
+// mode: a package kernel bound there gets device DLTensors and the stream (the host model's
+// argument lists; train mode: forward_train, and backward), the runtime's fallback runs as its
+// device kernel (device_kernels.h). Attention binds the package only in bf16 (its cuda kernels
+// take bf16/fp16; in fp32 the runtime's own attention runs). The embedding, the linear layers
+// (kh_gemm), biases and residual adds are the runtime's own.
 // gate_proj and up_proj are stored as one [2 * ffn, hidden] parameter, so one GEMM writes the
 // [gate | up] rows SiluAndMul takes (AdamW is elementwise: the same update).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,16 +42,43 @@
 
 namespace kh::demo {
 
+struct DeviceModelOptions {
+  DLDataType dtype = kF32;         // kF32 or kBF16: weights run and activations
+  int64_t loss_chunk_rows = 1024;  // tokens per chunk of the runtime's own train loss
+};
+
+// Device time of the ops of a profiled stretch (set_profiling), by kind: GEMMs (the linear
+// layers and the LM head), attention (package or fallback), hub kernels (every other slot a
+// package served); the rest (the runtime's own kernels, copies) is the caller's total minus these.
+struct DeviceProfile {
+  double gemm_ms = 0, attention_ms = 0, hub_ms = 0;
+};
+
 class DeviceCausalLM {
  public:
   // Copies `host`'s weights to CUDA device `device` and compiles the device kernels (JIT
   // cached). The runtime's table decides, per slot, package or fallback at each call.
-  DeviceCausalLM(const CausalLM& host, const DemoSlots& slots, const Runtime& runtime, int device);
+  DeviceCausalLM(const CausalLM& host, const DemoSlots& slots, const Runtime& runtime, int device,
+                 DeviceModelOptions options = {});
+  // A model of `config` initialised at random on the device (init_stddev; never built on the
+  // host), or from `weights` (a checkpoint's tensors by Transformers name, fp32) when not empty.
+  DeviceCausalLM(const ModelConfig& config,
+                 const std::map<std::string, std::vector<float>>& weights, uint64_t seed,
+                 const DemoSlots& slots, const Runtime& runtime, int device,
+                 DeviceModelOptions options = {});
+
+  // Which logits a forward leaves on the device: every token's [batch * len, vocab] (the parity
+  // tests), or each sequence's last token's [batch, vocab] (generation: all a prefill needs).
+  enum class Logits : uint8_t { kAll, kLast };
 
   // batch sequences of len tokens (host arrays). The runtime's mode decides eval (prefill) or
   // train (keeps what backward() needs). With targets, returns the mean cross-entropy; without,
-  // 0. The logits [batch * len, vocab] stay on the device (logits()).
-  float forward(const int64_t* tokens, const int64_t* targets, int batch, int len);
+  // 0. Train with targets: the fused or chunked loss, no logits (logits() is empty), and the
+  // gradients of the LM head (added to its gradient) and of the final hidden states computed.
+  // Otherwise the logits stay on the device (logits()); eval with targets and Logits::kLast
+  // takes the loss chunk by chunk too.
+  float forward(const int64_t* tokens, const int64_t* targets, int batch, int len,
+                Logits logits = Logits::kAll);
   // Gradients of the mean loss of the last train forward (with targets), added to the
   // parameters' gradients (zeroed at construction and by zero_grad()).
   void backward();
@@ -46,6 +87,7 @@ class DeviceCausalLM {
   void adam_step(const AdamConfig& adam);
 
   const DeviceTensor& logits() const { return logits_; }
+  // As float32 (bf16 logits are widened on the device first).
   std::vector<float> download_logits();
   // A parameter's weights by Transformers name (gate_proj and up_proj are rows of the fused
   // parameter), downloaded.
@@ -55,12 +97,26 @@ class DeviceCausalLM {
   // The slots a package served in the last forward or backward ("RMSNorm", ...); the others ran
   // the runtime's device kernels.
   const std::vector<std::string>& package_slots() const { return package_slots_; }
+  // Slots bound to a package that refused this model (its message): the runtime's kernels serve
+  // them (the attention package's cuda kernels take head_dim 64, 128, 256, for instance).
+  const std::map<std::string, std::string>& refusals() const { return refused_; }
   DeviceStream& stream() { return stream_; }
+  DLDataType dtype() const { return act_; }
+  const ModelConfig& config() const { return cfg_; }
+  size_t num_parameters() const;
+
+  // While on, every GEMM, attention and package call is bracketed by device events;
+  // take_profile() waits for the stream and returns the sums since the last take.
+  void set_profiling(bool on) { profiling_ = on; }
+  DeviceProfile take_profile();
 
  private:
   struct Param {
-    DeviceTensor w, g, m, v;  // fp32 weights, gradient, AdamW moments
+    DeviceTensor w, w16, g, m, v;  // fp32 master weights, bf16 copy (bf16 models), gradient,
+                                   // AdamW moments
   };
+  enum class Phase : uint8_t { kGemm, kAttention, kHub };
+  using WeightSource = std::function<const std::vector<float>*(const std::string&)>;
   struct Layer {
     Param *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *bo, *mlp_norm, *gate_up,
         *wdown;
@@ -68,14 +124,30 @@ class DeviceCausalLM {
   // Activations of one layer kept for backward (train mode).
   struct Saved {
     DeviceTensor h_in, rstd1, a, q_pre, k_pre, rstd_q, rstd_k, q, k, v, attn, lse, h_mid, rstd2, m,
-        gu, s;
+        gu;
   };
 
+  // Uploads (source) or draws (no source: random init from seed) every parameter.
+  void build(const WeightSource& source, uint64_t seed);
+  const DeviceTensor& run(const Param& p) const { return bf16_ ? p.w16 : p.w; }
+  void ensure_grads();
+  // The mean loss of f_ @ head^T against targets_ without the full logits (package or chunks);
+  // with grad, df_ and the head's gradient too.
+  float fused_loss(bool grad);
+  void last_token_logits();
+  template <typename F>
+  void timed(Phase phase, F&& body);
   Param& param(const std::string& name);
   Param* optional_param(const std::string& name);
   bool bound(uint32_t slot) const;
-  void call_slot(uint32_t slot, const char* name, bool backward, const std::vector<kh_arg_t>& args);
+  // Runs a bound slot's package op. false: the package refused the call (KH_ERR_UNSUPPORTED,
+  // nothing written): the caller runs the runtime's kernel, and so does every later call of the
+  // slot (refusals()). Any other failure throws.
+  bool call_slot(uint32_t slot, const char* name, bool backward, const std::vector<kh_arg_t>& args);
   DeviceTensor empty(std::vector<int64_t> shape, DLDataType dtype = kF32);
+  DeviceTensor act(std::vector<int64_t> shape) { return empty(std::move(shape), act_); }
+  // gradient (fp32) += d (fp32 or bf16).
+  void add_grad(DeviceTensor& gradient, const DeviceTensor& d);
   void linear(const DeviceTensor& x, const Param& w, const Param* bias, DeviceTensor& y);
   void linear_grad(const DeviceTensor& x, Param& w, Param* bias, const DeviceTensor& dy,
                    DeviceTensor* dx, bool accumulate_dx);
@@ -84,11 +156,16 @@ class DeviceCausalLM {
   void norm_backward(const DeviceTensor& dy, const DeviceTensor& x, Param& w,
                      const DeviceTensor& rstd, DeviceTensor& dx);
   void rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward);
+  void silu_and_mul(const DeviceTensor& gu, DeviceTensor& out);
   void layer_forward(Layer& L, Saved& s, DeviceTensor& h);
   void layer_backward(Layer& L, Saved& s, DeviceTensor& dh);
   float attention_scale() const;
+  bool attention_bound() const;
 
   ModelConfig cfg_;
+  DeviceModelOptions options_;
+  DLDataType act_;
+  bool bf16_;
   DemoSlots slots_;
   const Runtime& runtime_;
   int device_;
@@ -107,8 +184,13 @@ class DeviceCausalLM {
   int batch_ = 0, len_ = 0;
   DeviceTensor tokens_, targets_, positions_;
   std::vector<Saved> saved_;
-  DeviceTensor h_last_, rstd_f_, f_, logits_, loss_, dlogits_;
+  DeviceTensor h_last_, rstd_f_, f_, logits_, loss_, df_;
   std::vector<std::string> package_slots_;
+  std::map<std::string, std::string> refused_;
+
+  bool profiling_ = false;
+  std::vector<std::unique_ptr<DeviceEvent>> events_;  // reused; pairs from profile_ index
+  std::vector<std::pair<Phase, size_t>> profile_;     // (phase, index of the start event)
 };
 
 }  // namespace kh::demo

@@ -68,6 +68,17 @@ DeviceTensor DeviceTensor::view(std::vector<int64_t> shape) const {
   return v;
 }
 
+DeviceTensor DeviceTensor::rows(int64_t begin, int64_t count) const {
+  if (shape_.empty() || begin < 0 || count < 0 || begin + count > shape_[0])
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("rows [{}, {}) of {}", begin, begin + count, describe()));
+  const int64_t row = shape_[0] ? numel() / shape_[0] : 0;
+  DeviceTensor v = view(shape_);
+  v.shape_[0] = count;
+  v.data_ = static_cast<char*>(data_) + begin * row * (dtype_.bits / 8);
+  return v;
+}
+
 const DLTensor* DeviceTensor::dl() const {
   dl_ = DLTensor{};
   dl_.data = data_;

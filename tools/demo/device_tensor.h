@@ -17,6 +17,7 @@ namespace kh::demo {
 inline constexpr DLDataType kF32{kDLFloat, 32, 1};
 inline constexpr DLDataType kBF16{kDLBfloat, 16, 1};
 inline constexpr DLDataType kI64{kDLInt, 64, 1};
+inline constexpr DLDataType kU8{kDLUInt, 8, 1};
 
 // "float32", "bfloat16", "int64", or "code/bits/lanes".
 std::string dtype_name(DLDataType dtype);
@@ -45,6 +46,8 @@ class DeviceTensor {
   }
   // The same memory seen with another shape of the same element count (no copy).
   DeviceTensor view(std::vector<int64_t> shape) const;
+  // Rows [begin, begin + count) of the first dimension (no copy; still contiguous).
+  DeviceTensor rows(int64_t begin, int64_t count) const;
 
   // The DLTensor of this tensor, valid while it lives and is not moved or reshaped.
   const DLTensor* dl() const;

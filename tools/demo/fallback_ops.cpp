@@ -473,6 +473,19 @@ int32_t attention_bwd(const kh_arg_t* a, int32_t n, void*) {
 
 }  // namespace
 
+namespace {
+
+// FusedLinearCrossEntropy has no host fallback: the device model runs its own chunked LM head
+// and cross-entropy (device_model.cpp) when no package serves the slot, and never calls this.
+int32_t linear_cross_entropy_unserved(const kh_arg_t*, int32_t, void*) {
+  set_last_op_error(
+      "FusedLinearCrossEntropy: the runtime has no fallback op of its own for this slot (the "
+      "device model computes its chunked loss itself when no package serves it)");
+  return KH_ERR_UNSUPPORTED;
+}
+
+}  // namespace
+
 DemoSlots add_demo_slots(Runtime& rt) {
   // Every fallback has a backward, so the runtime trains with no package at all.
   const uint32_t f = KH_FLAG_HAS_BACKWARD | KH_FLAG_DETERMINISTIC;
@@ -484,6 +497,14 @@ DemoSlots add_demo_slots(Runtime& rt) {
   s.cross_entropy =
       rt.add_slot(kCrossEntropy, {cross_entropy, cross_entropy_train, cross_entropy_backward, f});
   s.attention = rt.add_slot(kAttention, {attention_fwd, attention_fwd, attention_bwd, f});
+  return s;
+}
+
+DemoSlots add_device_demo_slots(Runtime& rt) {
+  DemoSlots s = add_demo_slots(rt);
+  s.linear_cross_entropy = rt.add_slot(
+      kFusedLinearCrossEntropy, {linear_cross_entropy_unserved, linear_cross_entropy_unserved,
+                                 linear_cross_entropy_unserved, KH_FLAG_HAS_BACKWARD});
   return s;
 }
 

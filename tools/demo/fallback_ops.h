@@ -42,6 +42,11 @@ inline constexpr const char* kRotaryEmbedding = "RotaryEmbedding";
 inline constexpr const char* kSiluAndMul = "SiluAndMul";
 inline constexpr const char* kCrossEntropy = "CrossEntropy";
 inline constexpr const char* kAttention = "Attention";
+// The LM head and cross-entropy fused, chunk by chunk (kernel-hub/softmax >= 1.1): the device
+// model's train loss, never materialising the [tokens, vocab] logits.
+inline constexpr const char* kFusedLinearCrossEntropy = "FusedLinearCrossEntropy";
+// A slot the runtime did not declare (slot() of a table never reaches it).
+inline constexpr uint32_t kNoSlot = UINT32_MAX;
 
 struct DemoSlots {
   uint32_t rms_norm = 0;
@@ -49,9 +54,13 @@ struct DemoSlots {
   uint32_t silu_and_mul = 0;
   uint32_t cross_entropy = 0;
   uint32_t attention = 0;
+  uint32_t linear_cross_entropy = kNoSlot;  // add_device_demo_slots only
 };
 
 // Adds the five slots, each with its fallback (forward, forward_train, backward).
 DemoSlots add_demo_slots(Runtime& runtime);
+// The five and FusedLinearCrossEntropy, for the GPU-resident model (device_model.h): its
+// fallback is the model's own chunked loss, so the slot's own ops only refuse (never called).
+DemoSlots add_device_demo_slots(Runtime& runtime);
 
 }  // namespace kh::demo

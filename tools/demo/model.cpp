@@ -30,20 +30,6 @@ void fill_normal(std::vector<float>& w, float stddev, std::mt19937_64& rng) {
   }
 }
 
-// The random initialization of a preset: norms 1, biases 0, the rest normal with 1 / sqrt(fan in);
-// residual branches (o_proj, down_proj) start small (1 / sqrt(2L)) so the stack begins close to
-// the identity. An untied embedding has unit rows (RMSNorm follows); a tied one is also the LM
-// head, so it takes the head's scale.
-float init_stddev(const ModelConfig& c, const std::string& name) {
-  const float branch = 1.0f / std::sqrt(2.0f * static_cast<float>(c.layers));
-  auto fan_in = [](int n) { return 1.0f / std::sqrt(static_cast<float>(n)); };
-  if (name.ends_with("norm.weight") || name.ends_with(".bias")) return 0.f;
-  if (name == "model.embed_tokens.weight") return c.tie_embeddings ? fan_in(c.hidden) : 1.0f;
-  if (name.ends_with("o_proj.weight")) return fan_in(c.q_dim()) * branch;
-  if (name.ends_with("down_proj.weight")) return fan_in(c.ffn) * branch;
-  return fan_in(c.hidden);  // q, k, v, gate, up, lm_head
-}
-
 size_t numel(const WeightSpec& s) {
   size_t n = 1;
   for (int64_t d : s.shape) n *= static_cast<size_t>(d);

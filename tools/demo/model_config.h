@@ -69,6 +69,11 @@ struct WeightSpec {
 // (untied) lm_head.
 std::vector<WeightSpec> weight_specs(const ModelConfig& config);
 
+// The standard deviation of a weight's random initialization (0: norms start at 1, biases at 0):
+// 1 / sqrt(fan in), residual branches (o_proj, down_proj) scaled by 1 / sqrt(2 * layers). Both
+// the host model and the device model's on-device init use it.
+float init_stddev(const ModelConfig& config, const std::string& name);
+
 // The NeoX rotary cache of Transformers' default RoPE, [seq, head_dim / 2] each:
 // inv_freq_j = theta^(-2j / head_dim), angle = pos * inv_freq_j; rotate_half pairs (j, j + half).
 void rope_tables(const ModelConfig& config, std::vector<float>& cos, std::vector<float>& sin);

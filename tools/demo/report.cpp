@@ -96,7 +96,7 @@ nlohmann::json demo_json(const DemoSummary& summary, const DemoOptions& o,
     bindings.push_back(std::move(j));
   }
   const ModelConfig& m = o.model;
-  return {
+  nlohmann::json out = {
       {"device", summary.device},
       {"kernelize_device", report.device.str()},
       {"fallback_only", summary.fallback_only},
@@ -148,6 +148,32 @@ nlohmann::json demo_json(const DemoSummary& summary, const DemoOptions& o,
         {"generate", run.generate_ms},
         {"total", summary.total_ms}}},
   };
+  if (run.on_device) {
+    auto breakdown = [](const DemoRun::Breakdown& b) {
+      return nlohmann::json{{"total_ms", b.total_ms},
+                            {"gemm_ms", b.gemm_ms},
+                            {"attention_ms", b.attention_ms},
+                            {"hub_kernels_ms", b.hub_ms},
+                            {"other_ms", b.other_ms}};
+    };
+    nlohmann::json d = {
+        {"dtype", run.dtype},
+        {"train_tokens_per_s", run.train_tokens_per_s},
+        {"prefill_tokens_per_s", run.prefill_tokens_per_s},
+        {"prefill_ms", run.prefill_ms},
+        {"peak_bytes", run.peak_bytes},
+        {"package_slots", run.package_slots},
+        {"runtime_slots", run.runtime_slots},
+        {"refused_slots", run.refused_slots},
+    };
+    if (run.profiled) {
+      d["profile"]["train_step"] = breakdown(run.train_profile);
+      d["profile"]["prefill"] = breakdown(run.prefill_profile);
+    }
+    out["device_run"] = std::move(d);
+    out.erase("staging");  // nothing is staged: the model lives on the device
+  }
+  return out;
 }
 
 }  // namespace kh::demo

@@ -36,7 +36,9 @@ struct DemoArgs {
   int batch = 8;
   int seq = 32;
   uint64_t seed = 1;
-  float lr = 1e-2f;
+  float lr = 0;       // 0: 1e-2 for tiny, 3e-4 for the other models
+  std::string dtype;  // empty: bf16 on a CUDA device, fp32 on the cpu
+  bool profile = false;
   bool fallback = false;
 };
 
@@ -143,8 +145,16 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   o.batch = a.batch;
   o.steps = a.steps;
   o.seed = a.seed;
-  o.adam.lr = a.lr;
+  o.adam.lr = a.lr > 0 ? a.lr : (o.model.hidden >= 1024 ? 3e-4f : 1e-2f);
   o.cuda_ordinal = ordinal;
+  const std::string dtype = a.dtype.empty() ? (ordinal >= 0 ? "bf16" : "fp32") : a.dtype;
+  if (ordinal < 0 && (dtype != "fp32" || a.profile))
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("demo: {} needs a CUDA device (the CPU model is fp32 and unprofiled); "
+                            "use --device cuda:N",
+                            a.profile ? "--profile" : "--dtype " + dtype));
+  o.bf16 = dtype == "bf16";
+  o.profile = a.profile;
   const demo::ModelConfig& m = o.model;
 
   // The runtime: slots with the runtime's own implementations, then kernelize binds every mode
@@ -152,7 +162,10 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   RuntimeOptions ro;
   ro.jit_cache_dir = ctx.store().root() / "jit";
   Runtime rt(ro);
-  const demo::DemoSlots slots = demo::add_demo_slots(rt);
+  // On a CUDA device the model is resident there (device_model.h) and has one slot more: the
+  // fused LM head + cross-entropy of its train loss.
+  const demo::DemoSlots slots =
+      ordinal >= 0 ? demo::add_device_demo_slots(rt) : demo::add_demo_slots(rt);
   KernelizeOptions ko;
   ko.cuda_ordinal = ordinal < 0 ? 0 : ordinal;
   if (a.fallback) ko.disable = true;  // else KERNEL_HUB_DISABLE decides
@@ -160,9 +173,9 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   const KernelizeReport report = kernelize(rt, config, ctx.hub(), device, ko);
   const double kernelize_ms = ms_since(tk);
 
-  ctx.say(fmt::format("kernel-hub demo: {} LM, fp32, {} ({}), batch {} on {}", m.name,
-                      is_preset ? "random init" : "checkpoint", m.describe(), o.batch,
-                      device_text));
+  ctx.say(fmt::format("kernel-hub demo: {} LM, {}, {} ({}), batch {} x {} on {}{}", m.name, dtype,
+                      is_preset ? "random init" : "checkpoint", m.describe(), o.batch, m.seq,
+                      device_text, ordinal >= 0 ? " (model resident on the device)" : ""));
   size_t bound = 0;
   for (auto& b : report.bindings) bound += b.source != BindingSource::kFallback;
   ctx.say(
@@ -170,11 +183,12 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
                   "{:.1f} ms",
                   bound, report.bindings.size(), report.fetched, kernelize_ms));
   ctx.say(fmt::format("train: {} steps, adamw lr {}, synthetic successor language (seed {})",
-                      a.steps, a.lr, a.seed));
+                      a.steps, o.adam.lr, a.seed));
   StepReporter reporter(ctx, a.steps);
   o.on_step = [&reporter](int step, int steps, float loss) { reporter(step, steps, loss); };
 
-  const demo::DemoRun run = demo::run_demo(rt, slots, o);
+  const demo::DemoRun run =
+      ordinal >= 0 ? demo::run_device_demo(rt, slots, o) : demo::run_demo(rt, slots, o);
 
   demo::DemoSummary summary;
   summary.device = device_text;
@@ -195,14 +209,32 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   ctx.say(fmt::format("generate: prompt {} -> {} ({:.0f}% follow the pattern)",
                       tokens_text(run.prompt), tokens_text(run.generated),
                       run.pattern_match * 100));
-  if (ordinal >= 0)
-    ctx.say(fmt::format(
-        "staging: slots on cuda:{}: {}; {} staged calls, {} to the device, {} "
-        "back ({} of device buffers)",
-        ordinal,
-        run.staged_slots.empty() ? "none" : fmt::format("{}", fmt::join(run.staged_slots, ", ")),
-        run.staging.staged_calls, human_bytes(run.staging.bytes_to_device),
-        human_bytes(run.staging.bytes_to_host), human_bytes(run.staging.device_bytes)));
+  if (run.on_device) {
+    ctx.say(
+        fmt::format("throughput ({}, CUDA events): train {:.0f} tokens/s, prefill {:.0f} "
+                    "tokens/s ({:.2f} ms per {} x {} batch, last-token logits)",
+                    run.dtype, run.train_tokens_per_s, run.prefill_tokens_per_s, run.prefill_ms,
+                    o.batch, m.seq));
+    ctx.say(fmt::format("memory: peak {} on {} (the model's device pool)",
+                        human_bytes(run.peak_bytes), device_text));
+    auto names = [](const std::vector<std::string>& v) {
+      return v.empty() ? std::string("none") : fmt::format("{}", fmt::join(v, ", "));
+    };
+    ctx.say(fmt::format("slots: package kernels ran for {}; the runtime's own kernels for {}",
+                        names(run.package_slots), names(run.runtime_slots)));
+    for (const auto& [slot, why] : run.refused_slots)
+      ctx.say(
+          fmt::format("  {}: bound, but the package refused this model, so the runtime's "
+                      "kernels served it: {}",
+                      slot, why));
+    if (run.profiled)
+      for (auto& [what, b] :
+           {std::pair{"train step", run.train_profile}, std::pair{"prefill", run.prefill_profile}})
+        ctx.say(
+            fmt::format("profile {}: {:.2f} ms = GEMM {:.2f} + attention {:.2f} + hub kernels "
+                        "{:.2f} + other {:.2f}",
+                        what, b.total_ms, b.gemm_ms, b.attention_ms, b.hub_ms, b.other_ms));
+  }
   ctx.say("bindings:");
   std::cout << demo::binding_table(report);
   ctx.say(fmt::format("total {:.2f} s", summary.total_ms / 1000));
@@ -221,9 +253,11 @@ void add_demo_command(CLI::App& app, Runner& run) {
       "a KernelConfig (default: manifests/examples/demo-config.json, built in) through the hub "
       "and cache: trains in train mode, switches to eval, evaluates on held-out batches, "
       "generates greedily and prints which kernel served each slot. --json for a summary. "
-      "With --device cuda:N the model state stays in host memory and each slot bound to a CUDA "
-      "kernel has its tensors copied to device buffers (allocated once) and back around every "
-      "call: a demo simplification, not how a runtime should use GPU kernels.");
+      "With --device cuda:N the model lives on the GPU (weights, gradients, AdamW state and "
+      "activations; bf16 with fp32 master weights by default, --dtype fp32), slots get device "
+      "tensors, the train loss is the fused LM head + cross-entropy, and it also prints train "
+      "and prefill tokens/s, peak device memory and, with --profile, where the step's time "
+      "goes.");
   cmd->add_option("--device", a->device,
                   "cpu or cuda:N (default: cuda:0 when a CUDA device is present, else cpu)");
   cmd->add_option("--config", a->config,
@@ -239,7 +273,18 @@ void add_demo_command(CLI::App& app, Runner& run) {
   cmd->add_option("--seq", a->seq, "Tokens per sequence (default 32)")
       ->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--seed", a->seed, "Seed of the model and the training data (default 1)");
-  cmd->add_option("--lr", a->lr, "Adam learning rate (default 0.01)")->check(CLI::PositiveNumber);
+  cmd->add_option(
+         "--lr", a->lr,
+         "AdamW learning rate (default 0.01; 0.0003 for models of hidden size 1024 and more, "
+         "such as qwen3-0.6b)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--dtype", a->dtype,
+                  "bf16 (fp32 master weights) or fp32; CUDA only (default bf16 on a GPU, fp32 "
+                  "on the cpu)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  cmd->add_flag("--profile", a->profile,
+                "CUDA only: one more train step and prefill with CUDA events around every "
+                "GEMM, attention and package call; prints the breakdown");
   cmd->add_flag("--fallback", a->fallback,
                 "Bind no package: every slot runs the runtime's own implementation (as "
                 "KERNEL_HUB_DISABLE=1)");
