@@ -66,6 +66,7 @@ struct DemoRun {
   std::map<std::string, std::string> refused_slots;       // bound, but refused this model: why
   struct Breakdown {
     double total_ms = 0, gemm_ms = 0, attention_ms = 0, hub_ms = 0, other_ms = 0;
+    std::map<std::string, double> hub_ms_by_slot;  // hub_ms by slot name
   };
   bool profiled = false;
   Breakdown train_profile, prefill_profile;

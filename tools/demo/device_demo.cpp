@@ -44,6 +44,7 @@ DemoRun::Breakdown profiled(DeviceCausalLM& model, F&& body) {
   b.gemm_ms = p.gemm_ms;
   b.attention_ms = p.attention_ms;
   b.hub_ms = p.hub_ms;
+  b.hub_ms_by_slot = p.hub_ms_by_slot;
   b.other_ms = std::max(0.0, b.total_ms - p.gemm_ms - p.attention_ms - p.hub_ms);
   return b;
 }

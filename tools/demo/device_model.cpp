@@ -178,7 +178,7 @@ size_t DeviceCausalLM::num_parameters() const {
 }
 
 template <typename F>
-void DeviceCausalLM::timed(Phase phase, F&& body) {
+void DeviceCausalLM::timed(Phase phase, F&& body, const char* slot) {
   if (!profiling_) {
     body();
     return;
@@ -188,17 +188,18 @@ void DeviceCausalLM::timed(Phase phase, F&& body) {
   events_[start]->record(stream_);
   body();
   events_[start + 1]->record(stream_);
-  profile_.emplace_back(phase, start);
+  profile_.push_back({phase, start, slot});
 }
 
 DeviceProfile DeviceCausalLM::take_profile() {
   stream_.synchronize();
   DeviceProfile p;
-  for (const auto& [phase, start] : profile_) {
-    const double ms = events_[start + 1]->elapsed_ms_since(*events_[start]);
-    (phase == Phase::kGemm        ? p.gemm_ms
-     : phase == Phase::kAttention ? p.attention_ms
-                                  : p.hub_ms) += ms;
+  for (const Timing& t : profile_) {
+    const double ms = events_[t.start + 1]->elapsed_ms_since(*events_[t.start]);
+    (t.phase == Phase::kGemm        ? p.gemm_ms
+     : t.phase == Phase::kAttention ? p.attention_ms
+                                    : p.hub_ms) += ms;
+    if (t.phase == Phase::kHub) p.hub_ms_by_slot[t.slot ? t.slot : "other"] += ms;
   }
   profile_.clear();
   return p;
@@ -224,10 +225,13 @@ bool DeviceCausalLM::call_slot(uint32_t slot, const char* name, bool backward,
                                const std::vector<kh_arg_t>& args) {
   const auto n = static_cast<int32_t>(args.size());
   int32_t status = KH_OK;
-  timed(slot == slots_.attention ? Phase::kAttention : Phase::kHub, [&] {
-    status = backward ? runtime_.backward(slot, device_, args.data(), n, stream_.handle())
-                      : runtime_.forward(slot, device_, args.data(), n, stream_.handle());
-  });
+  timed(
+      slot == slots_.attention ? Phase::kAttention : Phase::kHub,
+      [&] {
+        status = backward ? runtime_.backward(slot, device_, args.data(), n, stream_.handle())
+                          : runtime_.forward(slot, device_, args.data(), n, stream_.handle());
+      },
+      name);
   if (status == KH_ERR_UNSUPPORTED) {
     // The package does not take this model (a head_dim its kernels lack, say): ops check
     // before they launch, so nothing was written; the runtime's own kernels serve the slot

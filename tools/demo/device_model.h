@@ -52,6 +52,7 @@ struct DeviceModelOptions {
 // package served); the rest (the runtime's own kernels, copies) is the caller's total minus these.
 struct DeviceProfile {
   double gemm_ms = 0, attention_ms = 0, hub_ms = 0;
+  std::map<std::string, double> hub_ms_by_slot;  // hub_ms split by slot name (forward + backward)
 };
 
 class DeviceCausalLM {
@@ -136,7 +137,7 @@ class DeviceCausalLM {
   float fused_loss(bool grad);
   void last_token_logits();
   template <typename F>
-  void timed(Phase phase, F&& body);
+  void timed(Phase phase, F&& body, const char* slot = nullptr);
   Param& param(const std::string& name);
   Param* optional_param(const std::string& name);
   bool bound(uint32_t slot) const;
@@ -190,7 +191,12 @@ class DeviceCausalLM {
 
   bool profiling_ = false;
   std::vector<std::unique_ptr<DeviceEvent>> events_;  // reused; pairs from profile_ index
-  std::vector<std::pair<Phase, size_t>> profile_;     // (phase, index of the start event)
+  struct Timing {
+    Phase phase;
+    size_t start;      // index of the start event in events_
+    const char* slot;  // the slot a hub-kernel timing belongs to, or null
+  };
+  std::vector<Timing> profile_;
 };
 
 }  // namespace kh::demo

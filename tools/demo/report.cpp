@@ -154,6 +154,7 @@ nlohmann::json demo_json(const DemoSummary& summary, const DemoOptions& o,
                             {"gemm_ms", b.gemm_ms},
                             {"attention_ms", b.attention_ms},
                             {"hub_kernels_ms", b.hub_ms},
+                            {"hub_kernels_ms_by_slot", b.hub_ms_by_slot},
                             {"other_ms", b.other_ms}};
     };
     nlohmann::json d = {

@@ -228,12 +228,17 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
                       "kernels served it: {}",
                       slot, why));
     if (run.profiled)
-      for (auto& [what, b] :
-           {std::pair{"train step", run.train_profile}, std::pair{"prefill", run.prefill_profile}})
+      for (auto& [what, b] : {std::pair{"train step", run.train_profile},
+                              std::pair{"prefill", run.prefill_profile}}) {
         ctx.say(
             fmt::format("profile {}: {:.2f} ms = GEMM {:.2f} + attention {:.2f} + hub kernels "
                         "{:.2f} + other {:.2f}",
                         what, b.total_ms, b.gemm_ms, b.attention_ms, b.hub_ms, b.other_ms));
+        std::string by_slot;
+        for (const auto& [slot, ms] : b.hub_ms_by_slot)
+          by_slot += fmt::format("{}{} {:.2f}", by_slot.empty() ? "" : ", ", slot, ms);
+        if (!by_slot.empty()) ctx.say(fmt::format("  hub kernels by slot: {}", by_slot));
+      }
   }
   ctx.say("bindings:");
   std::cout << demo::binding_table(report);
