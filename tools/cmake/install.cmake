@@ -1,7 +1,7 @@
 # The SDK: what `cmake --install build --prefix P` puts in P, and the .deb CPack makes of it.
 #   include/kernel_hub/      kernel_hub.h (C API), kernel_hub.hpp + kernel_hub_base.hpp (C++ API),
 #                            kernel_hub_abi.h (the package ABI), dlpack/dlpack.h (see below)
-#   lib/                     libkernel_hub.so.0.2.0, .so.0 (the SONAME), .so
+#   lib/                     libkernel_hub.so.0.3.0, .so.0 (the SONAME), .so
 #   lib/cmake/KernelHub/     KernelHubConfig.cmake (+ Version), KernelHubTargets.cmake (imported
 #                            targets KernelHub::kernel_hub, KernelHub::package,
 #                            KernelHub::kernel-hub), host_library.map, KernelHubPackage.cmake

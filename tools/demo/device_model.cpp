@@ -5,8 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "hub/base/error.h"
-#include "loader/layer_table.h"
+#include "kernel_hub/kernel_hub.hpp"
 #include "tools/demo/device_linear.h"
 
 namespace kh::demo {
@@ -117,8 +116,7 @@ DeviceCausalLM::Param* DeviceCausalLM::optional_param(const std::string& name) {
 }
 
 bool DeviceCausalLM::bound(uint32_t slot) const {
-  const Table* t = runtime_.table().current();
-  return slot < t->num_slots && !t->entry(device_, slot).is_fallback;
+  return runtime_.slot_bound(slot, device_);
 }
 
 void DeviceCausalLM::call_slot(uint32_t slot, const char* name, bool backward,
