@@ -32,6 +32,9 @@ install(FILES
 # its own dlpack.h gets one of the two (same include guard; the layout used has been stable
 # since DLPack 0.6).
 install(FILES ${KH_DLPACK_INCLUDE_DIR}/dlpack/dlpack.h DESTINATION ${KH_INSTALL_INCLUDE_DIR}/dlpack)
+# The device-code prelude (bf16/fp16 storage types and conversions, launch helpers): what
+# packages' and runtimes' NVRTC sources inline (a runtime built against the SDK needs it too).
+install(FILES ${KH_KERNEL_COMMON_DIR}/kh_prelude.cuh DESTINATION ${KH_INSTALL_INCLUDE_DIR})
 
 # ---- The library and the CLI ----
 install(TARGETS kernel_hub EXPORT KernelHubTargets
