@@ -36,6 +36,7 @@ struct SlotEntry {
 // to these strings.
 struct BindingInfo {
   std::string package, version, layer, forward_op, backward_op, package_dir;
+  uint32_t flags = 0;  // the layer's KH_FLAG_*
 };
 
 struct Table {

@@ -109,6 +109,7 @@ BindOutcome Runtime::bind(const std::string& slot, const std::filesystem::path& 
   info->forward_op = (mode == Mode::kTrain && l->forward_train) ? l->forward_train : l->forward;
   info->backward_op = l->backward ? l->backward : "";
   info->package_dir = package_dir.string();
+  info->flags = l->flags;
   return table_->bind(*index, device, mode, ops, source, strict.value_or(options_.strict),
                       std::move(info));
 }
@@ -128,6 +129,7 @@ SlotBinding Runtime::slot_binding(uint32_t slot, int device, Mode mode) const {
     b.forward_op = info->forward_op;
     b.backward_op = info->backward_op;
     b.package_dir = info->package_dir;
+    b.flags = info->flags;
   }
   return b;
 }

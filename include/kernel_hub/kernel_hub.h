@@ -139,6 +139,7 @@ typedef struct kh_slot_binding_t {
   const char* forward_op;  /* the op a forward call runs (train: the layer's forward_train op) */
   const char* backward_op; /* the layer's backward op ("" when none) */
   const char* package_dir; /* the package directory (its variant, in the cache) that was loaded */
+  uint32_t flags;          /* the layer's KH_FLAG_* (GRAPH_SAFE: may run in a CUDA graph) */
 } kh_slot_binding_t;
 KH_EXPORT int32_t kh_runtime_slot_binding(const kh_runtime_t* rt, uint32_t slot, int32_t mode,
                                           int32_t device, kh_slot_binding_t* out);

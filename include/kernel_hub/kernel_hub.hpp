@@ -107,6 +107,7 @@ struct SlotBinding {
   std::string forward_op;             // the op a forward call runs (train: the forward_train op)
   std::string backward_op;            // empty when none
   std::filesystem::path package_dir;  // the package directory (variant) loaded
+  uint32_t flags = 0;  // the layer's KH_FLAG_* (GRAPH_SAFE: may run inside a CUDA graph capture)
 };
 
 class LayerTable;  // the slots and their per-mode tables (loader/layer_table.h)

@@ -133,6 +133,7 @@ int32_t kh_runtime_slot_binding(const kh_runtime_t* rt, uint32_t slot, int32_t m
     b.forward_op = info ? info->forward_op.c_str() : "";
     b.backward_op = info ? info->backward_op.c_str() : "";
     b.package_dir = info ? info->package_dir.c_str() : "";
+    b.flags = info ? info->flags : 0;
     const uint32_t size = out->struct_size;
     b.struct_size = size;
     std::memcpy(out, &b, std::min<size_t>(size, sizeof(b)));

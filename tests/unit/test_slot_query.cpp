@@ -38,6 +38,7 @@ TEST(SlotQuery, CppNamesThePackageLayerAndItsOpsPerModeAndDevice) {
   EXPECT_EQ(eval.forward_op, "scale_forward");
   EXPECT_EQ(eval.backward_op, "scale_backward");
   EXPECT_EQ(eval.package_dir, toy());
+  EXPECT_EQ(eval.flags & KH_FLAG_HAS_BACKWARD, KH_FLAG_HAS_BACKWARD);
   EXPECT_EQ(rt.slot_binding(s, kh::kCpuDevice, kh::Mode::kTrain).forward_op, "scale_forward_train");
 
   kh::SlotBinding kept = rt.slot_binding(infer, kh::kCpuDevice, kh::Mode::kTrain);
@@ -89,6 +90,7 @@ TEST(SlotQuery, CFillsTheStructAndRefusesBadArguments) {
   EXPECT_STREQ(b.forward_op, "scale_forward");
   EXPECT_STREQ(b.backward_op, "scale_backward");
   EXPECT_STREQ(b.package_dir, toy().c_str());
+  EXPECT_EQ(b.flags & KH_FLAG_HAS_BACKWARD, KH_FLAG_HAS_BACKWARD);
   EXPECT_EQ(kh_runtime_slot_bound(rt, s, KH_DEVICE_CPU), 1);
 
   kh_slot_binding_t f{};

@@ -261,6 +261,7 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h) {
     kernels_.silu_and_mul(stream_, s.gu, s.s);
   linear(s.s, *L.wdown, nullptr, branch);
   kernels_.add(stream_, h, branch, h);
+  if (prefilling_kv_) prefill_kv(L, s);
   if (!train_) s = Saved{};  // eval keeps nothing: the blocks go back to the pool
 }
 
