@@ -354,8 +354,11 @@ void DeviceCausalLM::decode_append(size_t layer, const DeviceTensor& k4, const D
     d.kernels.append(stream_, k4, v4, d.block_table, d.seq_lens, kc, vc);
     return;
   }
-  DeviceTensor kb = bf16_of(kernels_, stream_, pool_, k4, d.k16);
-  DeviceTensor vb = bf16_of(kernels_, stream_, pool_, v4, d.v16);
+  // The step's scratch is sized for one token per sequence; a prompt gets its own.
+  DeviceTensor prompt_k, prompt_v;
+  const bool step = k4.shape() == d.k16.shape();
+  DeviceTensor kb = bf16_of(kernels_, stream_, pool_, k4, step ? d.k16 : prompt_k);
+  DeviceTensor vb = bf16_of(kernels_, stream_, pool_, v4, step ? d.v16 : prompt_v);
   call_slot(d.slots->paged_kv_append, kPagedKVAppend, false,
             {tensor_arg(&kb), tensor_arg(&vb), tensor_arg(&d.block_table), tensor_arg(&d.seq_lens),
              tensor_arg(&kc), tensor_arg(&vc)});
