@@ -1,17 +1,43 @@
 // The decode runtime's cpu-side parts (tools/demo/device_decode.h): the paged KV cache's shape
 // and size for a model, and the errors for a cache that cannot be built; the decode slots added
 // to a runtime without a host fallback (the device model runs its own kernels when nothing is
-// bound). The device parts are tests/gpu/test_gpu_demo_decode.cpp.
+// bound); the decode kernels' source compiles with the loader's NVRTC for sm_80 and sm_90a (NVRTC
+// needs no GPU) with every entry point. The device parts are tests/gpu/test_gpu_demo_decode.cpp.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "kernel_hub/kernel_hub.hpp"
+#include "loader/cuda_arch.h"
+#include "loader/nvrtc.h"
 #include "tools/demo/device_decode.h"
 #include "tools/demo/model_config.h"
 
 namespace kh::demo {
 namespace {
+
+TEST(DemoDecode, KernelSourceCompilesForAmpereAndHopperWithEveryEntryPoint) {
+  const NvrtcInfo* compiler = nullptr;
+  try {
+    compiler = &nvrtc();
+  } catch (const Error& e) {
+    GTEST_SKIP() << "no NVRTC: " << e.what();
+  }
+  const std::string source = device_decode_source();
+  EXPECT_EQ(source.find("#include"), std::string::npos) << "the prelude is inlined";
+  for (const char* target : {"sm_80", "sm_90a"}) {
+    const CudaArch arch = *CudaArch::parse(target);
+    std::string cubin;
+    try {
+      cubin = nvrtc_compile_cubin(source, "demo_device_decode.cu",
+                                  nvrtc_options(arch, compiler->version), "demo_device_decode.cu");
+    } catch (const Error& e) {
+      FAIL() << target << ": " << e.what();
+    }
+    for (const std::string& name : decode_kernel_names())
+      EXPECT_NE(cubin.find(name + '\0'), std::string::npos) << target << " lacks " << name;
+  }
+}
 
 TEST(DemoDecode, CacheShapeRoundsTheContextUpToWholePages) {
   ModelConfig qwen3 = preset("qwen3-0.6b");

@@ -79,11 +79,17 @@ KvCacheShape kv_cache_shape(const ModelConfig& config, const DecodeConfig& decod
 
 // ---- the decode kernels ---------------------------------------------------------------------
 
+std::vector<std::string> decode_kernel_names() {
+  std::vector<std::string> names;
+  for (const char* base : {"kh_paged_append", "kh_paged_decode", "kh_argmax_advance"})
+    for (const char* suffix : {"_f32", "_bf16"}) names.push_back(std::string(base) + suffix);
+  names.push_back("kh_step_advance");
+  return names;
+}
+
 DecodeKernels::DecodeKernels(int device)
     : module_(device, "demo_device_decode", device_decode_source()) {
-  for (const char* base : {"kh_paged_append", "kh_paged_decode", "kh_argmax_advance"})
-    for (const char* suffix : {"_f32", "_bf16"}) module_.function(std::string(base) + suffix);
-  module_.function("kh_step_advance");
+  for (const std::string& name : decode_kernel_names()) module_.function(name);  // fail early
 }
 
 kh_device_function_t* DecodeKernels::typed(const std::string& base, const DeviceTensor& t) {

@@ -63,6 +63,8 @@ KvCacheShape kv_cache_shape(const ModelConfig& config, const DecodeConfig& decod
 
 // The runtime's own decode kernels (device_decode.cu), compiled for one device.
 const char* device_decode_source();
+// The extern "C" names of its entry points.
+std::vector<std::string> decode_kernel_names();
 
 class DecodeKernels {
  public:
