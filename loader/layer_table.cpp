@@ -74,7 +74,8 @@ uint32_t LayerTable::num_slots() const {
 }
 
 BindOutcome LayerTable::bind(uint32_t slot, int device, Mode mode, const SlotOps& ops,
-                             const std::string& source, bool strict) {
+                             const std::string& source, bool strict,
+                             std::shared_ptr<const BindingInfo> info) {
   std::lock_guard lock(mutex_);
   if (slot >= slots_.size())
     throw Error(ErrorKind::kInvalidInput,
@@ -99,10 +100,23 @@ BindOutcome LayerTable::bind(uint32_t slot, int device, Mode mode, const SlotOps
     log_line(kLogWarn, why + "; keeping the built-in fallback");
     return BindOutcome::kKeptFallback;
   }
-  bindings_[{slot, device, mode}] = {ops, source};
+  if (info) infos_.push_back(info);
+  bindings_[{slot, device, mode}] = {ops, source, std::move(info)};
   if (device > max_device_) max_device_ = device;
   rebuild_locked();
   return BindOutcome::kBound;
+}
+
+const BindingInfo* LayerTable::binding(uint32_t slot, int device, Mode mode, bool* bound) const {
+  static const BindingInfo kNoInfo;
+  std::lock_guard lock(mutex_);
+  if (slot >= slots_.size())
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("no layer slot {} (the runtime has {})", slot, slots_.size()));
+  auto it = bindings_.find({slot, device, mode});
+  *bound = it != bindings_.end();
+  if (!*bound) return nullptr;
+  return it->second.info ? it->second.info.get() : &kNoInfo;
 }
 
 void LayerTable::set_mode(Mode mode) {

@@ -31,6 +31,14 @@ struct SlotEntry {
   const char* source = "";  // "fallback" or "<package> <version> <layer>"
 };
 
+// What a package binding is, for the slot query (Runtime::slot_binding, kh_runtime_slot_binding).
+// The table keeps every one it was given for its whole life, so the C API can hand out pointers
+// to these strings.
+struct BindingInfo {
+  std::string package, version, layer, forward_op, backward_op, package_dir;
+  uint32_t flags = 0;  // the layer's KH_FLAG_*
+};
+
 struct Table {
   uint64_t generation = 0;
   Mode mode = Mode::kEval;
@@ -67,8 +75,14 @@ class LayerTable {
   // Binds `ops` (labelled `source`) to a slot on a device for a mode, and republishes. For
   // kTrain the ops need KH_FLAG_HAS_BACKWARD and a backward function: otherwise the slot keeps
   // its fallback and a log line says why (kKeptFallback), or, when strict, kh::Error(kRefused).
+  // `info` (may be null) describes the package layer for the slot query.
   BindOutcome bind(uint32_t slot, int device, Mode mode, const SlotOps& ops,
-                   const std::string& source, bool strict);
+                   const std::string& source, bool strict,
+                   std::shared_ptr<const BindingInfo> info = nullptr);
+  // What serves the slot on the device in the mode: the package binding's description, or
+  // nullptr for the fallback (a bind without info counts as bound, with empty strings). The
+  // pointee lives as long as the table. Throws kh::Error kInvalidInput for an unknown slot.
+  const BindingInfo* binding(uint32_t slot, int device, Mode mode, bool* bound) const;
 
   // Publishes the table of `mode` with one atomic store. Refused (kh::Error kRefused) while a
   // CUDA graph capture is declared in progress. No lock, no I/O, no allocation on success.
@@ -97,7 +111,9 @@ class LayerTable {
   struct Bound {
     SlotOps ops;
     std::string source;
+    std::shared_ptr<const BindingInfo> info;
   };
+  std::vector<std::shared_ptr<const BindingInfo>> infos_;  // every info ever bound (see binding)
   std::map<std::tuple<uint32_t, int, Mode>, Bound> bindings_;  // (slot, device, mode)
   int max_device_ = kCpuDevice;
   uint64_t generation_ = 0;

@@ -102,7 +102,41 @@ BindOutcome Runtime::bind(const std::string& slot, const std::filesystem::path& 
     backend->prepare(p.module->host->package, device);
   }
   std::string source = fmt::format("{} {} {}", v.name, v.version, l->name);
-  return table_->bind(*index, device, mode, ops, source, strict.value_or(options_.strict));
+  auto info = std::make_shared<BindingInfo>();
+  info->package = v.name;
+  info->version = v.version;
+  info->layer = l->name;
+  info->forward_op = (mode == Mode::kTrain && l->forward_train) ? l->forward_train : l->forward;
+  info->backward_op = l->backward ? l->backward : "";
+  info->package_dir = package_dir.string();
+  info->flags = l->flags;
+  return table_->bind(*index, device, mode, ops, source, strict.value_or(options_.strict),
+                      std::move(info));
+}
+
+SlotBinding Runtime::slot_binding(uint32_t slot, int device, Mode mode) const {
+  bool bound = false;
+  const BindingInfo* info = table_->binding(slot, device, mode, &bound);
+  SlotBinding b;
+  b.slot = table_->slot_name(slot);
+  b.mode = mode;
+  b.device = device;
+  b.bound = bound;
+  if (info) {
+    b.package = info->package;
+    b.version = info->version;
+    b.layer = info->layer;
+    b.forward_op = info->forward_op;
+    b.backward_op = info->backward_op;
+    b.package_dir = info->package_dir;
+    b.flags = info->flags;
+  }
+  return b;
+}
+
+bool Runtime::slot_bound(uint32_t slot, int device) const noexcept {
+  const Table* t = table_->current();
+  return slot < t->num_slots && !t->entry(device, slot).is_fallback;
 }
 
 int32_t Runtime::call(uint32_t slot, int device, bool backward, const kh_arg_t* args, int32_t nargs,

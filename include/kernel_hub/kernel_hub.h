@@ -65,9 +65,9 @@ extern "C" {
  * The package ABI (KH_ABI_MAJOR/KH_ABI_MINOR in kernel_hub_abi.h, the contract between the loader
  * and a package's host library) is versioned on its own: see that header. */
 #define KH_VERSION_MAJOR 0
-#define KH_VERSION_MINOR 2
+#define KH_VERSION_MINOR 3
 #define KH_VERSION_PATCH 0
-#define KH_VERSION_STRING "0.2.0"
+#define KH_VERSION_STRING "0.3.0"
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define KH_VERSION_NUMBER (KH_VERSION_MAJOR * 10000 + KH_VERSION_MINOR * 100 + KH_VERSION_PATCH)
 
@@ -114,6 +114,36 @@ KH_EXPORT int32_t kh_runtime_forward(const kh_runtime_t* rt, uint32_t slot, int3
                                      const kh_arg_t* args, int32_t nargs, void* stream);
 KH_EXPORT int32_t kh_runtime_backward(const kh_runtime_t* rt, uint32_t slot, int32_t device,
                                       const kh_arg_t* args, int32_t nargs, void* stream);
+
+/* ---- Slot query (0.3): what serves a slot, for the binding table an embedder prints ----
+ *
+ * kh_runtime_slot_binding fills *out with what serves `slot` on `device` (KH_DEVICE_CPU or a CUDA
+ * ordinal) in `mode` (KH_MODE_EVAL or KH_MODE_TRAIN; the current one: kh_runtime_get_mode):
+ * bound 1 with the package layer's names, or bound 0 and "" strings when the runtime's fallback
+ * serves it. The strings live as long as the runtime. out->struct_size must be set by the
+ * caller; fields are only ever appended. KH_ERR_INVALID_ARGUMENT for an unknown slot or mode.
+ *
+ *   kh_slot_binding_t b = {sizeof(b)};
+ *   kh_runtime_slot_binding(rt, slot, kh_runtime_get_mode(rt), 0, &b);
+ *   printf("%s: %s\n", b.slot, b.bound ? b.package : "fallback");
+ *
+ * kh_runtime_slot_bound is the hot-path form: 1 when a package serves the slot on the device in
+ * the published table (current mode), 0 for the fallback or an unknown slot. No lock. */
+typedef struct kh_slot_binding_t {
+  uint32_t struct_size;    /* set by the caller: sizeof(kh_slot_binding_t) */
+  int32_t bound;           /* 1: a package layer serves the slot; 0: the runtime's fallback */
+  const char* slot;        /* the slot's name */
+  const char* package;     /* kernel.json "name" ("" for the fallback) */
+  const char* version;     /* kernel.json "version" */
+  const char* layer;       /* the package layer bound to the slot */
+  const char* forward_op;  /* the op a forward call runs (train: the layer's forward_train op) */
+  const char* backward_op; /* the layer's backward op ("" when none) */
+  const char* package_dir; /* the package directory (its variant, in the cache) that was loaded */
+  uint32_t flags;          /* the layer's KH_FLAG_* (GRAPH_SAFE: may run in a CUDA graph) */
+} kh_slot_binding_t;
+KH_EXPORT int32_t kh_runtime_slot_binding(const kh_runtime_t* rt, uint32_t slot, int32_t mode,
+                                          int32_t device, kh_slot_binding_t* out);
+KH_EXPORT int32_t kh_runtime_slot_bound(const kh_runtime_t* rt, uint32_t slot, int32_t device);
 
 /* kernelize: resolves every slot of the runtime (layer name = slot name) against a KernelConfig
  * for each requested mode, fetches only the chosen variants into the cache ($KERNEL_HUB_CACHE),

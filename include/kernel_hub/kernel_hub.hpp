@@ -94,6 +94,22 @@ struct RuntimeOptions {
   std::filesystem::path jit_cache_dir = {};
 };
 
+// What serves a slot on a device in a mode (Runtime::slot_binding): a package layer, or the
+// runtime's fallback (bound false, empty names). The binding table an embedder prints.
+struct SlotBinding {
+  std::string slot;  // the slot's name
+  Mode mode = Mode::kEval;
+  int device = kCpuDevice;
+  bool bound = false;
+  std::string package;                // kernel.json "name"
+  std::string version;                // kernel.json "version"
+  std::string layer;                  // the package layer
+  std::string forward_op;             // the op a forward call runs (train: the forward_train op)
+  std::string backward_op;            // empty when none
+  std::filesystem::path package_dir;  // the package directory (variant) loaded
+  uint32_t flags = 0;  // the layer's KH_FLAG_* (GRAPH_SAFE: may run inside a CUDA graph capture)
+};
+
 class LayerTable;  // the slots and their per-mode tables (loader/layer_table.h)
 
 class Runtime {
@@ -129,6 +145,13 @@ class Runtime {
                    int device = kCpuDevice, const std::string& layer = "",
                    std::optional<bool> strict = std::nullopt,
                    const std::string& manifest_digest = "");
+
+  // What serves `slot` on `device` in `mode` (the slot query). Throws kh::Error kInvalidInput
+  // for an unknown slot. Takes the table's lock: not for a hot path (see slot_bound).
+  SlotBinding slot_binding(uint32_t slot, int device, Mode mode) const;
+  // Whether a package serves `slot` on `device` in the published table (the current mode): one
+  // atomic load, no lock. False for the fallback and for an unknown slot.
+  bool slot_bound(uint32_t slot, int device) const noexcept;
 
   // Publishes the table of `mode` with one atomic store: no lock, I/O or allocation. Refused
   // (kh::Error kRefused) while a CUDA graph capture is declared with set_capturing.

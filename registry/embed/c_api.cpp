@@ -2,18 +2,27 @@
 // exceptions become statuses (status.h, one per error kind) plus a thread-local message.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
 #include <string>
 
 #include "kernel_hub/kernel_hub.h"
 #include "kernel_hub/kernel_hub.hpp"
+#include "loader/layer_table.h"
 #include "registry/embed/c_guard.h"
 #include "registry/embed/status.h"
 
 struct kh_runtime {
+  explicit kh_runtime(kh::RuntimeOptions options) : runtime(std::move(options)) {}
   kh::Runtime runtime;
+  // Slot names handed out by kh_runtime_slot_binding (map nodes: the pointers stay valid).
+  std::mutex names_mutex;
+  std::map<uint32_t, std::string> names;
 };
 
 namespace {
@@ -46,7 +55,7 @@ extern "C" {
 
 kh_runtime_t* kh_runtime_create(int32_t strict) {
   kh_runtime_t* rt = nullptr;
-  guarded([&] { rt = new kh_runtime{kh::Runtime(kh::RuntimeOptions{strict != 0})}; });
+  guarded([&] { rt = new kh_runtime(kh::RuntimeOptions{strict != 0}); });
   return rt;
 }
 
@@ -89,6 +98,50 @@ int32_t kh_runtime_bind(kh_runtime_t* rt, const char* slot, const char* package_
                                     layer ? layer : "");
     if (bound_out) *bound_out = outcome == kh::BindOutcome::kBound ? 1 : 0;
   });
+}
+
+int32_t kh_runtime_slot_binding(const kh_runtime_t* rt, uint32_t slot, int32_t mode, int32_t device,
+                                kh_slot_binding_t* out) {
+  if (!rt) return null_argument("runtime");
+  if (!out) return null_argument("slot binding");
+  if (out->struct_size < offsetof(kh_slot_binding_t, slot)) {
+    t_last_error =
+        fmt::format("kh_slot_binding_t.struct_size is {}; set it to sizeof(kh_slot_binding_t)",
+                    out->struct_size);
+    return KH_ERR_INVALID_ARGUMENT;
+  }
+  if (!valid_mode(mode)) {
+    t_last_error = fmt::format("mode {} is neither KH_MODE_EVAL (0) nor KH_MODE_TRAIN (1)", mode);
+    return KH_ERR_INVALID_ARGUMENT;
+  }
+  return guarded([&] {
+    auto* mut = const_cast<kh_runtime_t*>(rt);  // the name cache only
+    bool bound = false;
+    const kh::BindingInfo* info =
+        rt->runtime.table().binding(slot, device, static_cast<kh::Mode>(mode), &bound);
+    kh_slot_binding_t b{};
+    {
+      std::lock_guard lock(mut->names_mutex);
+      auto it = mut->names.find(slot);
+      if (it == mut->names.end()) it = mut->names.emplace(slot, rt->runtime.slot_name(slot)).first;
+      b.slot = it->second.c_str();
+    }
+    b.bound = bound ? 1 : 0;
+    b.package = info ? info->package.c_str() : "";
+    b.version = info ? info->version.c_str() : "";
+    b.layer = info ? info->layer.c_str() : "";
+    b.forward_op = info ? info->forward_op.c_str() : "";
+    b.backward_op = info ? info->backward_op.c_str() : "";
+    b.package_dir = info ? info->package_dir.c_str() : "";
+    b.flags = info ? info->flags : 0;
+    const uint32_t size = out->struct_size;
+    b.struct_size = size;
+    std::memcpy(out, &b, std::min<size_t>(size, sizeof(b)));
+  });
+}
+
+int32_t kh_runtime_slot_bound(const kh_runtime_t* rt, uint32_t slot, int32_t device) {
+  return rt && rt->runtime.slot_bound(slot, device) ? 1 : 0;
 }
 
 int32_t kh_runtime_set_mode(kh_runtime_t* rt, int32_t mode) {

@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "hub/base/error.h"
-#include "hub/base/fs.h"
+#include "kernel_hub/kernel_hub.hpp"
+#include "tools/demo/file_util.h"
 #include "tools/demo/safetensors.h"
 
 namespace kh::demo {
@@ -19,7 +19,7 @@ constexpr const char* kIndex = "model.safetensors.index.json";
 constexpr uint64_t kMaxJsonBytes = 64ull << 20;  // config.json and the index are small
 
 nlohmann::json read_json(const std::filesystem::path& path) {
-  const std::string text = fs::read_file(path, kMaxJsonBytes);
+  const std::string text = read_file(path, kMaxJsonBytes);
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded())
     throw Error(ErrorKind::kInvalidInput, fmt::format("{}: not valid JSON", path.string()));

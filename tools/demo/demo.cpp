@@ -6,11 +6,14 @@
 #include <chrono>
 #include <cmath>
 
-#include "hub/base/clock.h"
-#include "hub/base/error.h"
+#include "kernel_hub/kernel_hub.hpp"
 #include "tools/demo/data.h"
 
 namespace kh::demo {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
 
 float generator_entropy(int vocab, double follow) {
   const double noise = (1.0 - follow) / vocab;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -77,6 +78,8 @@ DemoRun run_demo(Runtime& runtime, const DemoSlots& slots, const DemoOptions& op
 void check_demo_options(const DemoOptions& options);
 // Entropy of the generator's next-token distribution (nats): the best loss any model reaches.
 float generator_entropy(int vocab, double follow);
+// Milliseconds of the host clock since t0.
+double ms_since(std::chrono::steady_clock::time_point t0);
 
 // The same run with the model resident on CUDA device options.cuda_ordinal (device_model.h):
 // random init on the device, or options.weights; slots from add_device_demo_slots.

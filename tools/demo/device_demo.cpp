@@ -7,8 +7,6 @@
 #include <cmath>
 #include <memory>
 
-#include "hub/base/clock.h"
-#include "hub/base/error.h"
 #include "tools/demo/data.h"
 #include "tools/demo/demo.h"
 #include "tools/demo/device_model.h"

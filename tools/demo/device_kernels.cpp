@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "hub/base/error.h"
+#include "kernel_hub/kernel_hub.hpp"
 
 namespace kh::demo {
 

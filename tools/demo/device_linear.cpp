@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "hub/base/error.h"
+#include "kernel_hub/kernel_hub.hpp"
 
 namespace kh::demo {
 

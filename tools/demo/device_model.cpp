@@ -5,8 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "hub/base/error.h"
-#include "loader/layer_table.h"
+#include "kernel_hub/kernel_hub.hpp"
 #include "tools/demo/device_linear.h"
 
 namespace kh::demo {
@@ -216,9 +215,7 @@ DeviceCausalLM::Param* DeviceCausalLM::optional_param(const std::string& name) {
 }
 
 bool DeviceCausalLM::bound(uint32_t slot) const {
-  const Table* t = runtime_.table().current();
-  if (slot >= t->num_slots || t->entry(device_, slot).is_fallback) return false;
-  return !refused_.contains(runtime_.slot_name(slot));
+  return runtime_.slot_bound(slot, device_) && !refused_.contains(runtime_.slot_name(slot));
 }
 
 bool DeviceCausalLM::call_slot(uint32_t slot, const char* name, bool backward,
@@ -398,6 +395,7 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h) {
   silu_and_mul(s.gu, act_out);
   linear(act_out, *L.wdown, nullptr, branch);
   kernels_.add(stream_, h, branch, h);
+  if (prefilling_kv_) prefill_kv(L, s);
   // silu(gate) * up is not kept: backward recomputes it from gu (cheap, and T * ffn fewer
   // elements held per layer). Eval keeps nothing: the blocks go back to the pool.
   if (!train_) s = Saved{};

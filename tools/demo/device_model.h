@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "kernel_hub/kernel_hub.hpp"
+#include "tools/demo/device_decode.h"
 #include "tools/demo/device_kernels.h"
 #include "tools/demo/device_tensor.h"
 #include "tools/demo/fallback_ops.h"
@@ -111,7 +112,38 @@ class DeviceCausalLM {
   void set_profiling(bool on) { profiling_ = on; }
   DeviceProfile take_profile();
 
+  // ---- Eval decode with a paged KV cache (device_decode.h; device_decode.cpp) ----
+  // Allocates the cache and the decode step's buffers. `runtime` is the one given at
+  // construction (non-const: its table is declared capturing while the step graph is captured).
+  void init_decode(Runtime& runtime, const DecodeConfig& config);
+  // The eval forward of `batch` prompts of `len` tokens that also writes their K/V into the cache
+  // (the sequences restart); logits() holds [batch * len, vocab]. The first greedy token of each
+  // sequence is left on the device for the next decode_step.
+  void prefill(const int64_t* prompts, int batch, int len);
+  // One decode step of the prefilled batch at each sequence's next position: `tokens` (host,
+  // [batch]) or, for nullptr, the previous step's greedy tokens. graph: replay the captured step
+  // (the first such call runs the step eagerly, which loads every op, then captures it).
+  void decode_step(const int64_t* tokens, bool graph);
+  // [batch, vocab] of the last decode step.
+  std::vector<float> download_decode_logits();
+  // Greedy continuation: prefill, then n - 1 decode steps; [batch * n] tokens, a row per
+  // sequence. The decode steps are timed with CUDA events (last_decode_ms).
+  std::vector<int64_t> generate(const int64_t* prompts, int batch, int len, int n,
+                                bool graph = true);
+  // The last generate()'s timed decode steps (all but the first: the warm-up and capture) and
+  // their milliseconds (CUDA events): tokens/s = batch * steps / ms * 1000.
+  double last_decode_ms() const;
+  int last_decode_steps() const;
+  // Whether the attention package serves decode (PagedKVAppend, PagedAttention bound).
+  bool decode_uses_package() const;
+  // Whether a decode step graph is captured (for the current batch).
+  bool decode_graph_captured() const;
+
  private:
+  struct DecodeState;
+  struct DecodeStateDelete {  // defined where DecodeState is (device_decode.cpp)
+    void operator()(DecodeState* d) const;
+  };
   struct Param {
     DeviceTensor w, w16, g, m, v;  // fp32 master weights, bf16 copy (bf16 models), gradient,
                                    // AdamW moments
@@ -159,6 +191,10 @@ class DeviceCausalLM {
   void rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward);
   void silu_and_mul(const DeviceTensor& gu, DeviceTensor& out);
   void layer_forward(Layer& L, Saved& s, DeviceTensor& h);
+  void prefill_kv(const Layer& L, const Saved& s);  // layer_forward's hook while prefilling
+  void decode_launch();                             // the step's work, eager or captured
+  void decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4);
+  void decode_attend(size_t layer, const DeviceTensor& q4, DeviceTensor& out4);
   void layer_backward(Layer& L, Saved& s, DeviceTensor& dh);
   float attention_scale() const;
   bool attention_bound() const;
@@ -197,6 +233,10 @@ class DeviceCausalLM {
     const char* slot;  // the slot a hub-kernel timing belongs to, or null
   };
   std::vector<Timing> profile_;
+
+  // Decode (device_decode.cpp): the cache, the step's buffers and its graph.
+  bool prefilling_kv_ = false;
+  std::unique_ptr<DecodeState, DecodeStateDelete> decode_;  // last: its tensors go before the pool
 };
 
 }  // namespace kh::demo

@@ -5,7 +5,7 @@
 
 #include <utility>
 
-#include "hub/base/error.h"
+#include "kernel_hub/kernel_hub.hpp"
 
 namespace kh::demo {
 

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <string>
 
-#include "loader/host_services.h"
 #include "tools/demo/layers.h"
 
 namespace kh::demo {

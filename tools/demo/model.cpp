@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-#include "hub/base/error.h"
+#include "kernel_hub/kernel_hub.hpp"
 #include "tools/demo/layers.h"
 
 namespace kh::demo {

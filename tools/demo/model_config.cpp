@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "hub/base/error.h"
+#include "kernel_hub/kernel_hub.hpp"
 
 namespace kh::demo {
 

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "hub/base/error.h"
-#include "hub/base/fs.h"
+#include "kernel_hub/kernel_hub.hpp"
+#include "tools/demo/file_util.h"
 
 namespace kh::demo {
 
@@ -140,7 +140,7 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, std::string source) {
 }
 
 SafetensorsFile SafetensorsFile::read(const std::filesystem::path& path) {
-  return parse(fs::read_file(path), path.string());
+  return parse(read_file(path), path.string());
 }
 
 const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const {

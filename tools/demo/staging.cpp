@@ -4,11 +4,6 @@
 
 #include <vector>
 
-#include "hub/base/error.h"
-#include "loader/cuda_driver.h"
-#include "loader/host_services.h"
-#include "loader/layer_table.h"
-
 namespace kh::demo {
 
 namespace {
@@ -19,7 +14,7 @@ struct ArgList {
   std::vector<DLTensor> tensors;
   std::vector<kh_arg_t> args;
 
-  ArgList(const OpArgs& in, const std::vector<unsigned long long>* device_ptrs, int ordinal)
+  ArgList(const OpArgs& in, const std::vector<void*>* device_ptrs, int ordinal)
       : tensors(in.size()), args(in.size()) {
     for (size_t i = 0; i < in.size(); ++i) {
       const OpArg& a = in[i];
@@ -32,7 +27,7 @@ struct ArgList {
         args[i].v.t = nullptr;  // an optional tensor left out
       } else {
         DLTensor& t = tensors[i];
-        t.data = device_ptrs ? reinterpret_cast<void*>((*device_ptrs)[i]) : a.t.data;
+        t.data = device_ptrs ? (*device_ptrs)[i] : a.t.data;
         t.device = device_ptrs ? DLDevice{kDLCUDA, ordinal} : DLDevice{kDLCPU, 0};
         t.ndim = a.t.ndim;
         t.dtype = a.t.dtype;
@@ -50,20 +45,10 @@ struct ArgList {
 SlotCaller::SlotCaller(const Runtime& runtime, int cuda_ordinal)
     : runtime_(runtime), ordinal_(cuda_ordinal) {}
 
-SlotCaller::~SlotCaller() {
-  if (buffers_.empty()) return;
-  try {
-    const cuda::Driver& d = cuda::cuda_driver();
-    cuda::ScopedContext scope(cuda::device(ordinal_).primary_context);
-    for (auto& [key, b] : buffers_) d.cuMemFree(b.ptr);
-  } catch (...) {  // the process is ending the demo; the driver frees the context's memory
-  }
-}
+SlotCaller::~SlotCaller() = default;
 
 bool SlotCaller::staged(uint32_t slot) const {
-  if (ordinal_ < 0) return false;
-  const Table* t = runtime_.table().current();
-  return slot < t->num_slots && !t->entry(ordinal_, slot).is_fallback;
+  return ordinal_ >= 0 && runtime_.slot_bound(slot, ordinal_);
 }
 
 void SlotCaller::call(uint32_t slot, bool backward, const OpArgs& args) {
@@ -81,59 +66,60 @@ void SlotCaller::call(uint32_t slot, bool backward, const OpArgs& args) {
                             backward ? "backward" : "forward", status, last_op_error()));
 }
 
-unsigned long long SlotCaller::buffer(uint32_t slot, bool backward, size_t index, size_t bytes) {
-  Buffer& b = buffers_[{slot, backward, index}];
-  if (b.bytes >= bytes) return b.ptr;
-  const cuda::Driver& d = cuda::cuda_driver();
-  if (b.ptr) {
-    d.cuMemFree(b.ptr);
-    stats_.device_bytes -= b.bytes;
-    b = {};
-  }
-  cuda::check(d.cuMemAlloc(&b.ptr, bytes), fmt::format("cuMemAlloc({} bytes)", bytes));
-  b.bytes = bytes;
+void* SlotCaller::buffer(uint32_t slot, bool backward, size_t index, size_t bytes) {
+  DeviceBuffer& b = buffers_[{slot, backward, index}];
+  if (b.size() >= bytes) return b.data();
+  stats_.device_bytes -= b.size();
+  b.reset();
+  b = pool_->allocate(bytes);
   stats_.device_bytes += bytes;
-  return b.ptr;
+  return b.data();
 }
 
 void SlotCaller::call_staged(uint32_t slot, bool backward, const OpArgs& args) {
   ++stats_.staged_calls;
-  const cuda::Driver& d = cuda::cuda_driver();
-  cuda::ScopedContext scope(cuda::device(ordinal_).primary_context);
+  if (!pool_) {
+    pool_ = std::make_unique<DevicePool>(ordinal_);
+    stream_ = std::make_unique<DeviceStream>(ordinal_);
+  }
   // In: inputs and in-place tensors (rotary, the CE backward); outputs are fully overwritten.
-  std::vector<unsigned long long> ptrs(args.size(), 0);
+  std::vector<void*> ptrs(args.size(), nullptr);
   for (size_t i = 0; i < args.size(); ++i) {
     const OpArg& a = args[i];
     if (a.kind != KH_ARG_TENSOR || !a.t.data) continue;
     const size_t bytes = a.t.bytes();
     ptrs[i] = buffer(slot, backward, i, bytes == 0 ? 16 : bytes);
     if (a.t.role != Role::kIn && a.t.role != Role::kInOut) continue;
-    if (bytes) cuda::check(d.cuMemcpyHtoD(ptrs[i], a.t.data, bytes), "cuMemcpyHtoD");
+    if (bytes) stream_->copy(ptrs[i], a.t.data, bytes, KH_COPY_H2D);
     stats_.bytes_to_device += bytes;
   }
   ArgList list(args, &ptrs, ordinal_);
-  const int32_t status = backward
-                             ? runtime_.backward(slot, ordinal_, list.args.data(),
-                                                 static_cast<int32_t>(list.args.size()), nullptr)
-                             : runtime_.forward(slot, ordinal_, list.args.data(),
-                                                static_cast<int32_t>(list.args.size()), nullptr);
+  const int32_t status =
+      backward ? runtime_.backward(slot, ordinal_, list.args.data(),
+                                   static_cast<int32_t>(list.args.size()), stream_->handle())
+               : runtime_.forward(slot, ordinal_, list.args.data(),
+                                  static_cast<int32_t>(list.args.size()), stream_->handle());
   if (status != KH_OK)
     throw Error(ErrorKind::kUnsupported,
                 fmt::format("{} {} on cuda:{} failed (status {}): {}", runtime_.slot_name(slot),
                             backward ? "backward" : "forward", ordinal_, status, last_op_error()));
-  // Launch errors surface here, before any result is read. The legacy default stream (nullptr)
-  // orders the ops after the pageable copies above.
-  cuda::check(d.cuStreamSynchronize(nullptr),
-              fmt::format("cuStreamSynchronize after {} {}", runtime_.slot_name(slot),
-                          backward ? "backward" : "forward"));
+  // Launch errors surface here, before any result is read. The one stream orders the op after
+  // the copies above.
+  try {
+    stream_->synchronize();
+  } catch (const Error& e) {
+    throw Error(e.kind(), fmt::format("{} {} on cuda:{}: {}", runtime_.slot_name(slot),
+                                      backward ? "backward" : "forward", ordinal_, e.what()));
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     const OpArg& a = args[i];
     if (a.kind != KH_ARG_TENSOR || !a.t.data) continue;
     if (a.t.role != Role::kOut && a.t.role != Role::kInOut) continue;
     const size_t bytes = a.t.bytes();
-    if (bytes) cuda::check(d.cuMemcpyDtoH(a.t.data, ptrs[i], bytes), "cuMemcpyDtoH");
+    if (bytes) stream_->copy(a.t.data, ptrs[i], bytes, KH_COPY_D2H);
     stats_.bytes_to_host += bytes;
   }
+  stream_->synchronize();  // pageable D2H copies may return before they finish
 }
 
 }  // namespace kh::demo

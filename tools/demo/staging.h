@@ -8,12 +8,14 @@
 // default stream, that stream is synchronized and the tensors the op writes are copied back. This
 // is a demo simplification, not how a real runtime would use GPU kernels (it would keep its tensors
 // on the device); it shows that the same slot table serves host and device with the same argument
-// lists. Device memory and copies go through the loader's lazily loaded driver
-// (loader/cuda_driver.h), so this builds and runs on machines without CUDA.
+// lists. Device memory, copies and the stream come from the embedding API's device API
+// (kernel_hub.hpp: DevicePool, DeviceStream, on the driver kernel-hub loads lazily), so this
+// builds and runs on machines without CUDA.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <tuple>
 
 #include "kernel_hub/kernel_hub.hpp"
@@ -47,18 +49,17 @@ class SlotCaller {
   const StagingStats& stats() const { return stats_; }
 
  private:
-  struct Buffer {
-    unsigned long long ptr = 0;  // CUdeviceptr
-    size_t bytes = 0;
-  };
   void call(uint32_t slot, bool backward, const OpArgs& args);
   void call_staged(uint32_t slot, bool backward, const OpArgs& args);
-  unsigned long long buffer(uint32_t slot, bool backward, size_t index, size_t bytes);
+  void* buffer(uint32_t slot, bool backward, size_t index, size_t bytes);
 
   const Runtime& runtime_;
   int ordinal_;
   StagingStats stats_;
-  std::map<std::tuple<uint32_t, bool, size_t>, Buffer> buffers_;
+  // Made on the first staged call (a cpu run never touches the driver).
+  std::unique_ptr<DevicePool> pool_;
+  std::unique_ptr<DeviceStream> stream_;
+  std::map<std::tuple<uint32_t, bool, size_t>, DeviceBuffer> buffers_;  // freed before pool_
 };
 
 }  // namespace kh::demo

@@ -1,0 +1,263 @@
+// GPU tests of the GPU-resident runtime's eval decode (tools/demo/device_decode.*; CTest label
+// `gpu`, every test skips cleanly without a driver or a device): the paged KV cache filled by
+// prefill and one decode step per token, against the same model's prefill logits of the whole
+// sequence at each position (Llama and Qwen3 shapes, pages smaller than the context so that
+// sequences span pages); the CUDA-graph step replayed against eager steps, bit for bit; greedy
+// generate() against the host model's greedy continuation (the runtime's own fp32 kernels:
+// nothing bound); the attention package's PagedKVAppend / PagedAttention serving decode (bf16
+// cache at the fp32 model's boundary) within bf16 tolerance, graph equal to eager; and the
+// argument errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernel_hub/kernel_hub.hpp"
+#include "tools/demo/device_decode.h"
+#include "tools/demo/device_model.h"
+#include "tools/demo/fallback_ops.h"
+#include "tools/demo/model.h"
+#include "tools/demo/model_config.h"
+#include "tools/demo/staging.h"
+
+namespace kh::demo {
+namespace {
+
+void expect_close(const float* got, const float* want, size_t n, float atol, float rtol,
+                  const std::string& what) {
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float tol = atol + rtol * std::fabs(want[i]);
+    if (!(std::fabs(got[i] - want[i]) <= tol) && ++bad <= 5)
+      ADD_FAILURE() << what << "[" << i << "]: decode " << got[i] << ", prefill " << want[i];
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << n << " elements differ";
+}
+
+ModelConfig qwen3_tiny() {
+  ModelConfig c = preset("tiny");
+  c.arch = Arch::kQwen3;
+  c.qk_norm = true;
+  c.kv_heads = 2;
+  c.tie_embeddings = true;
+  return c;
+}
+
+// head_dim 64: what the attention package's cuda decode kernels take.
+ModelConfig qwen3_d64() {
+  ModelConfig c = qwen3_tiny();
+  c.hidden = 128;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.seq = 160;
+  return c;
+}
+
+std::vector<int64_t> sequence_tokens(const ModelConfig& cfg, int batch, int len, int salt) {
+  std::vector<int64_t> t(static_cast<size_t>(batch) * len);
+  for (size_t i = 0; i < t.size(); ++i)
+    t[i] = static_cast<int64_t>((i * 37 + 11 + static_cast<size_t>(salt) * 7) % cfg.vocab);
+  return t;
+}
+
+// Rows [0, len) of each sequence of `all` ([batch, total]).
+std::vector<int64_t> prefix(const std::vector<int64_t>& all, int batch, int total, int len) {
+  std::vector<int64_t> p;
+  for (int b = 0; b < batch; ++b)
+    p.insert(p.end(), all.begin() + b * total, all.begin() + b * total + len);
+  return p;
+}
+
+class GpuDemoDecode : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    int32_t n = 0;
+    if (kh_device_count(&n) != KH_OK || n < 1) {
+      skip_ = new std::string(kh_last_error());
+      return;
+    }
+    runtime_ = new Runtime();
+    slots_ = new DemoSlots(add_demo_slots(*runtime_));
+    add_decode_slots(*runtime_);
+    runtime_->set_mode(Mode::kEval);
+  }
+  void SetUp() override {
+    if (skip_) GTEST_SKIP() << "no usable CUDA device: " << *skip_;
+  }
+
+  // Prefill `P` tokens, then decode `K` more one at a time (teacher forcing), each step's logits
+  // against the whole sequence's prefill logits at that position.
+  void decode_matches_prefill(const ModelConfig& cfg, Runtime& rt, const DemoSlots& slots,
+                              int page_size, int P, int K, float atol, float rtol) {
+    SCOPED_TRACE(cfg.describe());
+    CausalLM host(cfg, slots, 5);
+    DeviceCausalLM dev(host, slots, rt, 0);
+    const int B = 2, T = P + K;
+    const std::vector<int64_t> all = sequence_tokens(cfg, B, T, 0);
+    dev.forward(all.data(), nullptr, B, T);
+    const std::vector<float> want = dev.download_logits();
+    const size_t V = static_cast<size_t>(cfg.vocab);
+    dev.init_decode(rt, {B, T, page_size});
+    const std::vector<int64_t> prompts = prefix(all, B, T, P);
+    dev.prefill(prompts.data(), B, P);
+    const std::vector<float> prefill_logits = dev.download_logits();
+    for (int b = 0; b < B; ++b)  // causal: the prompt's logits are the sequence's first P rows
+      expect_close(prefill_logits.data() + static_cast<size_t>(b) * P * V,
+                   want.data() + static_cast<size_t>(b) * T * V, P * V, 1e-5f, 1e-5f,
+                   "prefill logits, sequence " + std::to_string(b));
+    for (int j = 0; j < K; ++j) {
+      std::vector<int64_t> step(B);
+      for (int b = 0; b < B; ++b) step[b] = all[static_cast<size_t>(b) * T + P + j];
+      dev.decode_step(step.data(), /*graph=*/false);
+      const std::vector<float> got = dev.download_decode_logits();
+      for (int b = 0; b < B; ++b)
+        expect_close(got.data() + static_cast<size_t>(b) * V,
+                     want.data() + (static_cast<size_t>(b) * T + P + j) * V, V, atol, rtol,
+                     "decode step " + std::to_string(j) + ", sequence " + std::to_string(b));
+      if (HasFailure()) return;
+    }
+  }
+
+  // The same teacher-forced steps eager and replayed from the graph: identical logits.
+  void graph_equals_eager(const ModelConfig& cfg, Runtime& rt, const DemoSlots& slots,
+                          int page_size, int P, int K) {
+    SCOPED_TRACE(cfg.describe());
+    CausalLM host(cfg, slots, 9);
+    DeviceCausalLM dev(host, slots, rt, 0);
+    const int B = 3, T = P + K;
+    const std::vector<int64_t> all = sequence_tokens(cfg, B, T, 1);
+    const std::vector<int64_t> prompts = prefix(all, B, T, P);
+    dev.init_decode(rt, {B, T, page_size});
+    std::vector<std::vector<float>> runs[2];
+    for (int graph = 0; graph < 2; ++graph) {
+      dev.prefill(prompts.data(), B, P);
+      for (int j = 0; j < K; ++j) {
+        std::vector<int64_t> step(B);
+        for (int b = 0; b < B; ++b) step[b] = all[static_cast<size_t>(b) * T + P + j];
+        dev.decode_step(step.data(), graph == 1);
+        runs[graph].push_back(dev.download_decode_logits());
+      }
+    }
+    EXPECT_TRUE(dev.decode_graph_captured());
+    for (int j = 0; j < K; ++j) {
+      ASSERT_EQ(runs[0][j].size(), runs[1][j].size());
+      EXPECT_EQ(std::memcmp(runs[0][j].data(), runs[1][j].data(), runs[0][j].size() * 4), 0)
+          << "step " << j << ": the graph replay differs from the eager step";
+    }
+    // Free-running greedy decode (tokens fed back on the device) agrees too.
+    const std::vector<int64_t> eager = dev.generate(prompts.data(), B, P, K, false);
+    const std::vector<int64_t> graphed = dev.generate(prompts.data(), B, P, K, true);
+    EXPECT_EQ(eager, graphed);
+  }
+
+  static std::string* skip_;
+  static Runtime* runtime_;
+  static DemoSlots* slots_;
+};
+std::string* GpuDemoDecode::skip_ = nullptr;
+Runtime* GpuDemoDecode::runtime_ = nullptr;
+DemoSlots* GpuDemoDecode::slots_ = nullptr;
+
+TEST_F(GpuDemoDecode, DecodeStepLogitsEqualThePrefillLogitsAtEachPosition) {
+  // Pages of 4 tokens: the prompt and the decoded tokens span several pages.
+  decode_matches_prefill(preset("tiny"), *runtime_, *slots_, 4, 5, 12, 1e-4f, 1e-4f);
+  decode_matches_prefill(qwen3_tiny(), *runtime_, *slots_, 4, 7, 10, 1e-4f, 1e-4f);
+  decode_matches_prefill(qwen3_tiny(), *runtime_, *slots_, 64, 3, 6, 1e-4f, 1e-4f);
+}
+
+TEST_F(GpuDemoDecode, GraphReplayEqualsEagerDecodeBitForBit) {
+  graph_equals_eager(preset("tiny"), *runtime_, *slots_, 8, 6, 10);
+  graph_equals_eager(qwen3_tiny(), *runtime_, *slots_, 8, 6, 10);
+}
+
+TEST_F(GpuDemoDecode, GenerateMatchesTheHostModelsGreedyContinuation) {
+  for (const ModelConfig& cfg : {preset("tiny"), qwen3_tiny()}) {
+    SCOPED_TRACE(cfg.describe());
+    CausalLM host(cfg, *slots_, 21);
+    DeviceCausalLM dev(host, *slots_, *runtime_, 0);
+    const int B = 2, P = 6, N = 20;
+    const std::vector<int64_t> prompts = sequence_tokens(cfg, B, P, 2);
+    dev.init_decode(*runtime_, {B, P + N, 8});
+    const std::vector<int64_t> got = dev.generate(prompts.data(), B, P, N, true);
+    ASSERT_EQ(got.size(), static_cast<size_t>(B * N));
+    SlotCaller caller(*runtime_, -1);
+    for (int b = 0; b < B; ++b) {
+      std::vector<int64_t> seq(prompts.begin() + b * P, prompts.begin() + (b + 1) * P);
+      for (int i = 0; i < N; ++i) {
+        const int len = static_cast<int>(seq.size());
+        host.forward(caller, *runtime_, seq.data(), nullptr, 1, len);
+        const std::vector<float>& logits = host.logits();
+        const auto last = logits.begin() + static_cast<ptrdiff_t>(len - 1) * cfg.vocab;
+        const int64_t next = std::max_element(last, last + cfg.vocab) - last;
+        EXPECT_EQ(got[static_cast<size_t>(b) * N + i], next)
+            << "sequence " << b << ", generated token " << i;
+        seq.push_back(next);
+      }
+    }
+    EXPECT_EQ(dev.last_decode_steps(), N - 2);
+    EXPECT_GT(dev.last_decode_ms(), 0.0);
+    std::printf("[ decode   ] %s: %d x %d steps in %.3f ms (%.0f tokens/s, graph)\n",
+                cfg.name.c_str(), B, dev.last_decode_steps(), dev.last_decode_ms(),
+                B * dev.last_decode_steps() / dev.last_decode_ms() * 1000.0);
+  }
+}
+
+TEST_F(GpuDemoDecode, TheAttentionPackageServesDecodeOnABf16Cache) {
+  const std::string dir = std::string(KH_KERNEL_PACKAGES_DIR) + "/attention";
+  Runtime rt;
+  const DemoSlots slots = add_demo_slots(rt);
+  add_decode_slots(rt);
+  rt.bind(kPagedKVAppend, dir, Mode::kEval, 0);
+  rt.bind(kPagedAttention, dir, Mode::kEval, 0);
+  rt.set_mode(Mode::kEval);
+  const ModelConfig cfg = qwen3_d64();
+  {
+    CausalLM host(cfg, slots, 3);
+    DeviceCausalLM dev(host, slots, rt, 0);
+    dev.init_decode(rt, {1, 16, 64});
+    EXPECT_TRUE(dev.decode_uses_package());
+  }
+  // 70 prompt tokens in pages of 64: the decoded tokens go to the second page. q, k and v are
+  // rounded to bf16 at the package boundary: bf16 tolerance.
+  decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 3e-2f, 3e-2f);
+  graph_equals_eager(cfg, rt, slots, 64, 70, 8);
+}
+
+TEST_F(GpuDemoDecode, ArgumentErrorsSayWhatToDo) {
+  const ModelConfig cfg = preset("tiny");
+  CausalLM host(cfg, *slots_, 1);
+  DeviceCausalLM dev(host, *slots_, *runtime_, 0);
+  const std::vector<int64_t> prompts = sequence_tokens(cfg, 2, 4, 3);
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { dev.prefill(prompts.data(), 2, 4); }).find("init_decode"),
+            std::string::npos);
+  EXPECT_NE(message([&] { dev.decode_step(nullptr, false); }).find("before prefill"),
+            std::string::npos);
+  dev.init_decode(*runtime_, {2, 8, 4});
+  EXPECT_NE(message([&] { dev.prefill(prompts.data(), 3, 4); }).find("1..2"), std::string::npos);
+  EXPECT_NE(message([&] { dev.generate(prompts.data(), 2, 4, 6); }).find("cache positions"),
+            std::string::npos);
+  dev.prefill(prompts.data(), 2, 4);
+  const int64_t bad[2] = {0, cfg.vocab};
+  EXPECT_NE(message([&] { dev.decode_step(bad, false); }).find("outside the vocabulary"),
+            std::string::npos);
+  runtime_->set_mode(Mode::kTrain);
+  EXPECT_NE(message([&] { dev.decode_step(nullptr, false); }).find("eval mode"), std::string::npos);
+  runtime_->set_mode(Mode::kEval);
+}
+
+}  // namespace
+}  // namespace kh::demo
