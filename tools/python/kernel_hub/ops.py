@@ -318,9 +318,12 @@ attention.register_autograd(_attn_backward, setup_context=_attn_setup)
 # 1024 (kernels/softmax/linear_ce.h). The chunk is live at the step's memory peak (the end of the
 # forward); more rows mean fewer passes of the d_weight GEMM's read-modify-write over [V, H]
 # (256 rows in bf16: 128 FLOP per byte of d_weight traffic, about an H200's compute-to-bandwidth
-# ratio). Qwen3's vocab 151936 in bf16: 256 rows, 74 MiB (Liger bounds the chunk by the hidden
-# states' size: 128 rows at 16k tokens, 32 at 4k). KERNEL_HUB_LCE_CHUNK_MIB sets another budget.
-LCE_CHUNK_BYTES = int(os.environ.get("KERNEL_HUB_LCE_CHUNK_MIB", "80")) << 20
+# ratio). Qwen3's vocab 151936 in bf16: 1024 rows, 297 MiB (Liger bounds the chunk by the hidden
+# states' size: 128 rows at 16k tokens, 32 at 4k). On the H200 at Qwen3-0.6B, batch 8 x 2048
+# (tools/bench/RESULTS.md), 256 rows (80 MiB) trained at 72.7k tokens/s and 1024 rows at 86.2k,
+# with the same peak (23.39 GiB): the chunk is not what sets it there. KERNEL_HUB_LCE_CHUNK_MIB
+# sets another budget.
+LCE_CHUNK_BYTES = int(os.environ.get("KERNEL_HUB_LCE_CHUNK_MIB", "300")) << 20
 LCE_CHUNK_ROWS = 1024
 
 # d_weight's dtype: the weight's (None; what Liger does by default: it rounds once per chunk and
