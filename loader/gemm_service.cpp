@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "kernel_hub/kernel_hub.hpp"
+#include "loader/abi_request.h"
 #include "loader/gemm_cpu.h"
 #include "loader/gemm_cuda.h"
 
@@ -52,25 +53,9 @@ const char* gemm_dtype_name(uint32_t code) {
 }
 
 int32_t read_gemm(const kh_gemm_t* in, kh_gemm_t& out, std::string& error) {
-  out = {};
-  if (!in) {
-    error = "the request is NULL; pass a kh_gemm_t (kernel_hub_abi.h)";
-    return KH_ERR_INVALID_ARGUMENT;
-  }
-  if (in->h.abi_major != KH_ABI_MAJOR) {
-    error = fmt::format("kh_gemm_t has ABI major {}, this loader reads {}", in->h.abi_major,
-                        KH_ABI_MAJOR);
-    return KH_ERR_ABI;
-  }
-  if (in->h.struct_size < kGemmV1_2Size) {
-    error = fmt::format(
-        "kh_gemm_t.h.struct_size is {}, smaller than ABI 1.2's kh_gemm_t ({} bytes); "
-        "zero-initialize the struct and set h = KH_HEADER_INIT(kh_gemm_t)",
-        in->h.struct_size, kGemmV1_2Size);
-    return KH_ERR_INVALID_ARGUMENT;
-  }
-  std::memcpy(&out, in, std::min<size_t>(in->h.struct_size, sizeof(kh_gemm_t)));
-  out.h.struct_size = sizeof(kh_gemm_t);
+  if (const int32_t status = read_abi_request(in, out, kGemmV1_2Size, "kh_gemm_t", "1.2", error);
+      status != KH_OK)
+    return status;
   kh_gemm_t& g = out;
   if (g.flags & ~KH_GEMM_FLAGS_KNOWN) {
     error = fmt::format(

@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "hub/base/error.h"
+#include "loader/abi_request.h"
 #include "loader/cuda_driver.h"
 #include "loader/gemm_service.h"  // gemm_dtype_bytes, gemm_dtype_name: the same KH_DTYPE_* codes
 
@@ -67,25 +68,10 @@ std::string describe(const kh_tensor_map_t& t) {
 }  // namespace
 
 int32_t read_tensor_map(const kh_tensor_map_t* in, kh_tensor_map_t& out, std::string& error) {
-  out = {};
-  if (!in) {
-    error = "the request is NULL; pass a kh_tensor_map_t (kernel_hub_abi.h)";
-    return KH_ERR_INVALID_ARGUMENT;
-  }
-  if (in->h.abi_major != KH_ABI_MAJOR) {
-    error = fmt::format("kh_tensor_map_t has ABI major {}, this loader reads {}", in->h.abi_major,
-                        KH_ABI_MAJOR);
-    return KH_ERR_ABI;
-  }
-  if (in->h.struct_size < kTensorMapV1_3Size) {
-    error = fmt::format(
-        "kh_tensor_map_t.h.struct_size is {}, smaller than ABI 1.3's kh_tensor_map_t ({} bytes); "
-        "zero-initialize the struct and set h = KH_HEADER_INIT(kh_tensor_map_t)",
-        in->h.struct_size, kTensorMapV1_3Size);
-    return KH_ERR_INVALID_ARGUMENT;
-  }
-  std::memcpy(&out, in, std::min<size_t>(in->h.struct_size, sizeof(kh_tensor_map_t)));
-  out.h.struct_size = sizeof(kh_tensor_map_t);
+  if (const int32_t status =
+          read_abi_request(in, out, kTensorMapV1_3Size, "kh_tensor_map_t", "1.3", error);
+      status != KH_OK)
+    return status;
   const kh_tensor_map_t& t = out;
   if (t.device_id < 0) {
     error = fmt::format(

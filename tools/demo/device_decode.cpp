@@ -26,25 +26,6 @@ constexpr int64_t kDecodeSplits = 32;
   throw Error(ErrorKind::kInvalidInput, "decode: " + why);
 }
 
-kh_arg_t tensor_arg(const DeviceTensor* t) {
-  kh_arg_t a{};
-  a.kind = KH_ARG_TENSOR;
-  a.v.t = t ? t->dl() : nullptr;
-  return a;
-}
-kh_arg_t int_arg(int64_t i) {
-  kh_arg_t a{};
-  a.kind = KH_ARG_INT;
-  a.v.i = i;
-  return a;
-}
-kh_arg_t float_arg(double f) {
-  kh_arg_t a{};
-  a.kind = KH_ARG_FLOAT;
-  a.v.f = f;
-  return a;
-}
-
 }  // namespace
 
 DecodeSlots add_decode_slots(Runtime& runtime) {

@@ -14,25 +14,6 @@ namespace {
 
 constexpr int64_t kIgnoreIndex = -100;  // as the host model: no target equals it
 
-kh_arg_t tensor_arg(const DeviceTensor* t) {
-  kh_arg_t a{};
-  a.kind = KH_ARG_TENSOR;
-  a.v.t = t ? t->dl() : nullptr;
-  return a;
-}
-kh_arg_t int_arg(int64_t i) {
-  kh_arg_t a{};
-  a.kind = KH_ARG_INT;
-  a.v.i = i;
-  return a;
-}
-kh_arg_t float_arg(double f) {
-  kh_arg_t a{};
-  a.kind = KH_ARG_FLOAT;
-  a.v.f = f;
-  return a;
-}
-
 std::string gate_up_name(const std::string& layer_prefix) {
   return layer_prefix + "mlp.gate_up";
 }

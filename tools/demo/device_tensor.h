@@ -69,4 +69,25 @@ class DeviceTensor {
   mutable DLTensor dl_{};
 };
 
+// Slot-call arguments: a device tensor's DLTensor view (null passes a NULL tensor), an int, a
+// float.
+inline kh_arg_t tensor_arg(const DeviceTensor* t) {
+  kh_arg_t a{};
+  a.kind = KH_ARG_TENSOR;
+  a.v.t = t ? t->dl() : nullptr;
+  return a;
+}
+inline kh_arg_t int_arg(int64_t i) {
+  kh_arg_t a{};
+  a.kind = KH_ARG_INT;
+  a.v.i = i;
+  return a;
+}
+inline kh_arg_t float_arg(double f) {
+  kh_arg_t a{};
+  a.kind = KH_ARG_FLOAT;
+  a.v.f = f;
+  return a;
+}
+
 }  // namespace kh::demo
