@@ -216,7 +216,7 @@ void DeviceCausalLM::init_decode(Runtime& runtime, const DecodeConfig& config) {
   const auto attn = runtime.find_slot(kPagedAttention);
   const auto append = runtime.find_slot(kPagedKVAppend);
   if (attn && append) d->slots = DecodeSlots{*attn, *append};
-  d->act = emb_->w.dtype();
+  d->act = act_;  // the model's activations (bf16 with fp32 master weights, or fp32)
   // Package or the runtime's kernels, decided once: the cache's dtype depends on it.
   d->package = d->slots &&
                runtime.slot_binding(d->slots->paged_attention, device_, Mode::kEval).bound &&
@@ -247,7 +247,7 @@ bool DeviceCausalLM::decode_uses_package() const {
   return decode_ && decode_->package;
 }
 
-void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len) {
+void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits logits) {
   if (!decode_) invalid("prefill before init_decode: size the KV cache first");
   DecodeState& d = *decode_;
   if (runtime_.mode() != Mode::kEval)
@@ -315,14 +315,15 @@ void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len) {
   d.len = len;
   prefilling_kv_ = true;
   try {
-    forward(prompts, nullptr, batch, len);  // synchronizes
+    forward(prompts, nullptr, batch, len, logits);  // synchronizes
   } catch (...) {
     prefilling_kv_ = false;
     throw;
   }
   prefilling_kv_ = false;
-  d.kernels.argmax_advance(stream_, logits_, (len - 1) * V, len * V, B, V, d.tokens, d.positions,
-                           d.seq_lens, d.out_tokens, d.step);
+  const bool all = logits == Logits::kAll;  // each sequence's last row: its first token
+  d.kernels.argmax_advance(stream_, logits_, all ? (len - 1) * V : 0, all ? len * V : V, B, V,
+                           d.tokens, d.positions, d.seq_lens, d.out_tokens, d.step);
   stream_.synchronize();
 }
 
@@ -376,7 +377,7 @@ void DeviceCausalLM::decode_launch() {
   DecodeState& d = *decode_;
   const int64_t B = d.batch, NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
   const int64_t V = cfg_.vocab;
-  kernels_.embedding_forward(stream_, emb_->w, d.tokens, d.h);
+  kernels_.embedding_forward(stream_, run(*emb_), d.tokens, d.h);
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& L = layers_[l];
     norm(d.h, *L.attn_norm, d.a, nullptr);
@@ -499,7 +500,7 @@ std::vector<int64_t> DeviceCausalLM::generate(const int64_t* prompts, int batch,
         fmt::format("{} prompt tokens + {} generated need {} cache positions; the cache "
                     "holds {} per sequence",
                     len, n, len + n - 1, decode_->shape.max_context));
-  prefill(prompts, batch, len);  // the first token
+  prefill(prompts, batch, len, Logits::kLast);  // the first token
   DecodeState& d = *decode_;
   // The first decode step (eager, and the capture when graph) is not timed: the others are the
   // steady state, each a graph replay or an eager step.

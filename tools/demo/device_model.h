@@ -117,9 +117,10 @@ class DeviceCausalLM {
   // construction (non-const: its table is declared capturing while the step graph is captured).
   void init_decode(Runtime& runtime, const DecodeConfig& config);
   // The eval forward of `batch` prompts of `len` tokens that also writes their K/V into the cache
-  // (the sequences restart); logits() holds [batch * len, vocab]. The first greedy token of each
-  // sequence is left on the device for the next decode_step.
-  void prefill(const int64_t* prompts, int batch, int len);
+  // (the sequences restart); logits() holds [batch * len, vocab] (kAll) or each sequence's last
+  // [batch, vocab] (kLast: what generation needs). The first greedy token of each sequence is
+  // left on the device for the next decode_step.
+  void prefill(const int64_t* prompts, int batch, int len, Logits logits = Logits::kAll);
   // One decode step of the prefilled batch at each sequence's next position: `tokens` (host,
   // [batch]) or, for nullptr, the previous step's greedy tokens. graph: replay the captured step
   // (the first such call runs the step eagerly, which loads every op, then captures it).
