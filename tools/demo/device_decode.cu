@@ -12,6 +12,7 @@
 // Element types: T is float (suffix _f32) or kh_bf16 (_bf16); arithmetic in fp32. Every kernel
 // reads its lengths from device memory only: graph replays see new seq_lens and tokens.
 #include "kh_prelude.cuh"
+#include "device_reduce.cuh"
 
 #define KH_GLOBAL extern "C" __global__
 
@@ -28,27 +29,6 @@ KH_DEV long long kv_offset(const int* block_table, int table_stride, int page_si
   return ((page * page_size + t % page_size) * kv_heads + h) * (long long)head_dim;
 }
 
-// Reductions over the block (blockDim.x a multiple of 32, at most 1024); `red` is float[32].
-KH_DEV float block_max(float v, float* red) {
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
-  const int warps = blockDim.x >> 5;
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float m = red[0];
-  for (int i = 1; i < warps; ++i) m = fmaxf(m, red[i]);
-  __syncthreads();
-  return m;
-}
-KH_DEV float block_sum(float v, float* red) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
-  const int warps = blockDim.x >> 5;
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float s = 0.f;
-  for (int i = 0; i < warps; ++i) s += red[i];  // one order: deterministic
-  __syncthreads();
-  return s;
-}
 
 // k_new/v_new [batch, n_new, kv_heads, head_dim] into the cache at the last n_new tokens of each
 // sequence. grid (batch * n_new, kv_heads).

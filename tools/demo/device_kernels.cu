@@ -9,6 +9,7 @@
 // (_bf16); statistics (rstd, lse, loss) and gradients of weights are fp32. Plain, simple kernels:
 // correctness references and fallbacks, not the fast path (the packages are).
 #include "kh_prelude.cuh"
+#include "device_reduce.cuh"
 
 #define KH_GLOBAL extern "C" __global__
 
@@ -19,17 +20,6 @@ KH_DEV T from_f(float f) {
   return kh_convert<T>::from_float(f);
 }
 
-// Max over the block's threads (blockDim.y == 1). `red` is __shared__ float[32].
-KH_DEV float block_max(float v, float* red) {
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
-  const int warps = blockDim.x >> 5;
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float m = red[0];
-  for (int i = 1; i < warps; ++i) m = fmaxf(m, red[i]);
-  __syncthreads();
-  return m;
-}
 
 KH_DEV long long global_index() {
   return (long long)blockIdx.x * blockDim.x + threadIdx.x;
