@@ -26,8 +26,7 @@ bool accept_host(const kh_host_v1_t* h, const char* package) {
       snprintf(msg, sizeof msg,
                "%s needs a kernel-hub host table of ABI %d.0 or newer (got %u.%u, %u bytes); "
                "update the loader",
-               package, KH_ABI_MAJOR, h->h.abi_major, h->h.abi_minor,
-               h->h.struct_size);
+               package, KH_ABI_MAJOR, h->h.abi_major, h->h.abi_minor, h->h.struct_size);
       h->set_error(h->ctx, msg);
     }
     return false;

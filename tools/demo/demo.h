@@ -5,9 +5,9 @@
 // do not care which implementation serves a slot.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
-#include <chrono>
 #include <map>
 #include <string>
 #include <vector>

@@ -12,7 +12,8 @@
 // Element types: T is float (suffix _f32) or kh_bf16 (_bf16); arithmetic in fp32. Every kernel
 // reads its lengths from device memory only: graph replays see new seq_lens and tokens.
 #include "kh_prelude.cuh"
-#include "device_reduce.cuh"
+
+#include "device_reduce.cuh"  // after the prelude: it uses KH_DEV
 
 #define KH_GLOBAL extern "C" __global__
 
@@ -29,7 +30,6 @@ KH_DEV long long kv_offset(const int* block_table, int table_stride, int page_si
   return ((page * page_size + t % page_size) * kv_heads + h) * (long long)head_dim;
 }
 
-
 // k_new/v_new [batch, n_new, kv_heads, head_dim] into the cache at the last n_new tokens of each
 // sequence. grid (batch * n_new, kv_heads).
 template <typename T>
@@ -40,7 +40,8 @@ KH_DEV void paged_append(const T* k_new, const T* v_new, const int* block_table,
   const int b = i / n_new, j = i % n_new;
   const int t = seq_lens[b] - n_new + j;
   if (t < 0) return;
-  const long long dst = kv_offset(block_table, table_stride, page_size, kv_heads, head_dim, b, t, h);
+  const long long dst =
+      kv_offset(block_table, table_stride, page_size, kv_heads, head_dim, b, t, h);
   const long long src = ((long long)i * kv_heads + h) * head_dim;
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     k_cache[dst + d] = k_new[src + d];
@@ -145,28 +146,25 @@ KH_DEV void argmax_advance(const T* logits, long long row_stride, long long voca
 
 }  // namespace
 
-#define KH_DECODE_TYPED(T, SUFFIX)                                                               \
-  KH_GLOBAL void kh_paged_append_##SUFFIX(const T* k_new, const T* v_new, const int* block_table, \
-                                          const int* seq_lens, T* k_cache, T* v_cache,           \
-                                          int n_new, int kv_heads, int head_dim,                 \
-                                          int table_stride, int page_size) {                     \
-    paged_append<T>(k_new, v_new, block_table, seq_lens, k_cache, v_cache, n_new, kv_heads,      \
-                    head_dim, table_stride, page_size);                                          \
-  }                                                                                              \
-  KH_GLOBAL void kh_paged_decode_##SUFFIX(const T* q, const T* k_cache, const T* v_cache,        \
-                                          const int* block_table, const int* seq_lens, T* out,   \
-                                          int q_heads, int kv_heads, int head_dim,               \
-                                          int table_stride, int page_size, float scale) {        \
-    paged_decode<T>(q, k_cache, v_cache, block_table, seq_lens, out, q_heads, kv_heads,          \
-                    head_dim, table_stride, page_size, scale);                                   \
-  }                                                                                              \
-  KH_GLOBAL void kh_argmax_advance_##SUFFIX(const T* logits, long long row_stride,               \
-                                            long long vocab, long long* tokens,                  \
-                                            long long* positions, int* seq_lens,                 \
-                                            long long* out_tokens, const int* step,              \
-                                            int out_cols) {                                      \
-    argmax_advance<T>(logits, row_stride, vocab, tokens, positions, seq_lens, out_tokens, step,  \
-                      out_cols);                                                                 \
+#define KH_DECODE_TYPED(T, SUFFIX)                                                                 \
+  KH_GLOBAL void kh_paged_append_##SUFFIX(                                                         \
+      const T* k_new, const T* v_new, const int* block_table, const int* seq_lens, T* k_cache,     \
+      T* v_cache, int n_new, int kv_heads, int head_dim, int table_stride, int page_size) {        \
+    paged_append<T>(k_new, v_new, block_table, seq_lens, k_cache, v_cache, n_new, kv_heads,        \
+                    head_dim, table_stride, page_size);                                            \
+  }                                                                                                \
+  KH_GLOBAL void kh_paged_decode_##SUFFIX(const T* q, const T* k_cache, const T* v_cache,          \
+                                          const int* block_table, const int* seq_lens, T* out,     \
+                                          int q_heads, int kv_heads, int head_dim,                 \
+                                          int table_stride, int page_size, float scale) {          \
+    paged_decode<T>(q, k_cache, v_cache, block_table, seq_lens, out, q_heads, kv_heads, head_dim,  \
+                    table_stride, page_size, scale);                                               \
+  }                                                                                                \
+  KH_GLOBAL void kh_argmax_advance_##SUFFIX(                                                       \
+      const T* logits, long long row_stride, long long vocab, long long* tokens,                   \
+      long long* positions, int* seq_lens, long long* out_tokens, const int* step, int out_cols) { \
+    argmax_advance<T>(logits, row_stride, vocab, tokens, positions, seq_lens, out_tokens, step,    \
+                      out_cols);                                                                   \
   }
 
 KH_DECODE_TYPED(float, f32)

@@ -9,7 +9,8 @@
 // (_bf16); statistics (rstd, lse, loss) and gradients of weights are fp32. Plain, simple kernels:
 // correctness references and fallbacks, not the fast path (the packages are).
 #include "kh_prelude.cuh"
-#include "device_reduce.cuh"
+
+#include "device_reduce.cuh"  // after the prelude: it uses KH_DEV
 
 #define KH_GLOBAL extern "C" __global__
 
@@ -19,7 +20,6 @@ template <typename T>
 KH_DEV T from_f(float f) {
   return kh_convert<T>::from_float(f);
 }
-
 
 KH_DEV long long global_index() {
   return (long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -20,25 +20,8 @@ std::string gate_up_name(const std::string& layer_prefix) {
 
 }  // namespace
 
-DeviceCausalLM::DeviceCausalLM(const CausalLM& host, const DemoSlots& slots, const Runtime& runtime,
-                               int device, DeviceModelOptions options)
-    : cfg_(host.config()),
-      options_(options),
-      act_(options.dtype),
-      bf16_(same_dtype(options.dtype, kBF16)),
-      slots_(slots),
-      runtime_(runtime),
-      device_(device),
-      pool_(device),
-      stream_(device),
-      kernels_(device) {
-  build([&host](const std::string& name) { return host.weight(name); }, 0);
-}
-
-DeviceCausalLM::DeviceCausalLM(const ModelConfig& config,
-                               const std::map<std::string, std::vector<float>>& weights,
-                               uint64_t seed, const DemoSlots& slots, const Runtime& runtime,
-                               int device, DeviceModelOptions options)
+DeviceCausalLM::DeviceCausalLM(const ModelConfig& config, const DemoSlots& slots,
+                               const Runtime& runtime, int device, DeviceModelOptions options)
     : cfg_(config),
       options_(options),
       act_(options.dtype),
@@ -48,7 +31,19 @@ DeviceCausalLM::DeviceCausalLM(const ModelConfig& config,
       device_(device),
       pool_(device),
       stream_(device),
-      kernels_(device) {
+      kernels_(device) {}
+
+DeviceCausalLM::DeviceCausalLM(const CausalLM& host, const DemoSlots& slots, const Runtime& runtime,
+                               int device, DeviceModelOptions options)
+    : DeviceCausalLM(host.config(), slots, runtime, device, options) {
+  build([&host](const std::string& name) { return host.weight(name); }, 0);
+}
+
+DeviceCausalLM::DeviceCausalLM(const ModelConfig& config,
+                               const std::map<std::string, std::vector<float>>& weights,
+                               uint64_t seed, const DemoSlots& slots, const Runtime& runtime,
+                               int device, DeviceModelOptions options)
+    : DeviceCausalLM(config, slots, runtime, device, options) {
   WeightSource source;
   if (!weights.empty())
     source = [&weights](const std::string& name) -> const std::vector<float>* {

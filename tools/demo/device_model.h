@@ -161,6 +161,9 @@ class DeviceCausalLM {
         gu;
   };
 
+  // The members both public constructors set; they then build().
+  DeviceCausalLM(const ModelConfig& config, const DemoSlots& slots, const Runtime& runtime,
+                 int device, DeviceModelOptions options);
   // Uploads (source) or draws (no source: random init from seed) every parameter.
   void build(const WeightSource& source, uint64_t seed);
   const DeviceTensor& run(const Param& p) const { return bf16_ ? p.w16 : p.w; }
