@@ -15,6 +15,7 @@
 // device (seeded, scaled as init_stddev).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -581,6 +582,57 @@ TEST_F(GpuDemoDevice, Bf16TrainingTracksTheFp32Losses) {
   for (size_t i = 0; i < l32.size(); ++i)
     EXPECT_NEAR(l16[i], l32[i], 3e-2f * std::fabs(l32[i])) << "step " << i;
   EXPECT_LT(l16.back(), l16.front() - 0.3f) << "bf16 training learns";
+}
+
+TEST_F(GpuDemoDevice, PackageNormsAndFusedLossTrainLikeTheRuntimesOwn) {
+  // The norm package's RMSNorm and FusedAddRMSNorm (the residual add in the norm, the new
+  // residual kept for backward, the normed inputs recomputed there) and the softmax package's
+  // fused loss (writing the LM head's zero gradient in place, or through a scratch when the
+  // gradient accumulates) against the runtime's own add + norm and chunked loss, fp32.
+  const std::string dir = KH_KERNEL_PACKAGES_DIR;
+  Runtime rt;
+  const DemoSlots slots = add_device_demo_slots(rt);
+  for (Mode mode : {Mode::kTrain, Mode::kEval}) {
+    rt.bind(kRMSNorm, dir + "/norm", mode, 0);
+    rt.bind(kFusedAddRMSNorm, dir + "/norm", mode, 0);
+    rt.bind(kFusedLinearCrossEntropy, dir + "/softmax", mode, 0);
+  }
+  rt.set_mode(Mode::kTrain);
+  runtime_->set_mode(Mode::kTrain);
+  AdamConfig adam;
+  adam.lr = 1e-2f;
+  for (const ModelConfig& cfg : {preset("tiny"), tiny_qwen3()}) {
+    SCOPED_TRACE(cfg.describe());
+    CausalLM host(cfg, *slots_, 11);
+    DeviceCausalLM own(host, *slots_, *runtime_, 0, with_dtype(kF32, 7));
+    DeviceCausalLM pkg(host, slots, rt, 0, with_dtype(kF32));
+    const int batch = 2, len = 20;
+    std::vector<int64_t> tokens(batch * len), targets(batch * len);
+    for (int step = 0; step < 3; ++step) {
+      fill_batch(tokens, targets, cfg.vocab, step);
+      if (step != 1) {  // step 1 accumulates onto step 0's gradients
+        own.zero_grad();
+        pkg.zero_grad();
+      }
+      const float lo = own.forward(tokens.data(), targets.data(), batch, len);
+      const float lp = pkg.forward(tokens.data(), targets.data(), batch, len);
+      EXPECT_NEAR(lp, lo, 1e-4f * std::fabs(lo)) << "step " << step;
+      own.backward();
+      pkg.backward();
+      own.adam_step(adam);
+      pkg.adam_step(adam);
+    }
+    for (const char* name :
+         {"model.embed_tokens.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight",
+          "model.layers.1.post_attention_layernorm.weight",
+          "model.layers.1.self_attn.q_proj.weight", "model.layers.0.mlp.gate_proj.weight"})
+      expect_close(pkg.download_weight(name), own.download_weight(name), 1e-4f, 1e-3f, name);
+    for (const char* slot : {kRMSNorm, kFusedAddRMSNorm, kFusedLinearCrossEntropy})
+      EXPECT_NE(std::find(pkg.package_slots().begin(), pkg.package_slots().end(), slot),
+                pkg.package_slots().end())
+          << slot << " served by its package";
+    EXPECT_TRUE(pkg.refusals().empty());
+  }
 }
 
 TEST_F(GpuDemoDevice, ChunkedLossAndGradientsEqualTheFullLogitsOnes) {

@@ -399,12 +399,14 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["device"], "cuda:0");
   EXPECT_FALSE(j.contains("staging")) << "nothing is staged through the host";
-  // Six slots (the five and FusedLinearCrossEntropy), every one from a package in both modes.
-  ASSERT_EQ(j["bindings"].size(), kBindings + 2) << j["bindings"].dump(2);
+  // Seven slots (the five, FusedLinearCrossEntropy and FusedAddRMSNorm), every one from a
+  // package in both modes.
+  ASSERT_EQ(j["bindings"].size(), kBindings + 4) << j["bindings"].dump(2);
   for (auto& b : j["bindings"]) EXPECT_NE(b["source"], "fallback") << b.dump(2);
   const nlohmann::json& d = j["device_run"];
   EXPECT_EQ(d["dtype"], "bf16");
-  for (const char* slot : {"RMSNorm", "RotaryEmbedding", "SiluAndMul", "FusedLinearCrossEntropy"})
+  for (const char* slot :
+       {"RMSNorm", "RotaryEmbedding", "SiluAndMul", "FusedLinearCrossEntropy", "FusedAddRMSNorm"})
     EXPECT_TRUE(has(d["package_slots"], slot)) << slot << " " << d.dump(2);
   // The tiny model's head_dim 16 is not one the attention package's cuda kernels take (64, 128,
   // 256): the call is refused and the runtime's attention serves it, saying why.

@@ -63,10 +63,11 @@ TEST(DemoDeviceKernels, NoDriverIsAClearError) {
   }
 }
 
-TEST(DemoDeviceSlots, TheDeviceRuntimeHasTheFusedLossSlotWhoseOwnOpsRefuse) {
+TEST(DemoDeviceSlots, TheDeviceRuntimeHasTheFusedSlotsWhoseOwnOpsRefuse) {
   Runtime cpu_runtime;
   const DemoSlots host = add_demo_slots(cpu_runtime);
   EXPECT_EQ(host.linear_cross_entropy, kNoSlot) << "the CPU model has five slots";
+  EXPECT_EQ(host.fused_add_rms_norm, kNoSlot) << "the CPU model has five slots";
   Runtime rt;
   const DemoSlots s = add_device_demo_slots(rt);
   ASSERT_NE(s.linear_cross_entropy, kNoSlot);
@@ -79,6 +80,13 @@ TEST(DemoDeviceSlots, TheDeviceRuntimeHasTheFusedLossSlotWhoseOwnOpsRefuse) {
     EXPECT_EQ(rt.forward(s.linear_cross_entropy, kCpuDevice, nullptr, 0, nullptr),
               KH_ERR_UNSUPPORTED);
     EXPECT_NE(last_op_error().find("chunked loss"), std::string::npos) << last_op_error();
+    // FusedAddRMSNorm likewise: without a package the model adds and runs the RMSNorm slot.
+    EXPECT_EQ(rt.slot_name(s.fused_add_rms_norm), "FusedAddRMSNorm");
+    EXPECT_EQ(rt.forward(s.fused_add_rms_norm, kCpuDevice, nullptr, 0, nullptr),
+              KH_ERR_UNSUPPORTED);
+    EXPECT_EQ(rt.backward(s.fused_add_rms_norm, kCpuDevice, nullptr, 0, nullptr),
+              KH_ERR_UNSUPPORTED);
+    EXPECT_NE(last_op_error().find("RMSNorm slot"), std::string::npos) << last_op_error();
   }
 }
 

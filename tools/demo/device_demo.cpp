@@ -161,7 +161,7 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   run.peak_bytes = model.memory().peak_bytes;
   run.refused_slots = model.refusals();
   for (uint32_t s : {slots.rms_norm, slots.rotary, slots.silu_and_mul, slots.cross_entropy,
-                     slots.attention, slots.linear_cross_entropy}) {
+                     slots.attention, slots.linear_cross_entropy, slots.fused_add_rms_norm}) {
     if (s == kNoSlot) continue;
     const std::string name = rt.slot_name(s);
     (std::find(seen.begin(), seen.end(), name) != seen.end() ? run.package_slots

@@ -304,6 +304,66 @@ void DeviceCausalLM::norm_backward(const DeviceTensor& dy, const DeviceTensor& x
   add_grad(w.g, dweight);
 }
 
+void DeviceCausalLM::renorm(const DeviceTensor& x, const Param& w, DeviceTensor& y) {
+  const int64_t rows = x.numel() / w.w.numel();
+  DeviceTensor rstd = train_ ? empty({rows}) : DeviceTensor();
+  norm(x, w, y, train_ ? &rstd : nullptr);
+}
+
+DeviceTensor DeviceCausalLM::add_norm(const DeviceTensor& branch, DeviceTensor residual,
+                                      const Param& w, DeviceTensor& y, DeviceTensor* rstd) {
+  if (!branch.data()) {
+    norm(residual, w, y, rstd);
+    return residual;
+  }
+  DeviceTensor out = train_ ? act(residual.shape()) : residual.view(residual.shape());
+  if (bound(slots_.fused_add_rms_norm)) {
+    std::vector<kh_arg_t> args = {tensor_arg(&branch), tensor_arg(&residual), tensor_arg(&run(w)),
+                                  float_arg(cfg_.eps), tensor_arg(&y),        tensor_arg(&out)};
+    if (rstd) args.push_back(tensor_arg(rstd));
+    if (call_slot(slots_.fused_add_rms_norm, kFusedAddRMSNorm, false, args)) return out;
+  }
+  kernels_.add(stream_, residual, branch, out);
+  norm(out, w, y, rstd);
+  return out;
+}
+
+void DeviceCausalLM::add_norm_backward(const DeviceTensor& dy, const DeviceTensor* dresidual,
+                                       const DeviceTensor& residual_out, Param& w,
+                                       const DeviceTensor& rstd, DeviceTensor& dx) {
+  if (bound(slots_.fused_add_rms_norm)) {
+    const int64_t C = w.w.numel(), R = residual_out.numel() / C;
+    DeviceTensor dweight = act({C});
+    DeviceTensor workspace = empty({std::min<int64_t>(R, kNormWalkers), C});
+    if (call_slot(
+            slots_.fused_add_rms_norm, kFusedAddRMSNorm, true,
+            {tensor_arg(&dy), tensor_arg(dresidual), tensor_arg(&residual_out), tensor_arg(&run(w)),
+             tensor_arg(&rstd), tensor_arg(&dx), tensor_arg(&dweight), tensor_arg(&workspace)})) {
+      add_grad(w.g, dweight);
+      return;
+    }
+  }
+  norm_backward(dy, residual_out, w, rstd, dx);
+  if (dresidual) kernels_.add(stream_, dx, *dresidual, dx);
+}
+
+void DeviceCausalLM::qk_from_projections(const Layer& L, const DeviceTensor& q_pre,
+                                         const DeviceTensor& k_pre, DeviceTensor& q,
+                                         DeviceTensor& k, DeviceTensor* rstd_q,
+                                         DeviceTensor* rstd_k) {
+  const int64_t T = q_pre.shape()[0], NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
+  DeviceTensor qn = q.view({T * NH, HD}), kn = k.view({T * NKV, HD});
+  if (rstd_q) {
+    norm(q_pre.view({T * NH, HD}), *L.q_norm, qn, rstd_q);
+    norm(k_pre.view({T * NKV, HD}), *L.k_norm, kn, rstd_k);
+  } else {
+    renorm(q_pre.view({T * NH, HD}), *L.q_norm, qn);
+    renorm(k_pre.view({T * NKV, HD}), *L.k_norm, kn);
+  }
+  DeviceTensor q3 = q.view({T, NH, HD}), k3 = k.view({T, NKV, HD});
+  rotary(q3, k3, false);
+}
+
 void DeviceCausalLM::rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward) {
   if (bound(slots_.rotary) && call_slot(slots_.rotary, kRotaryEmbedding, backward,
                                         {tensor_arg(&positions_), tensor_arg(&q3), tensor_arg(&k3),
@@ -314,41 +374,39 @@ void DeviceCausalLM::rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward) {
 
 // ---- one decoder layer: the host model's layer_forward / layer_backward on the device ------
 
-void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h) {
+void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTensor& branch) {
   const int64_t H = cfg_.hidden, Q = cfg_.q_dim(), KV = cfg_.kv_dim(), F = cfg_.ffn;
   const int64_t NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
   const int64_t B = batch_, S = len_, T = B * S;
   if (train_) {
-    s.h_in = act({T, H});
-    stream_.copy(s.h_in.data(), h.data(), h.bytes(), KH_COPY_D2D);
     s.rstd1 = empty({T});
+    s.rstd2 = empty({T});
   }
-  s.a = act({T, H});
-  norm(h, *L.attn_norm, s.a, train_ ? &s.rstd1 : nullptr);
+  DeviceTensor a = act({T, H});
+  h = add_norm(branch, std::move(h), *L.attn_norm, a, train_ ? &s.rstd1 : nullptr);
+  if (train_) s.h_in = h.view(h.shape());
   s.v = act({T, KV});
-  linear(s.a, *L.wv, L.bv, s.v);
+  linear(a, *L.wv, L.bv, s.v);
+  s.q = act({T, Q});
+  s.k = act({T, KV});
   if (L.q_norm) {  // Qwen3: RMSNorm over each head's head_dim, before RoPE
     s.q_pre = act({T, Q});
     s.k_pre = act({T, KV});
-    linear(s.a, *L.wq, L.bq, s.q_pre);
-    linear(s.a, *L.wk, L.bk, s.k_pre);
-    DeviceTensor qn = act({T * NH, HD}), kn = act({T * NKV, HD});
+    linear(a, *L.wq, L.bq, s.q_pre);
+    linear(a, *L.wk, L.bk, s.k_pre);
     if (train_) {
       s.rstd_q = empty({T * NH});
       s.rstd_k = empty({T * NKV});
     }
-    norm(s.q_pre.view({T * NH, HD}), *L.q_norm, qn, train_ ? &s.rstd_q : nullptr);
-    norm(s.k_pre.view({T * NKV, HD}), *L.k_norm, kn, train_ ? &s.rstd_k : nullptr);
-    s.q = qn.view({T, Q});
-    s.k = kn.view({T, KV});
+    qk_from_projections(L, s.q_pre, s.k_pre, s.q, s.k, train_ ? &s.rstd_q : nullptr,
+                        train_ ? &s.rstd_k : nullptr);
   } else {
-    s.q = act({T, Q});
-    s.k = act({T, KV});
-    linear(s.a, *L.wq, L.bq, s.q);
-    linear(s.a, *L.wk, L.bk, s.k);
+    linear(a, *L.wq, L.bq, s.q);
+    linear(a, *L.wk, L.bk, s.k);
+    DeviceTensor q3 = s.q.view({T, NH, HD}), k3 = s.k.view({T, NKV, HD});
+    rotary(q3, k3, false);
   }
-  DeviceTensor q3 = s.q.view({T, NH, HD}), k3 = s.k.view({T, NKV, HD});
-  rotary(q3, k3, false);
+  a = DeviceTensor();
   DeviceTensor q4 = s.q.view({B, S, NH, HD}), k4 = s.k.view({B, S, NKV, HD}),
                v4 = s.v.view({B, S, NKV, HD});
   s.attn = act({B, S, NH, HD});
@@ -361,24 +419,24 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h) {
                    float_arg(attention_scale()), tensor_arg(&s.attn), tensor_arg(lse)})))
     timed(Phase::kAttention,
           [&] { kernels_.attention_forward(stream_, q4, k4, v4, attention_scale(), s.attn, lse); });
-  DeviceTensor branch = act({T, H});
-  linear(s.attn.view({T, Q}), *L.wo, L.bo, branch);
-  kernels_.add(stream_, h, branch, h);
-
-  if (train_) {
-    s.h_mid = act({T, H});
-    stream_.copy(s.h_mid.data(), h.data(), h.bytes(), KH_COPY_D2D);
-    s.rstd2 = empty({T});
+  if (prefilling_kv_) prefill_kv(L, s);
+  if (L.q_norm) {  // backward recomputes them from q_pre and k_pre
+    s.q = DeviceTensor();
+    s.k = DeviceTensor();
   }
-  s.m = act({T, H});
-  norm(h, *L.mlp_norm, s.m, train_ ? &s.rstd2 : nullptr);
+  branch = act({T, H});
+  linear(s.attn.view({T, Q}), *L.wo, L.bo, branch);
+
+  DeviceTensor m = act({T, H});
+  h = add_norm(branch, std::move(h), *L.mlp_norm, m, train_ ? &s.rstd2 : nullptr);
+  if (train_) s.h_mid = h.view(h.shape());
   s.gu = act({T, 2 * F});
   DeviceTensor act_out = act({T, F});
-  linear(s.m, *L.gate_up, nullptr, s.gu);
+  linear(m, *L.gate_up, nullptr, s.gu);
+  m = DeviceTensor();
   silu_and_mul(s.gu, act_out);
+  branch = act({T, H});  // added to h by the next norm (the next layer's, or the final one)
   linear(act_out, *L.wdown, nullptr, branch);
-  kernels_.add(stream_, h, branch, h);
-  if (prefilling_kv_) prefill_kv(L, s);
   // silu(gate) * up is not kept: backward recomputes it from gu (cheap, and T * ffn fewer
   // elements held per layer). Eval keeps nothing: the blocks go back to the pool.
   if (!train_) s = Saved{};
@@ -390,14 +448,14 @@ void DeviceCausalLM::silu_and_mul(const DeviceTensor& gu, DeviceTensor& out) {
     kernels_.silu_and_mul(stream_, gu, out);
 }
 
-// dh: the gradient of the layer's output in, of its input out.
+// dh: the gradient of the layer's output stream in (both h_mid and the MLP branch get it), of
+// its input stream out (the previous layer's h_mid and MLP branch, or the embedding).
 void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   const int64_t H = cfg_.hidden, Q = cfg_.q_dim(), KV = cfg_.kv_dim(), F = cfg_.ffn;
   const int64_t NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
   const int64_t B = batch_, S = len_, T = B * S;
   // MLP branch: dgu = [dgate | dup], and the fused weight's backward is both linears' at once.
-  DeviceTensor act_out = act({T, F}), ds = act({T, F}), dgu = act({T, 2 * F}), dm = act({T, H}),
-               dx = act({T, H});
+  DeviceTensor act_out = act({T, F}), ds = act({T, F}), dgu = act({T, 2 * F}), dm = act({T, H});
   silu_and_mul(s.gu, act_out);  // recomputed (not kept by forward)
   linear_grad(act_out, *L.wdown, nullptr, dh, &ds, false);
   act_out = DeviceTensor();
@@ -405,14 +463,27 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
         call_slot(slots_.silu_and_mul, kSiluAndMul, true,
                   {tensor_arg(&ds), tensor_arg(&s.gu), tensor_arg(&dgu)})))
     kernels_.silu_and_mul_backward(stream_, ds, s.gu, dgu);
-  linear_grad(s.m, *L.gate_up, nullptr, dgu, &dm, false);
-  norm_backward(dm, s.h_mid, *L.mlp_norm, s.rstd2, dx);
-  kernels_.add(stream_, dh, dx, dh);
+  ds = DeviceTensor();
+  {
+    DeviceTensor m = act({T, H});
+    renorm(s.h_mid, *L.mlp_norm, m);
+    linear_grad(m, *L.gate_up, nullptr, dgu, &dm, false);
+  }
+  dgu = DeviceTensor();
+  DeviceTensor d_mid = act({T, H});
+  add_norm_backward(dm, &dh, s.h_mid, *L.mlp_norm, s.rstd2, d_mid);
+  dh = std::move(d_mid);
+  dm = DeviceTensor();
 
   // Attention branch.
   DeviceTensor dattn = act({B, S, NH, HD});
   DeviceTensor dattn2 = dattn.view({T, Q});
   linear_grad(s.attn.view({T, Q}), *L.wo, L.bo, dh, &dattn2, false);
+  if (L.q_norm) {
+    s.q = act({T, Q});
+    s.k = act({T, KV});
+    qk_from_projections(L, s.q_pre, s.k_pre, s.q, s.k, nullptr, nullptr);
+  }
   DeviceTensor dq = act({B, S, NH, HD}), dk = act({B, S, NKV, HD}), dv = act({B, S, NKV, HD});
   DeviceTensor q4 = s.q.view({B, S, NH, HD}), k4 = s.k.view({B, S, NKV, HD}),
                v4 = s.v.view({B, S, NKV, HD}), o4 = s.attn.view(s.attn.shape());
@@ -440,6 +511,9 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
       kernels_.cast(stream_, dv32, dv);
     }
   }
+  dattn = DeviceTensor();
+  s.q = DeviceTensor();
+  s.k = DeviceTensor();
   DeviceTensor dq3 = dq.view({T, NH, HD}), dk3 = dk.view({T, NKV, HD});
   rotary(dq3, dk3, true);
   DeviceTensor dq2 = dq.view({T, Q}), dk2 = dk.view({T, KV});
@@ -451,11 +525,16 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
     dk2 = dk_pre.view({T, KV});
   }
   DeviceTensor da = act({T, H});
-  linear_grad(s.a, *L.wq, L.bq, dq2, &da, false);
-  linear_grad(s.a, *L.wk, L.bk, dk2, &da, true);
-  linear_grad(s.a, *L.wv, L.bv, dv.view({T, KV}), &da, true);
-  norm_backward(da, s.h_in, *L.attn_norm, s.rstd1, dx);
-  kernels_.add(stream_, dh, dx, dh);
+  {
+    DeviceTensor a = act({T, H});
+    renorm(s.h_in, *L.attn_norm, a);
+    linear_grad(a, *L.wq, L.bq, dq2, &da, false);
+    linear_grad(a, *L.wk, L.bk, dk2, &da, true);
+    linear_grad(a, *L.wv, L.bv, dv.view({T, KV}), &da, true);
+  }
+  DeviceTensor d_in = act({T, H});
+  add_norm_backward(da, &dh, s.h_in, *L.attn_norm, s.rstd1, d_in);
+  dh = std::move(d_in);
 }
 
 // ---- the model ----------------------------------------------------------------------------
@@ -487,13 +566,13 @@ float DeviceCausalLM::forward(const int64_t* tokens, const int64_t* targets, int
   tokens_.upload(stream_, tokens, static_cast<size_t>(T) * sizeof(int64_t));
   positions_.upload(stream_, positions.data(), positions.size() * sizeof(int64_t));
 
-  DeviceTensor h = act({T, H});
+  DeviceTensor h = act({T, H}), branch;
   kernels_.embedding_forward(stream_, run(*emb_), tokens_, h);
   saved_.resize(layers_.size());
-  for (size_t l = 0; l < layers_.size(); ++l) layer_forward(layers_[l], saved_[l], h);
+  for (size_t l = 0; l < layers_.size(); ++l) layer_forward(layers_[l], saved_[l], h, branch);
   f_ = act({T, H});
   rstd_f_ = train_ ? empty({T}) : DeviceTensor();
-  norm(h, *final_norm_, f_, train_ ? &rstd_f_ : nullptr);
+  h = add_norm(branch, std::move(h), *final_norm_, f_, train_ ? &rstd_f_ : nullptr);
   h_last_ = train_ ? std::move(h) : DeviceTensor();
   if (targets) {
     targets_ = empty({T}, kI64);
@@ -559,14 +638,16 @@ float DeviceCausalLM::fused_loss(bool grad) {
     DeviceTensor loss = empty({1});
     bool served = false;
     if (grad) {
-      DeviceTensor dw = empty({V, H});
+      // d_weight is overwritten: straight into a zero gradient, else through a scratch added.
+      DeviceTensor dw = head_grad_zero_ ? head_->g.view(head_->g.shape()) : empty({V, H});
       served = call_slot(
           slots_.linear_cross_entropy, kFusedLinearCrossEntropy, false,
           {tensor_arg(&f_), tensor_arg(&head), tensor_arg(&targets_), int_arg(kIgnoreIndex),
            tensor_arg(&workspace), tensor_arg(&loss), tensor_arg(&df_), tensor_arg(&dw)});
       // The loss is the mean: its upstream gradient is 1, so the backward op (which scales
       // d_hidden and d_weight by it) has nothing to do.
-      if (served) kernels_.add(stream_, head_->g, dw, head_->g);
+      if (served && !head_grad_zero_) kernels_.add(stream_, head_->g, dw, head_->g);
+      if (served) head_grad_zero_ = false;
     } else {
       served = call_slot(slots_.linear_cross_entropy, kFusedLinearCrossEntropy, false,
                          {tensor_arg(&f_), tensor_arg(&head), tensor_arg(&targets_),
@@ -610,6 +691,7 @@ float DeviceCausalLM::fused_loss(bool grad) {
             [&] { linear_backward(stream_, f_c, head, dlogits_c, &df_c, &head_->g, false); });
     }
   }
+  if (grad) head_grad_zero_ = false;
   std::vector<float> host(static_cast<size_t>(T));
   loss_.download(stream_, host.data(), host.size() * sizeof(float));
   stream_.synchronize();
@@ -625,19 +707,21 @@ void DeviceCausalLM::backward() {
   const int64_t T = static_cast<int64_t>(batch_) * len_, H = cfg_.hidden;
   // The loss's gradients for the LM head and the final hidden states came with the forward.
   DeviceTensor dh = act({T, H});
-  norm_backward(df_, h_last_, *final_norm_, rstd_f_, dh);
+  add_norm_backward(df_, nullptr, h_last_, *final_norm_, rstd_f_, dh);
   df_ = DeviceTensor();
   for (size_t l = layers_.size(); l-- > 0;) {
     layer_backward(layers_[l], saved_[l], dh);
     saved_[l] = Saved{};  // this layer's activations go back to the pool
   }
   kernels_.embedding_backward(stream_, tokens_, dh, emb_->g);
+  if (emb_ == head_) head_grad_zero_ = false;
   h_last_ = DeviceTensor();
 }
 
 void DeviceCausalLM::zero_grad() {
   for (auto& [name, p] : params_)
     if (p.g.data()) p.g.zero(stream_);
+  head_grad_zero_ = true;
 }
 
 void DeviceCausalLM::adam_step(const AdamConfig& adam) {

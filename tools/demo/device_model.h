@@ -155,10 +155,15 @@ class DeviceCausalLM {
     Param *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *bo, *mlp_norm, *gate_up,
         *wdown;
   };
-  // Activations of one layer kept for backward (train mode).
+  // Activations of one layer kept for backward (train mode): the two residuals (the layer's
+  // input h_in and h_mid after the attention branch; each is the FusedAddRMSNorm's new residual,
+  // kept without a copy), what attention and the MLP's backward take, and per-row statistics.
+  // Backward recomputes the rest, as Liger and activation checkpointing do, which is cheaper than
+  // holding it at 16k tokens x 28 layers: the normed inputs of the attention and MLP projections
+  // (an RMSNorm pass each) and, with q/k-norm (Qwen3), q and k after their norm and RoPE from
+  // q_pre and k_pre (two norms and a rotary); without it, q and k are kept after RoPE.
   struct Saved {
-    DeviceTensor h_in, rstd1, a, q_pre, k_pre, rstd_q, rstd_k, q, k, v, attn, lse, h_mid, rstd2, m,
-        gu;
+    DeviceTensor h_in, rstd1, q_pre, k_pre, rstd_q, rstd_k, q, k, v, attn, lse, h_mid, rstd2, gu;
   };
 
   // The members both public constructors set; they then build().
@@ -190,11 +195,30 @@ class DeviceCausalLM {
                    DeviceTensor* dx, bool accumulate_dx);
   // RMSNorm over rows of w's length; rstd (train) may be null.
   void norm(const DeviceTensor& x, const Param& w, DeviceTensor& y, DeviceTensor* rstd);
+  // norm() of what backward recomputes (train mode: the slot's forward_train, rstd discarded).
+  void renorm(const DeviceTensor& x, const Param& w, DeviceTensor& y);
   void norm_backward(const DeviceTensor& dy, const DeviceTensor& x, Param& w,
                      const DeviceTensor& rstd, DeviceTensor& dx);
+  // The pre-norm of a residual stream held as residual + branch (branch empty: nothing to add):
+  // returns the new residual (a new block in train mode, which backward keeps; in eval,
+  // residual itself, updated in place) and writes y = RMSNorm(new residual) and, in train, rstd.
+  // FusedAddRMSNorm when a package serves it, else the runtime's add and the RMSNorm slot.
+  DeviceTensor add_norm(const DeviceTensor& branch, DeviceTensor residual, const Param& w,
+                        DeviceTensor& y, DeviceTensor* rstd);
+  // Its backward: dx = the norm's input gradient for dy + dresidual (the gradient arriving at
+  // the new residual; may be null), the gradient of both the old residual and the branch.
+  void add_norm_backward(const DeviceTensor& dy, const DeviceTensor* dresidual,
+                         const DeviceTensor& residual_out, Param& w, const DeviceTensor& rstd,
+                         DeviceTensor& dx);
+  // q and k of a layer ([T, q_dim] and [T, kv_dim]) after the q/k-norm (Qwen3) and RoPE.
+  void qk_from_projections(const Layer& L, const DeviceTensor& q_pre, const DeviceTensor& k_pre,
+                           DeviceTensor& q, DeviceTensor& k, DeviceTensor* rstd_q,
+                           DeviceTensor* rstd_k);
   void rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward);
   void silu_and_mul(const DeviceTensor& gu, DeviceTensor& out);
-  void layer_forward(Layer& L, Saved& s, DeviceTensor& h);
+  // h + branch: the residual stream into the layer (branch: the previous layer's MLP output,
+  // added by this layer's first norm; empty for the first layer), and out of it.
+  void layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTensor& branch);
   void prefill_kv(const Layer& L, const Saved& s);  // layer_forward's hook while prefilling
   void decode_launch();                             // the step's work, eager or captured
   void decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4);
@@ -226,6 +250,9 @@ class DeviceCausalLM {
   DeviceTensor tokens_, targets_, positions_;
   std::vector<Saved> saved_;
   DeviceTensor h_last_, rstd_f_, f_, logits_, loss_, df_;
+  // The LM head's gradient holds zeros (construction, zero_grad) until the train loss writes it:
+  // the fused loss may then overwrite it rather than fill a [vocab, hidden] fp32 scratch to add.
+  bool head_grad_zero_ = true;
   std::vector<std::string> package_slots_;
   std::map<std::string, std::string> refused_;
 

@@ -483,6 +483,14 @@ int32_t linear_cross_entropy_unserved(const kh_arg_t*, int32_t, void*) {
   return KH_ERR_UNSUPPORTED;
 }
 
+// FusedAddRMSNorm likewise: without a package the device model adds, then runs the RMSNorm slot.
+int32_t fused_add_rms_norm_unserved(const kh_arg_t*, int32_t, void*) {
+  set_last_op_error(
+      "FusedAddRMSNorm: the runtime has no fallback op of its own for this slot (the device "
+      "model adds the residual and runs the RMSNorm slot when no package serves it)");
+  return KH_ERR_UNSUPPORTED;
+}
+
 }  // namespace
 
 DemoSlots add_demo_slots(Runtime& rt) {
@@ -504,6 +512,9 @@ DemoSlots add_device_demo_slots(Runtime& rt) {
   s.linear_cross_entropy = rt.add_slot(
       kFusedLinearCrossEntropy, {linear_cross_entropy_unserved, linear_cross_entropy_unserved,
                                  linear_cross_entropy_unserved, KH_FLAG_HAS_BACKWARD});
+  s.fused_add_rms_norm =
+      rt.add_slot(kFusedAddRMSNorm, {fused_add_rms_norm_unserved, fused_add_rms_norm_unserved,
+                                     fused_add_rms_norm_unserved, KH_FLAG_HAS_BACKWARD});
   return s;
 }
 

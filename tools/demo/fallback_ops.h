@@ -45,6 +45,9 @@ inline constexpr const char* kAttention = "Attention";
 // The LM head and cross-entropy fused, chunk by chunk (kernel-hub/softmax >= 1.1): the device
 // model's train loss, never materialising the [tokens, vocab] logits.
 inline constexpr const char* kFusedLinearCrossEntropy = "FusedLinearCrossEntropy";
+// The residual add and the RMSNorm after it in one pass (kernel-hub/norm): the device model's
+// pre-norms, which also keep the new residual for backward without a copy.
+inline constexpr const char* kFusedAddRMSNorm = "FusedAddRMSNorm";
 // A slot the runtime did not declare (slot() of a table never reaches it).
 inline constexpr uint32_t kNoSlot = UINT32_MAX;
 
@@ -55,12 +58,14 @@ struct DemoSlots {
   uint32_t cross_entropy = 0;
   uint32_t attention = 0;
   uint32_t linear_cross_entropy = kNoSlot;  // add_device_demo_slots only
+  uint32_t fused_add_rms_norm = kNoSlot;    // add_device_demo_slots only
 };
 
 // Adds the five slots, each with its fallback (forward, forward_train, backward).
 DemoSlots add_demo_slots(Runtime& runtime);
-// The five and FusedLinearCrossEntropy, for the GPU-resident model (device_model.h): its
-// fallback is the model's own chunked loss, so the slot's own ops only refuse (never called).
+// The five, FusedLinearCrossEntropy and FusedAddRMSNorm, for the GPU-resident model
+// (device_model.h): their fallbacks are the model's own (its chunked loss; its add, then the
+// RMSNorm slot), so the two slots' own ops only refuse (never called).
 DemoSlots add_device_demo_slots(Runtime& runtime);
 
 }  // namespace kh::demo
