@@ -29,7 +29,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/norm";
-constexpr const char* kPackageVersion = "1.0.0";
+constexpr const char* kPackageVersion = "1.0.1";
 
 enum Kind { kRms = 0, kAddRms = 1, kLayer = 2 };
 const char* kind_name(int kind) {
@@ -245,6 +245,8 @@ int32_t run_backward(const char* op, const Backward& b, void* stream) {
     }
     return KH_OK;
   }
+  // Workspace rows the reduce sums: one per walker, or one per CTA of short-row walkers.
+  int64_t partial_rows = walkers;
   const int device = x.device.device_id;
   const void* dyp = b.dy.data;
   const void* xp = x.data;
@@ -264,7 +266,18 @@ int32_t run_backward(const char* op, const Backward& b, void* stream) {
                vectorizable(b.weight) && aligned16(b.workspace.data) &&
                (b.workspace.stride % 4) == 0;
     if (b.dresidual.data) vec = vec && vectorizable(b.dresidual, vec16);
-    const RowLaunch cfg = backward_launch(walkers, x.cols, vec ? vec16 : 1);
+    RowLaunch cfg = backward_launch(walkers, x.cols, vec ? vec16 : 1);
+    LaunchDims dims;
+    if (cfg.reg && cfg.rows_per_block > 1) {
+      // Short rows: each workspace row takes a CTA of rows_per_block walkers (norm.cu sums them
+      // in shared memory), so the rows spread over rows_per_block times as many walkers.
+      const int64_t rpb = cfg.rows_per_block;
+      const int64_t needed = (x.rows + rpb - 1) / rpb;
+      cfg.blocks = b.workspace.rows < needed ? b.workspace.rows : needed;
+      nwalkers = cfg.blocks * rpb;
+      partial_rows = cfg.blocks;
+      dims.shared_mem_bytes = static_cast<uint32_t>(rpb * k * x.cols * sizeof(float));
+    }
     if (!grid_fits(cfg.blocks))
       return fail(KH_ERR_UNSUPPORTED, "%s: %lld workspace rows need more than 2^31-1 CTAs", op,
                   static_cast<long long>(walkers));
@@ -273,7 +286,6 @@ int32_t run_backward(const char* op, const Backward& b, void* stream) {
              vec ? "vec" : "scalar", cfg.reg ? "reg" : "loop");
     void* params[] = {&dyp, &sdy, &xp,  &sx, &wp,  &mean,     &rstd, &drp,
                       &sdr, &dxp, &sdx, &ws, &sws, &nwalkers, &rows, &cols};
-    LaunchDims dims;
     dims.grid[0] = static_cast<uint32_t>(cfg.blocks);
     dims.block[0] = cfg.threads_per_row;
     dims.block[1] = cfg.rows_per_block;
@@ -282,7 +294,7 @@ int32_t run_backward(const char* op, const Backward& b, void* stream) {
   // The reduce runs with 0 walkers too: then it writes zero gradients.
   char rname[64];
   snprintf(rname, sizeof rname, "norm_reduce_partials_%s", dtype_tag(x.dtype));
-  int iwalkers = static_cast<int>(walkers);
+  int iwalkers = static_cast<int>(partial_rows);
   void* dwp = b.dweight.data;
   void* dbp = b.layer ? b.dbias.data : nullptr;
   const float* wsc = ws;

@@ -2,9 +2,9 @@
 // tests. Header-only; no CUDA.
 //
 // Threads per row grow with the row so that each thread holds at most `max_vec` 16-byte vectors
-// (8 in the forward, 4 in the backward) in registers, at least min(vectors, 32) threads per row
-// so that short rows still spread over a warp, several rows per CTA for short rows (128-thread
-// CTAs), and a 512-thread loop kernel for rows longer than 512 * max_vec vectors.
+// (8 in the forward, 4 in the backward) in registers, at least a warp per row for rows of more
+// than 32 vectors (and up to 4 vectors per thread for shorter ones), several rows per CTA for
+// short rows (128-thread CTAs), and a 512-thread loop kernel for rows longer than 512 * max_vec vectors.
 #pragma once
 
 #include <stdint.h>
@@ -35,7 +35,11 @@ inline RowLaunch row_launch(int64_t items, int64_t cols, int vec, int max_vec) {
   RowLaunch c;
   if (nvec <= int64_t{kNormRegMaxThreads} * max_vec) {
     uint32_t tpr = pow2_at_least((nvec + max_vec - 1) / max_vec);
-    const uint32_t floor = pow2_at_least(nvec < 32 ? nvec : 32);
+    // Rows of up to a warp's worth of vectors (head_dim rows of the q/k norms: 16 vectors of
+    // bf16) take 4 vectors per thread, not 1: more bytes in flight per thread and 4x fewer,
+    // larger CTAs (1 vector per thread ran the Qwen3 q/k norms at about a third of HBM
+    // bandwidth); longer rows spread over at least a warp.
+    const uint32_t floor = nvec <= 32 ? pow2_at_least((nvec + 3) / 4) : 32;
     if (tpr < floor) tpr = floor;
     c.reg = true;
     c.threads_per_row = tpr;

@@ -15,8 +15,9 @@
 //    for registers; the row is re-read from L2.
 //  - Backward weight gradients: no atomics. `walkers` groups of threads each walk rows
 //    w, w + walkers, ... and keep one fp32 partial row in registers (reg) or in their own
-//    workspace row (loop); norm_reduce_partials then sums the workspace rows in a fixed order,
-//    so results are deterministic.
+//    workspace row (loop); a reg CTA of several walkers (short rows) sums theirs in shared
+//    memory into one workspace row per CTA; norm_reduce_partials then sums the workspace rows
+//    in a fixed order, so results are deterministic.
 // Aliasing: y may be x and residual_out may be residual (same pointer and stride); every
 // element is read by the thread that later writes it.
 #include "kh_prelude.cuh"
@@ -457,15 +458,42 @@ __device__ __forceinline__ void norm_bwd_reg(const T* dy, kh_i64 sdy, const T* x
       }
     }
   }
-  if (!active) return;
-  float* part = ws + walker * sws;
+  if (blockDim.y == 1) {  // long rows: the walker's own workspace row
+    if (!active) return;
+    float* part = ws + walker * sws;
+#pragma unroll
+    for (int k = 0; k < kBwdMaxVec; ++k) {
+      const int v = tx + k * tpr;
+      if (v < nvec) {
+        store_partials<VEC>(part + v * VEC, dw_acc[k]);
+        if constexpr (LN) store_partials<VEC>(part + cols + v * VEC, db_acc[k]);
+      }
+    }
+    return;
+  }
+  // Short rows, several walkers per CTA: they sum their partials in shared memory (walker order,
+  // deterministic) into the CTA's one workspace row. Many walkers (the parallelism short rows
+  // need) then cost no more partial rows for the reduce kernel than one walker per CTA would.
+  extern __shared__ float cta_part[];  // [blockDim.y][(LN ? 2 : 1) * cols], launch-sized
+  const int kc = (LN ? 2 : 1) * cols;
 #pragma unroll
   for (int k = 0; k < kBwdMaxVec; ++k) {
     const int v = tx + k * tpr;
     if (v < nvec) {
-      store_partials<VEC>(part + v * VEC, dw_acc[k]);
-      if constexpr (LN) store_partials<VEC>(part + cols + v * VEC, db_acc[k]);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        cta_part[threadIdx.y * kc + v * VEC + i] = active ? dw_acc[k][i] : 0.f;
+        if constexpr (LN)
+          cta_part[threadIdx.y * kc + cols + v * VEC + i] = active ? db_acc[k][i] : 0.f;
+      }
     }
+  }
+  __syncthreads();
+  float* part = ws + (kh_i64)blockIdx.x * sws;
+  for (int c = threadIdx.y * tpr + tx; c < kc; c += tpr * blockDim.y) {
+    float t = 0.f;
+    for (int j = 0; j < (int)blockDim.y; ++j) t += cta_part[j * kc + c];
+    part[c] = t;
   }
 }
 
