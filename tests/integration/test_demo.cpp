@@ -6,9 +6,10 @@
 // - the CLI as a child process with an empty cache: `demo --device cpu --steps 50 --json` binds
 //   every slot from a package in both modes and the loss falls;
 // - `demo --model PATH` trains a Transformers checkpoint (tests/data/demo_reference);
-// - `demo --device cuda:0` fails clearly without a GPU, --dtype/--profile on the cpu are refused;
-//   DemoGpu.* (CTest label gpu) runs the device-resident model (bf16 from packages, fp32 with the
-//   runtime's attention) on a GPU and skips without one.
+// - `demo --device cuda:0` fails clearly without a GPU, --dtype/--profile/--decode-* on the cpu
+//   are refused; DemoGpu.* (CTest label gpu) runs the device-resident model (bf16 from packages,
+//   fp32 with the runtime's attention; the KV-cache decode, its tokens/s and roofline figures in
+//   the JSON) on a GPU and skips without one.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -399,10 +400,14 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["device"], "cuda:0");
   EXPECT_FALSE(j.contains("staging")) << "nothing is staged through the host";
-  // Seven slots (the five, FusedLinearCrossEntropy and FusedAddRMSNorm), every one from a
-  // package in both modes.
-  ASSERT_EQ(j["bindings"].size(), kBindings + 4) << j["bindings"].dump(2);
-  for (auto& b : j["bindings"]) EXPECT_NE(b["source"], "fallback") << b.dump(2);
+  // Nine slots (the five, FusedLinearCrossEntropy, FusedAddRMSNorm, PagedKVAppend and
+  // PagedAttention), every one from a package in both modes but the decode slots, which the
+  // config maps for eval only.
+  ASSERT_EQ(j["bindings"].size(), kBindings + 8) << j["bindings"].dump(2);
+  for (auto& b : j["bindings"]) {
+    const bool decode_slot = b["layer"] == "PagedKVAppend" || b["layer"] == "PagedAttention";
+    EXPECT_EQ(b["source"] == "fallback", decode_slot && b["mode"] == "train") << b.dump(2);
+  }
   const nlohmann::json& d = j["device_run"];
   EXPECT_EQ(d["dtype"], "bf16");
   for (const char* slot :
@@ -423,6 +428,33 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   EXPECT_LE(p["gemm_ms"].get<double>() + p["attention_ms"].get<double>() +
                 p["hub_kernels_ms"].get<double>(),
             p["total_ms"].get<double>() * 1.01);
+  // Decode: tiny defaults (8 sequences, the whole 32-token context: 16 prompt + 16 generated),
+  // graph replays timed. The package's decode kernels lack head_dim 16: bound, refused, and the
+  // runtime's decode kernels serve on the package's bf16 cache.
+  const nlohmann::json& dec = d["decode"];
+  EXPECT_EQ(dec["batch"], 8);
+  EXPECT_EQ(dec["prompt_tokens"], 16);
+  EXPECT_EQ(dec["generated_tokens"], 16);
+  EXPECT_EQ(dec["timed_steps"], 14);
+  EXPECT_EQ(dec["cuda_graph"], true);
+  EXPECT_EQ(dec["package"], false) << dec.dump(2);
+  EXPECT_EQ(dec["cache_dtype"], "bf16");
+  EXPECT_TRUE(d["refused_slots"].contains("PagedAttention")) << d.dump(2);
+  EXPECT_TRUE(has(d["runtime_slots"], "PagedAttention")) << d.dump(2);
+  EXPECT_GT(dec["tokens_per_s"].get<double>(), 0);
+  EXPECT_NEAR(dec["tokens_per_s"].get<double>() * dec["ms_per_step"].get<double>() / 1e3, 8, 1e-6);
+  EXPECT_DOUBLE_EQ(dec["average_context"].get<double>(), 16 + 17 / 2.0);
+  EXPECT_DOUBLE_EQ(dec["step_bytes"].get<double>(),
+                   dec["weight_bytes"].get<double>() + dec["kv_bytes"].get<double>());
+  // 2 layers x K and V x 4 kv heads x 16 x 2 bytes a token, 8 sequences.
+  EXPECT_DOUBLE_EQ(dec["kv_bytes"].get<double>(), 2 * 2 * 4 * 16 * 2 * 24.5 * 8);
+  EXPECT_GT(dec["peak_bandwidth_bytes_per_s"].get<double>(), 1e11);
+  EXPECT_FALSE(dec["peak_bandwidth_source"].get<std::string>().empty());
+  EXPECT_GT(dec["roofline_fraction"].get<double>(), 0);
+  EXPECT_LT(dec["roofline_fraction"].get<double>(), 1.5);
+  EXPECT_GT(dec["pattern_match"].get<double>(), 0.1) << "well above chance (1 / 256)";
+  EXPECT_GE(dec["peak_bytes"].get<uint64_t>(), d["peak_bytes"].get<uint64_t>());
+  EXPECT_GT(d["profile"]["decode_step"]["total_ms"].get<double>(), 0);
   const float first = j["train"]["first_loss"], last = j["train"]["last_loss"];
   EXPECT_GT(first, 5.0f);
   EXPECT_LT(last, first - 1.5f);
@@ -432,7 +464,8 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
 
 TEST(DemoGpu, CudaFp32RunsTheRuntimesOwnAttention) {
   if (!have_cuda_device()) GTEST_SKIP() << "no CUDA driver or device";
-  nlohmann::json j = device_run_json({"--steps", "30", "--dtype", "fp32"});
+  nlohmann::json j = device_run_json(
+      {"--steps", "30", "--dtype", "fp32", "--decode-batch", "3", "--decode-context", "20"});
   ASSERT_FALSE(j.is_null());
   const nlohmann::json& d = j["device_run"];
   EXPECT_EQ(d["dtype"], "fp32");
@@ -442,12 +475,33 @@ TEST(DemoGpu, CudaFp32RunsTheRuntimesOwnAttention) {
   EXPECT_TRUE(has(d["package_slots"], "RMSNorm")) << d.dump(2);
   const float first = j["train"]["first_loss"], last = j["train"]["last_loss"];
   EXPECT_LT(last, first - 1.0f);
+  // Decode with the options: the fp32 model's cache is bf16 (the package's decode is bound; it
+  // refuses head_dim 16 and the runtime's kernels serve that cache).
+  EXPECT_EQ(d["decode"]["batch"], 3);
+  EXPECT_EQ(d["decode"]["prompt_tokens"], 10);
+  EXPECT_EQ(d["decode"]["generated_tokens"], 10);
+  EXPECT_EQ(d["decode"]["cache_dtype"], "bf16");
+  EXPECT_GT(d["decode"]["tokens_per_s"].get<double>(), 0);
+}
+
+// A context longer than the model's sequence is refused before anything runs, naming the option.
+TEST(DemoGpu, DecodeContextBeyondTheSequenceIsRefused) {
+  if (!have_cuda_device()) GTEST_SKIP() << "no CUDA driver or device";
+  TempDir cache("kh-demo-cli");
+  ProcessResult r = run_process({cli_path(), "demo", "--device", "cuda:0", "--steps", "2", "--seq",
+                                 "64", "--decode-context", "65"},
+                                cli_env(cache.path()), 120);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--decode-context 65"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--seq 64"), std::string::npos) << r.err;
 }
 
 TEST(DemoCli, DtypeAndProfileNeedACudaDevice) {
   TempDir cache("kh-demo-cli");
   for (const std::vector<std::string>& extra :
-       {std::vector<std::string>{"--dtype", "bf16"}, std::vector<std::string>{"--profile"}}) {
+       {std::vector<std::string>{"--dtype", "bf16"}, std::vector<std::string>{"--profile"},
+        std::vector<std::string>{"--decode-batch", "4"},
+        std::vector<std::string>{"--decode-context", "16"}}) {
     std::vector<std::string> args = {cli_path(), "demo", "--device", "cpu", "--steps", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
     ProcessResult r = run_process(args, cli_env(cache.path()), 120);

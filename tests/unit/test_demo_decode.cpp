@@ -2,7 +2,9 @@
 // and size for a model, and the errors for a cache that cannot be built; the decode slots added
 // to a runtime without a host fallback (the device model runs its own kernels when nothing is
 // bound); the decode kernels' source compiles with the loader's NVRTC for sm_80 and sm_90a (NVRTC
-// needs no GPU) with every entry point. The device parts are tests/gpu/test_gpu_demo_decode.cpp.
+// needs no GPU) with every entry point; the decode roofline's byte arithmetic
+// (decode_roofline.h) and the demo's decode options (resolve_decode: defaults and errors). The
+// device parts are tests/gpu/test_gpu_demo_decode.cpp.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -10,6 +12,8 @@
 #include "kernel_hub/kernel_hub.hpp"
 #include "loader/cuda_arch.h"
 #include "loader/nvrtc.h"
+#include "tools/demo/decode_roofline.h"
+#include "tools/demo/demo.h"
 #include "tools/demo/device_decode.h"
 #include "tools/demo/model_config.h"
 
@@ -97,6 +101,103 @@ TEST(DemoDecode, DecodeSlotsHaveNoHostFallback) {
   EXPECT_FALSE(rt.slot_binding(s.paged_kv_append, 0, Mode::kEval).bound);
   EXPECT_NE(rt.forward(s.paged_attention, kCpuDevice, nullptr, 0, nullptr), KH_OK)
       << "nothing bound and no fallback: the call says so instead of running";
+}
+
+// Qwen3-0.6B by hand: per layer 2 norms (2 x 1024), q/k/v/o (2048 + 1024 + 1024 + 2048 rows or
+// columns of 1024), q/k norms (2 x 128), gate/up/down (3 x 3072 x 1024); 28 layers, the final
+// norm and the tied embedding as the LM head: 596,049,920 weights, read once a step.
+TEST(DemoDecodeRoofline, WeightsOnceTheHeadOnceAndTheCacheAtItsContext) {
+  const ModelConfig q = preset("qwen3-0.6b");
+  const double per_layer =
+      2 * 1024 + (2048 + 1024 + 1024 + 2048) * 1024.0 + 2 * 128 + 3 * 3072 * 1024.0;
+  const double weights = 28 * per_layer + 1024 + 151936 * 1024.0;
+  EXPECT_EQ(weights, 596049920.0);
+  DecodeTraffic t = decode_step_traffic(q, 2, 2, 64, 2048);
+  EXPECT_EQ(t.weight_bytes, 2 * weights);
+  EXPECT_EQ(t.embedding_bytes, 64 * 1024 * 2.0) << "a gather of the batch's rows, not the table";
+  // layers x (K and V) x kv_heads x head_dim x 2 bytes = 114,688 bytes a token.
+  EXPECT_EQ(t.kv_bytes, 114688.0 * 2048 * 64);
+  EXPECT_EQ(t.total(), t.weight_bytes + t.embedding_bytes + t.kv_bytes);
+  // fp32 weights and cache: twice the bytes; half the context: half the cache.
+  DecodeTraffic f = decode_step_traffic(q, 4, 4, 64, 1024);
+  EXPECT_EQ(f.weight_bytes, 2 * t.weight_bytes);
+  EXPECT_EQ(f.kv_bytes, t.kv_bytes);
+
+  // Untied (Llama): lm_head is read, the embedding table is not.
+  ModelConfig tiny = preset("tiny");  // vocab 256, hidden 64, 2 layers, 4 x 16 heads, ffn 128
+  ASSERT_FALSE(tiny.tie_embeddings);
+  const double tiny_layer = 2 * 64 + 4 * 64 * 64.0 + 3 * 128 * 64.0;
+  DecodeTraffic u = decode_step_traffic(tiny, 4, 4, 1, 0);
+  EXPECT_EQ(u.weight_bytes, 4 * (2 * tiny_layer + 64 + 256 * 64.0));
+  EXPECT_EQ(u.kv_bytes, 0);
+  tiny.tie_embeddings = true;
+  EXPECT_EQ(decode_step_traffic(tiny, 4, 4, 1, 0).weight_bytes, u.weight_bytes)
+      << "tied or not, one [vocab, hidden] head is read";
+}
+
+TEST(DemoDecodeRoofline, TimedContextPeakAndFraction) {
+  // generate() times steps 2 .. n - 1; step k attends prompt + k tokens.
+  EXPECT_EQ(timed_decode_context(1792, 256), 1792 + 257 / 2.0);
+  EXPECT_EQ(timed_decode_context(16, 3), 18);  // the one timed step, k = 2
+  EXPECT_EQ(timed_decode_context(16, 2), 0) << "no timed step";
+  // H100 SXM: 2619 MHz x 5120 bits x 2 / 8 = 3.35 TB/s.
+  EXPECT_DOUBLE_EQ(peak_memory_bandwidth(2619000, 5120), 3.35232e12);
+  EXPECT_DOUBLE_EQ(roofline_fraction(4.8e9, 1.0, kH200PeakBandwidth), 1.0);
+  EXPECT_DOUBLE_EQ(roofline_fraction(2.4e9, 1.0, 4.8e12), 0.5);
+  EXPECT_EQ(roofline_fraction(1e9, 0, 4.8e12), 0);
+  EXPECT_EQ(roofline_fraction(1e9, 1, 0), 0);
+}
+
+std::string decode_error(const DemoOptions& o) {
+  try {
+    resolve_decode(o);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(DemoDecodeOptions, DefaultsBySizeAndTheSequenceCap) {
+  DemoOptions o;  // tiny, seq 32
+  DecodeShape d = resolve_decode(o);
+  EXPECT_EQ(d.batch, 8);
+  EXPECT_EQ(d.context, 32);
+  o.model = preset("qwen3-0.6b");
+  o.model.seq = 4096;
+  d = resolve_decode(o);
+  EXPECT_EQ(d.batch, 64);
+  EXPECT_EQ(d.context, 2048);
+  o.model.seq = 1024;
+  EXPECT_EQ(resolve_decode(o).context, 1024);
+  o.model.seq = kMinDecodeContext - 1;
+  EXPECT_EQ(resolve_decode(o).context, -1) << "too short a model skips the decode";
+  o.model.seq = 2048;
+  o.decode_batch = 3;
+  o.decode_context = 100;
+  d = resolve_decode(o);
+  EXPECT_EQ(d.batch, 3);
+  EXPECT_EQ(d.context, 100);
+  EXPECT_EQ(decode_generated_tokens(2048), 256);
+  EXPECT_EQ(decode_generated_tokens(32), 16);
+  EXPECT_EQ(decode_generated_tokens(kMinDecodeContext), kMinDecodeContext / 2);
+}
+
+TEST(DemoDecodeOptions, ErrorsNameTheOptionAndTheLimit) {
+  DemoOptions o;
+  o.decode_context = 33;
+  std::string e = decode_error(o);
+  EXPECT_NE(e.find("--decode-context 33"), std::string::npos) << e;
+  EXPECT_NE(e.find("--seq 32"), std::string::npos) << e;
+  o.decode_context = kMinDecodeContext - 1;
+  e = decode_error(o);
+  EXPECT_NE(e.find("8..32"), std::string::npos) << e;
+  o.decode_context = 0;
+  o.decode_batch = 5000;
+  e = decode_error(o);
+  EXPECT_NE(e.find("--decode-batch 5000"), std::string::npos) << e;
+  o.decode_batch = -2;
+  EXPECT_NE(decode_error(o).find("1..4096"), std::string::npos);
 }
 
 }  // namespace

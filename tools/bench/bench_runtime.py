@@ -7,15 +7,29 @@ the hub) and, each in its own process, Transformers' Qwen3ForCausalLM from the s
 PyTorch eager and under torch.compile (bf16, SDPA, fused AdamW: the model bench_e2e.py builds,
 imported from it), and prints one table: train and prefill tokens/s, peak memory and the ratio to
 torch.compile; then the runtime's breakdown of one train step and one prefill (GEMM, attention,
-hub kernels, other; CUDA events around the phases).
+hub kernels, other; CUDA events around the phases); then greedy decode (batch 64, context 2048
+by default): the runtime's paged-KV decode with a CUDA-graph step (--decode-batch,
+--decode-context of the same demo run) next to Transformers' generate() with a static cache on
+the same model (bf16, batch 64, its default compile of the decode step), tokens/s of the decode
+phase only and the share of the HBM roofline.
 
 Prefill is a forward of batch x seq tokens that keeps each sequence's last logits (what generation
 needs): the runtime's Logits::kLast, Transformers' logits_to_keep=1, both under no gradient.
 Training tokens/s count the steps after the warm-up; the runtime times its steps after the first
 (which compiles kernels and plans GEMMs) with CUDA events.
 
+Decode: a context of C tokens is a prompt of C - n and n = min(256, C / 2) generated tokens (the
+demo's split). The runtime times its decode steps after the first (which captures the graph) with
+CUDA events; Transformers' decode phase is generate(n tokens) - generate(1 token), wall clock,
+after a warm-up of both (which compiles). The roofline: the bytes a step must read (every weight
+once, the LM head included, and the KV cache at the steps' average context: the runtime's own
+arithmetic, decode_roofline.h, read from its JSON and rescaled to Transformers' average context)
+over the step time, as a share of the peak bandwidth the runtime reports (the driver's memory
+clock x bus width x 2, else H200's 4.8 TB/s).
+
 usage: bench_runtime.py [--kernel-hub build/kernel-hub] [--steps 10] [--warmup 3] [--batch 8]
-       [--seq 2048] [--configs eager,compile] [--dtype bf16]"""
+       [--seq 2048] [--configs eager,compile] [--dtype bf16] [--decode-batch 64]
+       [--decode-context 2048] [--no-torch-decode]"""
 import argparse
 import json
 import os
@@ -57,10 +71,53 @@ def prefill_one(args, which):
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30}), flush=True)
 
 
+def decode_split(context):
+    """(prompt, generated) of a decode context: the demo's split (decode_generated_tokens)."""
+    n = min(256, context // 2)
+    return context - n, n
+
+
+def decode_one(args):
+    """Transformers' greedy generate() with a static cache: a RESULT line with the decode phase's
+    tokens/s (generate(n) - generate(1): the prefill and first token cancel) and its average
+    context."""
+    import torch
+    model = bench_e2e.build(args, "eager")
+    model.eval()
+    prompt, n = decode_split(args.decode_context)
+    g = torch.Generator(device=args.device).manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (args.decode_batch, prompt),
+                        device=args.device, generator=g)
+    mask = torch.ones_like(ids)
+
+    def generate(tokens):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=tokens,
+                             min_new_tokens=tokens, do_sample=False, cache_implementation="static",
+                             pad_token_id=0)
+        torch.cuda.synchronize()
+        assert out.shape == (args.decode_batch, prompt + tokens), out.shape
+        return time.perf_counter() - t0
+
+    with torch.no_grad():
+        generate(n)  # warm-up: compiles the decode step for these shapes
+        generate(1)
+        torch.cuda.reset_peak_memory_stats()
+        full = min(generate(n) for _ in range(2))
+        first = min(generate(1) for _ in range(2))
+    steps = n - 1  # step k attends prompt + k tokens, k = 1 .. n - 1
+    print("RESULT " + json.dumps({
+        "config": "transformers-static", "tokens_per_s": args.decode_batch * steps / (full - first),
+        "ms_per_step": (full - first) / steps * 1e3, "average_context": prompt + n / 2,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30}), flush=True)
+
+
 def child(args, script, run, env):
     cmd = [sys.executable, script, "--run", run, "--steps", str(args.steps), "--warmup",
            str(args.warmup), "--batch", str(args.batch), "--seq", str(args.seq), "--device",
-           args.device]
+           args.device, "--decode-batch", str(args.decode_batch), "--decode-context",
+           str(args.decode_context)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode != 0 or not line:
@@ -72,7 +129,8 @@ def child(args, script, run, env):
 def run_kernel_hub(args):
     cmd = [args.kernel_hub, "demo", "--device", args.device, "--model", "qwen3-0.6b", "--batch",
            str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps + 1), "--dtype",
-           args.dtype, "--json", "--profile"]
+           args.dtype, "--decode-batch", str(args.decode_batch), "--decode-context",
+           str(args.decode_context), "--json", "--profile"]
     print("$ " + " ".join(cmd), file=sys.stderr)
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
@@ -91,9 +149,19 @@ def main():
     ap.add_argument("--configs", default="eager,compile", help="the PyTorch side")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="the runtime's")
     ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--run", help=argparse.SUPPRESS)  # prefill-<config>, in a child process
+    ap.add_argument("--decode-batch", type=int, default=64)
+    ap.add_argument("--decode-context", type=int, default=2048,
+                    help="prompt + generated tokens a sequence (at most --seq)")
+    ap.add_argument("--torch-decode", action=argparse.BooleanOptionalAction, default=True,
+                    help="Transformers' generate() with a static cache beside the runtime's decode")
+    ap.add_argument("--run", help=argparse.SUPPRESS)  # prefill-<config> or decode, in a child
     args = ap.parse_args()
     args.layers = 0  # bench_e2e's model: Qwen3-0.6B
+    if args.decode_context > args.seq:
+        ap.error(f"--decode-context {args.decode_context} exceeds --seq {args.seq}")
+    if args.run == "decode":
+        decode_one(args)
+        return
     if args.run:
         prefill_one(args, args.run[len("prefill-"):])
         return
@@ -142,6 +210,39 @@ def main():
             print(f"| {what} | {p['total_ms']:.1f} | {p['gemm_ms']:.1f} | "
                   f"{p['attention_ms']:.1f} | {p['hub_kernels_ms']:.1f} | {p['other_ms']:.1f} |")
         print("package kernels ran for: " + ", ".join(kh["device_run"]["package_slots"]))
+    print_decode(args, kh, child(args, os.path.abspath(__file__), "decode", env)
+                 if args.torch_decode else None)
+
+
+def print_decode(args, kh, torch_decode):
+    """The decode table: the runtime's row from its JSON, Transformers' beside it."""
+    d = kh["device_run"].get("decode") if kh else None
+    prompt, n = decode_split(args.decode_context)
+    print(f"\nDecode, greedy: batch {args.decode_batch}, context {args.decode_context} "
+          f"({prompt}-token prompts + {n} generated)")
+    print("| runtime | decode tokens/s | ms/step | avg context | step reads GB | TB/s "
+          "| % of HBM roofline | vs Transformers |")
+    print("|---|---|---|---|---|---|---|---|")
+    if not d:
+        print("| kernel-hub runtime | - | - | - | - | - | - | - |")
+        return
+    peak = d["peak_bandwidth_bytes_per_s"]
+    kv_per_token = d["kv_bytes"] / d["average_context"] if d["average_context"] else 0
+    ref = torch_decode["tokens_per_s"] if torch_decode else None
+    rows = [("kernel-hub runtime (CUDA graph" + (", PagedAttention package)" if d["package"]
+                                                 else ", runtime attention)"),
+             d["tokens_per_s"], d["ms_per_step"], d["average_context"], d["step_bytes"])]
+    if torch_decode:
+        ctx = torch_decode["average_context"]
+        rows.append(("Transformers generate, static cache", torch_decode["tokens_per_s"],
+                     torch_decode["ms_per_step"], ctx, d["weight_bytes"] + kv_per_token * ctx))
+    for name, tps, ms, ctx, step_bytes in rows:
+        bw = step_bytes / (ms / 1e3)
+        vs = f"{tps / ref:.2f}x" if ref else "-"
+        print(f"| {name} | {tps:,.0f} | {ms:.3f} | {ctx:.0f} | {step_bytes / 1e9:.2f} | "
+              f"{bw / 1e12:.2f} | {bw / peak * 100:.0f}% | {vs} |")
+    print(f"peak bandwidth {peak / 1e12:.2f} TB/s ({d['peak_bandwidth_source']}); the runtime's "
+          f"KV cache is {d['cache_dtype']}")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,12 @@ if [ -x "$g/bin/test_demo" ]; then
   "$build/kernel-hub" demo --device cuda:0 2>&1 | tee "$out/demo_cuda.log" | tail -14
   "$g/bin/bench_kernelize" 2>&1 | tee "$out/bench_kernelize.log" | tail -6
 fi
+# The runtime's logits against Transformers' (fp32 reference, bf16 tolerance); exit 77: skipped.
+if [ -x "$g/bin/demo_logits" ] && [ -f "$g/test_demo_transformers_gpu.py" ]; then
+  python3 "$g/test_demo_transformers_gpu.py" "$g/bin/demo_logits" "$g/kernels" 2>&1 |
+    tee "$out/test_demo_transformers_gpu.log" | tail -20
+  rc=${PIPESTATUS[0]}; [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || status=1
+fi
 if [ -f "$g/bench_attention.py" ] && [ -z "${KH_SKIP_ATTENTION_BENCH:-}" ]; then
   (cd "$g" && python3 bench_attention.py --lib "$g/bin/libkernel_hub.so" --packages "$g/kernels" \
     ${KH_ATTENTION_BENCH_ARGS:-}) \

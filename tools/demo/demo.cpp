@@ -30,6 +30,27 @@ void check_demo_options(const DemoOptions& o) {
                             o.model.seq - 1));
 }
 
+DecodeShape resolve_decode(const DemoOptions& o) {
+  DecodeShape d{o.decode_batch, o.decode_context};
+  if (d.batch == 0) d.batch = o.model.hidden >= 1024 ? 64 : 8;
+  if (d.batch < 1 || d.batch > 4096)
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("demo: --decode-batch {}: decode 1..4096 sequences together", d.batch));
+  if (d.context == 0)  // a model too short to time a decode step skips it
+    return {d.batch, o.model.seq >= kMinDecodeContext ? std::min(2048, o.model.seq) : -1};
+  if (d.context < kMinDecodeContext || d.context > o.model.seq)
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("demo: --decode-context {}: the prompt and generated tokens of a "
+                            "sequence take {}..{} positions (the model's --seq {}: raise --seq "
+                            "for a longer context)",
+                            d.context, kMinDecodeContext, o.model.seq, o.model.seq));
+  return d;
+}
+
+int decode_generated_tokens(int context) {
+  return std::min(256, context / 2);
+}
+
 DemoRun run_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& o) {
   check_demo_options(o);
   DemoRun run;

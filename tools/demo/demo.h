@@ -40,6 +40,15 @@ struct DemoOptions {
   bool bf16 = true;
   int prefill_reps = 3;
   bool profile = false;
+  // run_device_demo only: greedy decode after the measurements, with the paged KV cache and the
+  // decode step replayed as a CUDA graph: decode_batch sequences of decode_context tokens
+  // (prompt + generated; 0: the defaults of resolve_decode).
+  int decode_batch = 0;
+  int decode_context = 0;
+  // The device's peak memory bandwidth (bytes/s) for the decode roofline and where it came from
+  // ("driver: ..." or the H200 figure the CLI assumes when the driver cannot be asked).
+  double peak_bandwidth = 0;
+  std::string peak_bandwidth_source;
   // Called after every training step (progress display); step counts from 1.
   std::function<void(int step, int steps, float loss)> on_step;
 };
@@ -71,11 +80,45 @@ struct DemoRun {
   };
   bool profiled = false;
   Breakdown train_profile, prefill_profile;
+
+  // run_device_demo's decode: decode_batch sequences, a prompt of decode_prompt tokens, then
+  // decode_generated tokens each (the first from the prefill); the timed steps (all decode
+  // steps but the first, which loads and captures the graph) from CUDA events; the bytes one
+  // step must read at the timed steps' average context (decode_roofline.h) over the step time,
+  // as a share of peak_bandwidth.
+  bool decoded = false;
+  int decode_batch = 0, decode_prompt = 0, decode_generated = 0, decode_steps = 0;
+  double decode_ms = 0, decode_ms_per_step = 0, decode_tokens_per_s = 0;
+  double decode_average_context = 0;  // tokens in each sequence's cache, timed steps' mean
+  double decode_weight_bytes = 0, decode_kv_bytes = 0, decode_step_bytes = 0;
+  double decode_bandwidth = 0;  // step bytes / step time
+  double peak_bandwidth = 0, roofline_fraction = 0;
+  std::string peak_bandwidth_source;
+  bool decode_graph = false;        // the timed steps replayed a captured CUDA graph
+  bool decode_package = false;      // PagedKVAppend / PagedAttention bound to a package
+  std::string decode_cache_dtype;   // "bf16" or "fp32"
+  double decode_pattern_match = 0;  // generated tokens that follow the learned pattern
+  uint64_t decode_peak_bytes = 0;   // the pool's peak with the KV cache (peak_bytes: before)
+  Breakdown decode_profile;         // one more decode step, eager (profiled: --profile)
 };
 
 DemoRun run_demo(Runtime& runtime, const DemoSlots& slots, const DemoOptions& options);
 // Throws kInvalidInput unless steps, batch, eval batches >= 1 and the prompt fits the sequence.
 void check_demo_options(const DemoOptions& options);
+// run_device_demo's decode shape: decode_batch 0 -> 64 for models of hidden size 1024 and more
+// (qwen3-0.6b and larger), 8 below (tiny: the quick start stays fast); decode_context 0 -> 2048
+// capped by the model's seq (the rotary table's length), or no decode (context -1) when the
+// seq is below kMinDecodeContext. Throws kInvalidInput (naming --decode-batch /
+// --decode-context) unless the batch is 1..4096 and the context kMinDecodeContext..seq.
+struct DecodeShape {
+  int batch = 0;
+  int context = 0;  // -1: no decode
+};
+DecodeShape resolve_decode(const DemoOptions& options);
+inline constexpr int kMinDecodeContext = 8;
+// How a decode context splits: the generated tokens (half the context, at most 256: enough
+// steps to time, at a context near the full one), the rest is the prompt.
+int decode_generated_tokens(int context);
 // Entropy of the generator's next-token distribution (nats): the best loss any model reaches.
 float generator_entropy(int vocab, double follow);
 // Milliseconds of the host clock since t0.

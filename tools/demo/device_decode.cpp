@@ -347,9 +347,14 @@ void DeviceCausalLM::decode_append(size_t layer, const DeviceTensor& k4, const D
   const bool step = k4.shape() == d.k16.shape();
   DeviceTensor kb = bf16_of(kernels_, stream_, pool_, k4, step ? d.k16 : prompt_k);
   DeviceTensor vb = bf16_of(kernels_, stream_, pool_, v4, step ? d.v16 : prompt_v);
-  call_slot(d.slots->paged_kv_append, kPagedKVAppend, false,
-            {tensor_arg(&kb), tensor_arg(&vb), tensor_arg(&d.block_table), tensor_arg(&d.seq_lens),
-             tensor_arg(&kc), tensor_arg(&vc)});
+  if (bound(d.slots->paged_kv_append) &&
+      call_slot(d.slots->paged_kv_append, kPagedKVAppend, false,
+                {tensor_arg(&kb), tensor_arg(&vb), tensor_arg(&d.block_table),
+                 tensor_arg(&d.seq_lens), tensor_arg(&kc), tensor_arg(&vc)}))
+    return;
+  // The package refused this model (a head_dim its kernels lack): the runtime's kernel on the
+  // package's bf16 cache, from here on (refusals()).
+  d.kernels.append(stream_, kb, vb, d.block_table, d.seq_lens, kc, vc);
 }
 
 void DeviceCausalLM::decode_attend(size_t layer, const DeviceTensor& q4, DeviceTensor& out4) {
@@ -363,10 +368,12 @@ void DeviceCausalLM::decode_attend(size_t layer, const DeviceTensor& q4, DeviceT
   DeviceTensor qb = bf16_of(kernels_, stream_, pool_, q4, d.q16);
   const bool cast_out = !same_dtype(out4.dtype(), kBF16);
   DeviceTensor ob = cast_out ? d.o16.view(out4.shape()) : out4.view(out4.shape());
-  call_slot(d.slots->paged_attention, kPagedAttention, false,
-            {tensor_arg(&qb), tensor_arg(&kc), tensor_arg(&vc), tensor_arg(&d.block_table),
-             tensor_arg(&d.seq_lens), int_arg(-1), float_arg(attention_scale()), tensor_arg(&ob),
-             tensor_arg(&d.workspace)});
+  if (!bound(d.slots->paged_attention) ||
+      !call_slot(d.slots->paged_attention, kPagedAttention, false,
+                 {tensor_arg(&qb), tensor_arg(&kc), tensor_arg(&vc), tensor_arg(&d.block_table),
+                  tensor_arg(&d.seq_lens), int_arg(-1), float_arg(attention_scale()),
+                  tensor_arg(&ob), tensor_arg(&d.workspace)}))
+    d.kernels.attend(stream_, qb, kc, vc, d.block_table, d.seq_lens, attention_scale(), ob);
   if (cast_out) kernels_.cast(stream_, ob, out4);
 }
 

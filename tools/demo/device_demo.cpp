@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "tools/demo/data.h"
+#include "tools/demo/decode_roofline.h"
 #include "tools/demo/demo.h"
 #include "tools/demo/device_model.h"
 
@@ -52,10 +53,67 @@ void note_slots(const DeviceCausalLM& model, std::vector<std::string>& seen) {
     if (std::find(seen.begin(), seen.end(), s) == seen.end()) seen.push_back(s);
 }
 
+// Greedy generation of decode_batch held-out prompts with the paged KV cache, every decode step
+// after the first a replay of the captured CUDA graph; tokens/s and the share of the HBM
+// roofline from the timed steps (decode_roofline.h).
+void decode(Runtime& rt, DeviceCausalLM& model, BigramData& data, const DemoOptions& o,
+            const DecodeShape& shape, DemoRun& run) {
+  const int B = shape.batch, n = decode_generated_tokens(shape.context), prompt = shape.context - n;
+  DecodeConfig dc;
+  dc.max_batch = B;
+  dc.max_context = shape.context;
+  model.init_decode(rt, dc);
+  BigramData::Batch p = data.next(B, prompt);
+  const std::vector<int64_t> out = model.generate(p.inputs.data(), B, prompt, n, /*graph=*/true);
+  run.decoded = true;
+  run.decode_batch = B;
+  run.decode_prompt = prompt;
+  run.decode_generated = n;
+  run.decode_steps = model.last_decode_steps();
+  run.decode_ms = model.last_decode_ms();
+  run.decode_graph = model.decode_graph_captured();
+  // A bound package that refused the model (head_dim) leaves its bf16 cache to the runtime.
+  run.decode_package = model.decode_uses_package() && !model.refusals().contains(kPagedAttention);
+  const bool bf16_cache = model.decode_uses_package() || o.bf16;
+  run.decode_cache_dtype = bf16_cache ? "bf16" : "fp32";
+  if (run.decode_steps > 0 && run.decode_ms > 0) {
+    run.decode_ms_per_step = run.decode_ms / run.decode_steps;
+    run.decode_tokens_per_s = static_cast<double>(B) * run.decode_steps / (run.decode_ms / 1e3);
+  }
+  run.decode_average_context = timed_decode_context(prompt, n);
+  const DecodeTraffic t = decode_step_traffic(o.model, o.bf16 ? 2 : 4, bf16_cache ? 2 : 4, B,
+                                              run.decode_average_context);
+  run.decode_weight_bytes = t.weight_bytes + t.embedding_bytes;
+  run.decode_kv_bytes = t.kv_bytes;
+  run.decode_step_bytes = t.total();
+  if (run.decode_ms_per_step > 0)
+    run.decode_bandwidth = run.decode_step_bytes / (run.decode_ms_per_step / 1e3);
+  run.peak_bandwidth = o.peak_bandwidth;
+  run.peak_bandwidth_source = o.peak_bandwidth_source;
+  run.roofline_fraction =
+      roofline_fraction(run.decode_step_bytes, run.decode_ms_per_step, o.peak_bandwidth);
+  // Row b: the prompt's last token, then n generated tokens.
+  int follow = 0, total = 0;
+  for (int b = 0; b < B; ++b) {
+    int64_t prev = p.inputs[static_cast<size_t>(b) * prompt + prompt - 1];
+    for (int i = 0; i < n; ++i) {
+      const int64_t next = out[static_cast<size_t>(b) * n + i];
+      follow += next == data.successor(prev);
+      ++total;
+      prev = next;
+    }
+  }
+  run.decode_pattern_match = total > 0 ? static_cast<double>(follow) / total : 0.0;
+  run.decode_peak_bytes = model.memory().peak_bytes;
+  // generate() leaves one position of the context free: one more step, eager, profiled.
+  if (o.profile) run.decode_profile = profiled(model, [&] { model.decode_step(nullptr, false); });
+}
+
 }  // namespace
 
 DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& o) {
   check_demo_options(o);
+  const DecodeShape decode_shape = resolve_decode(o);
   if (o.cuda_ordinal < 0)
     throw Error(ErrorKind::kInvalidInput, "demo: the device run needs a CUDA ordinal");
   if (o.prefill_reps < 1) throw Error(ErrorKind::kInvalidInput, "demo: prefill_reps must be >= 1");
@@ -159,9 +217,18 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   note_slots(model, seen);
 
   run.peak_bytes = model.memory().peak_bytes;
+  std::vector<uint32_t> reported = {slots.rms_norm,          slots.rotary,
+                                    slots.silu_and_mul,      slots.cross_entropy,
+                                    slots.attention,         slots.linear_cross_entropy,
+                                    slots.fused_add_rms_norm};
+  if (decode_shape.context > 0) {
+    decode(rt, model, held_out, o, decode_shape, run);
+    note_slots(model, seen);
+    for (const char* name : {kPagedKVAppend, kPagedAttention})
+      if (const auto s = rt.find_slot(name)) reported.push_back(*s);
+  }
   run.refused_slots = model.refusals();
-  for (uint32_t s : {slots.rms_norm, slots.rotary, slots.silu_and_mul, slots.cross_entropy,
-                     slots.attention, slots.linear_cross_entropy, slots.fused_add_rms_norm}) {
+  for (uint32_t s : reported) {
     if (s == kNoSlot) continue;
     const std::string name = rt.slot_name(s);
     (std::find(seen.begin(), seen.end(), name) != seen.end() ? run.package_slots

@@ -167,9 +167,33 @@ nlohmann::json demo_json(const DemoSummary& summary, const DemoOptions& o,
         {"runtime_slots", run.runtime_slots},
         {"refused_slots", run.refused_slots},
     };
+    if (run.decoded)
+      d["decode"] = {
+          {"batch", run.decode_batch},
+          {"prompt_tokens", run.decode_prompt},
+          {"generated_tokens", run.decode_generated},
+          {"timed_steps", run.decode_steps},
+          {"ms", run.decode_ms},
+          {"ms_per_step", run.decode_ms_per_step},
+          {"tokens_per_s", run.decode_tokens_per_s},
+          {"average_context", run.decode_average_context},
+          {"cuda_graph", run.decode_graph},
+          {"package", run.decode_package},
+          {"cache_dtype", run.decode_cache_dtype},
+          {"step_bytes", run.decode_step_bytes},
+          {"weight_bytes", run.decode_weight_bytes},
+          {"kv_bytes", run.decode_kv_bytes},
+          {"bandwidth_bytes_per_s", run.decode_bandwidth},
+          {"peak_bandwidth_bytes_per_s", run.peak_bandwidth},
+          {"peak_bandwidth_source", run.peak_bandwidth_source},
+          {"roofline_fraction", run.roofline_fraction},
+          {"pattern_match", run.decode_pattern_match},
+          {"peak_bytes", run.decode_peak_bytes},
+      };
     if (run.profiled) {
       d["profile"]["train_step"] = breakdown(run.train_profile);
       d["profile"]["prefill"] = breakdown(run.prefill_profile);
+      if (run.decoded) d["profile"]["decode_step"] = breakdown(run.decode_profile);
     }
     out["device_run"] = std::move(d);
     out.erase("staging");  // nothing is staged: the model lives on the device

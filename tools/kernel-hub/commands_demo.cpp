@@ -11,6 +11,9 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
 
 #include "hub/base/clock.h"
 #include "hub/base/error.h"
@@ -19,8 +22,10 @@
 #include "registry/kernel_config.h"
 #include "registry/kernelize.h"
 #include "tools/demo/checkpoint.h"
+#include "tools/demo/decode_roofline.h"
 #include "tools/demo/default_config.h"
 #include "tools/demo/demo.h"
+#include "tools/demo/device_decode.h"
 #include "tools/demo/report.h"
 #include "tools/kernel-hub/cli.h"
 
@@ -40,6 +45,8 @@ struct DemoArgs {
   std::string dtype;  // empty: bf16 on a CUDA device, fp32 on the cpu
   bool profile = false;
   bool fallback = false;
+  int decode_batch = 0;    // 0: 64 for qwen3-0.6b and larger, 8 for tiny (demo::resolve_decode)
+  int decode_context = 0;  // 0: 2048 capped by --seq
 };
 
 bool cuda_present() {
@@ -77,6 +84,24 @@ Device demo_device(const std::string& text, int ordinal) {
   DeviceFields f;
   f.key = fmt::format("cuda:{}", ordinal);
   return make_device(f);
+}
+
+// The decode roofline's peak: the driver's memory clock x bus width x 2 (double data rate), or
+// H200's specified 4.8 TB/s when the driver does not say.
+std::pair<double, std::string> peak_bandwidth(int ordinal) {
+  const cuda::Driver& d = cuda::cuda_driver();
+  const cuda::CUdevice dev = cuda::device(ordinal).handle;
+  int clock_khz = 0, bus_bits = 0;
+  if (d.cuDeviceGetAttribute(&clock_khz, cuda::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, dev) ==
+          cuda::CUDA_SUCCESS &&
+      d.cuDeviceGetAttribute(&bus_bits, cuda::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, dev) ==
+          cuda::CUDA_SUCCESS &&
+      clock_khz > 0 && bus_bits > 0)
+    return {
+        demo::peak_memory_bandwidth(clock_khz, bus_bits),
+        fmt::format("driver: {} MHz memory clock x {}-bit bus x 2", clock_khz / 1000, bus_bits)};
+  return {demo::kH200PeakBandwidth,
+          "assumed: H200's 4.8 TB/s (the driver did not report the memory clock and bus width)"};
 }
 
 // A progress bar on a terminal; otherwise a few loss lines.
@@ -148,13 +173,22 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   o.adam.lr = a.lr > 0 ? a.lr : (o.model.hidden >= 1024 ? 3e-4f : 1e-2f);
   o.cuda_ordinal = ordinal;
   const std::string dtype = a.dtype.empty() ? (ordinal >= 0 ? "bf16" : "fp32") : a.dtype;
-  if (ordinal < 0 && (dtype != "fp32" || a.profile))
+  if (ordinal < 0 && (dtype != "fp32" || a.profile || a.decode_batch || a.decode_context))
     throw Error(ErrorKind::kInvalidInput,
-                fmt::format("demo: {} needs a CUDA device (the CPU model is fp32 and unprofiled); "
-                            "use --device cuda:N",
-                            a.profile ? "--profile" : "--dtype " + dtype));
+                fmt::format("demo: {} needs a CUDA device (the CPU model is fp32, unprofiled and "
+                            "generates without a KV cache); use --device cuda:N",
+                            a.profile          ? "--profile"
+                            : a.decode_batch   ? "--decode-batch"
+                            : a.decode_context ? "--decode-context"
+                                               : "--dtype " + dtype));
   o.bf16 = dtype == "bf16";
   o.profile = a.profile;
+  o.decode_batch = a.decode_batch;
+  o.decode_context = a.decode_context;
+  if (ordinal >= 0) {
+    demo::resolve_decode(o);  // refuses a bad --decode-* before anything is fetched
+    std::tie(o.peak_bandwidth, o.peak_bandwidth_source) = peak_bandwidth(ordinal);
+  }
   const demo::ModelConfig& m = o.model;
 
   // The runtime: slots with the runtime's own implementations, then kernelize binds every mode
@@ -164,8 +198,10 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   Runtime rt(ro);
   // On a CUDA device the model is resident there (device_model.h) and has one slot more: the
   // fused LM head + cross-entropy of its train loss.
+  // Its eval decode has two more: PagedKVAppend and PagedAttention (the paged KV cache).
   const demo::DemoSlots slots =
       ordinal >= 0 ? demo::add_device_demo_slots(rt) : demo::add_demo_slots(rt);
+  if (ordinal >= 0) demo::add_decode_slots(rt);
   KernelizeOptions ko;
   ko.cuda_ordinal = ordinal < 0 ? 0 : ordinal;
   if (a.fallback) ko.disable = true;  // else KERNEL_HUB_DISABLE decides
@@ -215,8 +251,30 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
                     "tokens/s ({:.2f} ms per {} x {} batch, last-token logits)",
                     run.dtype, run.train_tokens_per_s, run.prefill_tokens_per_s, run.prefill_ms,
                     o.batch, m.seq));
-    ctx.say(fmt::format("memory: peak {} on {} (the model's device pool)",
-                        human_bytes(run.peak_bytes), device_text));
+    if (run.decoded) {
+      ctx.say(fmt::format(
+          "decode ({} cache, {}, {}): {} sequences x {}-token prompts + {} tokens: {:.0f} "
+          "tokens/s, {:.3f} ms per step ({} timed steps)",
+          run.decode_cache_dtype, run.decode_graph ? "CUDA graph" : "eager",
+          run.decode_package ? "PagedAttention from the package" : "the runtime's attention",
+          run.decode_batch, run.decode_prompt, run.decode_generated, run.decode_tokens_per_s,
+          run.decode_ms_per_step, run.decode_steps));
+      ctx.say(fmt::format(
+          "  roofline: a step reads {} (weights {} + KV cache {} at {:.0f} tokens a sequence) "
+          "= {:.2f} TB/s, {:.0f}% of the {:.2f} TB/s peak ({})",
+          human_bytes(static_cast<uint64_t>(run.decode_step_bytes)),
+          human_bytes(static_cast<uint64_t>(run.decode_weight_bytes)),
+          human_bytes(static_cast<uint64_t>(run.decode_kv_bytes)), run.decode_average_context,
+          run.decode_bandwidth / 1e12, run.roofline_fraction * 100, run.peak_bandwidth / 1e12,
+          run.peak_bandwidth_source));
+      ctx.say(fmt::format("  {:.0f}% of the generated tokens follow the learned pattern",
+                          run.decode_pattern_match * 100));
+    }
+    ctx.say(fmt::format("memory: peak {} on {} (the model's device pool){}",
+                        human_bytes(run.peak_bytes), device_text,
+                        run.decoded ? fmt::format("; {} with the decode's KV cache",
+                                                  human_bytes(run.decode_peak_bytes))
+                                    : std::string()));
     auto names = [](const std::vector<std::string>& v) {
       return v.empty() ? std::string("none") : fmt::format("{}", fmt::join(v, ", "));
     };
@@ -228,8 +286,10 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
                       "kernels served it: {}",
                       slot, why));
     if (run.profiled)
-      for (auto& [what, b] : {std::pair{"train step", run.train_profile},
-                              std::pair{"prefill", run.prefill_profile}}) {
+      for (auto& [what, b] :
+           {std::pair{"train step", run.train_profile}, std::pair{"prefill", run.prefill_profile},
+            std::pair{"decode step (eager)", run.decode_profile}}) {
+        if (b.total_ms == 0) continue;  // no decode
         ctx.say(
             fmt::format("profile {}: {:.2f} ms = GEMM {:.2f} + attention {:.2f} + hub kernels "
                         "{:.2f} + other {:.2f}",
@@ -261,8 +321,9 @@ void add_demo_command(CLI::App& app, Runner& run) {
       "With --device cuda:N the model lives on the GPU (weights, gradients, AdamW state and "
       "activations; bf16 with fp32 master weights by default, --dtype fp32), slots get device "
       "tensors, the train loss is the fused LM head + cross-entropy, and it also prints train "
-      "and prefill tokens/s, peak device memory and, with --profile, where the step's time "
-      "goes.");
+      "and prefill tokens/s, greedy decode tokens/s with a paged KV cache and a CUDA-graph step "
+      "(and its share of the HBM roofline), peak device memory and, with --profile, where the "
+      "step's time goes.");
   cmd->add_option("--device", a->device,
                   "cpu or cuda:N (default: cuda:0 when a CUDA device is present, else cpu)");
   cmd->add_option("--config", a->config,
@@ -290,6 +351,14 @@ void add_demo_command(CLI::App& app, Runner& run) {
   cmd->add_flag("--profile", a->profile,
                 "CUDA only: one more train step and prefill with CUDA events around every "
                 "GEMM, attention and package call; prints the breakdown");
+  cmd->add_option("--decode-batch", a->decode_batch,
+                  "CUDA only: sequences decoded together (default 64 for qwen3-0.6b and larger "
+                  "models, 8 for tiny)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--decode-context", a->decode_context,
+                  "CUDA only: prompt + generated tokens of each decoded sequence (default 2048, "
+                  "at most --seq; the last min(256, half) are generated)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--fallback", a->fallback,
                 "Bind no package: every slot runs the runtime's own implementation (as "
                 "KERNEL_HUB_DISABLE=1)");
