@@ -5,9 +5,13 @@ test; issue 16's "no more memory than eager + Liger"). For each configuration, i
 
   - torch.cuda.memory_allocated before the step and after the forward, the peak during the
     forward, the backward and the optimizer step (max_memory_allocated, reset between phases);
-  - the bytes the forward leaves saved for backward (a saved_tensors_hooks pack hook records each
-    packed tensor's storage, counted once, parameters aside), grouped by the autograd node that
-    saved them (a walk of the graph from the loss reads each node's saved tensors);
+  - the norm outputs kernel-hub recomputes in backward instead of keeping (its own pack hook,
+    counted in the measured step);
+  - the bytes a forward saves for backward (a saved_tensors_hooks pack hook records each packed
+    tensor's storage, counted once, parameters aside), grouped by the autograd node that saved
+    them (a walk of the graph from the loss reads each node's saved tensors), from a second
+    forward after the measured step (the recording hook turns kernel-hub's recomputation off:
+    those outputs show under the nodes that save them);
   - the 15 largest blocks allocated during the step and live at its peak, with the Python frame
     that allocated them (torch.cuda.memory._record_memory_history, the trace replayed up to the
     peak).
@@ -15,8 +19,9 @@ test; issue 16's "no more memory than eager + Liger"). For each configuration, i
 Shapes: "full" is issue 16's (28 layers, batch 8 x 2048, the fused loss's default chunk), "test"
 is tests/python/test_torch_bridge_gpu.py's PeakMemoryTest (4 layers, batch 4 x 1024,
 KERNEL_HUB_LCE_CHUNK_MIB=80). Configurations: kh (kernel_hub.kernelize, mode="train") and liger
-(rope, RMSNorm, SwiGLU, fused linear cross-entropy); Liger imports as tools/bench/bench_e2e.py
-finds it (PYTHONPATH, or installed from .devlibs/wheels into --liger-dir).
+(rope, RMSNorm, SwiGLU, fused linear cross-entropy), with environment settings in brackets as in
+bench_e2e.py (kh[KERNEL_HUB_RECOMPUTE_NORM=0]); Liger imports as tools/bench/bench_e2e.py finds it
+(PYTHONPATH, or installed from .devlibs/wheels into --liger-dir).
 
 Usage (GPU machine, as bench_e2e.py: KERNEL_HUB_LIBRARY and KERNEL_HUB_DATA_DIR set):
   python3 tools/bench/bridge_memory.py [--shapes test,full] [--configs kh,liger]
@@ -166,23 +171,33 @@ def run_one(which, shape):
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
                                              max_entries=2_000_000)
     torch.cuda.reset_peak_memory_stats()
-    packed = {}
+    # The measured step runs with no hooks of ours (a caller's saved-tensor hooks turn
+    # kernel-hub's norm recomputation off); kernel-hub's own pack hook is wrapped to count the
+    # norm outputs it does not keep.
+    recomputed = {}
+    restore = None
+    if which == "kh":
+        from kernel_hub import bridge
+        pack = bridge._NormRecompute.pack
 
-    def pack(t):
-        if t.device.type == "cuda":
-            s = t.untyped_storage()
-            if s.data_ptr() not in params:
-                packed[s.data_ptr()] = s.nbytes()
-        return t
+        def counting_pack(scope, t):
+            packed = pack(scope, t)
+            if isinstance(packed, bridge._SavedNormView):
+                s = t.untyped_storage()
+                recomputed[s.data_ptr()] = s.nbytes()
+            return packed
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        bridge._NormRecompute.pack = counting_pack
+        restore = lambda: setattr(bridge._NormRecompute, "pack", pack)  # noqa: E731
+    try:
         loss = model(input_ids=ids, labels=ids).loss
+    finally:
+        if restore:
+            restore()
     torch.cuda.synchronize()
     r["after_forward"] = torch.cuda.memory_allocated()
     r["forward_peak"] = torch.cuda.max_memory_allocated()
-    r["packed"] = sum(packed.values())
-    groups = saved_by_node(loss, params)
-    r["nodes"] = sorted(([name, b, n] for name, (b, n) in groups.items()), key=lambda x: -x[1])
+    r["recomputed"] = [sum(recomputed.values()), len(recomputed)]
     torch.cuda.reset_peak_memory_stats()
     loss.backward()
     torch.cuda.synchronize()
@@ -198,9 +213,28 @@ def run_one(which, shape):
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     r["trace_peak"], r["blocks"], r["blocks_total"] = live_at_peak(snap, r["before"])
+    del snap
     free, total = torch.cuda.mem_get_info()
     r["device_used"] = total - free
     r["reserved_peak"] = torch.cuda.max_memory_reserved()
+    # What autograd saves, by node: another forward (not measured above, no backward) under a
+    # recording pack hook, which also turns kernel-hub's norm recomputation off: its norm
+    # outputs show here under the nodes that save them (MmBackward0, _GateUp).
+    packed = {}
+
+    def record(t):
+        if t.device.type == "cuda":
+            s = t.untyped_storage()
+            if s.data_ptr() not in params:
+                packed[s.data_ptr()] = s.nbytes()
+        return t.detach()  # an output with its own node would be a reference cycle
+
+    with torch.autograd.graph.saved_tensors_hooks(record, lambda t: t):
+        loss = model(input_ids=ids, labels=ids).loss
+    r["packed"] = sum(packed.values())
+    groups = saved_by_node(loss, params)
+    r["nodes"] = sorted(([name, b, n] for name, (b, n) in groups.items()), key=lambda x: -x[1])
+    del loss
     print("RESULT " + json.dumps(r), flush=True)
 
 
@@ -211,8 +245,10 @@ def report(r):
     print(f"backward peak {mib(r['backward_peak'])} | optimizer peak {mib(r['step_peak'])} | "
           f"trace peak {mib(r['trace_peak'])} | device used {mib(r['device_used'])}")
     node_total = sum(b for _, b, _ in r["nodes"])
-    print(f"saved for backward: {mib(r['packed'])} packed (hook), {mib(node_total)} by node; "
-          f"left by forward {mib(r['after_forward'] - r['before'])}")
+    print(f"left by the forward {mib(r['after_forward'] - r['before'])}; norm outputs "
+          f"recomputed in backward instead {mib(r['recomputed'][0])} ({r['recomputed'][1]})")
+    print(f"saved for backward without that: {mib(r['packed'])} packed (hook), "
+          f"{mib(node_total)} by node:")
     for name, b, n in r["nodes"][:TOP_NODES]:
         print(f"  {mib(b)} {n:4d} storages  {name[:70]}")
     rest = r["nodes"][TOP_NODES:]
@@ -242,8 +278,9 @@ def main():
     for shape in args.shapes.split(","):
         results = {}
         for which in args.configs.split(","):
+            name, settings = bench_e2e.split_config(which)
             env = dict(base)
-            if which == "liger":
+            if name == "liger":
                 liger = bench_e2e.ensure_liger(args)
                 if liger is None:
                     print("[liger] liger_kernel does not import and no wheel: skipped")
@@ -253,19 +290,21 @@ def main():
             chunk = SHAPES[shape][3]
             if chunk is not None:
                 env["KERNEL_HUB_LCE_CHUNK_MIB"] = chunk
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--run", which,
+            env.update(settings)
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--run", name,
                                 "--shape", shape], env=env, capture_output=True, text=True)
             line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
             if p.returncode != 0 or not line:
                 print(f"[{which} {shape}] failed (exit {p.returncode}):\n{p.stderr[-1500:]}")
                 continue
             results[which] = json.loads(line[-1][len("RESULT "):])
+            results[which]["config"] = which
             report(results[which])
         if "kh" in results and "liger" in results:
             kh, lg = results["kh"], results["liger"]
             print(f"\n{shape}: kernel-hub - Liger: " + ", ".join(
                 f"{k} {(kh[k] - lg[k]) / MIB:+.0f} MiB" for k in
-                ("after_forward", "forward_peak", "backward_peak", "step_peak", "packed")))
+                ("after_forward", "forward_peak", "backward_peak", "step_peak")))
 
 
 if __name__ == "__main__":
