@@ -41,6 +41,7 @@ SHAPES = {  # layers, batch, seq, KERNEL_HUB_LCE_CHUNK_MIB (None: the package de
 }
 TOP_NODES = 10
 TOP_BLOCKS = 15
+TRACE_ENTRIES = 400_000  # the allocator's ring of trace events (a step makes tens of thousands)
 MIB = 1 << 20
 
 
@@ -132,6 +133,9 @@ def live_at_peak(snapshot, start_bytes):
     """Replays the allocator trace: the peak of memory allocated and the blocks allocated during
     the trace that were live at it (largest first), as (bytes, frame)."""
     trace = snapshot["device_traces"][0]
+    if len(trace) >= TRACE_ENTRIES:
+        print(f"warning: {len(trace)} trace events, the ring is full: the replay starts late and "
+              "its peak is wrong; raise TRACE_ENTRIES", file=sys.stderr)
     live, total = {}, start_bytes
     peak, peak_live = start_bytes, {}
     for e in trace:
@@ -169,7 +173,7 @@ def run_one(which, shape):
     r = {"config": which, "shape": shape}
     r["before"] = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
-                                             max_entries=2_000_000)
+                                             max_entries=TRACE_ENTRIES)
     torch.cuda.reset_peak_memory_stats()
     # The measured step runs with no hooks of ours (a caller's saved-tensor hooks turn
     # kernel-hub's norm recomputation off); kernel-hub's own pack hook is wrapped to count the
