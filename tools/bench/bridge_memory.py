@@ -133,9 +133,6 @@ def live_at_peak(snapshot, start_bytes):
     """Replays the allocator trace: the peak of memory allocated and the blocks allocated during
     the trace that were live at it (largest first), as (bytes, frame)."""
     trace = snapshot["device_traces"][0]
-    if len(trace) >= TRACE_ENTRIES:
-        print(f"warning: {len(trace)} trace events, the ring is full: the replay starts late and "
-              "its peak is wrong; raise TRACE_ENTRIES", file=sys.stderr)
     live, total = {}, start_bytes
     peak, peak_live = start_bytes, {}
     for e in trace:
@@ -217,6 +214,7 @@ def run_one(which, shape):
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     r["trace_peak"], r["blocks"], r["blocks_total"] = live_at_peak(snap, r["before"])
+    r["trace_events"] = len(snap["device_traces"][0])
     del snap
     free, total = torch.cuda.mem_get_info()
     r["device_used"] = total - free
@@ -258,6 +256,9 @@ def report(r):
     rest = r["nodes"][TOP_NODES:]
     if rest:
         print(f"  {mib(sum(b for _, b, _ in rest))}      in {len(rest)} other node types")
+    if r["trace_events"] >= TRACE_ENTRIES:
+        print(f"warning: the allocator's trace ring filled ({r['trace_events']} events): the "
+              "replay starts late and its peak is wrong; raise TRACE_ENTRIES")
     print(f"live at the peak, allocated during the step: {mib(r['blocks_total'])}; largest:")
     for size, frame in r["blocks"]:
         print(f"  {mib(size)}  {frame[:90]}")
