@@ -155,7 +155,15 @@ class BridgeTest(unittest.TestCase):
         return eager, model
 
     def test_qwen3(self):
-        self.check_model("qwen3")
+        eager, model = self.check_model("qwen3")
+        # The swapped forwards keep the originals' signatures: Transformers' Trainer picks the
+        # dataset columns it passes from inspect.signature(model.forward).
+        import inspect
+        for original, swapped in ((eager, model), (eager.model.norm, model.model.norm),
+                                  (eager.model.layers[0].mlp, model.model.layers[0].mlp)):
+            self.assertNotEqual(type(original), type(swapped))
+            self.assertEqual(inspect.signature(swapped.forward),
+                             inspect.signature(original.forward))
 
     def test_llama(self):
         self.check_model("llama")

@@ -43,6 +43,7 @@ FusedLinearCrossEntropy); values are passed to the C API untouched
 Under torch.compile the layers in INDUCTOR_LAYERS (rotary embedding, SiluAndMul) keep PyTorch's
 code for Inductor to fuse with the GEMMs around them; kernelize(inductor_layers=()) keeps every
 kernel."""
+import functools
 import inspect
 import os
 import sys
@@ -362,16 +363,27 @@ def _kernel_mlp(mod, x):
 _swapped = {}
 
 
+def _forward_as(forward, cls):
+    """`forward` under cls.forward's name, docs and signature (inspect.signature follows
+    __wrapped__): Transformers' Trainer reads the model's forward signature to choose the dataset
+    columns it passes (remove_unused_columns), and *args, **kwargs would drop them all."""
+    def wrapper(self, *args, **kwargs):
+        return forward(self, *args, **kwargs)
+
+    return functools.update_wrapper(wrapper, cls.forward)
+
+
 def _swap_forward(mod, forward, kh):
-    """Gives `mod` a subclass of its class whose forward is `forward` (the original stays
-    reachable as _kernel_hub_forward); torch.compile traces it like any module."""
+    """Gives `mod` a subclass of its class whose forward is `forward` with the original's
+    signature (the original stays reachable as _kernel_hub_forward); torch.compile traces it
+    like any module."""
     cls = type(mod)
     if getattr(cls, "_kernel_hub_base", None) is not None:
         cls = cls._kernel_hub_base
     key = (cls, forward)
     if key not in _swapped:
         _swapped[key] = type(cls.__name__, (cls,), {
-            "forward": forward, "_kernel_hub_base": cls,
+            "forward": _forward_as(forward, cls), "_kernel_hub_base": cls,
             "_kernel_hub_forward": lambda self, *a, **k: cls.forward(self, *a, **k)})
     mod.__class__ = _swapped[key]
     mod._kernel_hub = kh
