@@ -354,8 +354,10 @@ attention.register_autograd(_attn_backward, setup_context=_attn_setup)
 # ratio). Qwen3's vocab 151936 in bf16: 1024 rows, 297 MiB (Liger bounds the chunk by the hidden
 # states' size: 128 rows at 16k tokens, 32 at 4k). On the H200 at Qwen3-0.6B, batch 8 x 2048
 # (tools/bench/RESULTS.md), 256 rows (80 MiB) trained at 72.7k tokens/s and 1024 rows at 86.2k,
-# with the same peak (23.39 GiB): the chunk is not what sets it there. KERNEL_HUB_LCE_CHUNK_MIB
-# sets another budget.
+# with the same peak (23.39 GiB): that peak was the start of backward, where autograd handed the
+# op zero gradients of d_hidden and d_weight (0.32 GiB, more than the chunk; gone since, see
+# _unused_grads_stay_none), so the chunk, live at the end of the forward, is now expected to set
+# the peak. KERNEL_HUB_LCE_CHUNK_MIB sets another budget.
 LCE_CHUNK_BYTES = int(os.environ.get("KERNEL_HUB_LCE_CHUNK_MIB", "300")) << 20
 LCE_CHUNK_ROWS = 1024
 
