@@ -93,7 +93,7 @@ def node_saved(node):
 
 def saved_by_node(loss, params, device_type="cuda"):
     """{node name: [bytes, storages]} over the graph from loss, each storage counted once (at the
-    first node met from the loss backwards, i.e. the one backward reaches first)."""
+    first node that holds it met in a depth-first walk from the loss)."""
     seen_nodes, seen_storages = set(), set()
     groups = collections.defaultdict(lambda: [0, 0])
     stack = [loss.grad_fn]
@@ -118,6 +118,8 @@ def saved_by_node(loss, params, device_type="cuda"):
 def frame_of(frames):
     """The allocating Python frame, outside torch's own files where there is one."""
     py = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
+    if py and py[0]["filename"].endswith("bridge_memory.py"):  # outermost first: innermost first
+        py = py[::-1]
     for f in py:
         name = f["filename"]
         if "/torch/" not in name:
