@@ -535,6 +535,41 @@ class BridgeTest(unittest.TestCase):
                      if e.name == "aten::zeros" and e.cpu_memory_usage > 0]
             self.assertEqual(zeros, [], name)
 
+    def test_silu_backward_overwrites_a_consumed_input(self):
+        # consume_input=True (the bridge's MLP): the gradient is written over the saved input, no
+        # [tokens, 2 * intermediate] allocation in backward; same gradient as the allocating
+        # backward; a second backward through a retained graph raises.
+        eager, model = pair("llama")
+        kernel_hub.kernelize(model, device="cpu", mode="train")
+        model.train()
+        rt = model.kernel_hub_runtime.id
+        g = torch.Generator().manual_seed(4)
+        x0 = torch.randn(24, 2 * 96, generator=g)
+        w = torch.randn(24, 96, generator=g)
+        grads = {}
+        for consume in (False, True):
+            x = x0.clone().requires_grad_()
+            h = x * 1.0  # an intermediate, as the gate/up buffer is
+            out = (kernel_hub.ops.silu_and_mul(h, rt, consume) * w).sum()
+            with torch.profiler.profile(profile_memory=True) as prof:
+                out.backward(retain_graph=True)
+            sized = [e.name for e in prof.events()
+                     if e.name in ("aten::empty", "aten::empty_strided")  # the leaf allocators
+                     and e.cpu_memory_usage == x0.numel() * 4]
+            # The allocating backward allocates dx (x * 1.0 allocates inside aten::mul).
+            self.assertEqual(len(sized), 0 if consume else 1, (consume, sized))
+            grads[consume] = x.grad.clone()
+            if consume:
+                with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+                    out.backward()
+            else:
+                out.backward()  # retained: the saved input is intact
+        torch.testing.assert_close(grads[True], grads[False], rtol=0, atol=0)
+        hs = x0.clone().requires_grad_()
+        ref = (torch.nn.functional.silu(hs[:, :96]) * hs[:, 96:] * w).sum()
+        ref.backward()
+        torch.testing.assert_close(grads[True], hs.grad, rtol=1e-5, atol=1e-6)
+
     def test_inference_mode_only(self):
         eager, model = pair("qwen3")
         kernel_hub.kernelize(model, device="cpu", mode="inference")

@@ -91,6 +91,11 @@ MODES = {None: ("eval", "train"), "inference": ("eval",), "eval": ("eval",),
 # layer names, "" or "none" for none) choose another set.
 INDUCTOR_LAYERS = ("RotaryEmbedding", "SiluAndMul")
 
+# The MLP's SiluAndMul backward writes its gradient over the saved gate/up buffer (no
+# [tokens, 2 * intermediate] allocation, as Liger's SwiGLU); KERNEL_HUB_SILU_IN_PLACE=0 allocates
+# (a second backward through a retained graph needs that).
+SILU_IN_PLACE = os.environ.get("KERNEL_HUB_SILU_IN_PLACE", "1") != "0"
+
 
 def hub_config(config):
     """The config with Transformers' layer names renamed to the hub's (values untouched)."""
@@ -357,7 +362,8 @@ def _kernel_mlp(mod, x):
         h = _GateUp.apply(x, mod.gate_proj.weight, mod.up_proj.weight)
     else:  # hooks, autocast, or traced by torch.compile (which keeps torch's Linear)
         h = torch.cat([mod.gate_proj(x), mod.up_proj(x)], dim=-1)
-    return mod.down_proj(ops.silu_and_mul(h, kh.rt.id))
+    # h is this function's own: its gradient may overwrite it (ops.silu_and_mul consume_input).
+    return mod.down_proj(ops.silu_and_mul(h, kh.rt.id, SILU_IN_PLACE))
 
 
 _swapped = {}
