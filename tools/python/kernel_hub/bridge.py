@@ -292,8 +292,19 @@ def _recompute_applies(kh):
             or not torch.is_grad_enabled() or torch.compiler.is_compiling()
             or not kh.rt.is_bound("RMSNorm")):
         return False
+    return _caller_hooks() is None
+
+
+def _caller_hooks():
+    """The innermost saved-tensor hooks in effect (torch's private query; its argument,
+    ignore_is_tracing, came in a later torch than the query itself), or None."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    return top is None or top(False) is None
+    if top is None:
+        return None
+    try:
+        return top(False)
+    except TypeError:
+        return top()
 
 
 def _run_recomputing_norms(kh, fn, *args, **kwargs):
