@@ -155,7 +155,15 @@ class BridgeTest(unittest.TestCase):
         return eager, model
 
     def test_qwen3(self):
-        self.check_model("qwen3")
+        eager, model = self.check_model("qwen3")
+        # The swapped forwards keep the originals' signatures: Transformers' Trainer picks the
+        # dataset columns it passes from inspect.signature(model.forward).
+        import inspect
+        for original, swapped in ((eager, model), (eager.model.norm, model.model.norm),
+                                  (eager.model.layers[0].mlp, model.model.layers[0].mlp)):
+            self.assertNotEqual(type(original), type(swapped))
+            self.assertEqual(inspect.signature(swapped.forward),
+                             inspect.signature(original.forward))
 
     def test_llama(self):
         self.check_model("llama")
@@ -219,6 +227,8 @@ class BridgeTest(unittest.TestCase):
         #   SiluAndMul       [gate, up] [2I] (Liger's a, b); down_proj's input [I]
         # and once: input ids, cos and sin, the final norm (x, rstd), the fused loss's d_hidden
         # [T, H] and d_weight [V, H] in the weight's dtype (no logits, no fp32 copy).
+        # The caller's saved-tensor hooks here turn the norm-output recomputation off
+        # (test_training_recomputes_norm_outputs measures with it).
         eager, model = pair("qwen3")
         model.to(torch.bfloat16)  # where an fp32 copy would show
         kernel_hub.kernelize(model, device="cpu")
@@ -235,15 +245,109 @@ class BridgeTest(unittest.TestCase):
         with Calls() as calls, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(ids, labels=ids).loss.backward()
         self.assertEqual(layers_called(calls, "train", "backward"), TRAIN_CALLED, calls)
+        # The norms ran in the forward only: nothing recomputed.
+        self.assertEqual(calls[("RMSNorm", "train", "forward")],
+                         model.kernel_hub_replaced["RMSNorm"])
+        self.assertEqual(sum(saved.values()), self.liger_saved_bytes(model, ids))
+
+    @staticmethod
+    def liger_saved_bytes(model, ids, norm_outputs_per_layer=2):
+        """test_training_saves_what_liger_saves's count for a bf16 Qwen3; norm_outputs_per_layer
+        0 leaves out the input_layernorm's and post_attention_layernorm's outputs."""
         c = model.config
         t, h, i = ids.numel(), c.hidden_size, c.intermediate_size
         qh, kvh = c.num_attention_heads, c.num_key_value_heads
         q, k = qh * c.head_dim, kvh * c.head_dim
         f = 2  # bf16; rstd and lse are fp32
-        layer = t * (4 * h + 3 * q + 3 * k + 3 * i) * f + t * (2 + 2 * qh + kvh) * 4
+        layer = (t * ((2 + norm_outputs_per_layer) * h + 3 * q + 3 * k + 3 * i) * f
+                 + t * (2 + 2 * qh + kvh) * 4)
         once = (ids.numel() * 8 + 2 * ids.shape[1] * c.head_dim * f + t * h * f + t * 4 +
                 t * h * f + c.vocab_size * h * f)
-        self.assertEqual(sum(saved.values()), c.num_hidden_layers * layer + once)
+        return c.num_hidden_layers * layer + once
+
+    def test_training_recomputes_norm_outputs(self):
+        # The kernelized training forward keeps neither the input_layernorm's output (q/k/v_proj's
+        # input) nor the post_attention_layernorm's (the MLP's): backward recomputes each once,
+        # from the norm's input that the norm keeps anyway. What the hooks keep is the audit
+        # above less those two [tokens, hidden] per layer; gradients as without.
+        from kernel_hub import bridge
+        eager, model = pair("qwen3")
+        eager.to(torch.bfloat16)
+        model.to(torch.bfloat16)
+        kernel_hub.kernelize(model, device="cpu")
+        model.train()
+        eager.train()
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        kept = {}
+        pack = bridge._NormRecompute.pack
+
+        def counting_pack(scope, t):
+            packed = pack(scope, t)
+            if isinstance(packed, tuple):
+                ptr = packed[0].untyped_storage().data_ptr()
+                if ptr not in params:
+                    kept[ptr] = packed[0].untyped_storage().nbytes()
+            return packed
+
+        ids = self.ids(9)
+        bridge._NormRecompute.pack = counting_pack
+        try:
+            with Calls() as forward_calls:
+                loss = model(ids, labels=ids).loss
+        finally:
+            bridge._NormRecompute.pack = pack
+        with Calls() as backward_calls:
+            loss.backward()
+        n_layers = model.config.num_hidden_layers
+        # The fused loss runs after the decoder, outside the hooks: autograd keeps its d_hidden
+        # [T, H] and d_weight [V, H] itself.
+        c = model.config
+        lce = ids.numel() * c.hidden_size * 2 + c.vocab_size * c.hidden_size * 2
+        self.assertEqual(sum(kept.values()) + lce, self.liger_saved_bytes(model, ids, 0))
+        self.assertEqual(forward_calls[("RMSNorm", "train", "forward")],
+                         model.kernel_hub_replaced["RMSNorm"])
+        self.assertEqual(backward_calls[("RMSNorm", "train", "forward")], 2 * n_layers)
+        # Same gradients as with the outputs kept (bit for bit: the same kernel recomputes them).
+        os.environ["KERNEL_HUB_RECOMPUTE_NORM"] = "0"
+        try:
+            with Calls() as calls:
+                kept_model = tiny("qwen3").to(torch.bfloat16)
+                kept_model.load_state_dict(model.state_dict())
+                kernel_hub.kernelize(kept_model, device="cpu")
+                kept_model.train()
+                want = kept_model(ids, labels=ids).loss
+                want.backward()
+            self.assertEqual(calls[("RMSNorm", "train", "forward")],
+                             model.kernel_hub_replaced["RMSNorm"])
+        finally:
+            del os.environ["KERNEL_HUB_RECOMPUTE_NORM"]
+        self.assertEqual(loss.item(), want.item())
+        for (name, p), (_, q) in zip(kept_model.named_parameters(), model.named_parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0, msg=name)
+
+        # A saved tensor modified in place before backward is refused, as autograd does
+        # without hooks.
+        loss = model(ids, labels=ids).loss
+        with torch.no_grad():
+            model.model.layers[0].mlp.down_proj.weight.add_(1.0)
+        with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+            loss.backward()
+
+        # A forward without backward leaves nothing alive: the hooks keep saved outputs
+        # detached (an op's output with its node would be a reference cycle through C++).
+        import gc
+        import weakref
+        kh = model._kernel_hub
+        x = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
+        w = model.model.norm.weight
+
+        def forward():
+            _y, rstd = kernel_hub.ops.rms_norm_train(x, w, 1e-6, model.kernel_hub_runtime.id)
+            return weakref.ref(rstd)
+
+        ref = bridge._run_recomputing_norms(kh, forward)
+        gc.collect()
+        self.assertIsNone(ref())
 
     def test_mlp_projection_hooks_still_run(self):
         # The MLP writes gate and up into one buffer with two GEMMs; a projection with a hook
@@ -394,6 +498,77 @@ class BridgeTest(unittest.TestCase):
         torch.testing.assert_close(out[0], want, rtol=1e-2, atol=1e-2)
         torch.testing.assert_close(hb.grad.float(), h2.grad, rtol=2e-2, atol=1e-3)
         torch.testing.assert_close(wb.grad.float(), w2.grad, rtol=2e-2, atol=1e-3)
+
+    def test_unused_outputs_get_no_zero_gradients(self):
+        # Autograd would hand each op's backward a zero tensor of every output's size that was not
+        # used (the fused loss's d_weight: [vocab, hidden], at the start of backward, the step's
+        # memory peak). The ops ask for None instead: their backward allocates no zeros.
+        eager, model = pair("qwen3")
+        kernel_hub.kernelize(model, device="cpu", mode="train")
+        model.train()
+        rt = model.kernel_hub_runtime.id
+        ops = kernel_hub.ops
+        g = torch.Generator().manual_seed(5)
+
+        def leaf(*shape, dtype=torch.float32):
+            return torch.randn(*shape, generator=g, dtype=dtype).requires_grad_()
+
+        labels = torch.randint(0, 96, (24,), generator=g)
+        q, k, v = leaf(2, 12, 4, 16), leaf(2, 12, 2, 16), leaf(2, 12, 2, 16)
+        cos, sin = torch.randn(1, 12, 16, generator=g), torch.randn(1, 12, 16, generator=g)
+        cases = {
+            "FusedLinearCrossEntropy": lambda: ops.linear_cross_entropy_train(
+                leaf(24, 64), leaf(96, 64), labels, -100, rt)[0],
+            "RMSNorm": lambda: ops.rms_norm_train(leaf(24, 64), leaf(64), 1e-6, rt)[0].sum(),
+            "CrossEntropy": lambda: ops.cross_entropy_train(leaf(24, 96), labels, -100,
+                                                            rt)[0].sum(),
+            "Attention": lambda: ops.attention(q, k, v, 1, -1, 0.25, rt)[0].sum(),
+            "RotaryEmbedding (q only)": lambda: ops.rotary(leaf(2, 4, 12, 16),
+                                                           leaf(2, 2, 12, 16), cos, sin,
+                                                           rt)[0].sum(),
+        }
+        for name, forward in cases.items():
+            out = forward()
+            with torch.profiler.profile(profile_memory=True) as prof:
+                out.backward()
+            zeros = [e.cpu_memory_usage for e in prof.events()
+                     if e.name == "aten::zeros" and e.cpu_memory_usage > 0]
+            self.assertEqual(zeros, [], name)
+
+    def test_silu_backward_overwrites_a_consumed_input(self):
+        # consume_input=True (the bridge's MLP): the gradient is written over the saved input, no
+        # [tokens, 2 * intermediate] allocation in backward; same gradient as the allocating
+        # backward; a second backward through a retained graph raises.
+        eager, model = pair("llama")
+        kernel_hub.kernelize(model, device="cpu", mode="train")
+        model.train()
+        rt = model.kernel_hub_runtime.id
+        g = torch.Generator().manual_seed(4)
+        x0 = torch.randn(24, 2 * 96, generator=g)
+        w = torch.randn(24, 96, generator=g)
+        grads = {}
+        for consume in (False, True):
+            x = x0.clone().requires_grad_()
+            h = x * 1.0  # an intermediate, as the gate/up buffer is
+            out = (kernel_hub.ops.silu_and_mul(h, rt, consume) * w).sum()
+            with torch.profiler.profile(profile_memory=True) as prof:
+                out.backward(retain_graph=True)
+            sized = [e.name for e in prof.events()
+                     if e.name in ("aten::empty", "aten::empty_strided")  # the leaf allocators
+                     and e.cpu_memory_usage == x0.numel() * 4]
+            # The allocating backward allocates dx (x * 1.0 allocates inside aten::mul).
+            self.assertEqual(len(sized), 0 if consume else 1, (consume, sized))
+            grads[consume] = x.grad.clone()
+            if consume:
+                with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+                    out.backward()
+            else:
+                out.backward()  # retained: the saved input is intact
+        torch.testing.assert_close(grads[True], grads[False], rtol=0, atol=0)
+        hs = x0.clone().requires_grad_()
+        ref = (torch.nn.functional.silu(hs[:, :96]) * hs[:, 96:] * w).sum()
+        ref.backward()
+        torch.testing.assert_close(grads[True], hs.grad, rtol=1e-5, atol=1e-6)
 
     def test_inference_mode_only(self):
         eager, model = pair("qwen3")

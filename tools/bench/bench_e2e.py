@@ -17,10 +17,17 @@ random tokens, batch 8 x 2048, for
                  so that several sets run side by side
 
 each in its own process (Liger patches Transformers' modules globally; compile caches stay
-apart), same seed, same data: the loss after the measured steps is printed next to each row so
-that a wrong loss shows. One table: tokens/s, peak memory, the loss, ratios vs eager and vs
-eager+Liger. --layers N builds N Llama-3-8B-shaped layers instead (hidden 4096, 32/8 heads, FFN
-14336, vocab 128256, untied).
+apart), same seed, same data, all from the one command so that every ratio is same-run: the loss
+after the measured steps is printed next to each row so that a wrong loss shows. One table:
+tokens/s, peak memory (and its difference from eager+Liger's), the loss, ratios vs eager, vs
+eager+Liger and vs torch.compile, each row's wall time; above it the GPU, torch and Transformers
+versions. --layers N builds N Llama-3-8B-shaped layers instead (hidden 4096, 32/8 heads, FFN
+14336, vocab 128256, untied); --shape tiny is a seconds-long smoke run of the script (also on
+--device cpu).
+
+A configuration may carry environment settings for its process in brackets, so that variants run
+side by side in the same invocation: kh[KERNEL_HUB_RECOMPUTE_NORM=0],
+kh[KERNEL_HUB_LCE_CHUNK_MIB=80;KERNEL_HUB_RECOMPUTE_NORM=0] (';' between settings).
 
 Liger on the GPU machine (no network there): its wheel is downloaded on the workstation with
   pip download liger-kernel==0.8.5 --no-deps -d .devlibs/wheels
@@ -32,7 +39,10 @@ import). kernel_hub needs KERNEL_HUB_LIBRARY (libkernel_hub.so) and a hub holdin
 (KERNEL_HUB_DATA_DIR with the default hub, as tools/bench/gpu_run.sh sets it).
 
 Usage: python3 tools/bench/bench_e2e.py [--steps 10] [--warmup 3] [--batch 8] [--seq 2048]
-       [--layers N] [--configs eager,liger,compile,kh,compile+kh[,compile+kh:LAYERS...]]
+       [--layers N | --shape tiny] [--timeout S]
+       [--configs eager,liger,compile,kh,compile+kh[,compile+kh:LAYERS...][,kh[VAR=V;...]]]
+--timeout S stops a configuration's process after S seconds (its row says so; the others run):
+the 5 default rows at the 0.6B shape take about 5 minutes on an H200, most of it compiling.
 
 Peak memory is torch.cuda.max_memory_allocated over the measured steps (tensors; the "reserved"
 column is max_memory_reserved: what the caching allocator held from the device)."""
@@ -50,6 +60,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def model_config(args):
     import transformers
+    if args.shape == "tiny":
+        return transformers.Qwen3Config(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, intermediate_size=96, vocab_size=512,
+            max_position_embeddings=max(4096, args.seq), tie_word_embeddings=True,
+            attn_implementation="sdpa")
     if args.layers:
         return transformers.LlamaConfig(
             hidden_size=4096, num_hidden_layers=args.layers, num_attention_heads=32,
@@ -63,8 +79,25 @@ def model_config(args):
         attn_implementation="sdpa")
 
 
+def split_config(which):
+    """"kh[A=1;B=2]" -> ("kh", {"A": "1", "B": "2"}): the configuration and its process's
+    environment settings."""
+    if not which.endswith("]") or "[" not in which:
+        return which, {}
+    name, spec = which[:-1].split("[", 1)
+    env = {}
+    for item in filter(None, spec.split(";")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"bench_e2e: configuration {which!r}: settings are VAR=VALUE "
+                             "joined by ';'")
+        env[key] = value
+    return name, env
+
+
 def inductor_layers(which):
     """compile+kh:LAYERS -> the inductor_layers argument of kernelize (None: the default)."""
+    which = split_config(which)[0]
     if ":" not in which:
         return None
     spec = which.split(":", 1)[1]
@@ -74,18 +107,20 @@ def inductor_layers(which):
 def build(args, which):
     import torch
     import transformers
-    if which == "liger":
+    if split_config(which)[0] == "liger":
         import liger_kernel.transformers as lk
-        patch = lk.apply_liger_kernel_to_llama if args.layers else lk.apply_liger_kernel_to_qwen3
+        patch = (lk.apply_liger_kernel_to_llama if args.layers and args.shape != "tiny"
+                 else lk.apply_liger_kernel_to_qwen3)
         patch(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
               fused_linear_cross_entropy=True)
     torch.manual_seed(0)
     config = model_config(args)
-    cls = transformers.LlamaForCausalLM if args.layers else transformers.Qwen3ForCausalLM
+    cls = (transformers.LlamaForCausalLM if args.layers and args.shape != "tiny"
+           else transformers.Qwen3ForCausalLM)
     with torch.device(args.device):
         model = cls(config).to(torch.bfloat16)
     model.train()
-    if which.split(":")[0] in ("kh", "compile+kh"):
+    if split_config(which)[0].split(":")[0] in ("kh", "compile+kh"):
         import kernel_hub
         kernel_hub.kernelize(model, device=args.device, mode="train",
                              inductor_layers=inductor_layers(which))
@@ -98,7 +133,8 @@ def run_one(args, which):
     model = build(args, which)
     fullgraph = None
     step_model = model
-    if which.startswith("compile"):
+    compiled = split_config(which)[0].startswith("compile")
+    if compiled:
         import torch._dynamo
         torch._dynamo.reset()
         fullgraph = True
@@ -142,7 +178,7 @@ def run_one(args, which):
     sync()
     dt = time.perf_counter() - t0
     breaks = None
-    if which.startswith("compile"):
+    if compiled:
         from torch._dynamo.utils import counters
         breaks = {k: v for k, v in counters["graph_break"].items()}
     print("RESULT " + json.dumps({
@@ -171,6 +207,71 @@ def ensure_liger(args):
     return env
 
 
+def versions(device):
+    """The GPU, torch and Transformers this run measured with (one line above the table)."""
+    import torch
+    import transformers
+    gpu = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    return f"{gpu}, torch {torch.__version__}, Transformers {transformers.__version__}"
+
+
+def run_child(args, which, env):
+    """One configuration in a child process: its RESULT (with wall_s), or None after saying why."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--run", which, "--steps",
+           str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
+           "--seq", str(args.seq), "--layers", str(args.layers), "--device", args.device,
+           "--shape", args.shape]
+    env = dict(env, **split_config(which)[1])
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                           timeout=args.timeout or None)
+    except subprocess.TimeoutExpired:
+        print(f"[{which}] stopped after --timeout {args.timeout} s", file=sys.stderr)
+        return None
+    wall = time.perf_counter() - t0
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    if p.returncode != 0 or not line:
+        print(f"[{which}] failed (exit {p.returncode}):\n{p.stderr[-3000:]}", file=sys.stderr)
+        return None
+    for note in p.stderr.splitlines():  # the script's own notices (a fullgraph retry)
+        if note.startswith(f"[{which}]"):
+            print(note, file=sys.stderr)
+    r = json.loads(line[-1][len("RESULT "):])
+    r["wall_s"] = wall
+    return r
+
+
+def table(args, results):
+    """The one table, ratios against this run's eager, eager+Liger and torch.compile rows."""
+    shape = ("tiny Qwen3 (smoke run)" if args.shape == "tiny" else
+             f"{args.layers} Llama-3-8B layers" if args.layers else "Qwen3-0.6B")
+    lines = [f"{shape}, batch {args.batch} x {args.seq}, bf16, {args.steps} steps after "
+             f"{args.warmup}; {versions(args.device)}; one invocation, one process per row",
+             "| config | tokens/s | peak GiB | vs Liger peak | reserved GiB | loss | vs eager | "
+             "vs eager+Liger | vs compile | fullgraph / breaks | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    eager = results.get("eager", {}).get("tokens_per_s")
+    liger = results.get("liger", {}).get("tokens_per_s")
+    liger_peak = results.get("liger", {}).get("peak_gib")
+    compiled = results.get("compile", {}).get("tokens_per_s")
+    for which, r in results.items():
+        tps = r["tokens_per_s"]
+        ratio = lambda ref: f"{tps / ref:.2f}x" if ref else "-"  # noqa: E731
+        peak = f"{r['peak_gib'] - liger_peak:+.2f}" if liger_peak is not None else "-"
+        breaks = "-"
+        if r["graph_breaks"] is not None:
+            n = sum(r["graph_breaks"].values())
+            breaks = f"{'yes' if r['fullgraph'] else 'no'} / {n}"
+            if n:
+                breaks += " (" + "; ".join(f"{k[:60]}: {v}" for k, v in
+                                          list(r["graph_breaks"].items())[:3]) + ")"
+        lines.append(f"| {which} | {tps:,.0f} | {r['peak_gib']:.2f} | {peak} | "
+                     f"{r.get('reserved_gib', 0):.2f} | {r['loss']:.4f} | {ratio(eager)} | "
+                     f"{ratio(liger)} | {ratio(compiled)} | {breaks} | {r['wall_s']:.0f} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=10)
@@ -179,7 +280,11 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=0,
                     help="N Llama-3-8B-shaped layers instead of Qwen3-0.6B")
+    ap.add_argument("--shape", default="", choices=("", "tiny"),
+                    help="tiny: a 2-layer hidden-64 Qwen3, a smoke run of the script")
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--timeout", type=float, default=0,
+                    help="seconds one configuration's process may run (0: no limit)")
     ap.add_argument("--device", default="cuda:0", help="cpu: a smoke run of the script itself")
     ap.add_argument("--liger-dir", default="/tmp/liger",
                     help="where to install .devlibs/wheels' Liger when it does not import")
@@ -194,7 +299,7 @@ def main():
     results = {}
     for which in args.configs.split(","):
         env = base_env
-        if which == "liger":
+        if split_config(which)[0] == "liger":
             env = ensure_liger(args)
             if env is None:
                 print("[liger] liger_kernel does not import and no wheel in .devlibs/wheels: "
@@ -202,39 +307,10 @@ def main():
                 continue
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (env.get("PYTHONPATH"), base_env["PYTHONPATH"]) if p)
-        cmd = [sys.executable, os.path.abspath(__file__), "--run", which, "--steps",
-               str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
-               "--seq", str(args.seq), "--layers", str(args.layers), "--device", args.device]
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-        if p.returncode != 0 or not line:
-            print(f"[{which}] failed (exit {p.returncode}):\n{p.stderr[-3000:]}", file=sys.stderr)
-            continue
-        for note in p.stderr.splitlines():  # the script's own notices (a fullgraph retry)
-            if note.startswith(f"[{which}]"):
-                print(note, file=sys.stderr)
-        results[which] = json.loads(line[-1][len("RESULT "):])
-    shape = (f"{args.layers} Llama-3-8B layers" if args.layers else "Qwen3-0.6B") + \
-        f", batch {args.batch} x {args.seq}, bf16, {args.steps} steps after {args.warmup}"
-    print(f"\n{shape}")
-    print("| config | tokens/s | peak GiB | reserved GiB | loss | vs eager | vs eager+Liger | "
-          "vs compile | fullgraph / breaks |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    eager = results.get("eager", {}).get("tokens_per_s")
-    liger = results.get("liger", {}).get("tokens_per_s")
-    compiled = results.get("compile", {}).get("tokens_per_s")
-    for which, r in results.items():
-        tps = r["tokens_per_s"]
-        ratio = lambda ref: f"{tps / ref:.2f}x" if ref else "-"  # noqa: E731
-        breaks = "-"
-        if r["graph_breaks"] is not None:
-            n = sum(r["graph_breaks"].values())
-            breaks = f"{'yes' if r['fullgraph'] else 'no'} / {n}"
-            if n:
-                breaks += " (" + "; ".join(f"{k[:60]}: {v}" for k, v in
-                                          list(r["graph_breaks"].items())[:3]) + ")"
-        print(f"| {which} | {tps:,.0f} | {r['peak_gib']:.2f} | {r.get('reserved_gib', 0):.2f} | "
-              f"{r['loss']:.4f} | {ratio(eager)} | {ratio(liger)} | {ratio(compiled)} | {breaks} |")
+        r = run_child(args, which, env)
+        if r is not None:
+            results[which] = r
+    print("\n" + table(args, results))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,11 @@ current mode; anything else keeps PyTorch's code):
                    and V); under torch.compile the cache is built but left out of the fused
                    loss's output (_kernel_causal_lm says why).
 
+In eager training the outputs of the kernel RMSNorms that the next layers save for backward (the
+q/k/v projections' and the MLP's input) are recomputed in backward from the norm's input instead
+of kept (_NormRecompute: two [tokens, hidden] tensors per decoder layer less than Liger keeps);
+KERNEL_HUB_RECOMPUTE_NORM=0 keeps them.
+
 Config keys are hub layer names (RMSNorm, SiluAndMul, RotaryEmbedding, CrossEntropy, Attention)
 or Transformers' names for them (TRANSFORMERS_NAMES; Liger's "fused_linear_cross_entropy" names
 FusedLinearCrossEntropy); values are passed to the C API untouched
@@ -38,9 +43,11 @@ FusedLinearCrossEntropy); values are passed to the C API untouched
 Under torch.compile the layers in INDUCTOR_LAYERS (rotary embedding, SiluAndMul) keep PyTorch's
 code for Inductor to fuse with the GEMMs around them; kernelize(inductor_layers=()) keeps every
 kernel."""
+import functools
 import inspect
 import os
 import sys
+import weakref
 
 import torch
 
@@ -83,6 +90,11 @@ MODES = {None: ("eval", "train"), "inference": ("eval",), "eval": ("eval",),
 # kernel. kernelize(inductor_layers=...) or KERNEL_HUB_INDUCTOR_LAYERS (comma-separated hub
 # layer names, "" or "none" for none) choose another set.
 INDUCTOR_LAYERS = ("RotaryEmbedding", "SiluAndMul")
+
+# The MLP's SiluAndMul backward writes its gradient over the saved gate/up buffer (no
+# [tokens, 2 * intermediate] allocation, as Liger's SwiGLU); KERNEL_HUB_SILU_IN_PLACE=0 allocates
+# (a second backward through a retained graph needs that).
+SILU_IN_PLACE = os.environ.get("KERNEL_HUB_SILU_IN_PLACE", "1") != "0"
 
 
 def hub_config(config):
@@ -174,8 +186,140 @@ def _kernel_rms_norm(mod, x):
     eps = float(mod._kernel_hub_eps)
     x = x.contiguous()
     if kh.rt.mode == "train":
-        return ops.rms_norm_train(x, mod.weight, eps, kh.rt.id)[0]
+        y = ops.rms_norm_train(x, mod.weight, eps, kh.rt.id)[0]
+        if _recompute is not None and _recompute.rt is kh.rt:
+            _recompute.register(y, x, mod.weight, eps)
+        return y
     return ops.rms_norm(x, mod.weight, eps, kh.rt.id)
+
+
+class _NormOutput:
+    """A norm output that the layers after it saved for backward: what recomputes it (the norm's
+    input, weight, eps: the norm saves x and weight for its own backward anyway), the versions
+    that make the recomputation valid, and the recomputed tensor while its savers unpack it."""
+    __slots__ = ("y", "x", "weight", "eps", "y_version", "x_version", "packs", "value")
+
+    def __init__(self, y, x, weight, eps):
+        self.y, self.x, self.weight, self.eps = weakref.ref(y), x, weight, eps
+        self.y_version, self.x_version = y._version, x._version
+        self.packs, self.value = 0, None
+
+
+class _SavedNormView:
+    """What a pack hook keeps of a saved view of a norm output: the entry and the view's
+    geometry (Linear saves its input reshaped to 2-D)."""
+    __slots__ = ("entry", "shape", "stride", "offset")
+
+    def __init__(self, entry, t):
+        self.entry, self.shape, self.stride = entry, t.shape, t.stride()
+        self.offset = t.storage_offset()
+
+
+def _modified_error(what):
+    return RuntimeError(
+        f"one of the variables needed for gradient computation has been modified by an inplace "
+        f"operation ({what}; kernel_hub saves tensors through saved_tensors_hooks during a "
+        f"kernelized training forward: set KERNEL_HUB_RECOMPUTE_NORM=0 to leave them to autograd)")
+
+
+class _NormRecompute:
+    """Saved-tensor hooks for a kernelized training forward: the outputs of the kernel RMSNorms
+    that the next layers save for backward (q/k/v projections, the MLP's gate/up GEMMs: two
+    [tokens, hidden] tensors per decoder layer, 1.75 GiB at Qwen3-0.6B, batch 8 x 2048) are not
+    kept; backward recomputes each from the norm's input (which the norm keeps for its own
+    backward) with the same kernel, once for all its savers, just before they run and before the
+    norm's own backward frees that input. Liger keeps them. Every other saved tensor is kept as
+    is, with the version check autograd does without hooks."""
+
+    def __init__(self, rt):
+        self.rt = rt
+        self.outputs = {}  # storage address -> _NormOutput, for this forward
+
+    def register(self, y, x, weight, eps):
+        if y.numel():
+            self.outputs[y.untyped_storage().data_ptr()] = _NormOutput(y, x, weight, eps)
+
+    def pack(self, t):
+        try:
+            entry = self.outputs.get(t.untyped_storage().data_ptr()) if t.numel() else None
+        except (RuntimeError, NotImplementedError):  # no storage (sparse, nested, a subclass)
+            entry = None
+        y = entry.y() if entry is not None else None
+        if (y is not None and t.dtype == y.dtype and t.device == y.device
+                and t._version == entry.y_version
+                and t.untyped_storage().nbytes() == y.untyped_storage().nbytes()):
+            entry.packs += 1
+            return _SavedNormView(entry, t)
+        # Detached: an op's saved output would otherwise hold its own node (a reference cycle
+        # through C++ that keeps the graph alive when no backward runs); autograd reattaches
+        # the node on unpack. The detached tensor shares the version counter.
+        try:
+            return t.detach(), t._version
+        except RuntimeError:  # an inference tensor has no version counter
+            return t.detach(), None
+
+    def unpack(self, packed):
+        if not isinstance(packed, _SavedNormView):
+            t, version = packed
+            if version is not None and t._version != version:
+                raise _modified_error(f"a saved {tuple(t.shape)} tensor is at version "
+                                      f"{t._version}; expected version {version}")
+            return t
+        e = packed.entry
+        if e.value is None:
+            if e.x._version != e.x_version:
+                raise _modified_error(f"an RMSNorm's input {tuple(e.x.shape)} is at version "
+                                      f"{e.x._version}; expected version {e.x_version}")
+            with torch.no_grad():
+                e.value = ops.rms_norm_train(e.x, e.weight, e.eps, self.rt.id)[0]
+        value = e.value.as_strided(packed.shape, packed.stride, packed.offset)
+        e.packs -= 1
+        if e.packs <= 0:  # its last saver: the recomputed output goes with it
+            e.value = None
+        return value
+
+
+# The _NormRecompute of the kernelized training forward running now (None outside one).
+_recompute = None
+
+
+def _recompute_applies(kh):
+    """Whether a kernelized forward recomputes norm outputs in backward: eager training with the
+    RMSNorm kernel bound, grad enabled, not traced (torch.compile's partitioner chooses what to
+    recompute), no saved-tensor hooks of the caller's (an offloading or checkpointing scope keeps
+    its own), and KERNEL_HUB_RECOMPUTE_NORM not 0."""
+    if (os.environ.get("KERNEL_HUB_RECOMPUTE_NORM", "1") == "0" or kh.rt.mode != "train"
+            or not torch.is_grad_enabled() or torch.compiler.is_compiling()
+            or not kh.rt.is_bound("RMSNorm")):
+        return False
+    return _caller_hooks() is None
+
+
+def _caller_hooks():
+    """The innermost saved-tensor hooks in effect (torch's private query; its argument,
+    ignore_is_tracing, came in a later torch than the query itself), or None."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:
+        return None
+    try:
+        return top(False)
+    except TypeError:
+        return top()
+
+
+def _run_recomputing_norms(kh, fn, *args, **kwargs):
+    """fn(*args, **kwargs), recomputing the kernel RMSNorms' saved outputs in backward where
+    _recompute_applies."""
+    global _recompute
+    if not _recompute_applies(kh):
+        return fn(*args, **kwargs)
+    scope = _NormRecompute(kh.rt)
+    outer, _recompute = _recompute, scope
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(scope.pack, scope.unpack):
+            return fn(*args, **kwargs)
+    finally:
+        _recompute = outer
 
 
 class _GateUp(torch.autograd.Function):
@@ -229,22 +373,34 @@ def _kernel_mlp(mod, x):
         h = _GateUp.apply(x, mod.gate_proj.weight, mod.up_proj.weight)
     else:  # hooks, autocast, or traced by torch.compile (which keeps torch's Linear)
         h = torch.cat([mod.gate_proj(x), mod.up_proj(x)], dim=-1)
-    return mod.down_proj(ops.silu_and_mul(h, kh.rt.id))
+    # h is this function's own: its gradient may overwrite it (ops.silu_and_mul consume_input).
+    return mod.down_proj(ops.silu_and_mul(h, kh.rt.id, SILU_IN_PLACE))
 
 
 _swapped = {}
 
 
+def _forward_as(forward, cls):
+    """`forward` under cls.forward's name, docs and signature (inspect.signature follows
+    __wrapped__): Transformers' Trainer reads the model's forward signature to choose the dataset
+    columns it passes (remove_unused_columns), and *args, **kwargs would drop them all."""
+    def wrapper(self, *args, **kwargs):
+        return forward(self, *args, **kwargs)
+
+    return functools.update_wrapper(wrapper, cls.forward)
+
+
 def _swap_forward(mod, forward, kh):
-    """Gives `mod` a subclass of its class whose forward is `forward` (the original stays
-    reachable as _kernel_hub_forward); torch.compile traces it like any module."""
+    """Gives `mod` a subclass of its class whose forward is `forward` with the original's
+    signature (the original stays reachable as _kernel_hub_forward); torch.compile traces it
+    like any module."""
     cls = type(mod)
     if getattr(cls, "_kernel_hub_base", None) is not None:
         cls = cls._kernel_hub_base
     key = (cls, forward)
     if key not in _swapped:
         _swapped[key] = type(cls.__name__, (cls,), {
-            "forward": forward, "_kernel_hub_base": cls,
+            "forward": _forward_as(forward, cls), "_kernel_hub_base": cls,
             "_kernel_hub_forward": lambda self, *a, **k: cls.forward(self, *a, **k)})
     mod.__class__ = _swapped[key]
     mod._kernel_hub = kh
@@ -390,10 +546,10 @@ def _kernel_causal_lm(mod, *args, **kwargs):
     if (not mod._kernel_hub_fused_loss or labels is None or len(args) > 5
             or kh.rt.mode != "train" or not kh.use("FusedLinearCrossEntropy", weight)
             or kwargs.get("return_dict") is False):
-        return mod._kernel_hub_forward(*args, **kwargs)
+        return _run_recomputing_norms(kh, mod._kernel_hub_forward, *args, **kwargs)
     kw = {k: v for k, v in kwargs.items()
           if k not in ("labels", "logits_to_keep", "shift_labels")}
-    outputs = mod.model(*args, **kw)
+    outputs = _run_recomputing_norms(kh, mod.model, *args, **kw)
     hidden = outputs[0]
     if hidden.dtype != weight.dtype:
         hidden = hidden.to(weight.dtype)
@@ -531,15 +687,20 @@ def kernelize(model, config=None, device=None, mode=None, hub=None, lock=None, s
     takes_use_cache = (isinstance(getattr(model, "model", None), torch.nn.Module)
                        and "use_cache" in inspect.signature(base_forward).parameters
                        and "Attention" in rt.bound["train"])
+    # And the norm outputs recomputed in backward (_NormRecompute), around the whole forward.
+    recompute_norms = (isinstance(getattr(model, "model", None), torch.nn.Module)
+                       and "RMSNorm" in rt.bound["train"] and replaced["RMSNorm"] > 0)
     model._kernel_hub_fused_loss = fused
     model._kernel_hub_takes_use_cache = takes_use_cache
-    if fused or takes_use_cache:
-        import dataclasses
-        from transformers.modeling_outputs import CausalLMOutputWithPast
-        # What the base model's output hands on (past key values or cache, hidden states,
-        # attentions), read once here so the traced forward does no introspection.
-        model._kernel_hub_output_fields = frozenset(
-            f.name for f in dataclasses.fields(CausalLMOutputWithPast)) - {"loss", "logits"}
+    if fused or takes_use_cache or recompute_norms:
+        model._kernel_hub_output_fields = frozenset()
+        if fused:
+            import dataclasses
+            from transformers.modeling_outputs import CausalLMOutputWithPast
+            # What the base model's output hands on (past key values or cache, hidden states,
+            # attentions), read once here so the traced forward does no introspection.
+            model._kernel_hub_output_fields = frozenset(
+                f.name for f in dataclasses.fields(CausalLMOutputWithPast)) - {"loss", "logits"}
         _swap_forward(model, _kernel_causal_lm, kh)
         replaced["FusedLinearCrossEntropy"] = int(fused)
     _hook_train(model, rt)

@@ -26,6 +26,17 @@ def _rows(x):
     return x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
 
 
+def _unused_grads_stay_none(ctx):
+    """Backward gets None, not zeros, for the outputs nothing used. Autograd otherwise
+    materialises a zero gradient of each output's full size before calling backward: for the
+    fused loss's d_hidden and d_weight outputs (outputs only so that backward can have them) that
+    was a [vocab, hidden] and a [tokens, hidden] buffer of zeros at the start of backward, the
+    step's memory peak (0.32 GiB at Qwen3-0.6B, batch 8 x 2048); likewise for rstd, lse and the
+    unfused cross-entropy's [tokens, vocab] dlogits. Every multi-output op's setup calls this, and
+    its backward takes None for an output's gradient."""
+    ctx.set_materialize_grads(False)
+
+
 # ---- RMSNorm (kernel-hub/norm): x [..., cols] with a contiguous last dimension ----
 
 @torch.library.custom_op("kernel_hub::rms_norm", mutates_args=())
@@ -83,9 +94,12 @@ def _rms_norm_setup(ctx, inputs, output):
     x, weight, _eps, rt = inputs
     ctx.save_for_backward(x, weight, output[1])
     ctx.rt = rt
+    _unused_grads_stay_none(ctx)
 
 
 def _rms_norm_backward(ctx, dy, _drstd):
+    if dy is None:  # only rstd was used: no gradient flows
+        return None, None, None, None
     x, weight, rstd = ctx.saved_tensors
     dx, dweight = rms_norm_backward(dy.contiguous(), x, weight, rstd, ctx.rt)
     return dx, dweight, None, None
@@ -95,16 +109,21 @@ rms_norm_train.register_autograd(_rms_norm_backward, setup_context=_rms_norm_set
 
 
 # ---- SiluAndMul (kernel-hub/activation): x [..., 2d] -> silu(x[..., :d]) * x[..., d:] ----
+# consume_input: the caller's x is a scratch intermediate that only this op reads (the bridge's
+# gate/up buffer), so backward writes dx over the saved x, as Liger's SwiGLU does, instead of
+# allocating a [..., 2d] buffer (192 MiB per layer at Qwen3-0.6B, batch 8 x 2048, while the
+# backward's memory is highest). The kernel reads each element pair before writing it, in the
+# same thread, so dx may alias x. A second backward through a retained graph then raises.
 
 @torch.library.custom_op("kernel_hub::silu_and_mul", mutates_args=())
-def silu_and_mul(x: Tensor, rt: int) -> Tensor:
+def silu_and_mul(x: Tensor, rt: int, consume_input: bool = False) -> Tensor:
     y = x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
     _call(rt, "SiluAndMul", [x, y])
     return y
 
 
 @silu_and_mul.register_fake
-def _(x, rt):
+def _(x, rt, consume_input=False):
     return x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
 
 
@@ -120,14 +139,36 @@ def _(dy, x, rt):
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("kernel_hub::silu_and_mul_backward_", mutates_args=("x",))
+def silu_and_mul_backward_(dy: Tensor, x: Tensor, rt: int) -> None:
+    _call(rt, "SiluAndMul", [dy, x, x], backward=True)  # dx over x
+
+
+@silu_and_mul_backward_.register_fake
+def _(dy, x, rt):
+    return None
+
+
 def _silu_setup(ctx, inputs, output):
     ctx.save_for_backward(inputs[0])
     ctx.rt = inputs[1]
+    ctx.consume_input = inputs[2] if len(inputs) > 2 else False
+    ctx.consumed = False
 
 
 def _silu_backward(ctx, dy):
     (x,) = ctx.saved_tensors
-    return silu_and_mul_backward(dy.contiguous(), x, ctx.rt), None
+    if not ctx.consume_input:
+        return silu_and_mul_backward(dy.contiguous(), x, ctx.rt), None, None
+    if ctx.consumed:
+        raise RuntimeError(
+            "kernel_hub::silu_and_mul: one of the variables needed for gradient computation has "
+            "been modified by an inplace operation: the first backward wrote the input's "
+            "gradient over the saved input (consume_input=True, the bridge's MLP); a second "
+            "backward through a retained graph needs KERNEL_HUB_SILU_IN_PLACE=0")
+    ctx.consumed = True
+    silu_and_mul_backward_(dy.contiguous(), x, ctx.rt)
+    return x, None, None
 
 
 silu_and_mul.register_autograd(_silu_backward, setup_context=_silu_setup)
@@ -186,12 +227,25 @@ def _(dq, dk, cos, sin, rt):
 
 
 def _rotary_setup(ctx, inputs, output):
-    _q, _k, cos, sin, rt = inputs
+    q, k, cos, sin, rt = inputs
     ctx.save_for_backward(cos, sin)
     ctx.rt = rt
+    ctx.q_meta = (q.shape, q.dtype, q.device, q.stride())
+    ctx.k_meta = (k.shape, k.dtype, k.device, k.stride())
+    _unused_grads_stay_none(ctx)
+
+
+def _zeros_like_meta(meta):
+    shape, dtype, device, stride = meta
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_()
 
 
 def _rotary_backward(ctx, dq, dk):
+    if dq is None and dk is None:
+        return None, None, None, None, None
+    # One of q and k unused (rare): its gradient is zero, rotated or not.
+    dq = _zeros_like_meta(ctx.q_meta) if dq is None else dq
+    dk = _zeros_like_meta(ctx.k_meta) if dk is None else dk
     cos, sin = ctx.saved_tensors
     dq, dk = rotary_backward(dq, dk, cos, sin, ctx.rt)
     # cos and sin come from the rotary module's buffers: no gradient flows to them.
@@ -248,9 +302,12 @@ def _(dloss, dlogits, rt):
 def _ce_setup(ctx, inputs, output):
     ctx.save_for_backward(output[1])
     ctx.rt = inputs[3]
+    _unused_grads_stay_none(ctx)
 
 
 def _ce_backward(ctx, dloss, _ddlogits):
+    if dloss is None:
+        return None, None, None, None
     (dlogits,) = ctx.saved_tensors
     return cross_entropy_backward(dloss.float().contiguous(), dlogits, ctx.rt), None, None, None
 
@@ -299,9 +356,12 @@ def _attn_setup(ctx, inputs, output):
     q, k, v, causal, window_left, scale, rt = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1])
     ctx.args = (causal, window_left, scale, rt)
+    _unused_grads_stay_none(ctx)
 
 
 def _attn_backward(ctx, dout, _dlse):
+    if dout is None:  # only lse was used
+        return None, None, None, None, None, None, None
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = attention_backward(dout.contiguous(), q, k, v, out, lse, *ctx.args)
     return dq, dk, dv, None, None, None, None
@@ -321,8 +381,10 @@ attention.register_autograd(_attn_backward, setup_context=_attn_setup)
 # ratio). Qwen3's vocab 151936 in bf16: 1024 rows, 297 MiB (Liger bounds the chunk by the hidden
 # states' size: 128 rows at 16k tokens, 32 at 4k). On the H200 at Qwen3-0.6B, batch 8 x 2048
 # (tools/bench/RESULTS.md), 256 rows (80 MiB) trained at 72.7k tokens/s and 1024 rows at 86.2k,
-# with the same peak (23.39 GiB): the chunk is not what sets it there. KERNEL_HUB_LCE_CHUNK_MIB
-# sets another budget.
+# with the same peak (23.39 GiB): that peak was the start of backward, where autograd handed the
+# op zero gradients of d_hidden and d_weight (0.32 GiB, more than the chunk; gone since, see
+# _unused_grads_stay_none), so the chunk, live at the end of the forward, is now expected to set
+# the peak. KERNEL_HUB_LCE_CHUNK_MIB sets another budget.
 LCE_CHUNK_BYTES = int(os.environ.get("KERNEL_HUB_LCE_CHUNK_MIB", "300")) << 20
 LCE_CHUNK_ROWS = 1024
 
@@ -404,9 +466,15 @@ def _lce_setup(ctx, inputs, output):
     ctx.save_for_backward(output[1], output[2])
     ctx.rt = inputs[4]
     ctx.weight_dtype = inputs[1].dtype
+    _unused_grads_stay_none(ctx)
 
 
 def _lce_backward(ctx, dloss, _dh, _dw):
+    # The gradients of d_hidden and d_weight themselves (None unless a caller differentiates
+    # through them) are not part of the loss's: they are the loss's gradients, not functions
+    # of the inputs that backward propagates.
+    if dloss is None:
+        return None, None, None, None, None
     d_hidden, d_weight = ctx.saved_tensors
     linear_cross_entropy_scale_(dloss.float().reshape(1).contiguous(), d_hidden, d_weight, ctx.rt)
     if d_weight.dtype != ctx.weight_dtype:  # LCE_WEIGHT_GRAD_DTYPE float32
