@@ -116,8 +116,10 @@ def decode_one(args):
 def child(args, script, run, env):
     cmd = [sys.executable, script, "--run", run, "--steps", str(args.steps), "--warmup",
            str(args.warmup), "--batch", str(args.batch), "--seq", str(args.seq), "--device",
-           args.device, "--decode-batch", str(args.decode_batch), "--decode-context",
-           str(args.decode_context)]
+           args.device]
+    if os.path.samefile(script, __file__):  # bench_e2e.py's train runs take no decode options
+        cmd += ["--decode-batch", str(args.decode_batch), "--decode-context",
+                str(args.decode_context)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode != 0 or not line:
