@@ -159,6 +159,7 @@ def main():
     ap.add_argument("--run", help=argparse.SUPPRESS)  # prefill-<config> or decode, in a child
     args = ap.parse_args()
     args.layers = 0  # bench_e2e's model: Qwen3-0.6B
+    args.shape = None
     if args.decode_context > args.seq:
         ap.error(f"--decode-context {args.decode_context} exceeds --seq {args.seq}")
     if args.run == "decode":
