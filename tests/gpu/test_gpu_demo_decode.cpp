@@ -211,10 +211,15 @@ TEST_F(GpuDemoDecode, GenerateMatchesTheHostModelsGreedyContinuation) {
 TEST_F(GpuDemoDecode, TheAttentionPackageServesDecodeOnABf16Cache) {
   const std::string dir = std::string(KH_KERNEL_PACKAGES_DIR) + "/attention";
   Runtime rt;
-  const DemoSlots slots = add_demo_slots(rt);
+  const DemoSlots slots = add_device_demo_slots(rt);
   add_decode_slots(rt);
   rt.bind(kPagedKVAppend, dir, Mode::kEval, 0);
   rt.bind(kPagedAttention, dir, Mode::kEval, 0);
+  // The norm package's pre-norms too: the decode step adds the residual in FusedAddRMSNorm,
+  // in place, inside the captured graph.
+  const std::string norm = std::string(KH_KERNEL_PACKAGES_DIR) + "/norm";
+  rt.bind(kRMSNorm, norm, Mode::kEval, 0);
+  rt.bind(kFusedAddRMSNorm, norm, Mode::kEval, 0);
   rt.set_mode(Mode::kEval);
   const ModelConfig cfg = qwen3_d64();
   {

@@ -385,9 +385,12 @@ void DeviceCausalLM::decode_launch() {
   const int64_t B = d.batch, NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
   const int64_t V = cfg_.vocab;
   kernels_.embedding_forward(stream_, run(*emb_), d.tokens, d.h);
+  // The residual stream is d.h + the last MLP's d.branch: each pre-norm adds it in place (eval:
+  // add_norm allocates nothing), in one FusedAddRMSNorm pass when the package serves it.
+  const DeviceTensor none;
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& L = layers_[l];
-    norm(d.h, *L.attn_norm, d.a, nullptr);
+    add_norm(l == 0 ? none : d.branch, d.h.view(d.h.shape()), *L.attn_norm, d.a, nullptr);
     linear(d.a, *L.wv, L.bv, d.v);
     if (L.q_norm) {
       linear(d.a, *L.wq, L.bq, d.q_pre);
@@ -410,17 +413,15 @@ void DeviceCausalLM::decode_launch() {
     DeviceTensor o4 = d.attn.view({B, 1, NH, HD});
     decode_attend(l, d.q.view({B, 1, NH, HD}), o4);
     linear(d.attn, *L.wo, L.bo, d.branch);
-    kernels_.add(stream_, d.h, d.branch, d.h);
-    norm(d.h, *L.mlp_norm, d.m, nullptr);
+    add_norm(d.branch, d.h.view(d.h.shape()), *L.mlp_norm, d.m, nullptr);
     linear(d.m, *L.gate_up, nullptr, d.gu);
     if (bound(slots_.silu_and_mul))
       call_slot(slots_.silu_and_mul, kSiluAndMul, false, {tensor_arg(&d.gu), tensor_arg(&d.s)});
     else
       kernels_.silu_and_mul(stream_, d.gu, d.s);
     linear(d.s, *L.wdown, nullptr, d.branch);
-    kernels_.add(stream_, d.h, d.branch, d.h);
   }
-  norm(d.h, *final_norm_, d.f, nullptr);
+  add_norm(d.branch, d.h.view(d.h.shape()), *final_norm_, d.f, nullptr);
   linear(d.f, *head_, nullptr, d.logits);
   d.kernels.argmax_advance(stream_, d.logits, 0, V, B, V, d.tokens, d.positions, d.seq_lens,
                            d.out_tokens, d.step);
@@ -446,7 +447,8 @@ void DeviceCausalLM::decode_step(const int64_t* tokens, bool graph) {
   } else {
     decode_launch();  // eager first: every op's code is loaded before the capture
     // A bound op must declare that it may run inside a capture.
-    for (uint32_t slot : {slots_.rms_norm, slots_.rotary, slots_.silu_and_mul}) {
+    for (uint32_t slot :
+         {slots_.rms_norm, slots_.fused_add_rms_norm, slots_.rotary, slots_.silu_and_mul}) {
       if (!bound(slot)) continue;
       const SlotBinding b = runtime_.slot_binding(slot, device_, Mode::kEval);
       if (!(b.flags & KH_FLAG_GRAPH_SAFE))
