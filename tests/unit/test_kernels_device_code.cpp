@@ -68,7 +68,14 @@ class CudaDispatch : public ::testing::Test {
     EXPECT_GE(c.grid[1], 1u);
     EXPECT_LE(c.grid[1], 65535u);
     EXPECT_GE(c.grid[2], 1u);
-    EXPECT_EQ(c.shared_mem_bytes, 0u);
+    // Dynamic shared memory only where a backward CTA holds several short-row walkers (their
+    // partials, summed into one workspace row); within the 48 KiB every sm gives without opt-in.
+    if (l.kernel.rfind("norm_bwd", 0) == 0 && c.block[1] > 1) {
+      EXPECT_GT(c.shared_mem_bytes, 0u);
+      EXPECT_LE(c.shared_mem_bytes, 48u * 1024);
+    } else {
+      EXPECT_EQ(c.shared_mem_bytes, 0u);
+    }
     EXPECT_EQ(c.h.abi_major, KH_ABI_MAJOR);
     // Threads per row are a power of two (the row reductions assume it).
     EXPECT_EQ(c.block[0] & (c.block[0] - 1), 0u);
@@ -201,6 +208,35 @@ TEST_F(CudaDispatch, HeadlineShapesGetTheIntendedGeometry) {
     EXPECT_EQ(l[1].kernel, "norm_reduce_partials_bf16");
     EXPECT_EQ(l[1].cfg.grid[0], 8192u / 32);
     EXPECT_EQ(l[1].cfg.block[0] * l[1].cfg.block[1], 256u);
+  }
+  {
+    // Qwen3's q-norm rows (head_dim 128 = 16 vectors): 4 vectors per thread, 32 rows per CTA;
+    // backward: a workspace row per CTA of 32 walkers (2048 rows: 65536 walkers), the partials
+    // summed in 32 x 128 fp32 of shared memory, and the reduce over those 2048 rows.
+    const int64_t R = 262144;
+    HostTensor x(kBF16, R, 128), w = vector_tensor(kBF16, 128), st = vector_tensor(kFP32, R);
+    HostTensor ws(kFP32, 2048, 128);
+    DLTensor X = on_cuda(x), W = on_cuda(w), S = on_cuda(st), WS = on_cuda(ws);
+    ASSERT_EQ(norm_->call("rms_norm", {targ(&X), targ(&W), farg(1e-6), targ(&X)}, &err), KH_OK)
+        << err;
+    Launch f = one("rms_norm 128");
+    EXPECT_EQ(f.kernel, "norm_fwd_rms_bf16_vec_reg");
+    EXPECT_EQ(f.cfg.block[0], 4u);
+    EXPECT_EQ(f.cfg.block[1], 32u);
+    EXPECT_EQ(f.cfg.grid[0], R / 32);
+    ASSERT_EQ(
+        norm_->call("rms_norm_backward",
+                    {targ(&X), targ(&X), targ(&W), targ(&S), targ(&X), targ(&W), targ(&WS)}, &err),
+        KH_OK)
+        << err;
+    std::vector<Launch> l = backend_.take();
+    ASSERT_EQ(l.size(), 2u);
+    EXPECT_EQ(l[0].kernel, "norm_bwd_rms_bf16_vec_reg");
+    EXPECT_EQ(l[0].cfg.block[0], 4u);
+    EXPECT_EQ(l[0].cfg.block[1], 32u);
+    EXPECT_EQ(l[0].cfg.grid[0], 2048u);
+    EXPECT_EQ(l[0].cfg.shared_mem_bytes, 32u * 128 * 4);
+    EXPECT_EQ(l[1].kernel, "norm_reduce_partials_bf16");
   }
   {
     HostTensor x(kBF16, 16384, 2 * 8192), y(kBF16, 16384, 8192);
