@@ -4,7 +4,8 @@
 Runs `kernel-hub demo --device cuda:0 --model qwen3-0.6b --batch 8 --seq 2048 --json --profile`
 (the model resident on the GPU, bf16 with fp32 master weights, every layer slot kernelized from
 the hub) and, each in its own process, Transformers' Qwen3ForCausalLM from the same config in
-PyTorch eager and under torch.compile (bf16, SDPA, fused AdamW: the model bench_e2e.py builds,
+PyTorch eager, eager with Liger's kernels (when liger_kernel imports: bench_e2e.py says how to
+install its wheel) and under torch.compile (bf16, SDPA, fused AdamW: the model bench_e2e.py builds,
 imported from it), and prints one table: train and prefill tokens/s, peak memory and the ratio to
 torch.compile; then the runtime's breakdown of one train step and one prefill (GEMM, attention,
 hub kernels, other; CUDA events around the phases); then greedy decode (batch 64, context 2048
@@ -28,7 +29,7 @@ over the step time, as a share of the peak bandwidth the runtime reports (the dr
 clock x bus width x 2, else H200's 4.8 TB/s).
 
 usage: bench_runtime.py [--kernel-hub build/kernel-hub] [--steps 10] [--warmup 3] [--batch 8]
-       [--seq 2048] [--configs eager,compile] [--dtype bf16] [--decode-batch 64]
+       [--seq 2048] [--configs eager,liger,compile] [--dtype bf16] [--decode-batch 64]
        [--decode-context 2048] [--no-torch-decode]"""
 import argparse
 import json
@@ -46,7 +47,8 @@ import bench_e2e  # noqa: E402  (the PyTorch model and its train step: one defin
 def prefill_one(args, which):
     """Prefill in this process: a RESULT line with tokens/s and peak memory."""
     import torch
-    model = bench_e2e.build(args, "compile" if which == "compile" else "eager")
+    # Liger's patched model for its row (its prefill is Liger's RMSNorm, rope and SwiGLU).
+    model = bench_e2e.build(args, {"compile": "compile", "liger": "liger"}.get(which, "eager"))
     model.eval()
     fwd = model
     if which == "compile":
@@ -148,7 +150,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--configs", default="eager,compile", help="the PyTorch side")
+    ap.add_argument("--configs", default="eager,liger,compile",
+                    help="the PyTorch side (liger: when liger_kernel imports)")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="the runtime's")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--decode-batch", type=int, default=64)
@@ -182,7 +185,8 @@ def main():
     for which in args.configs.split(","):
         train = child(args, os.path.join(HERE, "bench_e2e.py"), which, env)
         prefill = child(args, os.path.abspath(__file__), "prefill-" + which, env)
-        label = {"eager": "PyTorch eager", "compile": "torch.compile"}.get(which, which)
+        label = {"eager": "PyTorch eager", "liger": "eager + Liger",
+                 "compile": "torch.compile"}.get(which, which)
         rows[label] = {"train": train["tokens_per_s"] if train else None,
                        "prefill": prefill["tokens_per_s"] if prefill else None,
                        "peak_gib": train["peak_gib"] if train else None}
