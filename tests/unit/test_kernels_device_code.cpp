@@ -157,6 +157,17 @@ TEST_F(CudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsItsBounds) {
 // The geometry of the headline shapes (REFERENCE §6.3 item 2).
 TEST_F(CudaDispatch, HeadlineShapesGetTheIntendedGeometry) {
   std::string err;
+  // rms_norm_backward of rows x (dy = x, dx over x) with weight w, rstd st, workspace ws: the
+  // launches it recorded.
+  auto rms_backward_launches = [&](HostTensor& x, HostTensor& w, HostTensor& st, HostTensor& ws) {
+    DLTensor X = on_cuda(x), W = on_cuda(w), S = on_cuda(st), WS = on_cuda(ws);
+    EXPECT_EQ(
+        norm_->call("rms_norm_backward",
+                    {targ(&X), targ(&X), targ(&W), targ(&S), targ(&X), targ(&W), targ(&WS)}, &err),
+        KH_OK)
+        << err;
+    return backend_.take();
+  };
   auto one = [&](const char* what) {
     std::vector<Launch> l = backend_.take();
     EXPECT_FALSE(l.empty()) << what;
@@ -194,13 +205,7 @@ TEST_F(CudaDispatch, HeadlineShapesGetTheIntendedGeometry) {
     HostTensor x(kBF16, 1000, 8192), w = vector_tensor(kBF16, 8192),
                                      st = vector_tensor(kFP32, 1000);
     HostTensor ws(kFP32, 132, 8192);
-    DLTensor X = on_cuda(x), W = on_cuda(w), S = on_cuda(st), WS = on_cuda(ws);
-    ASSERT_EQ(
-        norm_->call("rms_norm_backward",
-                    {targ(&X), targ(&X), targ(&W), targ(&S), targ(&X), targ(&W), targ(&WS)}, &err),
-        KH_OK)
-        << err;
-    std::vector<Launch> l = backend_.take();
+    std::vector<Launch> l = rms_backward_launches(x, w, st, ws);
     ASSERT_EQ(l.size(), 2u);
     EXPECT_EQ(l[0].kernel, "norm_bwd_rms_bf16_vec_reg");
     EXPECT_EQ(l[0].cfg.block[0], 256u);  // 1024 vectors, 4 per thread
@@ -216,7 +221,7 @@ TEST_F(CudaDispatch, HeadlineShapesGetTheIntendedGeometry) {
     const int64_t R = 262144;
     HostTensor x(kBF16, R, 128), w = vector_tensor(kBF16, 128), st = vector_tensor(kFP32, R);
     HostTensor ws(kFP32, 2048, 128);
-    DLTensor X = on_cuda(x), W = on_cuda(w), S = on_cuda(st), WS = on_cuda(ws);
+    DLTensor X = on_cuda(x), W = on_cuda(w);
     ASSERT_EQ(norm_->call("rms_norm", {targ(&X), targ(&W), farg(1e-6), targ(&X)}, &err), KH_OK)
         << err;
     Launch f = one("rms_norm 128");
@@ -224,12 +229,7 @@ TEST_F(CudaDispatch, HeadlineShapesGetTheIntendedGeometry) {
     EXPECT_EQ(f.cfg.block[0], 4u);
     EXPECT_EQ(f.cfg.block[1], 32u);
     EXPECT_EQ(f.cfg.grid[0], R / 32);
-    ASSERT_EQ(
-        norm_->call("rms_norm_backward",
-                    {targ(&X), targ(&X), targ(&W), targ(&S), targ(&X), targ(&W), targ(&WS)}, &err),
-        KH_OK)
-        << err;
-    std::vector<Launch> l = backend_.take();
+    std::vector<Launch> l = rms_backward_launches(x, w, st, ws);
     ASSERT_EQ(l.size(), 2u);
     EXPECT_EQ(l[0].kernel, "norm_bwd_rms_bf16_vec_reg");
     EXPECT_EQ(l[0].cfg.block[0], 4u);
