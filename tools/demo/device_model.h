@@ -150,6 +150,7 @@ class DeviceCausalLM {
                                    // AdamW moments
   };
   enum class Phase : uint8_t { kGemm, kAttention, kHub };
+  static constexpr int64_t kIgnoreIndex = -100;  // as the host model: no target equals it
   using WeightSource = std::function<const std::vector<float>*(const std::string&)>;
   struct Layer {
     Param *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *bo, *mlp_norm, *gate_up,
@@ -177,8 +178,20 @@ class DeviceCausalLM {
   // with grad, df_ and the head's gradient too.
   float fused_loss(bool grad);
   void last_token_logits();
+  // body(), bracketed by device events while profiling (take_profile sums them by phase).
   template <typename F>
-  void timed(Phase phase, F&& body, const char* slot = nullptr);
+  void timed(Phase phase, F&& body, const char* slot = nullptr) {
+    if (!profiling_) {
+      body();
+      return;
+    }
+    const size_t start = profile_.size() * 2;
+    while (events_.size() < start + 2) events_.push_back(std::make_unique<DeviceEvent>(device_));
+    events_[start]->record(stream_);
+    body();
+    events_[start + 1]->record(stream_);
+    profile_.push_back({phase, start, slot});
+  }
   Param& param(const std::string& name);
   Param* optional_param(const std::string& name);
   bool bound(uint32_t slot) const;

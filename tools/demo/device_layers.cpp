@@ -1,0 +1,298 @@
+// DeviceCausalLM's layers (device_model.h): the calls each op makes (the GEMM service, a slot's
+// package op or the runtime's kernel) and one decoder layer's forward and backward, the host
+// model's layer_forward / layer_backward on the device.
+#include "tools/demo/device_model.h"
+
+#include <algorithm>
+
+#include "kernel_hub/kernel_hub.hpp"
+#include "tools/demo/device_linear.h"
+
+namespace kh::demo {
+
+// ---- the layers' calls --------------------------------------------------------------------
+
+void DeviceCausalLM::linear(const DeviceTensor& x, const Param& w, const Param* bias,
+                            DeviceTensor& y) {
+  timed(Phase::kGemm, [&] { linear_forward(stream_, x, run(w), y); });
+  if (bias) kernels_.bias_add(stream_, y, run(*bias));
+}
+
+void DeviceCausalLM::linear_grad(const DeviceTensor& x, Param& w, Param* bias,
+                                 const DeviceTensor& dy, DeviceTensor* dx, bool accumulate_dx) {
+  timed(Phase::kGemm, [&] { linear_backward(stream_, x, run(w), dy, dx, &w.g, accumulate_dx); });
+  if (bias) kernels_.column_sum_add(stream_, dy, bias->g);
+}
+
+void DeviceCausalLM::norm(const DeviceTensor& x, const Param& w, DeviceTensor& y,
+                          DeviceTensor* rstd) {
+  if (bound(slots_.rms_norm)) {
+    std::vector<kh_arg_t> args = {tensor_arg(&x), tensor_arg(&run(w)), float_arg(cfg_.eps),
+                                  tensor_arg(&y)};
+    if (rstd) args.push_back(tensor_arg(rstd));
+    if (call_slot(slots_.rms_norm, kRMSNorm, false, args)) return;
+  }
+  kernels_.rms_norm(stream_, x, run(w), cfg_.eps, y, rstd);
+}
+
+namespace {
+constexpr int64_t kNormWalkers = 2048;
+}  // namespace
+
+void DeviceCausalLM::norm_backward(const DeviceTensor& dy, const DeviceTensor& x, Param& w,
+                                   const DeviceTensor& rstd, DeviceTensor& dx) {
+  const int64_t C = w.w.numel(), R = x.numel() / C;
+  if (bound(slots_.rms_norm)) {
+    // The package reduces dweight (x's dtype) through W partial rows, one per walker: W sets
+    // the backward's parallelism, so it is sized for a whole GPU (about 16 walkers per
+    // multiprocessor on a 132-SM H100/H200, the norm package's own recommendation for short
+    // rows; the q/k norms have T * heads rows of head_dim), not the host model's 64, which
+    // made the Qwen3-0.6B step's RMSNorm backward 200 ms.
+    DeviceTensor dweight = act({C});
+    DeviceTensor workspace = empty({std::min<int64_t>(R, kNormWalkers), C});
+    if (call_slot(slots_.rms_norm, kRMSNorm, true,
+                  {tensor_arg(&dy), tensor_arg(&x), tensor_arg(&run(w)), tensor_arg(&rstd),
+                   tensor_arg(&dx), tensor_arg(&dweight), tensor_arg(&workspace)})) {
+      add_grad(w.g, dweight);  // the op overwrites dweight; the runtime adds
+      return;
+    }
+  }
+  DeviceTensor dweight = empty({C});
+  kernels_.rms_norm_backward(stream_, dy, x, run(w), rstd, dx, dweight);
+  add_grad(w.g, dweight);
+}
+
+void DeviceCausalLM::renorm(const DeviceTensor& x, const Param& w, DeviceTensor& y) {
+  const int64_t rows = x.numel() / w.w.numel();
+  DeviceTensor rstd = train_ ? empty({rows}) : DeviceTensor();
+  norm(x, w, y, train_ ? &rstd : nullptr);
+}
+
+DeviceTensor DeviceCausalLM::add_norm(const DeviceTensor& branch, DeviceTensor residual,
+                                      const Param& w, DeviceTensor& y, DeviceTensor* rstd) {
+  if (!branch.data()) {
+    norm(residual, w, y, rstd);
+    return residual;
+  }
+  DeviceTensor out = train_ ? act(residual.shape()) : residual.view(residual.shape());
+  if (bound(slots_.fused_add_rms_norm)) {
+    std::vector<kh_arg_t> args = {tensor_arg(&branch), tensor_arg(&residual), tensor_arg(&run(w)),
+                                  float_arg(cfg_.eps), tensor_arg(&y),        tensor_arg(&out)};
+    if (rstd) args.push_back(tensor_arg(rstd));
+    if (call_slot(slots_.fused_add_rms_norm, kFusedAddRMSNorm, false, args)) return out;
+  }
+  kernels_.add(stream_, residual, branch, out);
+  norm(out, w, y, rstd);
+  return out;
+}
+
+void DeviceCausalLM::add_norm_backward(const DeviceTensor& dy, const DeviceTensor* dresidual,
+                                       const DeviceTensor& residual_out, Param& w,
+                                       const DeviceTensor& rstd, DeviceTensor& dx) {
+  if (bound(slots_.fused_add_rms_norm)) {
+    const int64_t C = w.w.numel(), R = residual_out.numel() / C;
+    DeviceTensor dweight = act({C});
+    DeviceTensor workspace = empty({std::min<int64_t>(R, kNormWalkers), C});
+    if (call_slot(
+            slots_.fused_add_rms_norm, kFusedAddRMSNorm, true,
+            {tensor_arg(&dy), tensor_arg(dresidual), tensor_arg(&residual_out), tensor_arg(&run(w)),
+             tensor_arg(&rstd), tensor_arg(&dx), tensor_arg(&dweight), tensor_arg(&workspace)})) {
+      add_grad(w.g, dweight);
+      return;
+    }
+  }
+  norm_backward(dy, residual_out, w, rstd, dx);
+  if (dresidual) kernels_.add(stream_, dx, *dresidual, dx);
+}
+
+void DeviceCausalLM::qk_from_projections(const Layer& L, const DeviceTensor& q_pre,
+                                         const DeviceTensor& k_pre, DeviceTensor& q,
+                                         DeviceTensor& k, DeviceTensor* rstd_q,
+                                         DeviceTensor* rstd_k) {
+  const int64_t T = q_pre.shape()[0], NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
+  DeviceTensor qn = q.view({T * NH, HD}), kn = k.view({T * NKV, HD});
+  if (rstd_q) {
+    norm(q_pre.view({T * NH, HD}), *L.q_norm, qn, rstd_q);
+    norm(k_pre.view({T * NKV, HD}), *L.k_norm, kn, rstd_k);
+  } else {
+    renorm(q_pre.view({T * NH, HD}), *L.q_norm, qn);
+    renorm(k_pre.view({T * NKV, HD}), *L.k_norm, kn);
+  }
+  DeviceTensor q3 = q.view({T, NH, HD}), k3 = k.view({T, NKV, HD});
+  rotary(q3, k3, false);
+}
+
+void DeviceCausalLM::rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward) {
+  if (bound(slots_.rotary) && call_slot(slots_.rotary, kRotaryEmbedding, backward,
+                                        {tensor_arg(&positions_), tensor_arg(&q3), tensor_arg(&k3),
+                                         tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1)}))
+    return;
+  kernels_.rotary(stream_, positions_, q3, &k3, cos_, sin_, /*neox=*/true, backward);
+}
+
+// ---- one decoder layer: the host model's layer_forward / layer_backward on the device ------
+
+void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTensor& branch) {
+  const int64_t H = cfg_.hidden, Q = cfg_.q_dim(), KV = cfg_.kv_dim(), F = cfg_.ffn;
+  const int64_t NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
+  const int64_t B = batch_, S = len_, T = B * S;
+  if (train_) {
+    s.rstd1 = empty({T});
+    s.rstd2 = empty({T});
+  }
+  DeviceTensor a = act({T, H});
+  h = add_norm(branch, std::move(h), *L.attn_norm, a, train_ ? &s.rstd1 : nullptr);
+  if (train_) s.h_in = h.view(h.shape());
+  s.v = act({T, KV});
+  linear(a, *L.wv, L.bv, s.v);
+  s.q = act({T, Q});
+  s.k = act({T, KV});
+  if (L.q_norm) {  // Qwen3: RMSNorm over each head's head_dim, before RoPE
+    s.q_pre = act({T, Q});
+    s.k_pre = act({T, KV});
+    linear(a, *L.wq, L.bq, s.q_pre);
+    linear(a, *L.wk, L.bk, s.k_pre);
+    if (train_) {
+      s.rstd_q = empty({T * NH});
+      s.rstd_k = empty({T * NKV});
+    }
+    qk_from_projections(L, s.q_pre, s.k_pre, s.q, s.k, train_ ? &s.rstd_q : nullptr,
+                        train_ ? &s.rstd_k : nullptr);
+  } else {
+    linear(a, *L.wq, L.bq, s.q);
+    linear(a, *L.wk, L.bk, s.k);
+    DeviceTensor q3 = s.q.view({T, NH, HD}), k3 = s.k.view({T, NKV, HD});
+    rotary(q3, k3, false);
+  }
+  a = DeviceTensor();
+  DeviceTensor q4 = s.q.view({B, S, NH, HD}), k4 = s.k.view({B, S, NKV, HD}),
+               v4 = s.v.view({B, S, NKV, HD});
+  s.attn = act({B, S, NH, HD});
+  if (train_) s.lse = empty({NH, T});
+  DeviceTensor* lse = train_ ? &s.lse : nullptr;
+  if (!(attention_bound() &&
+        call_slot(slots_.attention, kAttention, false,
+                  {tensor_arg(&q4), tensor_arg(&k4), tensor_arg(&v4), tensor_arg(nullptr),
+                   tensor_arg(nullptr), int_arg(S), int_arg(1), int_arg(-1),
+                   float_arg(attention_scale()), tensor_arg(&s.attn), tensor_arg(lse)})))
+    timed(Phase::kAttention,
+          [&] { kernels_.attention_forward(stream_, q4, k4, v4, attention_scale(), s.attn, lse); });
+  if (prefilling_kv_) prefill_kv(L, s);
+  if (L.q_norm) {  // backward recomputes them from q_pre and k_pre
+    s.q = DeviceTensor();
+    s.k = DeviceTensor();
+  }
+  branch = act({T, H});
+  linear(s.attn.view({T, Q}), *L.wo, L.bo, branch);
+
+  DeviceTensor m = act({T, H});
+  h = add_norm(branch, std::move(h), *L.mlp_norm, m, train_ ? &s.rstd2 : nullptr);
+  if (train_) s.h_mid = h.view(h.shape());
+  s.gu = act({T, 2 * F});
+  DeviceTensor act_out = act({T, F});
+  linear(m, *L.gate_up, nullptr, s.gu);
+  m = DeviceTensor();
+  silu_and_mul(s.gu, act_out);
+  branch = act({T, H});  // added to h by the next norm (the next layer's, or the final one)
+  linear(act_out, *L.wdown, nullptr, branch);
+  // silu(gate) * up is not kept: backward recomputes it from gu (cheap, and T * ffn fewer
+  // elements held per layer). Eval keeps nothing: the blocks go back to the pool.
+  if (!train_) s = Saved{};
+}
+
+void DeviceCausalLM::silu_and_mul(const DeviceTensor& gu, DeviceTensor& out) {
+  if (!(bound(slots_.silu_and_mul) &&
+        call_slot(slots_.silu_and_mul, kSiluAndMul, false, {tensor_arg(&gu), tensor_arg(&out)})))
+    kernels_.silu_and_mul(stream_, gu, out);
+}
+
+// dh: the gradient of the layer's output stream in (both h_mid and the MLP branch get it), of
+// its input stream out (the previous layer's h_mid and MLP branch, or the embedding).
+void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
+  const int64_t H = cfg_.hidden, Q = cfg_.q_dim(), KV = cfg_.kv_dim(), F = cfg_.ffn;
+  const int64_t NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
+  const int64_t B = batch_, S = len_, T = B * S;
+  // MLP branch: dgu = [dgate | dup], and the fused weight's backward is both linears' at once.
+  DeviceTensor act_out = act({T, F}), ds = act({T, F}), dgu = act({T, 2 * F}), dm = act({T, H});
+  silu_and_mul(s.gu, act_out);  // recomputed (not kept by forward)
+  linear_grad(act_out, *L.wdown, nullptr, dh, &ds, false);
+  act_out = DeviceTensor();
+  if (!(bound(slots_.silu_and_mul) &&
+        call_slot(slots_.silu_and_mul, kSiluAndMul, true,
+                  {tensor_arg(&ds), tensor_arg(&s.gu), tensor_arg(&dgu)})))
+    kernels_.silu_and_mul_backward(stream_, ds, s.gu, dgu);
+  ds = DeviceTensor();
+  {
+    DeviceTensor m = act({T, H});
+    renorm(s.h_mid, *L.mlp_norm, m);
+    linear_grad(m, *L.gate_up, nullptr, dgu, &dm, false);
+  }
+  dgu = DeviceTensor();
+  DeviceTensor d_mid = act({T, H});
+  add_norm_backward(dm, &dh, s.h_mid, *L.mlp_norm, s.rstd2, d_mid);
+  dh = std::move(d_mid);
+  dm = DeviceTensor();
+
+  // Attention branch.
+  DeviceTensor dattn = act({B, S, NH, HD});
+  DeviceTensor dattn2 = dattn.view({T, Q});
+  linear_grad(s.attn.view({T, Q}), *L.wo, L.bo, dh, &dattn2, false);
+  if (L.q_norm) {
+    s.q = act({T, Q});
+    s.k = act({T, KV});
+    qk_from_projections(L, s.q_pre, s.k_pre, s.q, s.k, nullptr, nullptr);
+  }
+  DeviceTensor dq = act({B, S, NH, HD}), dk = act({B, S, NKV, HD}), dv = act({B, S, NKV, HD});
+  DeviceTensor q4 = s.q.view({B, S, NH, HD}), k4 = s.k.view({B, S, NKV, HD}),
+               v4 = s.v.view({B, S, NKV, HD}), o4 = s.attn.view(s.attn.shape());
+  bool served = false;
+  if (attention_bound()) {
+    // The package's cuda backward sums dq through an fp32 workspace of T * NH * (HD + 1).
+    DeviceTensor workspace = empty({T * NH * (HD + 1)});
+    served =
+        call_slot(slots_.attention, kAttention, true,
+                  {tensor_arg(&dattn), tensor_arg(&q4), tensor_arg(&k4), tensor_arg(&v4),
+                   tensor_arg(&o4), tensor_arg(&s.lse), tensor_arg(nullptr), tensor_arg(nullptr),
+                   int_arg(S), int_arg(S), int_arg(1), int_arg(-1), float_arg(attention_scale()),
+                   tensor_arg(&dq), tensor_arg(&dk), tensor_arg(&dv), tensor_arg(&workspace)});
+  }
+  if (!served) {
+    // The runtime's attention accumulates dk and dv in fp32 (atomics): narrowed for bf16.
+    DeviceTensor dk32 = bf16_ ? empty(dk.shape()) : dk.view(dk.shape());
+    DeviceTensor dv32 = bf16_ ? empty(dv.shape()) : dv.view(dv.shape());
+    timed(Phase::kAttention, [&] {
+      kernels_.attention_backward(stream_, dattn, q4, k4, v4, o4, s.lse, attention_scale(), dq,
+                                  dk32, dv32);
+    });
+    if (bf16_) {
+      kernels_.cast(stream_, dk32, dk);
+      kernels_.cast(stream_, dv32, dv);
+    }
+  }
+  dattn = DeviceTensor();
+  s.q = DeviceTensor();
+  s.k = DeviceTensor();
+  DeviceTensor dq3 = dq.view({T, NH, HD}), dk3 = dk.view({T, NKV, HD});
+  rotary(dq3, dk3, true);
+  DeviceTensor dq2 = dq.view({T, Q}), dk2 = dk.view({T, KV});
+  if (L.q_norm) {
+    DeviceTensor dq_pre = act({T * NH, HD}), dk_pre = act({T * NKV, HD});
+    norm_backward(dq.view({T * NH, HD}), s.q_pre.view({T * NH, HD}), *L.q_norm, s.rstd_q, dq_pre);
+    norm_backward(dk.view({T * NKV, HD}), s.k_pre.view({T * NKV, HD}), *L.k_norm, s.rstd_k, dk_pre);
+    dq2 = dq_pre.view({T, Q});
+    dk2 = dk_pre.view({T, KV});
+  }
+  DeviceTensor da = act({T, H});
+  {
+    DeviceTensor a = act({T, H});
+    renorm(s.h_in, *L.attn_norm, a);
+    linear_grad(a, *L.wq, L.bq, dq2, &da, false);
+    linear_grad(a, *L.wk, L.bk, dk2, &da, true);
+    linear_grad(a, *L.wv, L.bv, dv.view({T, KV}), &da, true);
+  }
+  DeviceTensor d_in = act({T, H});
+  add_norm_backward(da, &dh, s.h_in, *L.attn_norm, s.rstd1, d_in);
+  dh = std::move(d_in);
+}
+
+}  // namespace kh::demo
