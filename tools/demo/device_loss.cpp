@@ -92,12 +92,16 @@ float DeviceCausalLM::fused_loss(bool grad) {
     }
   }
   if (grad) head_grad_zero_ = false;
-  std::vector<float> host(static_cast<size_t>(T));
+  return mean_loss();
+}
+
+float DeviceCausalLM::mean_loss() {
+  std::vector<float> host(static_cast<size_t>(loss_.numel()));
   loss_.download(stream_, host.data(), host.size() * sizeof(float));
   stream_.synchronize();
   double sum = 0;
   for (float v : host) sum += v;
-  return static_cast<float>(sum / static_cast<double>(T));
+  return static_cast<float>(sum / static_cast<double>(host.size()));
 }
 
 }  // namespace kh::demo

@@ -300,12 +300,7 @@ float DeviceCausalLM::forward(const int64_t* tokens, const int64_t* targets, int
                                                  {tensor_arg(&logits_), tensor_arg(&targets_),
                                                   int_arg(kIgnoreIndex), tensor_arg(&loss_)})))
     kernels_.cross_entropy(stream_, logits_, targets_, kIgnoreIndex, 1.f, loss_, nullptr);
-  std::vector<float> host(static_cast<size_t>(T));
-  loss_.download(stream_, host.data(), host.size() * sizeof(float));
-  stream_.synchronize();
-  double sum = 0;
-  for (float v : host) sum += v;
-  return static_cast<float>(sum / static_cast<double>(T));
+  return mean_loss();
 }
 
 void DeviceCausalLM::backward() {

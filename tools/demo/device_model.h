@@ -178,6 +178,8 @@ class DeviceCausalLM {
   // with grad, df_ and the head's gradient too.
   float fused_loss(bool grad);
   void last_token_logits();
+  // The mean of loss_'s per-token losses, downloaded (waits for the stream).
+  float mean_loss();
   // body(), bracketed by device events while profiling (take_profile sums them by phase).
   template <typename F>
   void timed(Phase phase, F&& body, const char* slot = nullptr) {
