@@ -416,17 +416,23 @@ TEST_F(GpuDemoDevice, LinearOnTheGemmServiceMatchesTheHostLinear) {
   }
 }
 
+// The tiny preset as Qwen3: q/k-norm, GQA, tied embeddings.
+ModelConfig tiny_qwen3() {
+  ModelConfig qwen3 = preset("tiny");
+  qwen3.arch = Arch::kQwen3;
+  qwen3.qk_norm = true;
+  qwen3.kv_heads = 2;
+  qwen3.tie_embeddings = true;
+  return qwen3;
+}
+
 TEST_F(GpuDemoDevice, DeviceModelPrefillMatchesTheHostModel) {
   ModelConfig llama = preset("tiny");
   ModelConfig qwen2 = llama;
   qwen2.arch = Arch::kQwen2;
   qwen2.qkv_bias = true;
   qwen2.kv_heads = 2;
-  ModelConfig qwen3 = llama;
-  qwen3.arch = Arch::kQwen3;
-  qwen3.qk_norm = true;
-  qwen3.kv_heads = 2;
-  qwen3.tie_embeddings = true;
+  const ModelConfig qwen3 = tiny_qwen3();
   runtime_->set_mode(Mode::kEval);
   for (const ModelConfig& cfg : {llama, qwen2, qwen3}) {
     SCOPED_TRACE(cfg.describe());
@@ -457,11 +463,7 @@ TEST_F(GpuDemoDevice, DeviceModelTrainsLikeTheHostModel) {
   qwen2.qkv_bias = true;
   qwen2.o_bias = true;
   qwen2.kv_heads = 2;
-  ModelConfig qwen3 = preset("tiny");
-  qwen3.arch = Arch::kQwen3;
-  qwen3.qk_norm = true;
-  qwen3.kv_heads = 2;
-  qwen3.tie_embeddings = true;
+  const ModelConfig qwen3 = tiny_qwen3();
   AdamConfig adam;
   adam.lr = 1e-2f;
   adam.weight_decay = 0.01f;
@@ -503,15 +505,6 @@ TEST_F(GpuDemoDevice, DeviceModelTrainsLikeTheHostModel) {
       expect_close(dev.download_weight("model.layers.1.self_attn.q_norm.weight"),
                    *host.weight("model.layers.1.self_attn.q_norm.weight"), 1e-4f, 1e-3f, "q_norm");
   }
-}
-
-ModelConfig tiny_qwen3() {
-  ModelConfig qwen3 = preset("tiny");
-  qwen3.arch = Arch::kQwen3;
-  qwen3.qk_norm = true;
-  qwen3.kv_heads = 2;
-  qwen3.tie_embeddings = true;
-  return qwen3;
 }
 
 void fill_batch(std::vector<int64_t>& tokens, std::vector<int64_t>& targets, int vocab, int step) {

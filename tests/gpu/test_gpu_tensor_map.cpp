@@ -10,6 +10,7 @@
 #include "hub/base/error.h"
 #include "loader/cuda_driver.h"
 #include "loader/tensor_map_service.h"
+#include "tests/unit/tensor_map_request.h"
 
 namespace kh {
 namespace {
@@ -34,19 +35,7 @@ class GpuTensorMap : public ::testing::Test {
   }
 
   kh_tensor_map_t request() const {
-    kh_tensor_map_t t{};
-    t.h = KH_HEADER_INIT(kh_tensor_map_t);
-    t.device_id = 0;
-    t.dtype = KH_DTYPE_BF16;
-    t.rank = 2;
-    t.swizzle_bytes = 128;
-    t.base = reinterpret_cast<const void*>(memory_);
-    t.dims[0] = 128;
-    t.dims[1] = kRows;
-    t.strides[1] = 128 * 2;
-    t.box[0] = 64;
-    t.box[1] = 64;
-    return t;
+    return test::bf16_tensor_map_request(reinterpret_cast<const void*>(memory_), kRows);
   }
 
   static constexpr uint64_t kRows = 1000;  // not a multiple of the box: the last box reads zeros

@@ -12,6 +12,7 @@
 #include "kernel_hub/kernel_hub_abi.h"
 #include "loader/host_services.h"
 #include "loader/tensor_map_service.h"
+#include "tests/unit/tensor_map_request.h"
 
 namespace kh {
 namespace {
@@ -23,22 +24,9 @@ const bool kNoDriver = setenv("KERNEL_HUB_LIBCUDA", "/nonexistent/libcuda.so.1",
 // A fake 256-byte aligned device address: validation never dereferences it.
 const void* const kBase = reinterpret_cast<const void*>(uintptr_t{0x7f0000000000});
 
-// A valid bf16 [rows, 128] tensor with 64 x 64 boxes and the 128-byte swizzle (box[0] * 2 bytes
-// = 128): the attention kernels' shape.
+// A valid request (the attention kernels' shape) at kBase.
 kh_tensor_map_t request(uint64_t rows = 4096) {
-  kh_tensor_map_t t{};
-  t.h = KH_HEADER_INIT(kh_tensor_map_t);
-  t.device_id = 0;
-  t.dtype = KH_DTYPE_BF16;
-  t.rank = 2;
-  t.swizzle_bytes = 128;
-  t.base = kBase;
-  t.dims[0] = 128;
-  t.dims[1] = rows;
-  t.strides[1] = 128 * 2;
-  t.box[0] = 64;
-  t.box[1] = 64;
-  return t;
+  return test::bf16_tensor_map_request(kBase, rows);
 }
 
 struct Result {

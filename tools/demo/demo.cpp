@@ -15,6 +15,24 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void greedy_continuation(BigramData& held_out, const DemoOptions& o, int len, DemoRun& run,
+                         const std::function<int64_t(const std::vector<int64_t>&)>& next_token) {
+  const auto t0 = std::chrono::steady_clock::now();
+  BigramData::Batch p = held_out.next(1, len);
+  run.prompt.assign(p.inputs.begin(), p.inputs.begin() + o.prompt_tokens);
+  std::vector<int64_t> seq = run.prompt;
+  const int n_new = std::min(o.generate_tokens, len - o.prompt_tokens);
+  int matches = 0;
+  for (int i = 0; i < n_new; ++i) {
+    const int64_t next = next_token(seq);
+    if (next == held_out.successor(seq.back())) ++matches;
+    seq.push_back(next);
+    run.generated.push_back(next);
+  }
+  run.pattern_match = n_new > 0 ? static_cast<double>(matches) / n_new : 0.0;
+  run.generate_ms = ms_since(t0);
+}
+
 float generator_entropy(int vocab, double follow) {
   const double noise = (1.0 - follow) / vocab;
   const double top = follow + noise;
@@ -98,24 +116,12 @@ DemoRun run_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& o) {
   run.eval_tokens = static_cast<int64_t>(o.eval_batches) * o.batch * S;
   run.eval_ms = ms_since(t0);
 
-  // Greedy continuation of a held-out prompt, one full forward per new token (no KV cache).
-  t0 = std::chrono::steady_clock::now();
-  BigramData::Batch p = held_out.next(1, S);
-  run.prompt.assign(p.inputs.begin(), p.inputs.begin() + o.prompt_tokens);
-  std::vector<int64_t> seq = run.prompt;
-  const int n_new = std::min(o.generate_tokens, S - o.prompt_tokens);
-  int matches = 0;
-  for (int i = 0; i < n_new; ++i) {
+  greedy_continuation(held_out, o, S, run, [&](const std::vector<int64_t>& seq) {
     const int len = static_cast<int>(seq.size());
     model.forward(call, rt, seq.data(), nullptr, 1, len);
     const float* last = model.logits().data() + static_cast<size_t>(len - 1) * o.model.vocab;
-    const int64_t next = std::max_element(last, last + o.model.vocab) - last;
-    if (next == held_out.successor(seq.back())) ++matches;
-    seq.push_back(next);
-    run.generated.push_back(next);
-  }
-  run.pattern_match = n_new > 0 ? static_cast<double>(matches) / n_new : 0.0;
-  run.generate_ms = ms_since(t0);
+    return static_cast<int64_t>(std::max_element(last, last + o.model.vocab) - last);
+  });
 
   run.staging = call.stats();
   for (uint32_t s :

@@ -124,6 +124,13 @@ float generator_entropy(int vocab, double follow);
 // Milliseconds of the host clock since t0.
 double ms_since(std::chrono::steady_clock::time_point t0);
 
+class BigramData;
+// Both runs' greedy continuation of a held-out prompt of len tokens, one full forward per new
+// token (no KV cache): run.prompt, generated, pattern_match and generate_ms. next_token(seq) is
+// the model's argmax after seq.
+void greedy_continuation(BigramData& held_out, const DemoOptions& options, int len, DemoRun& run,
+                         const std::function<int64_t(const std::vector<int64_t>&)>& next_token);
+
 // The same run with the model resident on CUDA device options.cuda_ordinal (device_model.h):
 // random init on the device, or options.weights; slots from add_device_demo_slots.
 DemoRun run_device_demo(Runtime& runtime, const DemoSlots& slots, const DemoOptions& options);

@@ -196,24 +196,12 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   run.eval_ms = ms_since(t0);
   note_slots(model, seen);
 
-  // Greedy continuation, one full forward per new token (no KV cache).
-  t0 = std::chrono::steady_clock::now();
-  BigramData::Batch p = held_out.next(1, S);
-  run.prompt.assign(p.inputs.begin(), p.inputs.begin() + o.prompt_tokens);
-  std::vector<int64_t> seq = run.prompt;
-  const int n_new = std::min(o.generate_tokens, S - o.prompt_tokens);
-  int matches = 0;
-  for (int i = 0; i < n_new; ++i) {
+  greedy_continuation(held_out, o, S, run, [&](const std::vector<int64_t>& seq) {
     model.forward(seq.data(), nullptr, 1, static_cast<int>(seq.size()),
                   DeviceCausalLM::Logits::kLast);
     const std::vector<float> last = model.download_logits();
-    const int64_t next = std::max_element(last.begin(), last.end()) - last.begin();
-    if (next == held_out.successor(seq.back())) ++matches;
-    seq.push_back(next);
-    run.generated.push_back(next);
-  }
-  run.pattern_match = n_new > 0 ? static_cast<double>(matches) / n_new : 0.0;
-  run.generate_ms = ms_since(t0);
+    return static_cast<int64_t>(std::max_element(last.begin(), last.end()) - last.begin());
+  });
   note_slots(model, seen);
 
   run.peak_bytes = model.memory().peak_bytes;
