@@ -420,6 +420,15 @@ class DeviceStream {
   }
   DeviceStream(const DeviceStream&) = delete;
   DeviceStream& operator=(const DeviceStream&) = delete;
+  // Movable (and so swappable): a runtime can point code written against one stream member at a
+  // second stream for a branch of its work.
+  DeviceStream(DeviceStream&& other) noexcept
+      : device_(other.device_), stream_(std::exchange(other.stream_, nullptr)) {}
+  DeviceStream& operator=(DeviceStream&& other) noexcept {
+    std::swap(device_, other.device_);
+    std::swap(stream_, other.stream_);
+    return *this;
+  }
 
   // kind: KH_COPY_H2D, KH_COPY_D2H or KH_COPY_D2D.
   void copy(void* dst, const void* src, size_t bytes, int32_t kind) {

@@ -13,6 +13,7 @@
 // rows, gridDim.y the column chunks of tx * kUnroll vectors. vec: 16-byte accesses when every
 // row start is 16-byte aligned and d % (16 / sizeof(T)) == 0; scalar otherwise.
 #include "act_math.h"
+#include "pdl.cuh"
 
 namespace {
 
@@ -86,6 +87,7 @@ __device__ __forceinline__ void act_kernel(const T* x, kh_i64 sx, const T* dy, k
 #define KH_ACT_KERNEL(ONAME, OP, DIR, BWD, TNAME, T, VEC, VNAME)                               \
   extern "C" __global__ void __launch_bounds__(256) act_##ONAME##_##DIR##_##TNAME##_##VNAME(   \
       const T* x, kh_i64 sx, const T* dy, kh_i64 sdy, T* out, kh_i64 so, kh_i64 rows, int d) { \
+    kh_pdl_enter();                                                                            \
     act_kernel<T, VEC, OP, BWD>(x, sx, dy, sdy, out, so, rows, d);                             \
   }
 

@@ -21,7 +21,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/activation";
-constexpr const char* kPackageVersion = "1.0.0";
+constexpr const char* kPackageVersion = "1.0.1";
 
 const char* op_kernel_name(int op) {
   switch (op) {
@@ -98,6 +98,7 @@ int32_t run(const char* op_name, int op, const RowsView& x, const RowsView* dy, 
   int di = static_cast<int>(d);
   void* params[] = {&xp, &sx, &dyp, &sdy, &op_, &so, &rows, &di};
   LaunchDims dims;
+  dims.flags = kPdlEntry;
   dims.grid[0] = static_cast<uint32_t>(cfg.grid_x);
   dims.grid[1] = static_cast<uint32_t>(cfg.grid_y);
   dims.block[0] = cfg.tx;

@@ -16,6 +16,7 @@
 #include "attention_params.h"
 #include "kh_prelude.cuh"
 #include "mma.cuh"
+#include "pdl.cuh"
 
 // The Hopper forward exists only where the device code targets sm_90a (and in nvcc's host pass):
 // elsewhere its kernels are absent and the host library falls back to attn_fwd_*.
@@ -381,14 +382,17 @@ __device__ __forceinline__ void attn_bwd(const kh_attn_bwd_params& p) {
 #define KH_ATTN_BWD(TNAME, T, D)                                 \
   extern "C" __global__ void __launch_bounds__(128)              \
       attn_bwd_pre_##TNAME##_d##D(const kh_attn_bwd_params p) {  \
+    kh_pdl_enter();                                              \
     attn_bwd_pre<T, D>(p);                                       \
   }                                                              \
   extern "C" __global__ void __launch_bounds__(128, 1)           \
       attn_bwd_##TNAME##_d##D(const kh_attn_bwd_params p) {      \
+    kh_pdl_enter();                                              \
     attn_bwd<T, D>(p);                                           \
   }                                                              \
   extern "C" __global__ void __launch_bounds__(128)              \
       attn_bwd_post_##TNAME##_d##D(const kh_attn_bwd_params p) { \
+    kh_pdl_enter();                                              \
     attn_bwd_post<T, D>(p);                                      \
   }
 
@@ -400,6 +404,7 @@ KH_ATTN_BWD(fp16, kh_fp16, 128)
 #define KH_ATTN_FWD(TNAME, T, D)                                             \
   extern "C" __global__ void __launch_bounds__(32 * kh_attn_fwd_warps(D), 1) \
       attn_fwd_##TNAME##_d##D(const kh_attn_params p) {                      \
+    kh_pdl_enter();                                                          \
     attn_fwd<T, D, kh_attn_fwd_warps(D), kh_attn_fwd_block_n(D)>(p);         \
   }
 
@@ -416,6 +421,7 @@ KH_ATTN_FWD_DTYPE(fp16, kh_fp16)
 #define KH_ATTN_FWD90(TNAME, T, D)                                          \
   extern "C" __global__ void __launch_bounds__(384, 1)                      \
       attn_fwd90_##TNAME##_d##D(const __grid_constant__ kh_attn_params p) { \
+    kh_pdl_enter();                                                         \
     attn_fwd_wg<T, D>(p);                                                   \
   }
 KH_ATTN_FWD90(bf16, kh_bf16, 64)
@@ -426,6 +432,7 @@ KH_ATTN_FWD90(fp16, kh_fp16, 128)
 #define KH_ATTN_BWD90(TNAME, T, D)                                              \
   extern "C" __global__ void __launch_bounds__(384, 1)                          \
       attn_bwd90_##TNAME##_d##D(const __grid_constant__ kh_attn_bwd_params p) { \
+    kh_pdl_enter();                                                             \
     attn_bwd_wg<T, D>(p);                                                       \
   }
 KH_ATTN_BWD90(bf16, kh_bf16, 64)
@@ -642,10 +649,11 @@ __device__ __forceinline__ void paged_kv_append(const kh_append_params& p) {
 }  // namespace
 
 #include "decode_tc.cuh"
-#define KH_ATTN_DECODE_TC(TNAME, T, D)                          \
-  extern "C" __global__ void __launch_bounds__(128)             \
-      attn_decode_tc_##TNAME##_d##D(const kh_decode_params p) { \
-    attn_decode_tc<T, D>(p);                                    \
+#define KH_ATTN_DECODE_TC(TNAME, T, D)                                    \
+  extern "C" __global__ void __launch_bounds__(32 * kh_decode_tc_warps()) \
+      attn_decode_tc_##TNAME##_d##D(const kh_decode_params p) {           \
+    kh_pdl_enter();                                                       \
+    attn_decode_tc<T, D>(p);                                              \
   }
 KH_ATTN_DECODE_TC(bf16, kh_bf16, 64)
 KH_ATTN_DECODE_TC(bf16, kh_bf16, 128)
@@ -655,6 +663,7 @@ KH_ATTN_DECODE_TC(fp16, kh_fp16, 128)
 #define KH_ATTN_DECODE_ROWS(TNAME, T, D, R)                            \
   extern "C" __global__ void __launch_bounds__(32 * kh_decode_warps()) \
       attn_decode_##TNAME##_d##D##_r##R(const kh_decode_params p) {    \
+    kh_pdl_enter();                                                    \
     attn_decode<T, D, R>(p);                                           \
   }
 
@@ -663,6 +672,7 @@ KH_ATTN_DECODE_TC(fp16, kh_fp16, 128)
   KH_ATTN_DECODE_ROWS(TNAME, T, D, 8)                                \
   extern "C" __global__ void __launch_bounds__(D)                    \
       attn_decode_combine_##TNAME##_d##D(const kh_decode_params p) { \
+    kh_pdl_enter();                                                  \
     attn_decode_combine<T, D>(p);                                    \
   }
 
@@ -672,6 +682,7 @@ KH_ATTN_DECODE_TC(fp16, kh_fp16, 128)
   KH_ATTN_DECODE(TNAME, T, 256)                           \
   extern "C" __global__ void __launch_bounds__(32)        \
       paged_kv_append_##TNAME(const kh_append_params p) { \
+    kh_pdl_enter();                                       \
     paged_kv_append<T>(p);                                \
   }
 

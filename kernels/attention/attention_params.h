@@ -246,10 +246,23 @@ KH_HD constexpr int kh_decode_warps() {
   return 4;
 }
 
-// Tensor-core decode (decode_tc.cuh; head_dim 64 and 128): 4 warps, 16 rows per CTA; shared
-// memory: Q and two K/V stages per warp (16 rows each).
+// Tensor-core decode (decode_tc.cuh; head_dim 64 and 128): KH_DECODE_TC_WARPS warps, 16 rows per
+// CTA; shared memory: Q and KH_DECODE_TC_STAGES K/V stages per warp (16 rows each). The -D
+// overrides are for sweeps only (the host library must agree with the device code).
+#ifndef KH_DECODE_TC_WARPS
+#define KH_DECODE_TC_WARPS 4
+#endif
+#ifndef KH_DECODE_TC_STAGES
+#define KH_DECODE_TC_STAGES 2
+#endif
+KH_HD constexpr int kh_decode_tc_warps() {
+  return KH_DECODE_TC_WARPS;
+}
+KH_HD constexpr int kh_decode_tc_stages() {
+  return KH_DECODE_TC_STAGES;
+}
 KH_HD constexpr int kh_decode_tc_smem_bytes(int head_dim) {
-  return 17 * 16 * head_dim * 2;
+  return (1 + 2 * kh_decode_tc_warps() * kh_decode_tc_stages()) * 16 * head_dim * 2;
 }
 
 // Appends new tokens' K and V into the pages: token i of sequence b (n_new per sequence, the last

@@ -4,12 +4,16 @@
 // V are read once per KV head and each 16-token chunk costs 32 tensor-core instructions per warp
 // instead of 16 * D multiply-adds per row on the CUDA cores.
 //
-// One CTA of 4 warps per (context split, KV head x group of 16 rows, sequence). Q (16 x D) is
+// One CTA of NW warps per (context split, KV head x group of 16 rows, sequence). Q (16 x D) is
 // loaded once into shared memory; each warp walks its own 16-token chunks of the split (warp w
-// takes chunks w, w + 4, ...), loading each chunk's K and V rows from their pages with cp.async
-// into its own two shared-memory stages (the next chunk's while this one is computed), and keeps
-// its own online softmax; the warps' states are merged through shared memory at the end and
-// written like attn_decode's (the output, or a split's partial state for attn_decode_combine).
+// takes chunks w, w + NW, ...), loading each chunk's K and V rows from their pages with cp.async
+// into its own ring of ST shared-memory stages (the next ST - 1 chunks in flight while one is
+// computed), and keeps its own online softmax; the warps' states are merged through shared
+// memory at the end and written like attn_decode's (the output, or a split's partial state for
+// attn_decode_combine). NW = 4, ST = 2 (3 CTAs per SM) measured best on an H200 at batch 64,
+// 16/8 heads, 1920 tokens: 3.95-4.0 TB/s, 88% of a plain 16-byte read; deeper rings (fewer CTAs
+// per SM), 2 or 3 warps, 8 warps, a head-major page layout, unmasked full chunks and skipping
+// the rescale when no maximum grew were all as fast or slower (tools/bench/RESULTS.md).
 #ifndef KH_ATTENTION_DECODE_TC_CUH_
 #define KH_ATTENTION_DECODE_TC_CUH_
 
@@ -50,12 +54,12 @@ KH_DEV void kh_load_paged_rows(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& 
 
 template <typename T, int D>
 __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
-  constexpr int NW = 4, CH = D / 8;
+  constexpr int NW = kh_decode_tc_warps(), ST = kh_decode_tc_stages(), CH = D / 8;
   constexpr kh_u32 TILE = 16 * D * 2;
   extern __shared__ __align__(128) unsigned char smem[];
   const kh_u32 sQ = kh_smem_addr(smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const kh_u32 sW = sQ + TILE + warp * 4 * TILE;  // this warp's stages: K, V, K, V
+  const kh_u32 sW = sQ + TILE + warp * ST * 2 * TILE;  // this warp's stages: K, V, K, V, ...
 
   const int split = blockIdx.x, b = blockIdx.z;
   const int G = p.q_heads / p.kv_heads, rows_total = G * p.q_tokens;
@@ -85,12 +89,17 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
     if (!whole_chunks || chunk >= nchunks) return -1;
     return p.kv.block_table[(kh_i64)b * p.kv.table_stride + (t_lo + chunk * 16) / p.kv.page_size];
   };
-  if (warp < nchunks)
-    kh_load_paged_rows<D, T>(sW, sW + TILE, p.kv, b, hk, t_lo + warp * 16, t_hi, lane,
-                             page_of(warp));
-  int next_page = page_of(warp + NW);
-  kh_cp_async_commit();
-  kh_cp_async_wait<1>();
+  // The first ST - 1 chunks of this warp, one commit group each (empty past the split's end).
+#pragma unroll
+  for (int i = 0; i < ST - 1; ++i) {
+    const int c = warp + i * NW;
+    if (c < nchunks)
+      kh_load_paged_rows<D, T>(sW + i * 2 * TILE, sW + i * 2 * TILE + TILE, p.kv, b, hk,
+                               t_lo + c * 16, t_hi, lane, page_of(c));
+    kh_cp_async_commit();
+  }
+  int next_page = page_of(warp + (ST - 1) * NW);
+  kh_cp_async_wait<ST - 1>();
   __syncthreads();  // Q, loaded by every thread, is in shared memory (warps part ways below)
 
   // This thread's rows (r0 and r0 + 8 of the 16) and their query positions (-1: padding).
@@ -112,13 +121,17 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
   const float sl2 = p.scale_log2;
 
   int stage = 0;
-  for (int c = warp; c < nchunks; c += NW, stage ^= 1) {
-    if (c + NW < nchunks)
-      kh_load_paged_rows<D, T>(sW + (stage ^ 1) * 2 * TILE, sW + (stage ^ 1) * 2 * TILE + TILE,
-                               p.kv, b, hk, t_lo + (c + NW) * 16, t_hi, lane, next_page);
+  for (int c = warp; c < nchunks; c += NW, stage = stage + 1 == ST ? 0 : stage + 1) {
+    // The chunk ST - 1 ahead goes into the stage computed last iteration (free: see the
+    // __syncwarp at the end of the loop).
+    const int ahead = c + (ST - 1) * NW;
+    const int load_stage = stage == 0 ? ST - 1 : stage - 1;
+    if (ahead < nchunks)
+      kh_load_paged_rows<D, T>(sW + load_stage * 2 * TILE, sW + load_stage * 2 * TILE + TILE, p.kv,
+                               b, hk, t_lo + ahead * 16, t_hi, lane, next_page);
     kh_cp_async_commit();
-    next_page = page_of(c + 2 * NW);
-    kh_cp_async_wait<1>();
+    next_page = page_of(ahead + NW);
+    kh_cp_async_wait<ST - 1>();
     __syncwarp();  // this warp's chunk, loaded by its lanes, is in shared memory
     const kh_u32 sK = sW + stage * 2 * TILE, sV = sK + TILE;
 

@@ -24,7 +24,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/attention";
-constexpr const char* kPackageVersion = "1.2.0";
+constexpr const char* kPackageVersion = "1.2.1";
 constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
 // Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
 constexpr int kMinSplitTokens = 256;
@@ -381,6 +381,7 @@ int32_t attention_forward(const Args<kForward>& a, void* stream) {
             head_map(device, in.v, kh_attn_fwd90_block_n(d), &p.v_map);
   const int bm = hopper ? kh_attn_fwd90_block_m() : 16 * kh_attn_fwd_warps(d);
   LaunchDims dims;
+  dims.flags = kPdlEntry;
   dims.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + bm - 1) / bm);
   dims.grid[1] = static_cast<uint32_t>(p.q_heads);
   dims.grid[2] = static_cast<uint32_t>(p.batch);
@@ -471,6 +472,7 @@ int32_t attention_backward(const Args<kBackward>& a, void* stream) {
   void* params[] = {&bp};
   char name[48];
   LaunchDims pre;
+  pre.flags = kPdlEntry;
   pre.grid[0] = static_cast<uint32_t>((q.tokens * q.heads + 3) / 4);
   pre.block[0] = 128;
   snprintf(name, sizeof name, "attn_bwd_pre_%s_d%d", dtype_tag(q.dtype), d);
@@ -488,6 +490,7 @@ int32_t attention_backward(const Args<kBackward>& a, void* stream) {
                  head_map(device, in.v, kh_attn_bwd90_block_n(), &bp.f.v_map);
     const int bn = hopper ? kh_attn_bwd90_block_n() : kh_attn_bwd_block();
     LaunchDims main;
+    main.flags = kPdlEntry;
     main.grid[0] = static_cast<uint32_t>((bp.max_seqlen_k + bn - 1) / bn);
     main.grid[1] = static_cast<uint32_t>(bp.f.kv_heads);
     main.grid[2] = static_cast<uint32_t>(bp.f.batch);
@@ -499,6 +502,7 @@ int32_t attention_backward(const Args<kBackward>& a, void* stream) {
   }
   if (q.tokens == 0) return KH_OK;
   LaunchDims post;
+  post.flags = kPdlEntry;
   post.grid[0] = static_cast<uint32_t>(q.tokens * q.heads);
   post.block[0] = 128;
   snprintf(name, sizeof name, "attn_bwd_post_%s_d%d", dtype_tag(q.dtype), d);
@@ -638,7 +642,7 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.kv_heads * groups;
   int64_t max_splits = (max_ctx + kMinSplitTokens - 1) / kMinSplitTokens;
   if (max_splits > kMaxSplits) max_splits = kMaxSplits;
-  const int64_t threads = 32 * kh_decode_warps();
+  const int64_t threads = 32 * (tc ? kh_decode_tc_warps() : kh_decode_warps());
   int64_t splits = decode_splits(
       ctas, decode_ctas_per_sm(tc ? kh_decode_tc_smem_bytes(d) : 0, threads), max_splits);
   const TensorArg ws_arg = a.optional_tensor("workspace");
@@ -664,16 +668,18 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
   else
     snprintf(name, sizeof name, "attn_decode_%s_d%d_r%d", dtype_tag(q.dtype), d, r);
   LaunchDims dims;
+  dims.flags = kPdlEntry;
   if (tc) dims.shared_mem_bytes = static_cast<uint32_t>(kh_decode_tc_smem_bytes(d));
   dims.grid[0] = static_cast<uint32_t>(p.splits);
   dims.grid[1] = static_cast<uint32_t>(p.kv_heads * groups);
   dims.grid[2] = static_cast<uint32_t>(p.batch);
-  dims.block[0] = static_cast<uint32_t>(32 * kh_decode_warps());
+  dims.block[0] = static_cast<uint32_t>(threads);
   void* params[] = {&p};
   KH_TRY(launch_kernel(q.device.device_id, name, dims, params, stream));
   if (p.splits == 1) return KH_OK;
   snprintf(name, sizeof name, "attn_decode_combine_%s_d%d", dtype_tag(q.dtype), d);
   LaunchDims combine;
+  combine.flags = kPdlEntry;
   combine.grid[0] = static_cast<uint32_t>(q.tokens * q.heads);
   combine.block[0] = static_cast<uint32_t>(d);
   return launch_kernel(q.device.device_id, name, combine, params, stream);
@@ -726,6 +732,7 @@ int32_t paged_kv_append(const Args<kAppend>& a, void* stream) {
   char name[48];
   snprintf(name, sizeof name, "paged_kv_append_%s", dtype_tag(kn.dtype));
   LaunchDims dims;
+  dims.flags = kPdlEntry;
   dims.grid[0] = static_cast<uint32_t>(kn.tokens);
   dims.grid[1] = static_cast<uint32_t>(p.kv_heads);
   dims.block[0] = 32;

@@ -57,7 +57,11 @@ int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& d
   void* fn = nullptr;
   int32_t status = h->get_function(h->ctx, device_id, kernel, &fn);
   if (status != KH_OK) return status;  // the loader has set the error
-  const bool needs_1_1 = dims.flags || dims.cluster[0] || dims.cluster[1] || dims.cluster[2];
+  // PDL only relaxes stream order for a kernel that waits for its predecessor itself: an older
+  // loader, which would refuse the flag, launches it in plain order instead.
+  uint32_t flags = dims.flags;
+  if (h->h.abi_minor < 1) flags &= ~KH_LAUNCH_PDL;
+  const bool needs_1_1 = flags || dims.cluster[0] || dims.cluster[1] || dims.cluster[2];
   if (needs_1_1 && h->h.abi_minor < 1)
     return fail(KH_ERR_UNSUPPORTED,
                 "%s: a cluster or launch flags need a kernel-hub loader of ABI 1.1 or newer (this "
@@ -69,7 +73,7 @@ int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& d
                          dims.shared_mem_bytes,
                          device_id,
                          {dims.cluster[0], dims.cluster[1], dims.cluster[2]},
-                         dims.flags};
+                         flags};
   return h->launch(h->ctx, fn, &cfg, params, stream);
 }
 

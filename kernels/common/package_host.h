@@ -39,6 +39,12 @@ struct LaunchDims {
   uint32_t flags = 0;               // KH_LAUNCH_*
 };
 
+// The launch flags of a kernel whose first statement is kh_pdl_enter() (pdl.cuh): programmatic
+// dependent launch, so that its blocks are resident and waiting when the kernel before it on the
+// stream ends (launch_kernel drops it for a loader older than ABI 1.1, which keeps plain stream
+// order: correct, only without the overlap).
+constexpr uint32_t kPdlEntry = KH_LAUNCH_PDL;
+
 // Looks up `kernel` for `device_id` through host->get_function and launches it on `stream`
 // with `params` (pointers to each kernel parameter). The loader sets the error on failure.
 int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& dims, void** params,

@@ -33,4 +33,14 @@ __device__ __forceinline__ void kh_pdl_launch_dependents() {
 #endif
 }
 
+// The first statement of a kernel its package launches with KH_LAUNCH_PDL and that needs no
+// prologue of its own: waits for the previous grid (so everything after it reads and writes as in
+// plain stream order), then lets the next PDL kernel launch at once, so that its blocks are
+// resident and waiting in their own kh_pdl_enter() when this grid ends, instead of being launched
+// only then (the gap between two small kernels of a decode step).
+__device__ __forceinline__ void kh_pdl_enter() {
+  kh_pdl_wait();
+  kh_pdl_launch_dependents();
+}
+
 #endif  // KH_PDL_CUH_

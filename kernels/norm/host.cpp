@@ -29,7 +29,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/norm";
-constexpr const char* kPackageVersion = "1.0.1";
+constexpr const char* kPackageVersion = "1.0.2";
 
 enum Kind { kRms = 0, kAddRms = 1, kLayer = 2 };
 const char* kind_name(int kind) {
@@ -132,6 +132,7 @@ int32_t run_forward(const char* op, const Forward& f, void* stream) {
   void* params[] = {&xp,  &sx,  &rp,   &sr,   &wp,   &bp,   &yp, &sy,
                     &rop, &sro, &mean, &rstd, &rows, &cols, &eps};
   LaunchDims dims;
+  dims.flags = kPdlEntry;
   dims.grid[0] = static_cast<uint32_t>(cfg.blocks);
   dims.block[0] = cfg.threads_per_row;
   dims.block[1] = cfg.rows_per_block;
@@ -268,6 +269,7 @@ int32_t run_backward(const char* op, const Backward& b, void* stream) {
     if (b.dresidual.data) vec = vec && vectorizable(b.dresidual, vec16);
     RowLaunch cfg = backward_launch(walkers, x.cols, vec ? vec16 : 1);
     LaunchDims dims;
+    dims.flags = kPdlEntry;
     if (cfg.reg && cfg.rows_per_block > 1) {
       // Short rows: each workspace row takes a CTA of rows_per_block walkers (norm.cu sums them
       // in shared memory), so the rows spread over rows_per_block times as many walkers.
@@ -300,6 +302,7 @@ int32_t run_backward(const char* op, const Backward& b, void* stream) {
   const float* wsc = ws;
   void* rparams[] = {&wsc, &sws, &iwalkers, &cols, const_cast<int*>(&k), &dwp, &dbp};
   LaunchDims rdims;
+  rdims.flags = kPdlEntry;
   rdims.grid[0] = static_cast<uint32_t>((int64_t{k} * cols + 31) / 32);
   rdims.block[0] = 32;
   rdims.block[1] = 8;

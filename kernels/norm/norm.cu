@@ -21,6 +21,7 @@
 // Aliasing: y may be x and residual_out may be residual (same pointer and stride); every
 // element is read by the thread that later writes it.
 #include "kh_prelude.cuh"
+#include "pdl.cuh"
 
 namespace {
 
@@ -646,20 +647,24 @@ __device__ __forceinline__ void norm_reduce_partials(const float* ws, kh_i64 sws
 #define KH_NORM_FWD_KERNEL(KNAME, TNAME, T, VEC, VNAME, KIND)              \
   extern "C" __global__ void __launch_bounds__(512)                        \
       norm_fwd_##KNAME##_##TNAME##_##VNAME##_reg(KH_NORM_FWD_PARAMS(T)) {  \
+    kh_pdl_enter();                                                        \
     norm_fwd_reg<T, VEC, KIND>(KH_NORM_FWD_ARGS);                          \
   }                                                                        \
   extern "C" __global__ void __launch_bounds__(kLoopThreads)               \
       norm_fwd_##KNAME##_##TNAME##_##VNAME##_loop(KH_NORM_FWD_PARAMS(T)) { \
+    kh_pdl_enter();                                                        \
     norm_fwd_loop<T, VEC, KIND>(KH_NORM_FWD_ARGS);                         \
   }
 
 #define KH_NORM_BWD_KERNEL(KNAME, TNAME, T, VEC, VNAME, LN)                \
   extern "C" __global__ void __launch_bounds__(512)                        \
       norm_bwd_##KNAME##_##TNAME##_##VNAME##_reg(KH_NORM_BWD_PARAMS(T)) {  \
+    kh_pdl_enter();                                                        \
     norm_bwd_reg<T, VEC, LN>(KH_NORM_BWD_ARGS);                            \
   }                                                                        \
   extern "C" __global__ void __launch_bounds__(kLoopThreads)               \
       norm_bwd_##KNAME##_##TNAME##_##VNAME##_loop(KH_NORM_BWD_PARAMS(T)) { \
+    kh_pdl_enter();                                                        \
     norm_bwd_loop<T, VEC, LN>(KH_NORM_BWD_ARGS);                           \
   }
 
@@ -676,6 +681,7 @@ __device__ __forceinline__ void norm_reduce_partials(const float* ws, kh_i64 sws
   KH_NORM_BWD_KERNEL(ln, TNAME, T, 1, scalar, true)                               \
   extern "C" __global__ void __launch_bounds__(256) norm_reduce_partials_##TNAME( \
       const float* ws, kh_i64 sws, int walkers, int cols, int k, T* dw, T* db) {  \
+    kh_pdl_enter();                                                               \
     norm_reduce_partials<T>(ws, sws, walkers, cols, k, dw, db);                   \
   }
 

@@ -24,7 +24,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/rotary";
-constexpr const char* kPackageVersion = "1.0.0";
+constexpr const char* kPackageVersion = "1.0.1";
 
 const char* dtype_tag(int dtype) {
   return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
@@ -120,6 +120,7 @@ int32_t rope(const Rope& r, void* stream) {
   void* params[] = {&pp,     &qp, &sqt, &sqh,  &qheads, &kp, &skt, &skh,
                     &kheads, &cp, &sp,  &scos, &ssin,   &mp, &hf,  &sg};
   LaunchDims dims;
+  dims.flags = kPdlEntry;
   dims.grid[0] = static_cast<uint32_t>(q.tokens);
   dims.block[0] = rotary_threads(units);
   return launch_kernel(q.device.device_id, name, dims, params, stream);

@@ -13,6 +13,7 @@
 // units (q heads, then k heads), consecutive threads on consecutive units of one head so that
 // the accesses are coalesced and cos/sin are re-read from L1 for every head. vec: 16-byte
 // accesses when every head start is 16-byte aligned and half divides into whole vectors.
+#include "pdl.cuh"
 #include "rope_math.h"
 
 namespace {
@@ -87,6 +88,7 @@ __device__ __forceinline__ void rope_kernel(const kh_i64* positions, T* q, kh_i6
       const kh_i64* positions, T* q, kh_i64 sqt, kh_i64 sqh, int q_heads, T* k, kh_i64 skt,       \
       kh_i64 skh, int k_heads, const C* cos, const C* sin, kh_i64 scos, kh_i64 ssin,              \
       kh_i64 max_pos, int half, float sign) {                                                     \
+    kh_pdl_enter();                                                                               \
     rope_kernel<T, C, NEOX, VEC>(positions, q, sqt, sqh, q_heads, k, skt, skh, k_heads, cos, sin, \
                                  scos, ssin, max_pos, half, sign);                                \
   }

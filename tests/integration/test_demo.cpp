@@ -452,6 +452,8 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   EXPECT_FALSE(dec["peak_bandwidth_source"].get<std::string>().empty());
   EXPECT_GT(dec["roofline_fraction"].get<double>(), 0);
   EXPECT_LT(dec["roofline_fraction"].get<double>(), 1.5);
+  EXPECT_GT(dec["read_bandwidth_bytes_per_s"].get<double>(), 1e10);
+  EXPECT_GT(dec["read_roofline_fraction"].get<double>(), 0);
   EXPECT_GT(dec["pattern_match"].get<double>(), 0.1) << "well above chance (1 / 256)";
   EXPECT_GE(dec["peak_bytes"].get<uint64_t>(), d["peak_bytes"].get<uint64_t>());
   EXPECT_GT(d["profile"]["decode_step"]["total_ms"].get<double>(), 0);

@@ -44,6 +44,10 @@ INSTANTIATE_TEST_SUITE_P(Kernels, DeviceSourceCompiles,
                                                               "sm_90a")),
                          package_sm_name);
 
+TEST(PdlEntry, EveryKernelOfAPdlPackageWaitsForThePreviousGridFirst) {
+  for (const std::string& package : pdl_packages()) expect_kernels_enter_with_pdl(package);
+}
+
 // ---- dispatch on kDLCUDA tensors with a recording backend -----------------------------------
 class CudaDispatch : public ::testing::Test {
  protected:

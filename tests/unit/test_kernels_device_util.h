@@ -61,6 +61,36 @@ inline std::string package_sm_name(
   return std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
 }
 
+// ---- programmatic dependent launch ------------------------------------------------------------
+// The packages whose kernels all begin with kh_pdl_enter() (pdl.cuh) and are launched with
+// KH_LAUNCH_PDL (package_host.h: kPdlEntry), by their kernels' name prefixes.
+inline const std::vector<std::string>& pdl_packages() {
+  static const std::vector<std::string> p{"norm", "activation", "rotary", "attention"};
+  return p;
+}
+inline bool pdl_kernel(const std::string& kernel) {
+  for (const char* prefix : {"norm_", "act_", "rope_", "attn_", "paged_kv_append_"})
+    if (kernel.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+// Every extern "C" kernel of `package`.cu begins with kh_pdl_enter(): launched with
+// KH_LAUNCH_PDL, a kernel that read or wrote anything before waiting would race the kernel
+// before it on the stream.
+inline void expect_kernels_enter_with_pdl(const std::string& package) {
+  const std::string src = shipped_source(package);
+  const std::regex kernel(R"re(extern "C" __global__[^{;]*\{)re");
+  // (In a macro, line continuations may separate the brace from the call.)
+  const std::regex entered(R"re(extern "C" __global__[^{;]*\{[\s\\]*kh_pdl_enter\(\);)re");
+  const auto count = [&](const std::regex& re) {
+    return std::distance(std::sregex_iterator(src.begin(), src.end(), re), std::sregex_iterator());
+  };
+  const auto kernels = count(kernel);
+  EXPECT_GT(kernels, 0) << package << ".cu defines no kernel";
+  EXPECT_EQ(count(entered), kernels)
+      << package << ".cu: a kernel launched with KH_LAUNCH_PDL does not begin with kh_pdl_enter()";
+}
+
 // ---- dispatch on kDLCUDA tensors with a recording backend -----------------------------------
 struct Launch {
   std::string kernel;
@@ -90,7 +120,10 @@ class RecordingBackend : public DeviceBackend {
   int32_t launch(const PackageIdentity&, void* fn, const kh_launch_cfg_t& cfg, void**, void*,
                  std::string&) override {
     std::lock_guard<std::mutex> lock(mu_);
-    launches_.push_back({names_[reinterpret_cast<size_t>(fn) - 1], cfg, {}});
+    const std::string& kernel = names_[reinterpret_cast<size_t>(fn) - 1];
+    // Programmatic dependent launch exactly for the kernels that wait for their predecessor.
+    EXPECT_EQ(cfg.flags & KH_LAUNCH_PDL, pdl_kernel(kernel) ? KH_LAUNCH_PDL : 0u) << kernel;
+    launches_.push_back({kernel, cfg, {}});
     return KH_OK;
   }
   std::vector<Launch> take() {

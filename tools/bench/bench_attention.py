@@ -129,17 +129,23 @@ def train_rows(kh):
 
 def decode_rows(kh):
     bf = torch.bfloat16
-    shapes = [  # B, Hq, Hkv, ctx, D, page
-        (1, 32, 8, 8192, 128, 16), (8, 32, 8, 8192, 128, 16), (64, 32, 8, 8192, 128, 16),
-        (64, 32, 8, 8192, 128, 64),  # issue 14's decode target: 64-token pages
-        (16, 64, 8, 4096, 128, 16), (32, 16, 8, 4096, 128, 16),
+    shapes = [  # B, Hq, Hkv, ctx, D, page, tokens in the sequences (None: ctx)
+        (1, 32, 8, 8192, 128, 16, None), (8, 32, 8, 8192, 128, 16, None),
+        (64, 32, 8, 8192, 128, 16, None),
+        (64, 32, 8, 8192, 128, 64, None),  # issue 14's decode target: 64-token pages
+        (16, 64, 8, 4096, 128, 16, None), (32, 16, 8, 4096, 128, 16, None),
+        # The runtime's decode (issue 15): Qwen3-0.6B and Llama-3-8B heads, batch 64, a cache of
+        # 2048 tokens per sequence, full or at the decode's average 1920.
+        (64, 16, 8, 2048, 128, 64, None), (64, 16, 8, 2048, 128, 64, 1920),
+        (64, 32, 8, 2048, 128, 64, None),
     ]
-    for B, H, HK, ctx, D, page in shapes:
+    for B, H, HK, ctx, D, page, used in shapes:
         pages_per = ctx // page
         k_cache = torch.randn(B * pages_per, page, HK, D, device="cuda", dtype=bf)
         v_cache = torch.randn_like(k_cache)
         table = torch.randperm(B * pages_per, device="cuda", dtype=torch.int32).view(B, pages_per)
-        lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+        used = used or ctx
+        lens = torch.full((B,), used, device="cuda", dtype=torch.int32)
         q = torch.randn(B, 1, H, D, device="cuda", dtype=bf)
         out = torch.full_like(q, float("nan"))
         ws = torch.empty(B * H * 32 * (D + 2), device="cuda", dtype=torch.float32)
@@ -148,14 +154,15 @@ def decode_rows(kh):
         ours()
         torch.cuda.synchronize()
         # Contiguous K/V for SDPA (what it needs; the gather is not timed).
-        k = k_cache[table.long()].reshape(B, ctx, HK, D)
-        v = v_cache[table.long()].reshape(B, ctx, HK, D)
+        k = k_cache[table.long()].reshape(B, ctx, HK, D)[:, :used].contiguous()
+        v = v_cache[table.long()].reshape(B, ctx, HK, D)[:, :used].contiguous()
         ref = sdpa(q.float(), k.float(), v.float(), False, SDPBackend.MATH)().transpose(1, 2)
         err = ((out.float() - ref).norm() / ref.norm()).item()
         providers = {"ours": ours, "flash": sdpa(q, k, v, False, SDPBackend.FLASH_ATTENTION),
                      "cudnn": sdpa(q, k, v, False, SDPBackend.CUDNN_ATTENTION)}
-        yield (f"decode B={B} H={H}/{HK} ctx={ctx} D={D} page={page}", "paged (ours), contiguous "
-               "(torch)", 2 * B * ctx * HK * D * 2, providers, err)
+        of = f" of {ctx}" if used != ctx else ""
+        yield (f"decode B={B} H={H}/{HK} ctx={used}{of} D={D} page={page}", "paged (ours), "
+               "contiguous (torch)", 2 * B * used * HK * D * 2, providers, err)
 
 
 def timed(fn):

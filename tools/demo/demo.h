@@ -93,6 +93,9 @@ struct DemoRun {
   double decode_weight_bytes = 0, decode_kv_bytes = 0, decode_step_bytes = 0;
   double decode_bandwidth = 0;  // step bytes / step time
   double peak_bandwidth = 0, roofline_fraction = 0;
+  // A plain read's bandwidth measured in this run (DeviceCausalLM::read_bandwidth) and the step's
+  // share of it.
+  double read_bandwidth = 0, read_roofline_fraction = 0;
   std::string peak_bandwidth_source;
   bool decode_graph = false;        // the timed steps replayed a captured CUDA graph
   bool decode_package = false;      // PagedKVAppend / PagedAttention bound to a package

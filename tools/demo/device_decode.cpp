@@ -163,10 +163,22 @@ void DecodeKernels::argmax_advance(DeviceStream& s, const DeviceTensor& logits, 
 // ---- DeviceCausalLM's decode ------------------------------------------------------------------
 
 struct DeviceCausalLM::DecodeState {
-  DecodeState(int device, const KvCacheShape& c) : kernels(device), shape(c) {}
+  DecodeState(int device, const KvCacheShape& c)
+      : kernels(device),
+        shape(c),
+        branch_k(device),
+        branch_v(device),
+        fork(device),
+        joined_k(device),
+        joined_v(device) {}
 
   DecodeKernels kernels;
   KvCacheShape shape;
+  // The k and v projections (with k's norm) run beside q's on two more streams, forked from and
+  // joined into the model's stream by events: three short chains instead of one of five kernels
+  // (a decode step is bound by its kernels' latency, not by their work).
+  DeviceStream branch_k, branch_v;
+  DeviceEvent fork, joined_k, joined_v;
   Runtime* runtime = nullptr;  // the model's runtime, for set_capturing
   std::optional<DecodeSlots> slots;
   bool package = false;  // PagedKVAppend and PagedAttention bound: a bfloat16 cache
@@ -377,6 +389,23 @@ void DeviceCausalLM::decode_attend(size_t layer, const DeviceTensor& q4, DeviceT
   if (cast_out) kernels_.cast(stream_, ob, out4);
 }
 
+// body() on `branch` after the work the model's stream has before decode_->fork, then `joined`
+// recorded there: the model's members that take stream_ (linear, norm, the slot calls) enqueue
+// on the branch while it is swapped in.
+template <typename F>
+void DeviceCausalLM::on_branch(DeviceStream& branch, DeviceEvent& joined, F&& body) {
+  branch.wait(decode_->fork);
+  std::swap(stream_, branch);
+  try {
+    body();
+  } catch (...) {
+    std::swap(stream_, branch);
+    throw;
+  }
+  std::swap(stream_, branch);
+  joined.record(branch);
+}
+
 // One token per sequence through the layers, on the step's buffers (the host model's
 // layer_forward for a single position, reading the cache for attention), ending with the greedy
 // argmax that feeds the next step. Allocates nothing: it is what the graph captures.
@@ -391,17 +420,23 @@ void DeviceCausalLM::decode_launch() {
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& L = layers_[l];
     add_norm(l == 0 ? none : d.branch, d.h.view(d.h.shape()), *L.attn_norm, d.a, nullptr);
-    linear(d.a, *L.wv, L.bv, d.v);
+    d.fork.record(stream_);
+    on_branch(d.branch_v, d.joined_v, [&] { linear(d.a, *L.wv, L.bv, d.v); });
     if (L.q_norm) {
+      on_branch(d.branch_k, d.joined_k, [&] {
+        linear(d.a, *L.wk, L.bk, d.k_pre);
+        DeviceTensor kn = d.k.view({B * NKV, HD});
+        norm(d.k_pre.view({B * NKV, HD}), *L.k_norm, kn, nullptr);
+      });
       linear(d.a, *L.wq, L.bq, d.q_pre);
-      linear(d.a, *L.wk, L.bk, d.k_pre);
-      DeviceTensor qn = d.q.view({B * NH, HD}), kn = d.k.view({B * NKV, HD});
+      DeviceTensor qn = d.q.view({B * NH, HD});
       norm(d.q_pre.view({B * NH, HD}), *L.q_norm, qn, nullptr);
-      norm(d.k_pre.view({B * NKV, HD}), *L.k_norm, kn, nullptr);
     } else {
+      on_branch(d.branch_k, d.joined_k, [&] { linear(d.a, *L.wk, L.bk, d.k); });
       linear(d.a, *L.wq, L.bq, d.q);
-      linear(d.a, *L.wk, L.bk, d.k);
     }
+    stream_.wait(d.joined_k);
+    stream_.wait(d.joined_v);
     DeviceTensor q3 = d.q.view({B, NH, HD}), k3 = d.k.view({B, NKV, HD});
     if (bound(slots_.rotary))
       call_slot(slots_.rotary, kRotaryEmbedding, false,

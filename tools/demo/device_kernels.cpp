@@ -77,7 +77,7 @@ std::vector<std::string> device_kernel_names() {
     names.push_back(std::string(base) + "_bf16");
   }
   names.insert(names.end(), {"kh_cast_bf16_to_f32", "kh_cast_f32_to_bf16", "kh_adamw_f32",
-                             "kh_init_normal_f32", "kh_fill_f32"});
+                             "kh_init_normal_f32", "kh_fill_f32", "kh_read_u32x4"});
   return names;
 }
 
@@ -209,6 +209,29 @@ void DeviceKernels::fill(DeviceStream& s, DeviceTensor& w, float value) {
   if (n == 0) return;
   void* wp = w.data();
   launch(s, fn("kh_fill_f32"), blocks_for(n), 1, 1, 0, {&wp, &n, &value});
+}
+
+double DeviceKernels::read_bandwidth(DeviceStream& s, DevicePool& pool, int64_t bytes) {
+  expect(bytes >= 16, "read_bandwidth", fmt::format("{} bytes; at least 16", bytes));
+  DeviceTensor buffer(pool, {bytes / 16 * 16}, kU8), sink(pool, {4}, kU8);
+  buffer.zero(s);
+  const void* bp = buffer.data();
+  void* sp = sink.data();
+  long long n = bytes / 16;
+  // Enough blocks for every SM of a large GPU several times over; each walks the buffer in a
+  // grid-stride loop.
+  const uint32_t blocks = std::min<uint32_t>(blocks_for(n), 4096);
+  DeviceEvent start(device()), stop(device());
+  double best_ms = 0;
+  for (int pass = 0; pass < 4; ++pass) {  // the first pass warms up
+    start.record(s);
+    launch(s, fn("kh_read_u32x4"), blocks, 1, 1, 0, {&bp, &n, &sp});
+    stop.record(s);
+    stop.synchronize();
+    const double ms = stop.elapsed_ms_since(start);
+    if (pass > 0 && (best_ms == 0 || ms < best_ms)) best_ms = ms;
+  }
+  return best_ms > 0 ? static_cast<double>(n) * 16 / (best_ms / 1e3) : 0;
 }
 
 void DeviceKernels::rms_norm(DeviceStream& s, const DeviceTensor& x, const DeviceTensor& weight,

@@ -410,6 +410,17 @@ KH_GLOBAL void kh_fill_f32(float* w, long long n, float value) {
   for (long long i = global_index(); i < n; i += global_stride()) w[i] = value;
 }
 
+// Reads n 16-byte words (the prelude's kh_u32x4); the XOR of all of them is stored only if it equals a value it never
+// takes for the zeroed buffer read_bandwidth passes, so the loads stay and nothing is written.
+KH_GLOBAL void kh_read_u32x4(const kh_u32x4* p, long long n, unsigned* sink) {
+  unsigned acc = 0;
+  for (long long i = global_index(); i < n; i += global_stride()) {
+    const kh_u32x4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) *sink = acc;
+}
+
 KH_GLOBAL void kh_cast_bf16_to_f32(const kh_bf16* in, float* out, long long n) {
   cast(in, out, n);
 }

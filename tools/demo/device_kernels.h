@@ -50,6 +50,10 @@ class DeviceKernels {
   void init_normal(DeviceStream& s, DeviceTensor& w, uint64_t seed, float stddev);
   // w (float32) = value everywhere.
   void fill(DeviceStream& s, DeviceTensor& w, float value);
+  // The device memory's read bandwidth (bytes/s) as a plain streaming kernel reaches it: the
+  // best of 3 passes of 16-byte loads over `bytes` of `pool` (the ceiling a memory-bound step is
+  // measured against, in the same run; METHOD: measure the ceilings, do not take the datasheet's).
+  double read_bandwidth(DeviceStream& s, DevicePool& pool, int64_t bytes);
 
   // RMSNorm over the last dimension; rstd (float32 [rows]) may be null (eval).
   void rms_norm(DeviceStream& s, const DeviceTensor& x, const DeviceTensor& weight, float eps,

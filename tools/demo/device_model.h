@@ -96,6 +96,9 @@ class DeviceCausalLM {
   std::vector<float> download_weight(const std::string& name);
   // Peak and current device memory of the model's pool.
   kh_device_pool_stats_t memory() const { return pool_.stats(); }
+  // The device memory's read bandwidth (bytes/s) a plain streaming pass over `bytes` of the
+  // model's pool reaches (DeviceKernels::read_bandwidth): the decode roofline's measured ceiling.
+  double read_bandwidth(int64_t bytes) { return kernels_.read_bandwidth(stream_, pool_, bytes); }
   // The slots a package served in the last forward or backward ("RMSNorm", ...); the others ran
   // the runtime's device kernels.
   const std::vector<std::string>& package_slots() const { return package_slots_; }
@@ -236,6 +239,8 @@ class DeviceCausalLM {
   void layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTensor& branch);
   void prefill_kv(const Layer& L, const Saved& s);  // layer_forward's hook while prefilling
   void decode_launch();                             // the step's work, eager or captured
+  template <typename F>
+  void on_branch(DeviceStream& branch, DeviceEvent& joined, F&& body);  // decode's forks
   void decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4);
   void decode_attend(size_t layer, const DeviceTensor& q4, DeviceTensor& out4);
   void layer_backward(Layer& L, Saved& s, DeviceTensor& dh);

@@ -187,6 +187,8 @@ nlohmann::json demo_json(const DemoSummary& summary, const DemoOptions& o,
           {"peak_bandwidth_bytes_per_s", run.peak_bandwidth},
           {"peak_bandwidth_source", run.peak_bandwidth_source},
           {"roofline_fraction", run.roofline_fraction},
+          {"read_bandwidth_bytes_per_s", run.read_bandwidth},
+          {"read_roofline_fraction", run.read_roofline_fraction},
           {"pattern_match", run.decode_pattern_match},
           {"peak_bytes", run.decode_peak_bytes},
       };

@@ -261,12 +261,13 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
           run.decode_ms_per_step, run.decode_steps));
       ctx.say(fmt::format(
           "  roofline: a step reads {} (weights {} + KV cache {} at {:.0f} tokens a sequence) "
-          "= {:.2f} TB/s, {:.0f}% of the {:.2f} TB/s peak ({})",
+          "= {:.2f} TB/s, {:.0f}% of the {:.2f} TB/s peak ({}), {:.0f}% of the {:.2f} TB/s a "
+          "plain read reached in this run",
           human_bytes(static_cast<uint64_t>(run.decode_step_bytes)),
           human_bytes(static_cast<uint64_t>(run.decode_weight_bytes)),
           human_bytes(static_cast<uint64_t>(run.decode_kv_bytes)), run.decode_average_context,
           run.decode_bandwidth / 1e12, run.roofline_fraction * 100, run.peak_bandwidth / 1e12,
-          run.peak_bandwidth_source));
+          run.peak_bandwidth_source, run.read_roofline_fraction * 100, run.read_bandwidth / 1e12));
       ctx.say(fmt::format("  {:.0f}% of the generated tokens follow the learned pattern",
                           run.decode_pattern_match * 100));
     }
