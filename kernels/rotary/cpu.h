@@ -25,4 +25,11 @@ void apply(int dtype, int cache_dtype, bool neox, const int64_t* positions, int6
            const Heads& q, const Heads& k, const Cache& cos, const Cache& sin, int64_t max_pos,
            int half, float sign);
 
+// RMS-normalizes every head row of q (weight qw) and k (when k.data; weight kw) over its
+// head_dim elements in place: x * (1 / sqrt(mean(x^2) + eps)) * w in fp32, rounded to `dtype`
+// (QKNormRotaryEmbedding's first step; apply() rotates after it). Weights: head_dim elements of
+// `dtype`.
+void qk_norm(int dtype, int64_t tokens, int64_t head_dim, const Heads& q, const void* qw,
+             const Heads& k, const void* kw, float eps);
+
 }  // namespace khk::rope_cpu

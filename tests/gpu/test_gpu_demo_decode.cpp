@@ -220,6 +220,9 @@ TEST_F(GpuDemoDecode, TheAttentionPackageServesDecodeOnABf16Cache) {
   const std::string norm = std::string(KH_KERNEL_PACKAGES_DIR) + "/norm";
   rt.bind(kRMSNorm, norm, Mode::kEval, 0);
   rt.bind(kFusedAddRMSNorm, norm, Mode::kEval, 0);
+  // And the rotary package's QKNormRotaryEmbedding: the decode step's q/k norms and RoPE in one
+  // pass, where the prefill runs the RMSNorm slot and the runtime's rotary (their logits agree).
+  rt.bind(kQKNormRotaryEmbedding, std::string(KH_KERNEL_PACKAGES_DIR) + "/rotary", Mode::kEval, 0);
   rt.set_mode(Mode::kEval);
   const ModelConfig cfg = qwen3_d64();
   {
@@ -227,6 +230,12 @@ TEST_F(GpuDemoDecode, TheAttentionPackageServesDecodeOnABf16Cache) {
     DeviceCausalLM dev(host, slots, rt, 0);
     dev.init_decode(rt, {1, 16, 64});
     EXPECT_TRUE(dev.decode_uses_package());
+    const std::vector<int64_t> prompt = sequence_tokens(cfg, 1, 4, 3);
+    dev.prefill(prompt.data(), 1, 4);
+    dev.decode_step(nullptr, false);
+    const std::vector<std::string> served = dev.package_slots();
+    EXPECT_NE(std::find(served.begin(), served.end(), kQKNormRotaryEmbedding), served.end());
+    EXPECT_FALSE(dev.refusals().contains(kQKNormRotaryEmbedding));
   }
   // 70 prompt tokens in pages of 64: the decoded tokens go to the second page. q, k and v are
   // rounded to bf16 at the package boundary: bf16 tolerance.

@@ -65,6 +65,26 @@ TEST_F(KernelsGpuRotarySoftmax, RotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
     }
 }
 
+// QKNormRotaryEmbedding on the device: the cpu cases and Qwen3's decode shape (64 tokens, 16/8
+// heads of 128) against float64.
+TEST_F(KernelsGpuRotarySoftmax, QkNormRotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  Package pkg("rotary");
+  GpuExecutor gpu;
+  const rope_cases::Case decode{64, 16, 8, 128, 128, 0, 0, 2048, true};
+  for (bool neox : {true, false})
+    for (int dtype : {kBF16, kFP16, kFP32}) {
+      for (const auto& k : rope_cases::kCases) {
+        rope_cases::run_qk_norm_case(gpu, pkg, dtype, neox, k, rng);
+        if (HasFatalFailure()) return;
+      }
+      rope_cases::run_qk_norm_case(gpu, pkg, dtype, neox, decode, rng);
+      if (HasFatalFailure()) return;
+    }
+}
+
 const softmax_cases::Case kGpuSoftmaxCases[] = {
     {512, 8192, 0}, {1000, 4096, 0}, {3, 2048, 1}, {2, 300000, 0}, {70000, 16, 0}, {64, 32768, 8},
 };

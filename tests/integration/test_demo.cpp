@@ -400,12 +400,13 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["device"], "cuda:0");
   EXPECT_FALSE(j.contains("staging")) << "nothing is staged through the host";
-  // Nine slots (the five, FusedLinearCrossEntropy, FusedAddRMSNorm, PagedKVAppend and
-  // PagedAttention), every one from a package in both modes but the decode slots, which the
-  // config maps for eval only.
-  ASSERT_EQ(j["bindings"].size(), kBindings + 8) << j["bindings"].dump(2);
+  // Ten slots (the five, FusedLinearCrossEntropy, FusedAddRMSNorm, QKNormRotaryEmbedding,
+  // PagedKVAppend and PagedAttention), every one from a package in both modes but the three
+  // inference-only slots, which the config maps for eval only.
+  ASSERT_EQ(j["bindings"].size(), kBindings + 10) << j["bindings"].dump(2);
   for (auto& b : j["bindings"]) {
-    const bool decode_slot = b["layer"] == "PagedKVAppend" || b["layer"] == "PagedAttention";
+    const bool decode_slot = b["layer"] == "PagedKVAppend" || b["layer"] == "PagedAttention" ||
+                             b["layer"] == "QKNormRotaryEmbedding";
     EXPECT_EQ(b["source"] == "fallback", decode_slot && b["mode"] == "train") << b.dump(2);
   }
   const nlohmann::json& d = j["device_run"];

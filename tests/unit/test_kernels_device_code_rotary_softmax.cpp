@@ -70,7 +70,14 @@ TEST_F(RotarySoftmaxCudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsIt
       EXPECT_EQ(c.block[0] & (c.block[0] - 1), 0u);
       EXPECT_GE(c.block[0], 32u);  // the row reductions use whole warps
       EXPECT_GE(c.grid[0], 1u);
-      EXPECT_EQ(c.shared_mem_bytes, 0u);
+      if (l.kernel.rfind("qk_norm_rope_", 0) == 0) {
+        // A normed head row (head_dim floats) per warp; within what every sm gives without opt-in.
+        EXPECT_GT(c.shared_mem_bytes, 0u);
+        EXPECT_EQ(c.shared_mem_bytes % (c.block[0] / 32), 0u);
+        EXPECT_LE(c.shared_mem_bytes, 48u * 1024);
+      } else {
+        EXPECT_EQ(c.shared_mem_bytes, 0u);
+      }
       seen.insert(l.kernel);
     }
   };
@@ -116,6 +123,14 @@ TEST_F(RotarySoftmaxCudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsIt
                                 &err),
                     KH_OK)
               << err;
+          HostTensor w(dtype, 1, hd);
+          DLTensor W = on_cuda(w.dl());
+          EXPECT_EQ(rotary.call("qk_norm_rotary_embedding",
+                                {targ(&P), targ(&Q), targ(&K), targ(&W), targ(&W), farg(1e-6),
+                                 targ(&C), targ(&S), iarg(neox)},
+                                &err),
+                    KH_OK)
+              << err;
         }
         check("rotary", 256);
       }
@@ -123,7 +138,8 @@ TEST_F(RotarySoftmaxCudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsIt
        {"softmax_fwd_bf16_vec", "softmax_fwd_fp16_scalar", "softmax_bwd_fp32_vec",
         "ce_fwd_bf16_vec", "ce_train_bf16_vec", "ce_train_fp32_scalar", "ce_bwd_fp16_vec",
         "rope_neox_bf16_f32_vec", "rope_gptj_fp16_same_vec", "rope_neox_bf16_f32_scalar",
-        "rope_neox_fp32_f32_vec", "rope_gptj_fp32_f32_scalar"})
+        "rope_neox_fp32_f32_vec", "rope_gptj_fp32_f32_scalar", "qk_norm_rope_neox_bf16_f32",
+        "qk_norm_rope_gptj_fp16_same", "qk_norm_rope_neox_fp32_f32"})
     EXPECT_TRUE(seen.count(k)) << k << " was never chosen";
 }
 

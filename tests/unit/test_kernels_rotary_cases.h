@@ -173,4 +173,84 @@ inline void run_case(Executor& ex, const Package& pkg, int dtype, bool neox, con
   }
 }
 
+// QKNormRotaryEmbedding on fresh random q, k and weights against float64: each head RMS-normed
+// over head_dim (x / sqrt(mean(x^2) + eps) * w), then its first rot_dim elements rotated (a token
+// whose position is out of range is normed only). Heads past rot_dim and gaps: as run_case.
+inline void run_qk_norm_case(Executor& ex, const Package& pkg, int dtype, bool neox, const Case& k,
+                             std::mt19937_64& rng) {
+  SCOPED_TRACE(testing::Message() << "qk_norm " << (neox ? "neox " : "gptj ") << dtype_name(dtype)
+                                  << " tokens " << k.tokens << " heads " << k.q_heads << "/"
+                                  << k.k_heads << " head_dim " << k.head_dim << " rot "
+                                  << k.rot_dim);
+  const int64_t half = k.rot_dim / 2, hs = k.head_dim + k.head_pad;
+  const int cdt = k.cache_f32 ? kFP32 : dtype;
+  const double eps = 1e-6;
+  HostTensor cache(cdt, k.max_pos, k.rot_dim);
+  for (int64_t p = 0; p < k.max_pos; ++p)
+    for (int64_t j = 0; j < half; ++j) {
+      const double ang = p * std::pow(10000.0, -2.0 * j / k.rot_dim);
+      cache.set(p, j, std::cos(ang));
+      cache.set(p, half + j, std::sin(ang));
+    }
+  std::vector<int64_t> pv;
+  std::uniform_int_distribution<int64_t> pd(0, k.max_pos - 1);
+  for (int64_t t = 0; t < k.tokens; ++t) pv.push_back(pd(rng));
+  if (k.tokens >= 3) pv[1] = k.max_pos;  // out of range: normed, not rotated
+  std::normal_distribution<double> n(0.0, 1.0);
+  const int64_t qcols = k.q_heads * hs, kcols = k.k_heads * hs;
+  HostTensor q(dtype, k.tokens, qcols, qcols + k.token_pad);
+  HostTensor kk(dtype, k.tokens, kcols > 0 ? kcols : 1, (kcols > 0 ? kcols : 1) + k.token_pad);
+  HostTensor qw(dtype, 1, k.head_dim), kw(dtype, 1, k.head_dim);
+  q.fill([&](int64_t, int64_t) { return 3.0 * n(rng); });
+  kk.fill([&](int64_t, int64_t) { return 0.5 * n(rng); });
+  qw.fill([&](int64_t, int64_t) { return 1.0 + 0.2 * n(rng); });
+  kw.fill([&](int64_t, int64_t) { return 1.0 + 0.2 * n(rng); });
+  V qref = q.values(), kref = kk.values();
+  const V cv = cache.values(), qwv = qw.values(), kwv = kw.values();
+  auto norm_rotate = [&](double* x, const V& w, int64_t t) {
+    double ss = 0;
+    for (int64_t e = 0; e < k.head_dim; ++e) ss += x[e] * x[e];
+    const double r = 1.0 / std::sqrt(ss / static_cast<double>(k.head_dim) + eps);
+    for (int64_t e = 0; e < k.head_dim; ++e) x[e] *= r * w[e];
+    if (pv[t] < 0 || pv[t] >= k.max_pos) return;
+    const double* c = &cv[pv[t] * k.rot_dim];
+    rotate_ref(x, c, c + half, half, neox, 1);
+  };
+  for (int64_t t = 0; t < k.tokens; ++t) {
+    for (int64_t h = 0; h < k.q_heads; ++h) norm_rotate(&qref[t * qcols + h * hs], qwv, t);
+    for (int64_t h = 0; h < k.k_heads; ++h) norm_rotate(&kref[t * kcols + h * hs], kwv, t);
+  }
+  Int64Tensor positions(pv);
+  HeadsDl qd(ex.arg(q), k.q_heads, k.head_dim, hs);
+  HeadsDl kd(ex.arg(kk), k.k_heads, k.head_dim, hs);
+  const DLTensor* cache_dl = ex.arg(cache);
+  CacheDl cos(cache_dl, half, 0, cdt), sin(cache_dl, half, half, cdt);
+  std::string err;
+  const bool key = k.k_heads > 0;
+  KH_EXPECT_OK(ex.call(pkg, "qk_norm_rotary_embedding",
+                       {targ(positions.view(ex)), targ(&qd.t), targ(key ? &kd.t : nullptr),
+                        targ(ex.arg(qw)), targ(key ? ex.arg(kw) : nullptr), farg(eps), targ(&cos.t),
+                        targ(&sin.t), iarg(neox ? 1 : 0)},
+                       &err),
+               err);
+  // Gaps between heads and tokens are not part of the rows: compare the heads' elements only.
+  auto heads_only = [&](const V& v, int64_t heads, int64_t cols) {
+    V out;
+    for (int64_t t = 0; t < k.tokens; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t e = 0; e < k.head_dim; ++e) out.push_back(v[t * cols + h * hs + e]);
+    return out;
+  };
+  KH_EXPECT_CLOSE(heads_only(q.values(), k.q_heads, qcols), heads_only(qref, k.q_heads, qcols),
+                  tolerance(dtype), "query");
+  if (key) {
+    KH_EXPECT_CLOSE(heads_only(kk.values(), k.k_heads, kcols), heads_only(kref, k.k_heads, kcols),
+                    tolerance(dtype), "key");
+  } else {
+    EXPECT_EQ(kk.values(), kref) << "key was absent but written";
+  }
+  EXPECT_TRUE(q.gaps_untouched());
+  EXPECT_TRUE(kk.gaps_untouched());
+}
+
 }  // namespace kh::kernels_test::rope_cases

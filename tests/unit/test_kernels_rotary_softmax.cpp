@@ -75,6 +75,19 @@ TEST_F(RotarySoftmaxCpu, RotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
       }
 }
 
+TEST_F(RotarySoftmaxCpu, QkNormRotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  CpuExecutor cpu;
+  for (bool neox : {true, false})
+    for (int dtype : {kBF16, kFP16, kFP32})
+      for (const auto& k : rope_cases::kCases) {
+        rope_cases::run_qk_norm_case(cpu, *rotary_, dtype, neox, k, rng);
+        if (HasFatalFailure()) return;
+      }
+}
+
 TEST_F(RotarySoftmaxCpu, SoftmaxEveryDtypeAndShapeMatchesFloat64) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
@@ -140,6 +153,26 @@ TEST_F(RotarySoftmaxCpu, BadArgumentsAreRefusedWithAMessage) {
                     &err),
       KH_ERR_UNSUPPORTED);
   EXPECT_NE(err.find("overlapping"), std::string::npos) << err;
+  // QKNormRotaryEmbedding: eps not positive, a key without its weight, a weight of the wrong
+  // length or dtype.
+  HostTensor kt(kBF16, 3, 8), w8 = vector_tensor(kBF16, 8), w4 = vector_tensor(kBF16, 4),
+                              w8f = vector_tensor(kFP32, 8);
+  rope_cases::HeadsDl kd(kt.dl(), 1, 8, 8);
+  auto qk = [&](const DLTensor* key, const DLTensor* qw, const DLTensor* kw, double eps) {
+    return rotary_->call("qk_norm_rotary_embedding",
+                         {targ(p), targ(&qd.t), targ(key), targ(qw), targ(kw), farg(eps),
+                          targ(&cos.t), targ(&sin.t), iarg(1)},
+                         &err);
+  };
+  EXPECT_EQ(qk(&kd.t, w8.dl(), w8.dl(), 1e-6), KH_OK) << err;
+  EXPECT_EQ(qk(&kd.t, w8.dl(), w8.dl(), 0.0), KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("eps"), std::string::npos) << err;
+  EXPECT_EQ(qk(&kd.t, w8.dl(), nullptr, 1e-6), KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("key_weight"), std::string::npos) << err;
+  EXPECT_NE(qk(&kd.t, w4.dl(), w8.dl(), 1e-6), KH_OK);
+  EXPECT_NE(err.find("query_weight"), std::string::npos) << err;
+  EXPECT_NE(qk(&kd.t, w8.dl(), w8f.dl(), 1e-6), KH_OK);
+  EXPECT_NE(err.find("key_weight"), std::string::npos) << err;
 
   // Softmax / cross-entropy: shape and dtype mismatches.
   HostTensor x(kFP16, 4, 10), y(kFP16, 4, 9), y32(kFP32, 4, 10);

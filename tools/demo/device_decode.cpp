@@ -422,7 +422,25 @@ void DeviceCausalLM::decode_launch() {
     add_norm(l == 0 ? none : d.branch, d.h.view(d.h.shape()), *L.attn_norm, d.a, nullptr);
     d.fork.record(stream_);
     on_branch(d.branch_v, d.joined_v, [&] { linear(d.a, *L.wv, L.bv, d.v); });
-    if (L.q_norm) {
+    DeviceTensor q3 = d.q.view({B, NH, HD}), k3 = d.k.view({B, NKV, HD});
+    bool rotated = false;
+    if (L.q_norm && bound(slots_.qk_norm_rotary)) {
+      // Qwen3: q and k projected into place, then their norms and RoPE in one pass.
+      on_branch(d.branch_k, d.joined_k, [&] { linear(d.a, *L.wk, L.bk, d.k); });
+      linear(d.a, *L.wq, L.bq, d.q);
+      stream_.wait(d.joined_k);
+      rotated = call_slot(slots_.qk_norm_rotary, kQKNormRotaryEmbedding, false,
+                          {tensor_arg(&d.positions), tensor_arg(&q3), tensor_arg(&k3),
+                           tensor_arg(&run(*L.q_norm)), tensor_arg(&run(*L.k_norm)),
+                           float_arg(cfg_.eps), tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1)});
+      if (!rotated) {  // refused (nothing written): the composition below, from q_pre and k_pre
+        stream_.copy(d.q_pre.data(), d.q.data(), d.q.bytes(), KH_COPY_D2D);
+        stream_.copy(d.k_pre.data(), d.k.data(), d.k.bytes(), KH_COPY_D2D);
+        DeviceTensor qn = d.q.view({B * NH, HD}), kn = d.k.view({B * NKV, HD});
+        norm(d.q_pre.view({B * NH, HD}), *L.q_norm, qn, nullptr);
+        norm(d.k_pre.view({B * NKV, HD}), *L.k_norm, kn, nullptr);
+      }
+    } else if (L.q_norm) {
       on_branch(d.branch_k, d.joined_k, [&] {
         linear(d.a, *L.wk, L.bk, d.k_pre);
         DeviceTensor kn = d.k.view({B * NKV, HD});
@@ -437,12 +455,11 @@ void DeviceCausalLM::decode_launch() {
     }
     stream_.wait(d.joined_k);
     stream_.wait(d.joined_v);
-    DeviceTensor q3 = d.q.view({B, NH, HD}), k3 = d.k.view({B, NKV, HD});
-    if (bound(slots_.rotary))
+    if (!rotated && bound(slots_.rotary))
       call_slot(slots_.rotary, kRotaryEmbedding, false,
                 {tensor_arg(&d.positions), tensor_arg(&q3), tensor_arg(&k3), tensor_arg(&cos_),
                  tensor_arg(&sin_), int_arg(1)});
-    else
+    else if (!rotated)
       kernels_.rotary(stream_, d.positions, q3, &k3, cos_, sin_, /*neox=*/true, false);
     decode_append(l, d.k.view({B, 1, NKV, HD}), d.v.view({B, 1, NKV, HD}));
     DeviceTensor o4 = d.attn.view({B, 1, NH, HD});
@@ -482,8 +499,8 @@ void DeviceCausalLM::decode_step(const int64_t* tokens, bool graph) {
   } else {
     decode_launch();  // eager first: every op's code is loaded before the capture
     // A bound op must declare that it may run inside a capture.
-    for (uint32_t slot :
-         {slots_.rms_norm, slots_.fused_add_rms_norm, slots_.rotary, slots_.silu_and_mul}) {
+    for (uint32_t slot : {slots_.rms_norm, slots_.fused_add_rms_norm, slots_.rotary,
+                          slots_.qk_norm_rotary, slots_.silu_and_mul}) {
       if (!bound(slot)) continue;
       const SlotBinding b = runtime_.slot_binding(slot, device_, Mode::kEval);
       if (!(b.flags & KH_FLAG_GRAPH_SAFE))

@@ -491,6 +491,16 @@ int32_t fused_add_rms_norm_unserved(const kh_arg_t*, int32_t, void*) {
   return KH_ERR_UNSUPPORTED;
 }
 
+// QKNormRotaryEmbedding likewise: without a package the device model runs the RMSNorm slot on q
+// and k, then the RotaryEmbedding slot.
+int32_t qk_norm_rotary_unserved(const kh_arg_t*, int32_t, void*) {
+  set_last_op_error(
+      "QKNormRotaryEmbedding: the runtime has no fallback op of its own for this slot (the "
+      "device model runs the RMSNorm slot on q and k, then RotaryEmbedding, when no package "
+      "serves it)");
+  return KH_ERR_UNSUPPORTED;
+}
+
 }  // namespace
 
 DemoSlots add_demo_slots(Runtime& rt) {
@@ -515,6 +525,8 @@ DemoSlots add_device_demo_slots(Runtime& rt) {
   s.fused_add_rms_norm =
       rt.add_slot(kFusedAddRMSNorm, {fused_add_rms_norm_unserved, fused_add_rms_norm_unserved,
                                      fused_add_rms_norm_unserved, KH_FLAG_HAS_BACKWARD});
+  s.qk_norm_rotary = rt.add_slot(kQKNormRotaryEmbedding,
+                                 {qk_norm_rotary_unserved, qk_norm_rotary_unserved, nullptr, 0});
   return s;
 }
 

@@ -48,6 +48,9 @@ inline constexpr const char* kFusedLinearCrossEntropy = "FusedLinearCrossEntropy
 // The residual add and the RMSNorm after it in one pass (kernel-hub/norm): the device model's
 // pre-norms, which also keep the new residual for backward without a copy.
 inline constexpr const char* kFusedAddRMSNorm = "FusedAddRMSNorm";
+// Qwen3's q/k norms and RoPE in one pass (kernel-hub/rotary >= 1.1, eval only): the device
+// model's decode step; without it, the RMSNorm slot on q and k, then RotaryEmbedding.
+inline constexpr const char* kQKNormRotaryEmbedding = "QKNormRotaryEmbedding";
 // A slot the runtime did not declare (slot() of a table never reaches it).
 inline constexpr uint32_t kNoSlot = UINT32_MAX;
 
@@ -59,13 +62,15 @@ struct DemoSlots {
   uint32_t attention = 0;
   uint32_t linear_cross_entropy = kNoSlot;  // add_device_demo_slots only
   uint32_t fused_add_rms_norm = kNoSlot;    // add_device_demo_slots only
+  uint32_t qk_norm_rotary = kNoSlot;        // add_device_demo_slots only
 };
 
 // Adds the five slots, each with its fallback (forward, forward_train, backward).
 DemoSlots add_demo_slots(Runtime& runtime);
-// The five, FusedLinearCrossEntropy and FusedAddRMSNorm, for the GPU-resident model
-// (device_model.h): their fallbacks are the model's own (its chunked loss; its add, then the
-// RMSNorm slot), so the two slots' own ops only refuse (never called).
+// The five, FusedLinearCrossEntropy, FusedAddRMSNorm and QKNormRotaryEmbedding, for the
+// GPU-resident model (device_model.h): their fallbacks are the model's own (its chunked loss; its
+// add, then the RMSNorm slot; the RMSNorm slot on q and k, then RotaryEmbedding), so the three
+// slots' own ops only refuse (never called).
 DemoSlots add_device_demo_slots(Runtime& runtime);
 
 }  // namespace kh::demo
