@@ -99,6 +99,29 @@ inline void rotate_ref(double* x, const double* c, const double* s, int64_t half
   }
 }
 
+// The case's cos/sin cache [max_pos, rot_dim] (cos in the first half of each row, sin in the
+// second) in `dtype`.
+inline HostTensor rope_cache(const Case& k, int dtype) {
+  const int64_t half = k.rot_dim / 2;
+  HostTensor cache(dtype, k.max_pos, k.rot_dim);
+  for (int64_t p = 0; p < k.max_pos; ++p)
+    for (int64_t j = 0; j < half; ++j) {
+      const double ang = p * std::pow(10000.0, -2.0 * j / k.rot_dim);
+      cache.set(p, j, std::cos(ang));
+      cache.set(p, half + j, std::sin(ang));
+    }
+  return cache;
+}
+
+// Random positions of the case's tokens; with 3 tokens or more, token 1's is out of range.
+inline std::vector<int64_t> case_positions(const Case& k, std::mt19937_64& rng) {
+  std::vector<int64_t> pv;
+  std::uniform_int_distribution<int64_t> pd(0, k.max_pos - 1);
+  for (int64_t t = 0; t < k.tokens; ++t) pv.push_back(pd(rng));
+  if (k.tokens >= 3) pv[1] = k.max_pos;
+  return pv;
+}
+
 // Rotates fresh random q and k forward, then fresh random gradients backward, against float64.
 inline void run_case(Executor& ex, const Package& pkg, int dtype, bool neox, const Case& k,
                      std::mt19937_64& rng) {
@@ -108,17 +131,8 @@ inline void run_case(Executor& ex, const Package& pkg, int dtype, bool neox, con
                                   << (k.cache_f32 ? "fp32" : "same"));
   const int64_t half = k.rot_dim / 2, hs = k.head_dim + k.head_pad;
   const int cdt = k.cache_f32 ? kFP32 : dtype;
-  HostTensor cache(cdt, k.max_pos, k.rot_dim);
-  for (int64_t p = 0; p < k.max_pos; ++p)
-    for (int64_t j = 0; j < half; ++j) {
-      const double ang = p * std::pow(10000.0, -2.0 * j / k.rot_dim);
-      cache.set(p, j, std::cos(ang));
-      cache.set(p, half + j, std::sin(ang));
-    }
-  std::vector<int64_t> pv;
-  std::uniform_int_distribution<int64_t> pd(0, k.max_pos - 1);
-  for (int64_t t = 0; t < k.tokens; ++t) pv.push_back(pd(rng));
-  if (k.tokens >= 3) pv[1] = k.max_pos;  // out of range: the token stays as it is
+  HostTensor cache = rope_cache(k, cdt);
+  const std::vector<int64_t> pv = case_positions(k, rng);  // pv[1] out of range: left as it is
   std::normal_distribution<double> n(0.0, 1.0);
   const double tol = tolerance(dtype);
   for (int dir = 0; dir < 2; ++dir) {  // 0 forward, 1 backward (inverse rotation)
@@ -185,17 +199,8 @@ inline void run_qk_norm_case(Executor& ex, const Package& pkg, int dtype, bool n
   const int64_t half = k.rot_dim / 2, hs = k.head_dim + k.head_pad;
   const int cdt = k.cache_f32 ? kFP32 : dtype;
   const double eps = 1e-6;
-  HostTensor cache(cdt, k.max_pos, k.rot_dim);
-  for (int64_t p = 0; p < k.max_pos; ++p)
-    for (int64_t j = 0; j < half; ++j) {
-      const double ang = p * std::pow(10000.0, -2.0 * j / k.rot_dim);
-      cache.set(p, j, std::cos(ang));
-      cache.set(p, half + j, std::sin(ang));
-    }
-  std::vector<int64_t> pv;
-  std::uniform_int_distribution<int64_t> pd(0, k.max_pos - 1);
-  for (int64_t t = 0; t < k.tokens; ++t) pv.push_back(pd(rng));
-  if (k.tokens >= 3) pv[1] = k.max_pos;  // out of range: normed, not rotated
+  HostTensor cache = rope_cache(k, cdt);
+  const std::vector<int64_t> pv = case_positions(k, rng);  // pv[1] out of range: normed only
   std::normal_distribution<double> n(0.0, 1.0);
   const int64_t qcols = k.q_heads * hs, kcols = k.k_heads * hs;
   HostTensor q(dtype, k.tokens, qcols, qcols + k.token_pad);

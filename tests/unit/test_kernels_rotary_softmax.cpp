@@ -62,7 +62,9 @@ class RotarySoftmaxCpu : public ::testing::Test {
 Package* RotarySoftmaxCpu::rotary_ = nullptr;
 Package* RotarySoftmaxCpu::softmax_ = nullptr;
 
-TEST_F(RotarySoftmaxCpu, RotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
+// run(executor, package, dtype, neox, case, rng) over every layout, dtype and case on the cpu.
+template <typename Run>
+void every_rotary_case(const Package& rotary, Run run) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
@@ -70,22 +72,17 @@ TEST_F(RotarySoftmaxCpu, RotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
   for (bool neox : {true, false})
     for (int dtype : {kBF16, kFP16, kFP32})
       for (const auto& k : rope_cases::kCases) {
-        rope_cases::run_case(cpu, *rotary_, dtype, neox, k, rng);
-        if (HasFatalFailure()) return;
+        run(cpu, rotary, dtype, neox, k, rng);
+        if (::testing::Test::HasFatalFailure()) return;
       }
 }
 
+TEST_F(RotarySoftmaxCpu, RotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
+  every_rotary_case(*rotary_, rope_cases::run_case);
+}
+
 TEST_F(RotarySoftmaxCpu, QkNormRotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
-  CpuExecutor cpu;
-  for (bool neox : {true, false})
-    for (int dtype : {kBF16, kFP16, kFP32})
-      for (const auto& k : rope_cases::kCases) {
-        rope_cases::run_qk_norm_case(cpu, *rotary_, dtype, neox, k, rng);
-        if (HasFatalFailure()) return;
-      }
+  every_rotary_case(*rotary_, rope_cases::run_qk_norm_case);
 }
 
 TEST_F(RotarySoftmaxCpu, SoftmaxEveryDtypeAndShapeMatchesFloat64) {
