@@ -611,9 +611,13 @@ uint64_t Store::blobs_size() const {
 GcResult Store::gc(const GcOptions& options) {
   GcResult result;
   const int64_t now = now_s();
+  // Whether something last used at `t` is past the grace period. A grace of 0 means everything:
+  // a file's timestamp can read a second ahead of the coarse clock `now` comes from (as in
+  // sweep_stale), so "now - t >= 0" is not a given.
+  auto past_grace = [&](int64_t t) { return options.grace_s <= 0 || now - t >= options.grace_s; };
   auto young = [&](const stdfs::path& p) {
     auto t = touched_at(p);
-    return !t || now - *t < options.grace_s;
+    return !t || !past_grace(*t);
   };
 
   // Ref records, with their last use.
@@ -635,7 +639,7 @@ GcResult Store::gc(const GcOptions& options) {
     std::vector<RefEntry> kept;
     for (auto& e : refs) {
       bool old = now - e.last_used > *options.older_than_s;
-      if (old && now - e.last_used >= options.grace_s) {
+      if (old && past_grace(e.last_used)) {
         drop_ref(std::move(e));
       } else {
         kept.push_back(std::move(e));
@@ -703,7 +707,7 @@ GcResult Store::gc(const GcOptions& options) {
   if (options.max_size) {
     // LRU: drop the least recently used ref, sweep what only it needed, until small enough.
     while (kept_size() > *options.max_size && !refs.empty() &&
-           now - refs.front().last_used >= options.grace_s) {
+           past_grace(refs.front().last_used)) {
       drop_ref(std::move(refs.front()));
       refs.erase(refs.begin());
       sweep_unreachable();
