@@ -18,7 +18,9 @@ mkdir -p "$HOME"
 
 step "install into a temporary prefix"
 cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log"
-[ -e "$tmp/prefix/include/kernel_hub/kh_prelude.cuh" ] || fail "the install has no kh_prelude.cuh"
+for h in kh_prelude.cuh pdl.cuh mma.cuh; do
+  [ -e "$tmp/prefix/include/kernel_hub/$h" ] || fail "the install has no $h"
+done
 
 step "tools/demo alone, away from the source tree"
 mkdir -p "$tmp/src/tools"

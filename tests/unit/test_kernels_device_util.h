@@ -24,16 +24,20 @@
 
 namespace kh::kernels_test {
 
-// `package`.cu compiles with NVRTC for `sm` with no #include left, no warnings and, as ptxas
-// reports, no register spills, except kernels named in `allowed_spills` (kernel -> the most
-// spill-store bytes accepted: known, measured spills a test keeps from growing).
-inline void expect_compiles_without_spills(const std::string& package, const std::string& sm,
-                                           const std::map<std::string, int>& allowed_spills = {}) {
-  const std::string src = shipped_source(package);
+// A device source (`name` for messages) compiles with NVRTC for `sm` with no #include left, no
+// warnings and, as ptxas reports, no register spills, except kernels named in `allowed_spills`
+// (kernel -> the most spill-store bytes accepted: known, measured spills a test keeps from
+// growing).
+inline void expect_source_compiles_without_spills(
+    const std::string& src, const std::string& name, const std::string& sm,
+    const std::map<std::string, int>& allowed_spills = {}) {
   // Header-free: nothing left for NVRTC to look up.
-  EXPECT_EQ(src.find("#include"), std::string::npos) << package << ".cu still has an #include";
-  Nvrtc::Output out = compile_for(package, sm, /*verbose=*/true);
-  ASSERT_TRUE(out.ok) << package << ".cu for " << sm << ":\n" << out.log;
+  EXPECT_EQ(src.find("#include"), std::string::npos) << name << " still has an #include";
+  Nvrtc::Output out = Nvrtc::get().compile_source(
+      src, name,
+      {"--gpu-architecture=" + sm, "-default-device", "--std=c++17",
+       "--ptxas-options=--verbose"});
+  ASSERT_TRUE(out.ok) << name << " for " << sm << ":\n" << out.log;
   EXPECT_FALSE(out.cubin.empty());
   EXPECT_EQ(out.log.find("warning"), std::string::npos) << out.log;
   // ptxas -v, per kernel: "Function properties for NAME" then "N bytes stack frame, N bytes
@@ -47,12 +51,18 @@ inline void expect_compiles_without_spills(const std::string& package, const std
     const std::string kernel = (*it)[1].str();
     auto allowed = allowed_spills.find(kernel);
     const int limit = allowed == allowed_spills.end() ? 0 : allowed->second;
-    EXPECT_LE(std::stoi((*it)[3].str()), limit)
-        << package << " " << sm << " spills: " << (*it)[0].str();
+    EXPECT_LE(std::stoi((*it)[3].str()), limit) << name << " " << sm << " spills: " << (*it)[0].str();
     EXPECT_LE(std::stoi((*it)[4].str()), limit + 32)
-        << package << " " << sm << " spills: " << (*it)[0].str();
+        << name << " " << sm << " spills: " << (*it)[0].str();
   }
   EXPECT_GT(kernels, 0) << "no ptxas report in the log:\n" << out.log;
+}
+
+// The shipped `package`.cu, as above.
+inline void expect_compiles_without_spills(const std::string& package, const std::string& sm,
+                                           const std::map<std::string, int>& allowed_spills = {}) {
+  expect_source_compiles_without_spills(shipped_source(package), package + ".cu", sm,
+                                        allowed_spills);
 }
 
 // Test names "<package>_<sm>" for suites parameterized by (package, sm).

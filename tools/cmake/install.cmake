@@ -1,6 +1,7 @@
 # The SDK: what `cmake --install build --prefix P` puts in P, and the .deb CPack makes of it.
 #   include/kernel_hub/      kernel_hub.h (C API), kernel_hub.hpp + kernel_hub_base.hpp (C++ API),
-#                            kernel_hub_abi.h (the package ABI), dlpack/dlpack.h (see below)
+#                            kernel_hub_abi.h (the package ABI), dlpack/dlpack.h (see below),
+#                            kh_prelude.cuh, pdl.cuh, mma.cuh (device code, see below)
 #   lib/                     libkernel_hub.so.0.3.0, .so.0 (the SONAME), .so
 #   lib/cmake/KernelHub/     KernelHubConfig.cmake (+ Version), KernelHubTargets.cmake (imported
 #                            targets KernelHub::kernel_hub, KernelHub::package,
@@ -32,9 +33,13 @@ install(FILES
 # its own dlpack.h gets one of the two (same include guard; the layout used has been stable
 # since DLPack 0.6).
 install(FILES ${KH_DLPACK_INCLUDE_DIR}/dlpack/dlpack.h DESTINATION ${KH_INSTALL_INCLUDE_DIR}/dlpack)
-# The device-code prelude (bf16/fp16 storage types and conversions, launch helpers): what
-# packages' and runtimes' NVRTC sources inline (a runtime built against the SDK needs it too).
-install(FILES ${KH_KERNEL_COMMON_DIR}/kh_prelude.cuh DESTINATION ${KH_INSTALL_INCLUDE_DIR})
+# The device-code prelude (bf16/fp16 storage types and conversions, launch helpers) and the
+# device headers beside it: pdl.cuh (the device half of KH_LAUNCH_PDL) and mma.cuh (cp.async,
+# ldmatrix and mma.sync building blocks): what packages' and runtimes' NVRTC sources inline (a
+# runtime built against the SDK needs them too).
+install(FILES ${KH_KERNEL_COMMON_DIR}/kh_prelude.cuh ${KH_KERNEL_COMMON_DIR}/pdl.cuh
+              ${KH_KERNEL_COMMON_DIR}/mma.cuh
+        DESTINATION ${KH_INSTALL_INCLUDE_DIR})
 
 # ---- The library and the CLI ----
 install(TARGETS kernel_hub EXPORT KernelHubTargets

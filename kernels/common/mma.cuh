@@ -1,12 +1,13 @@
-// Tensor-core building blocks of the attention kernels (sm_80+): cp.async tile loads into
-// swizzled shared memory, ldmatrix fragment loads and mma.sync m16n8k16 with fp32 accumulators.
-// Header-free for NVRTC (inline PTX only).
+// Tensor-core building blocks (sm_80+) of the attention package's kernels and the runtime's
+// skinny GEMM (tools/demo/skinny_gemm.cu): cp.async tile loads into swizzled shared memory,
+// ldmatrix fragment loads and mma.sync m16n8k16 with fp32 accumulators. Header-free for NVRTC
+// (inline PTX only); installed with the SDK beside kh_prelude.cuh, which it needs first.
 //
 // Shared-memory tiles hold ROWS rows of D 16-bit elements, D / 8 16-byte chunks per row; chunk c
 // of row r is stored at chunk c ^ (r & 7), so the 8 rows one ldmatrix 8x8 matrix reads (same
 // logical chunk, consecutive rows) fall into 8 different 16-byte bank groups. Needs D >= 64.
-#ifndef KH_ATTENTION_MMA_CUH_
-#define KH_ATTENTION_MMA_CUH_
+#ifndef KH_MMA_CUH_
+#define KH_MMA_CUH_
 
 KH_DEV kh_u32 kh_smem_addr(const void* p) {
   kh_u32 r;
@@ -60,6 +61,12 @@ KH_DEV void kh_load_tile(kh_u32 tile, const T* src, kh_i64 stride, int row0, int
 KH_DEV void kh_ldsm_x4(kh_u32 addr, kh_u32 (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// Two 8x8 matrices (lanes 0-15 give the row addresses): r[0] of matrix 0, r[1] of matrix 1.
+KH_DEV void kh_ldsm_x2(kh_u32 addr, kh_u32 (&r)[2]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
                : "r"(addr));
 }
 KH_DEV void kh_ldsm_x4_trans(kh_u32 addr, kh_u32 (&r)[4]) {
@@ -161,4 +168,4 @@ KH_DEV void kh_mma_acc_b(float (&acc)[2 * N16][4], const float (&p)[2 * K16][4],
   }
 }
 
-#endif  // KH_ATTENTION_MMA_CUH_
+#endif  // KH_MMA_CUH_
