@@ -5,8 +5,9 @@
 // sequences span pages); the CUDA-graph step replayed against eager steps, bit for bit; greedy
 // generate() against the host model's greedy continuation (the runtime's own fp32 kernels:
 // nothing bound); the attention package's PagedKVAppend / PagedAttention serving decode (bf16
-// cache at the fp32 model's boundary) within bf16 tolerance, graph equal to eager; and the
-// argument errors.
+// cache at the fp32 model's boundary) within bf16 tolerance, graph equal to eager; a bf16 Qwen3's
+// one q/k/v projection and skinny GEMMs against its own prefill; two overlapped halves of the
+// batch; and the argument errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -94,16 +95,20 @@ class GpuDemoDecode : public ::testing::Test {
   // Prefill `P` tokens, then decode `K` more one at a time (teacher forcing), each step's logits
   // against the whole sequence's prefill logits at that position.
   void decode_matches_prefill(const ModelConfig& cfg, Runtime& rt, const DemoSlots& slots,
-                              int page_size, int P, int K, float atol, float rtol) {
+                              int page_size, int P, int K, float atol, float rtol,
+                              DeviceModelOptions options = {}, DecodeConfig decode = {}) {
     SCOPED_TRACE(cfg.describe());
     CausalLM host(cfg, slots, 5);
-    DeviceCausalLM dev(host, slots, rt, 0);
+    DeviceCausalLM dev(host, slots, rt, 0, options);
     const int B = 2, T = P + K;
     const std::vector<int64_t> all = sequence_tokens(cfg, B, T, 0);
     dev.forward(all.data(), nullptr, B, T);
     const std::vector<float> want = dev.download_logits();
     const size_t V = static_cast<size_t>(cfg.vocab);
-    dev.init_decode(rt, {B, T, page_size});
+    decode.max_batch = B;
+    decode.max_context = T;
+    decode.page_size = page_size;
+    dev.init_decode(rt, decode);
     const std::vector<int64_t> prompts = prefix(all, B, T, P);
     dev.prefill(prompts.data(), B, P);
     const std::vector<float> prefill_logits = dev.download_logits();
@@ -126,14 +131,18 @@ class GpuDemoDecode : public ::testing::Test {
 
   // The same teacher-forced steps eager and replayed from the graph: identical logits.
   void graph_equals_eager(const ModelConfig& cfg, Runtime& rt, const DemoSlots& slots,
-                          int page_size, int P, int K) {
+                          int page_size, int P, int K, DeviceModelOptions options = {},
+                          DecodeConfig decode = {}) {
     SCOPED_TRACE(cfg.describe());
     CausalLM host(cfg, slots, 9);
-    DeviceCausalLM dev(host, slots, rt, 0);
+    DeviceCausalLM dev(host, slots, rt, 0, options);
     const int B = 3, T = P + K;
     const std::vector<int64_t> all = sequence_tokens(cfg, B, T, 1);
     const std::vector<int64_t> prompts = prefix(all, B, T, P);
-    dev.init_decode(rt, {B, T, page_size});
+    decode.max_batch = B;
+    decode.max_context = T;
+    decode.page_size = page_size;
+    dev.init_decode(rt, decode);
     std::vector<std::vector<float>> runs[2];
     for (int graph = 0; graph < 2; ++graph) {
       dev.prefill(prompts.data(), B, P);
@@ -145,6 +154,9 @@ class GpuDemoDecode : public ::testing::Test {
       }
     }
     EXPECT_TRUE(dev.decode_graph_captured());
+    EXPECT_EQ(dev.decode_overlaps(), decode.overlap == DecodeOverlap::kOn);
+    EXPECT_EQ(dev.decode_uses_skinny_gemm(),
+              decode.gemm == DecodeGemm::kSkinny && same_dtype(options.dtype, kBF16));
     for (int j = 0; j < K; ++j) {
       ASSERT_EQ(runs[0][j].size(), runs[1][j].size());
       EXPECT_EQ(std::memcmp(runs[0][j].data(), runs[1][j].data(), runs[0][j].size() * 4), 0)
@@ -208,22 +220,27 @@ TEST_F(GpuDemoDecode, GenerateMatchesTheHostModelsGreedyContinuation) {
   }
 }
 
-TEST_F(GpuDemoDecode, TheAttentionPackageServesDecodeOnABf16Cache) {
-  const std::string dir = std::string(KH_KERNEL_PACKAGES_DIR) + "/attention";
-  Runtime rt;
+// The packages a Qwen3 decode step binds: the attention package's PagedKVAppend and
+// PagedAttention, the norm package's pre-norms (the decode step adds the residual in
+// FusedAddRMSNorm, in place, inside the captured graph) and the rotary package's
+// QKNormRotaryEmbedding (q/k norms and RoPE in one pass, where the prefill runs the RMSNorm slot
+// and the runtime's rotary: their logits agree).
+DemoSlots bind_decode_packages(Runtime& rt) {
+  const std::string dir = KH_KERNEL_PACKAGES_DIR;
   const DemoSlots slots = add_device_demo_slots(rt);
   add_decode_slots(rt);
-  rt.bind(kPagedKVAppend, dir, Mode::kEval, 0);
-  rt.bind(kPagedAttention, dir, Mode::kEval, 0);
-  // The norm package's pre-norms too: the decode step adds the residual in FusedAddRMSNorm,
-  // in place, inside the captured graph.
-  const std::string norm = std::string(KH_KERNEL_PACKAGES_DIR) + "/norm";
-  rt.bind(kRMSNorm, norm, Mode::kEval, 0);
-  rt.bind(kFusedAddRMSNorm, norm, Mode::kEval, 0);
-  // And the rotary package's QKNormRotaryEmbedding: the decode step's q/k norms and RoPE in one
-  // pass, where the prefill runs the RMSNorm slot and the runtime's rotary (their logits agree).
-  rt.bind(kQKNormRotaryEmbedding, std::string(KH_KERNEL_PACKAGES_DIR) + "/rotary", Mode::kEval, 0);
+  rt.bind(kPagedKVAppend, dir + "/attention", Mode::kEval, 0);
+  rt.bind(kPagedAttention, dir + "/attention", Mode::kEval, 0);
+  rt.bind(kRMSNorm, dir + "/norm", Mode::kEval, 0);
+  rt.bind(kFusedAddRMSNorm, dir + "/norm", Mode::kEval, 0);
+  rt.bind(kQKNormRotaryEmbedding, dir + "/rotary", Mode::kEval, 0);
   rt.set_mode(Mode::kEval);
+  return slots;
+}
+
+TEST_F(GpuDemoDecode, TheAttentionPackageServesDecodeOnABf16Cache) {
+  Runtime rt;
+  const DemoSlots slots = bind_decode_packages(rt);
   const ModelConfig cfg = qwen3_d64();
   {
     CausalLM host(cfg, slots, 3);
@@ -236,11 +253,74 @@ TEST_F(GpuDemoDecode, TheAttentionPackageServesDecodeOnABf16Cache) {
     const std::vector<std::string> served = dev.package_slots();
     EXPECT_NE(std::find(served.begin(), served.end(), kQKNormRotaryEmbedding), served.end());
     EXPECT_FALSE(dev.refusals().contains(kQKNormRotaryEmbedding));
+    EXPECT_FALSE(dev.decode_fuses_qkv());  // fp32 weights: three projections
   }
   // 70 prompt tokens in pages of 64: the decoded tokens go to the second page. q, k and v are
   // rounded to bf16 at the package boundary: bf16 tolerance.
   decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 3e-2f, 3e-2f);
   graph_equals_eager(cfg, rt, slots, 64, 70, 8);
+}
+
+// A bf16 Qwen3 decodes with one q/k/v GEMM into a row of q_dim + 2 kv_dim, which the packages
+// read through token strides; the prefill's three projections run on views of the same weight
+// rows, so the step's logits track the prefill's within bf16 tolerance.
+TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
+  Runtime rt;
+  const DemoSlots slots = bind_decode_packages(rt);
+  const ModelConfig cfg = qwen3_d64();
+  DeviceModelOptions bf16;
+  bf16.dtype = kBF16;
+  {
+    CausalLM host(cfg, slots, 3);
+    DeviceCausalLM dev(host, slots, rt, 0, bf16);
+    dev.init_decode(rt, {2, 16, 64});
+    const std::vector<int64_t> prompt = sequence_tokens(cfg, 2, 4, 3);
+    dev.prefill(prompt.data(), 2, 4);
+    dev.decode_step(nullptr, false);
+    EXPECT_TRUE(dev.decode_fuses_qkv());
+    EXPECT_FALSE(dev.decode_uses_skinny_gemm());  // cuBLASLt unless asked
+    EXPECT_TRUE(dev.refusals().empty());
+  }
+  decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16);
+  graph_equals_eager(cfg, rt, slots, 64, 70, 8, bf16);
+}
+
+// DecodeGemm::kSkinny: the decode steps' GEMMs (2 and 3 rows of bf16) on the runtime's skinny
+// GEMM, the prefill's on cuBLASLt; their logits agree, and the graph (PDL launches, split-K
+// workspace) replays what the eager steps compute.
+TEST_F(GpuDemoDecode, SkinnyGemmDecodesWhatCublasLtDoes) {
+  Runtime rt;
+  const DemoSlots slots = bind_decode_packages(rt);
+  DeviceModelOptions bf16;
+  bf16.dtype = kBF16;
+  DecodeConfig skinny;
+  skinny.gemm = DecodeGemm::kSkinny;
+  decode_matches_prefill(qwen3_d64(), rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, skinny);
+  graph_equals_eager(qwen3_d64(), rt, slots, 64, 70, 8, bf16, skinny);
+}
+
+// Two overlapped halves (DecodeOverlap::kOn; 3 sequences: halves of 1 and 2) compute what one
+// batch does: the runtime's own kernels, and the packages on a bf16 Qwen3 with the one q/k/v GEMM,
+// against the prefill and, replayed from the graph (the halves' streams and events captured),
+// against the eager steps.
+TEST_F(GpuDemoDecode, OverlappedHalvesDecodeWhatOneBatchDoes) {
+  DecodeConfig halves;
+  halves.overlap = DecodeOverlap::kOn;
+  decode_matches_prefill(qwen3_tiny(), *runtime_, *slots_, 4, 7, 10, 1e-4f, 1e-4f, {}, halves);
+  graph_equals_eager(qwen3_tiny(), *runtime_, *slots_, 8, 6, 10, {}, halves);
+  Runtime rt;
+  const DemoSlots slots = bind_decode_packages(rt);
+  DeviceModelOptions bf16;
+  bf16.dtype = kBF16;
+  decode_matches_prefill(qwen3_d64(), rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, halves);
+  graph_equals_eager(qwen3_d64(), rt, slots, 64, 70, 8, bf16, halves);
+  // Off by default.
+  CausalLM host(qwen3_d64(), slots, 3);
+  DeviceCausalLM dev(host, slots, rt, 0, bf16);
+  dev.init_decode(rt, {4, 16, 64});
+  const std::vector<int64_t> prompt = sequence_tokens(qwen3_d64(), 4, 4, 3);
+  dev.prefill(prompt.data(), 4, 4);
+  EXPECT_FALSE(dev.decode_overlaps());
 }
 
 TEST_F(GpuDemoDecode, ArgumentErrorsSayWhatToDo) {

@@ -721,5 +721,31 @@ TEST_F(GpuDemoDevice, ShapeAndDtypeErrorsNameTheOpAndTensor) {
   EXPECT_THROW(kernels_->embedding_forward(*stream_, table, tokens, y), Error);
 }
 
+TEST_F(GpuDemoDevice, StridedArgViewsRowsAndRefusesElementsOutsideItsBase) {
+  DeviceTensor qkv = empty({4, 12});  // 4 tokens of q (8) + k (4)
+  const StridedArg k(qkv, 8, {4, 2, 2}, {12, 2, 1});
+  const DLTensor* t = k.dl();
+  EXPECT_EQ(t->data, static_cast<char*>(qkv.data()) + 8 * sizeof(float));
+  ASSERT_EQ(t->ndim, 3);
+  EXPECT_EQ(t->shape[0], 4);
+  EXPECT_EQ(t->strides[0], 12);
+  EXPECT_EQ(t->strides[2], 1);
+  EXPECT_EQ(t->dtype.bits, 32);
+  // The last row's k ends at element 47, the base's last: one more column is outside.
+  EXPECT_THROW(StridedArg(qkv, 9, {4, 2, 2}, {12, 2, 1}), Error);
+  EXPECT_THROW(StridedArg(qkv, 8, {5, 2, 2}, {12, 2, 1}), Error);
+  EXPECT_THROW(StridedArg(qkv, 0, {4, 12}, {12}), Error) << "one stride per dimension";
+  EXPECT_THROW(StridedArg(qkv, -1, {1}, {1}), Error);
+  try {
+    StridedArg(qkv, 0, {2, 2}, {-1, 1});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_NE(std::string(e.what()).find("strided view [2, 2] with strides [-1, 1]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace kh::demo

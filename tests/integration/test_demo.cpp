@@ -504,7 +504,9 @@ TEST(DemoCli, DtypeAndProfileNeedACudaDevice) {
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"--dtype", "bf16"}, std::vector<std::string>{"--profile"},
         std::vector<std::string>{"--decode-batch", "4"},
-        std::vector<std::string>{"--decode-context", "16"}}) {
+        std::vector<std::string>{"--decode-context", "16"},
+        std::vector<std::string>{"--decode-overlap", "on"},
+        std::vector<std::string>{"--decode-gemm", "skinny"}}) {
     std::vector<std::string> args = {cli_path(), "demo", "--device", "cpu", "--steps", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
     ProcessResult r = run_process(args, cli_env(cache.path()), 120);

@@ -11,6 +11,7 @@
 #include "kernel_hub/kernel_hub.hpp"
 #include "tools/demo/device_linear.h"
 #include "tools/demo/device_model.h"
+#include "tools/demo/skinny_gemm.h"
 
 namespace kh::demo {
 
@@ -170,7 +171,11 @@ struct DeviceCausalLM::DecodeState {
         branch_v(device),
         fork(device),
         joined_k(device),
-        joined_v(device) {}
+        joined_v(device),
+        second_half(device),
+        halves_fork(device),
+        halves_joined(device),
+        attended{DeviceEvent(device), DeviceEvent(device)} {}
 
   DecodeKernels kernels;
   KvCacheShape shape;
@@ -179,6 +184,13 @@ struct DeviceCausalLM::DecodeState {
   // (a decode step is bound by its kernels' latency, not by their work).
   DeviceStream branch_k, branch_v;
   DeviceEvent fork, joined_k, joined_v;
+  // Two-batch overlap (DecodeOverlap): the second half's layers on their own stream; each
+  // half's attention waits for the other's last one (attended[0] and [1]: the halves' last).
+  DeviceStream second_half;
+  DeviceEvent halves_fork, halves_joined;
+  DeviceEvent attended[2];
+  DecodeOverlap overlap_mode = DecodeOverlap::kOff;
+  bool overlap = false;        // the prefilled batch's steps run as two halves
   Runtime* runtime = nullptr;  // the model's runtime, for set_capturing
   std::optional<DecodeSlots> slots;
   bool package = false;  // PagedKVAppend and PagedAttention bound: a bfloat16 cache
@@ -193,11 +205,63 @@ struct DeviceCausalLM::DecodeState {
   int batch = 0, len = 0, buffers_batch = 0;
   DeviceTensor block_table, seq_lens, positions, tokens, out_tokens, step;
   DeviceTensor h, a, q, k, v, q_pre, k_pre, attn, branch, m, gu, s, f, logits, workspace;
-  DeviceTensor q16, k16, v16, o16;   // bf16 copies at the package boundary (fp32 activations)
+  DeviceTensor q16, k16, v16, o16;  // bf16 copies at the package boundary (fp32 activations)
+  DeviceTensor qkv;  // [batch, q_dim + 2 kv_dim]: the fused projection's rows (Layer::qkv)
   std::optional<DeviceGraph> graph;  // the step captured for buffers_batch
+  std::optional<SkinnyGemm> skinny;  // DecodeGemm::kSkinny on a bf16 model
+  bool skinny_used = false;          // the last step ran a GEMM on it
+  bool fused_qkv = false;            // the last step's layers all took decode_fused_qkv
   double decode_ms = 0;
   int decode_steps = 0;
+
+  DecodeRows rows(int64_t begin, int64_t count) const;
 };
+
+// The step's buffers for rows [begin, begin + count) of the batch: row views of DecodeState's
+// (the same memory), for the whole batch or one half of it. The attention of a half waits for
+// `after` (the other half's last attention) and then records `done`; both null for the batch.
+struct DeviceCausalLM::DecodeRows {
+  int64_t batch = 0;
+  DeviceTensor h, a, q, k, v, q_pre, k_pre, qkv, attn, branch, m, gu, s;
+  DeviceTensor q16, k16, v16, o16;  // allocated for fp32 activations only
+  DeviceTensor positions, seq_lens, block_table, workspace;
+  DeviceEvent* after = nullptr;
+  DeviceEvent* done = nullptr;
+};
+
+DeviceCausalLM::DecodeRows DeviceCausalLM::DecodeState::rows(int64_t begin, int64_t count) const {
+  auto part = [&](const DeviceTensor& t) {
+    return t.data() ? t.rows(begin, count) : DeviceTensor{};
+  };
+  DecodeRows r;
+  r.batch = count;
+  for (auto [to, from] : {std::pair{&r.h, &h},
+                          {&r.a, &a},
+                          {&r.q, &q},
+                          {&r.k, &k},
+                          {&r.v, &v},
+                          {&r.q_pre, &q_pre},
+                          {&r.k_pre, &k_pre},
+                          {&r.qkv, &qkv},
+                          {&r.attn, &attn},
+                          {&r.branch, &branch},
+                          {&r.m, &m},
+                          {&r.gu, &gu},
+                          {&r.s, &s},
+                          {&r.q16, &q16},
+                          {&r.k16, &k16},
+                          {&r.v16, &v16},
+                          {&r.o16, &o16},
+                          {&r.positions, &positions},
+                          {&r.seq_lens, &seq_lens},
+                          {&r.block_table, &block_table}})
+    *to = part(*from);
+  if (workspace.data()) {  // the attention's scratch is per sequence
+    const int64_t per = workspace.numel() / batch;
+    r.workspace = workspace.rows(begin * per, count * per);
+  }
+  return r;
+}
 
 namespace {
 
@@ -225,6 +289,8 @@ void DeviceCausalLM::init_decode(Runtime& runtime, const DecodeConfig& config) {
   decode_.reset();
   std::unique_ptr<DecodeState, DecodeStateDelete> d(new DecodeState(device_, shape));
   d->runtime = &runtime;
+  d->overlap_mode = config.overlap;
+  if (config.gemm == DecodeGemm::kSkinny && bf16_) d->skinny.emplace(device_, pool_);
   const auto attn = runtime.find_slot(kPagedAttention);
   const auto append = runtime.find_slot(kPagedKVAppend);
   if (attn && append) d->slots = DecodeSlots{*attn, *append};
@@ -255,8 +321,20 @@ int DeviceCausalLM::last_decode_steps() const {
   return decode_ ? decode_->decode_steps : 0;
 }
 
+bool DeviceCausalLM::decode_fuses_qkv() const {
+  return decode_ && decode_->fused_qkv;
+}
+
+bool DeviceCausalLM::decode_uses_skinny_gemm() const {
+  return decode_ && decode_->skinny_used;
+}
+
 bool DeviceCausalLM::decode_uses_package() const {
   return decode_ && decode_->package;
+}
+
+bool DeviceCausalLM::decode_overlaps() const {
+  return decode_ && decode_->overlap;
 }
 
 void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits logits) {
@@ -272,19 +350,18 @@ void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits 
                         d.shape.max_context));
   const int64_t B = batch, H = cfg_.hidden, Q = cfg_.q_dim(), KV = cfg_.kv_dim(), F = cfg_.ffn;
   const int64_t V = cfg_.vocab;
-  const DLDataType i32{kDLInt, 32, 1};
   if (d.buffers_batch != batch) {  // a new batch: its buffers, and a new graph
     d.graph.reset();
     const int64_t PP = d.shape.pages_per_sequence;
     std::vector<int32_t> table(static_cast<size_t>(B * PP));
     for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
-    d.block_table = empty({B, PP}, i32);
+    d.block_table = empty({B, PP}, kI32);
     d.block_table.upload(stream_, table.data(), table.size() * sizeof(int32_t));
-    d.seq_lens = empty({B}, i32);
+    d.seq_lens = empty({B}, kI32);
     d.positions = empty({B}, kI64);
     d.tokens = empty({B}, kI64);
     d.out_tokens = empty({B, d.shape.max_context}, kI64);
-    d.step = empty({1}, i32);
+    d.step = empty({1}, kI32);
     const DLDataType t = d.act;
     d.h = empty({B, H}, t);
     d.a = empty({B, H}, t);
@@ -302,6 +379,7 @@ void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits 
     d.s = empty({B, F}, t);
     d.f = empty({B, H}, t);
     d.logits = empty({B, V}, t);
+    if (layers_.front().qkv) d.qkv = empty({B, Q + 2 * KV}, t);
     if (d.package) {
       const int64_t NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
       d.workspace = empty({B * NH * kDecodeSplits * (HD + 2)}, kF32);
@@ -313,6 +391,7 @@ void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits 
       }
     }
     d.buffers_batch = batch;
+    d.overlap = d.overlap_mode == DecodeOverlap::kOn && batch >= 2;
     stream_.synchronize();  // `table` is pageable and local
   }
   // The prompt's K/V are the last `len` tokens of seq_lens; the greedy step after the prompt
@@ -343,138 +422,243 @@ void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits 
 void DeviceCausalLM::prefill_kv(const Layer& L, const Saved& s) {
   const auto layer = static_cast<size_t>(&L - layers_.data());
   const int64_t B = decode_->batch, S = decode_->len, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
-  decode_append(layer, s.k.view({B, S, NKV, HD}), s.v.view({B, S, NKV, HD}));
+  decode_append(layer, s.k.view({B, S, NKV, HD}), s.v.view({B, S, NKV, HD}), decode_->rows(0, B));
 }
 
-void DeviceCausalLM::decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4) {
+void DeviceCausalLM::decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4,
+                                   const DecodeRows& r) {
   DecodeState& d = *decode_;
   DeviceTensor& kc = d.k_cache[layer];
   DeviceTensor& vc = d.v_cache[layer];
   if (!d.package) {
-    d.kernels.append(stream_, k4, v4, d.block_table, d.seq_lens, kc, vc);
+    d.kernels.append(stream_, k4, v4, r.block_table, r.seq_lens, kc, vc);
     return;
   }
   // The step's scratch is sized for one token per sequence; a prompt gets its own.
-  DeviceTensor prompt_k, prompt_v;
-  const bool step = k4.shape() == d.k16.shape();
-  DeviceTensor kb = bf16_of(kernels_, stream_, pool_, k4, step ? d.k16 : prompt_k);
-  DeviceTensor vb = bf16_of(kernels_, stream_, pool_, v4, step ? d.v16 : prompt_v);
+  DeviceTensor prompt_k, prompt_v, step_k = r.k16.view(r.k16.shape()),
+                                   step_v = r.v16.view(r.v16.shape());
+  const bool step = k4.shape() == r.k16.shape();
+  DeviceTensor kb = bf16_of(kernels_, stream_, pool_, k4, step ? step_k : prompt_k);
+  DeviceTensor vb = bf16_of(kernels_, stream_, pool_, v4, step ? step_v : prompt_v);
   if (bound(d.slots->paged_kv_append) &&
       call_slot(d.slots->paged_kv_append, kPagedKVAppend, false,
-                {tensor_arg(&kb), tensor_arg(&vb), tensor_arg(&d.block_table),
-                 tensor_arg(&d.seq_lens), tensor_arg(&kc), tensor_arg(&vc)}))
+                {tensor_arg(&kb), tensor_arg(&vb), tensor_arg(&r.block_table),
+                 tensor_arg(&r.seq_lens), tensor_arg(&kc), tensor_arg(&vc)}))
     return;
   // The package refused this model (a head_dim its kernels lack): the runtime's kernel on the
   // package's bf16 cache, from here on (refusals()).
-  d.kernels.append(stream_, kb, vb, d.block_table, d.seq_lens, kc, vc);
+  d.kernels.append(stream_, kb, vb, r.block_table, r.seq_lens, kc, vc);
 }
 
-void DeviceCausalLM::decode_attend(size_t layer, const DeviceTensor& q4, DeviceTensor& out4) {
+void DeviceCausalLM::decode_attend(size_t layer, const DeviceTensor& q4, DeviceTensor& out4,
+                                   DecodeRows& r) {
   DecodeState& d = *decode_;
   const DeviceTensor& kc = d.k_cache[layer];
   const DeviceTensor& vc = d.v_cache[layer];
+  if (r.after) stream_.wait(*r.after);
   if (!d.package) {
-    d.kernels.attend(stream_, q4, kc, vc, d.block_table, d.seq_lens, attention_scale(), out4);
-    return;
+    d.kernels.attend(stream_, q4, kc, vc, r.block_table, r.seq_lens, attention_scale(), out4);
+  } else {
+    DeviceTensor qb = bf16_of(kernels_, stream_, pool_, q4, r.q16);
+    const bool cast_out = !same_dtype(out4.dtype(), kBF16);
+    DeviceTensor ob = cast_out ? r.o16.view(out4.shape()) : out4.view(out4.shape());
+    if (!bound(d.slots->paged_attention) ||
+        !call_slot(d.slots->paged_attention, kPagedAttention, false,
+                   {tensor_arg(&qb), tensor_arg(&kc), tensor_arg(&vc), tensor_arg(&r.block_table),
+                    tensor_arg(&r.seq_lens), int_arg(-1), float_arg(attention_scale()),
+                    tensor_arg(&ob), tensor_arg(&r.workspace)}))
+      d.kernels.attend(stream_, qb, kc, vc, r.block_table, r.seq_lens, attention_scale(), ob);
+    if (cast_out) kernels_.cast(stream_, ob, out4);
   }
-  DeviceTensor qb = bf16_of(kernels_, stream_, pool_, q4, d.q16);
-  const bool cast_out = !same_dtype(out4.dtype(), kBF16);
-  DeviceTensor ob = cast_out ? d.o16.view(out4.shape()) : out4.view(out4.shape());
-  if (!bound(d.slots->paged_attention) ||
-      !call_slot(d.slots->paged_attention, kPagedAttention, false,
-                 {tensor_arg(&qb), tensor_arg(&kc), tensor_arg(&vc), tensor_arg(&d.block_table),
-                  tensor_arg(&d.seq_lens), int_arg(-1), float_arg(attention_scale()),
-                  tensor_arg(&ob), tensor_arg(&d.workspace)}))
-    d.kernels.attend(stream_, qb, kc, vc, d.block_table, d.seq_lens, attention_scale(), ob);
-  if (cast_out) kernels_.cast(stream_, ob, out4);
+  if (r.done) r.done->record(stream_);
 }
 
-// body() on `branch` after the work the model's stream has before decode_->fork, then `joined`
-// recorded there: the model's members that take stream_ (linear, norm, the slot calls) enqueue
-// on the branch while it is swapped in.
+// The model's members that take stream_ (linear, norm, the slot calls) enqueue on `other` while
+// body() runs.
 template <typename F>
-void DeviceCausalLM::on_branch(DeviceStream& branch, DeviceEvent& joined, F&& body) {
-  branch.wait(decode_->fork);
-  std::swap(stream_, branch);
+void DeviceCausalLM::on_stream(DeviceStream& other, F&& body) {
+  std::swap(stream_, other);
   try {
     body();
   } catch (...) {
-    std::swap(stream_, branch);
+    std::swap(stream_, other);
     throw;
   }
-  std::swap(stream_, branch);
+  std::swap(stream_, other);
+}
+
+// body() on `branch` after the work the model's stream has before decode_->fork, then `joined`
+// recorded there.
+template <typename F>
+void DeviceCausalLM::on_branch(DeviceStream& branch, DeviceEvent& joined, F&& body) {
+  branch.wait(decode_->fork);
+  on_stream(branch, std::forward<F>(body));
   joined.record(branch);
+}
+
+// Qwen3 in bf16 with the attention package (Layer::qkv): q, k and v of one GEMM, normed and
+// rotated in place in r.qkv's rows, which the append and the attention read with their row
+// stride: one launch and one pass over the weights instead of three projections. False when the
+// path does not apply or a package refused a strided view (r.a is untouched and a repeated
+// append writes the same cache rows): the caller then runs the separate projections.
+bool DeviceCausalLM::decode_fused_qkv(size_t layer, DecodeRows& r) {
+  DecodeState& d = *decode_;
+  const Layer& L = layers_[layer];
+  if (!L.qkv || !d.package || !bound(slots_.qk_norm_rotary) || !bound(d.slots->paged_kv_append) ||
+      !bound(d.slots->paged_attention))
+    return false;
+  const int64_t B = r.batch, NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
+  const int64_t Q = cfg_.q_dim(), KV = cfg_.kv_dim(), row = Q + 2 * KV;
+  decode_linear(r.a, *L.qkv, nullptr, r.qkv);
+  const StridedArg q3(r.qkv, 0, {B, NH, HD}, {row, HD, 1});
+  const StridedArg k3(r.qkv, Q, {B, NKV, HD}, {row, HD, 1});
+  if (!call_slot(slots_.qk_norm_rotary, kQKNormRotaryEmbedding, false,
+                 {tensor_arg(&r.positions), tensor_arg(&q3), tensor_arg(&k3),
+                  tensor_arg(&run(*L.q_norm)), tensor_arg(&run(*L.k_norm)), float_arg(cfg_.eps),
+                  tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1)}))
+    return false;
+  const StridedArg q4(r.qkv, 0, {B, 1, NH, HD}, {row, row, HD, 1});
+  const StridedArg k4(r.qkv, Q, {B, 1, NKV, HD}, {row, row, HD, 1});
+  const StridedArg v4(r.qkv, Q + KV, {B, 1, NKV, HD}, {row, row, HD, 1});
+  DeviceTensor& kc = d.k_cache[layer];
+  DeviceTensor& vc = d.v_cache[layer];
+  if (!call_slot(d.slots->paged_kv_append, kPagedKVAppend, false,
+                 {tensor_arg(&k4), tensor_arg(&v4), tensor_arg(&r.block_table),
+                  tensor_arg(&r.seq_lens), tensor_arg(&kc), tensor_arg(&vc)}))
+    return false;
+  DeviceTensor o4 = r.attn.view({B, 1, NH, HD});
+  if (r.after) stream_.wait(*r.after);
+  if (!call_slot(d.slots->paged_attention, kPagedAttention, false,
+                 {tensor_arg(&q4), tensor_arg(&kc), tensor_arg(&vc), tensor_arg(&r.block_table),
+                  tensor_arg(&r.seq_lens), int_arg(-1), float_arg(attention_scale()),
+                  tensor_arg(&o4), tensor_arg(&r.workspace)}))
+    return false;
+  if (r.done) r.done->record(stream_);
+  return true;
+}
+
+// q, k and v projected apart (k and v on forked streams), Qwen3's q/k norms, RoPE, the append and
+// the attention: r.attn.
+void DeviceCausalLM::decode_projections(size_t layer, DecodeRows& r) {
+  DecodeState& d = *decode_;
+  const Layer& L = layers_[layer];
+  const int64_t B = r.batch, NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
+  d.fork.record(stream_);
+  on_branch(d.branch_v, d.joined_v, [&] { decode_linear(r.a, *L.wv, L.bv, r.v); });
+  DeviceTensor q3 = r.q.view({B, NH, HD}), k3 = r.k.view({B, NKV, HD});
+  bool rotated = false;
+  if (L.q_norm && bound(slots_.qk_norm_rotary)) {
+    // Qwen3: q and k projected into place, then their norms and RoPE in one pass.
+    on_branch(d.branch_k, d.joined_k, [&] { decode_linear(r.a, *L.wk, L.bk, r.k); });
+    decode_linear(r.a, *L.wq, L.bq, r.q);
+    stream_.wait(d.joined_k);
+    rotated = call_slot(slots_.qk_norm_rotary, kQKNormRotaryEmbedding, false,
+                        {tensor_arg(&r.positions), tensor_arg(&q3), tensor_arg(&k3),
+                         tensor_arg(&run(*L.q_norm)), tensor_arg(&run(*L.k_norm)),
+                         float_arg(cfg_.eps), tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1)});
+    if (!rotated) {  // refused (nothing written): the composition below, from q_pre and k_pre
+      stream_.copy(r.q_pre.data(), r.q.data(), r.q.bytes(), KH_COPY_D2D);
+      stream_.copy(r.k_pre.data(), r.k.data(), r.k.bytes(), KH_COPY_D2D);
+      DeviceTensor qn = r.q.view({B * NH, HD}), kn = r.k.view({B * NKV, HD});
+      norm(r.q_pre.view({B * NH, HD}), *L.q_norm, qn, nullptr);
+      norm(r.k_pre.view({B * NKV, HD}), *L.k_norm, kn, nullptr);
+    }
+  } else if (L.q_norm) {
+    on_branch(d.branch_k, d.joined_k, [&] {
+      decode_linear(r.a, *L.wk, L.bk, r.k_pre);
+      DeviceTensor kn = r.k.view({B * NKV, HD});
+      norm(r.k_pre.view({B * NKV, HD}), *L.k_norm, kn, nullptr);
+    });
+    decode_linear(r.a, *L.wq, L.bq, r.q_pre);
+    DeviceTensor qn = r.q.view({B * NH, HD});
+    norm(r.q_pre.view({B * NH, HD}), *L.q_norm, qn, nullptr);
+  } else {
+    on_branch(d.branch_k, d.joined_k, [&] { decode_linear(r.a, *L.wk, L.bk, r.k); });
+    decode_linear(r.a, *L.wq, L.bq, r.q);
+  }
+  stream_.wait(d.joined_k);
+  stream_.wait(d.joined_v);
+  if (!rotated && bound(slots_.rotary))
+    call_slot(slots_.rotary, kRotaryEmbedding, false,
+              {tensor_arg(&r.positions), tensor_arg(&q3), tensor_arg(&k3), tensor_arg(&cos_),
+               tensor_arg(&sin_), int_arg(1)});
+  else if (!rotated)
+    kernels_.rotary(stream_, r.positions, q3, &k3, cos_, sin_, /*neox=*/true, false);
+  decode_append(layer, r.k.view({B, 1, NKV, HD}), r.v.view({B, 1, NKV, HD}), r);
+  DeviceTensor o4 = r.attn.view({B, 1, NH, HD});
+  decode_attend(layer, r.q.view({B, 1, NH, HD}), o4, r);
+}
+
+// A decode layer after its attention (in r.attn): the output projection, the residual add and
+// norm, the MLP; its output is r.branch.
+void DeviceCausalLM::decode_mlp(const Layer& L, DecodeRows& r) {
+  decode_linear(r.attn, *L.wo, L.bo, r.branch);
+  add_norm(r.branch, r.h.view(r.h.shape()), *L.mlp_norm, r.m, nullptr);
+  decode_linear(r.m, *L.gate_up, nullptr, r.gu);
+  if (bound(slots_.silu_and_mul))
+    call_slot(slots_.silu_and_mul, kSiluAndMul, false, {tensor_arg(&r.gu), tensor_arg(&r.s)});
+  else
+    kernels_.silu_and_mul(stream_, r.gu, r.s);
+  decode_linear(r.s, *L.wdown, nullptr, r.branch);
+}
+
+// A decode step's projection: the skinny GEMM where it takes the shapes, else linear()'s cuBLASLt.
+void DeviceCausalLM::decode_linear(const DeviceTensor& x, const Param& w, const Param* bias,
+                                   DeviceTensor& y) {
+  DecodeState& d = *decode_;
+  if (!d.skinny || !d.skinny->fits(x, run(w), y)) {
+    linear(x, w, bias, y);
+    return;
+  }
+  timed(Phase::kGemm, [&] { d.skinny->run(stream_, x, run(w), bias ? &run(*bias) : nullptr, y); });
+  d.skinny_used = true;
+}
+
+// The residual stream is r.h + the last MLP's r.branch: each pre-norm adds it in place (eval:
+// add_norm allocates nothing), in one FusedAddRMSNorm pass when the package serves it.
+void DeviceCausalLM::decode_layer(size_t layer, DecodeRows& r) {
+  const Layer& L = layers_[layer];
+  const DeviceTensor none;
+  add_norm(layer == 0 ? none : r.branch, r.h.view(r.h.shape()), *L.attn_norm, r.a, nullptr);
+  if (!decode_fused_qkv(layer, r)) {
+    decode_->fused_qkv = false;
+    decode_projections(layer, r);
+  }
+  decode_mlp(L, r);
 }
 
 // One token per sequence through the layers, on the step's buffers (the host model's
 // layer_forward for a single position, reading the cache for attention), ending with the greedy
 // argmax that feeds the next step. Allocates nothing: it is what the graph captures.
+//
+// Overlapped (DecodeOverlap), the halves' layers are enqueued in turns, the second half's on its
+// own stream, and their attentions alternate (each waits for the other's last): while one half
+// reads its K/V, the other runs its projections and MLP.
 void DeviceCausalLM::decode_launch() {
   DecodeState& d = *decode_;
-  const int64_t B = d.batch, NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
-  const int64_t V = cfg_.vocab;
+  const int64_t B = d.batch, V = cfg_.vocab;
   kernels_.embedding_forward(stream_, run(*emb_), d.tokens, d.h);
-  // The residual stream is d.h + the last MLP's d.branch: each pre-norm adds it in place (eval:
-  // add_norm allocates nothing), in one FusedAddRMSNorm pass when the package serves it.
-  const DeviceTensor none;
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    Layer& L = layers_[l];
-    add_norm(l == 0 ? none : d.branch, d.h.view(d.h.shape()), *L.attn_norm, d.a, nullptr);
-    d.fork.record(stream_);
-    on_branch(d.branch_v, d.joined_v, [&] { linear(d.a, *L.wv, L.bv, d.v); });
-    DeviceTensor q3 = d.q.view({B, NH, HD}), k3 = d.k.view({B, NKV, HD});
-    bool rotated = false;
-    if (L.q_norm && bound(slots_.qk_norm_rotary)) {
-      // Qwen3: q and k projected into place, then their norms and RoPE in one pass.
-      on_branch(d.branch_k, d.joined_k, [&] { linear(d.a, *L.wk, L.bk, d.k); });
-      linear(d.a, *L.wq, L.bq, d.q);
-      stream_.wait(d.joined_k);
-      rotated = call_slot(slots_.qk_norm_rotary, kQKNormRotaryEmbedding, false,
-                          {tensor_arg(&d.positions), tensor_arg(&q3), tensor_arg(&k3),
-                           tensor_arg(&run(*L.q_norm)), tensor_arg(&run(*L.k_norm)),
-                           float_arg(cfg_.eps), tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1)});
-      if (!rotated) {  // refused (nothing written): the composition below, from q_pre and k_pre
-        stream_.copy(d.q_pre.data(), d.q.data(), d.q.bytes(), KH_COPY_D2D);
-        stream_.copy(d.k_pre.data(), d.k.data(), d.k.bytes(), KH_COPY_D2D);
-        DeviceTensor qn = d.q.view({B * NH, HD}), kn = d.k.view({B * NKV, HD});
-        norm(d.q_pre.view({B * NH, HD}), *L.q_norm, qn, nullptr);
-        norm(d.k_pre.view({B * NKV, HD}), *L.k_norm, kn, nullptr);
-      }
-    } else if (L.q_norm) {
-      on_branch(d.branch_k, d.joined_k, [&] {
-        linear(d.a, *L.wk, L.bk, d.k_pre);
-        DeviceTensor kn = d.k.view({B * NKV, HD});
-        norm(d.k_pre.view({B * NKV, HD}), *L.k_norm, kn, nullptr);
-      });
-      linear(d.a, *L.wq, L.bq, d.q_pre);
-      DeviceTensor qn = d.q.view({B * NH, HD});
-      norm(d.q_pre.view({B * NH, HD}), *L.q_norm, qn, nullptr);
-    } else {
-      on_branch(d.branch_k, d.joined_k, [&] { linear(d.a, *L.wk, L.bk, d.k); });
-      linear(d.a, *L.wq, L.bq, d.q);
+  d.fused_qkv = true;
+  d.skinny_used = false;
+  if (d.overlap) {
+    DecodeRows first = d.rows(0, B / 2), second = d.rows(B / 2, B - B / 2);
+    first.done = second.after = &d.attended[0];
+    second.done = &d.attended[1];
+    d.halves_fork.record(stream_);
+    d.second_half.wait(d.halves_fork);
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      first.after = l == 0 ? nullptr : &d.attended[1];
+      decode_layer(l, first);
+      on_stream(d.second_half, [&] { decode_layer(l, second); });
     }
-    stream_.wait(d.joined_k);
-    stream_.wait(d.joined_v);
-    if (!rotated && bound(slots_.rotary))
-      call_slot(slots_.rotary, kRotaryEmbedding, false,
-                {tensor_arg(&d.positions), tensor_arg(&q3), tensor_arg(&k3), tensor_arg(&cos_),
-                 tensor_arg(&sin_), int_arg(1)});
-    else if (!rotated)
-      kernels_.rotary(stream_, d.positions, q3, &k3, cos_, sin_, /*neox=*/true, false);
-    decode_append(l, d.k.view({B, 1, NKV, HD}), d.v.view({B, 1, NKV, HD}));
-    DeviceTensor o4 = d.attn.view({B, 1, NH, HD});
-    decode_attend(l, d.q.view({B, 1, NH, HD}), o4);
-    linear(d.attn, *L.wo, L.bo, d.branch);
-    add_norm(d.branch, d.h.view(d.h.shape()), *L.mlp_norm, d.m, nullptr);
-    linear(d.m, *L.gate_up, nullptr, d.gu);
-    if (bound(slots_.silu_and_mul))
-      call_slot(slots_.silu_and_mul, kSiluAndMul, false, {tensor_arg(&d.gu), tensor_arg(&d.s)});
-    else
-      kernels_.silu_and_mul(stream_, d.gu, d.s);
-    linear(d.s, *L.wdown, nullptr, d.branch);
+    d.halves_joined.record(d.second_half);
+    stream_.wait(d.halves_joined);
+  } else {
+    DecodeRows all = d.rows(0, B);
+    for (size_t l = 0; l < layers_.size(); ++l) decode_layer(l, all);
   }
   add_norm(d.branch, d.h.view(d.h.shape()), *final_norm_, d.f, nullptr);
-  linear(d.f, *head_, nullptr, d.logits);
+  decode_linear(d.f, *head_, nullptr, d.logits);
   d.kernels.argmax_advance(stream_, d.logits, 0, V, B, V, d.tokens, d.positions, d.seq_lens,
                            d.out_tokens, d.step);
 }

@@ -40,10 +40,25 @@ struct DecodeSlots {
 };
 DecodeSlots add_decode_slots(Runtime& runtime);
 
+// Two-batch overlap of a decode step: the batch's two halves run their layers on two streams,
+// and one half's attention (bound by reading its K/V) alternates with the other half's
+// projections, norms and MLP (bound by launch and weight-read latency), so the step's kernels
+// overlap. Off by default: on the H200 a Qwen3-0.6B step of 64 x 2048 took 5.33 ms overlapped
+// against 5.02 ms whole (tools/bench/RESULTS.md): each half pays the weight reads and launches
+// of a whole step, which the overlap does not win back at that context.
+enum class DecodeOverlap : uint8_t { kOff, kOn };
+
+// The decode step's GEMMs: cuBLASLt (the default), or the runtime's skinny GEMM (skinny_gemm.h)
+// wherever it takes the shapes (bf16, up to 64 sequences), cuBLASLt elsewhere. The skinny GEMM
+// is slower than cuBLASLt at most decode shapes on the H200 (RESULTS.md): opt-in.
+enum class DecodeGemm : uint8_t { kCublasLt, kSkinny };
+
 struct DecodeConfig {
   int max_batch = 1;    // sequences decoded together (the graph is captured per batch)
   int max_context = 0;  // prompt + generated tokens per sequence; 0: the model's seq
   int page_size = 64;   // tokens per page
+  DecodeOverlap overlap = DecodeOverlap::kOff;
+  DecodeGemm gemm = DecodeGemm::kCublasLt;
 };
 
 // The cache's shape for a model, checked (kh::Error kInvalidInput naming the field): batch and

@@ -65,6 +65,8 @@ void decode(Runtime& rt, DeviceCausalLM& model, BigramData& data, const DemoOpti
   DecodeConfig dc;
   dc.max_batch = B;
   dc.max_context = shape.context;
+  dc.overlap = o.decode_overlap;
+  dc.gemm = o.decode_gemm;
   model.init_decode(rt, dc);
   BigramData::Batch p = data.next(B, prompt);
   const std::vector<int64_t> out = model.generate(p.inputs.data(), B, prompt, n, /*graph=*/true);
@@ -75,6 +77,9 @@ void decode(Runtime& rt, DeviceCausalLM& model, BigramData& data, const DemoOpti
   run.decode_steps = model.last_decode_steps();
   run.decode_ms = model.last_decode_ms();
   run.decode_graph = model.decode_graph_captured();
+  run.decode_overlapped = model.decode_overlaps();
+  run.decode_fused_qkv = model.decode_fuses_qkv();
+  run.decode_skinny_gemm = model.decode_uses_skinny_gemm();
   // A bound package that refused the model (head_dim) leaves its bf16 cache to the runtime.
   run.decode_package = model.decode_uses_package() && !model.refusals().contains(kPagedAttention);
   const bool bf16_cache = model.decode_uses_package() || o.bf16;

@@ -103,9 +103,31 @@ void DeviceCausalLM::build(const WeightSource& source, uint64_t seed) {
     if (source) parts = {lookup(spec.name)};
     make(spec.name, spec.shape, parts, init_stddev(cfg_, spec.name));
   }
+  // Decode's one q/k/v GEMM (device_decode.cpp; Qwen3: bf16, q/k norms, no biases): the bf16
+  // run weights of q, k and v are the rows of one [q_dim + 2 kv_dim, hidden] tensor, which AdamW's
+  // casts write into like any other.
+  const bool fuse_qkv =
+      bf16_ && cfg_.qk_norm && !optional_param("model.layers.0.self_attn.q_proj.bias");
+  auto qkv_name = [](int l, const char* proj) {
+    return fmt::format("model.layers.{}.self_attn.{}_proj.weight", l, proj);
+  };
+  if (fuse_qkv) {
+    qkv_.resize(static_cast<size_t>(cfg_.layers));
+    for (int l = 0; l < cfg_.layers; ++l) {
+      const int64_t Q = cfg_.q_dim(), KV = cfg_.kv_dim();
+      DeviceTensor& all = qkv_[static_cast<size_t>(l)].w16;
+      all = empty({Q + 2 * KV, cfg_.hidden}, kBF16);
+      int64_t row = 0;
+      for (const char* proj : {"q", "k", "v"}) {
+        Param& p = param(qkv_name(l, proj));
+        p.w16 = all.rows(row, p.w.dim(0));
+        row += p.w.dim(0);
+      }
+    }
+  }
   if (bf16_)
     for (auto& [name, p] : params_) {
-      p.w16 = empty(p.w.shape(), kBF16);
+      if (!p.w16.data()) p.w16 = empty(p.w.shape(), kBF16);
       kernels_.cast(stream_, p.w, p.w16);
     }
   layers_.resize(static_cast<size_t>(cfg_.layers));
@@ -126,6 +148,7 @@ void DeviceCausalLM::build(const WeightSource& source, uint64_t seed) {
         &param(p + "post_attention_layernorm.weight"),
         &param(gate_up_name(p)),
         &param(p + "mlp.down_proj.weight"),
+        fuse_qkv ? &qkv_[static_cast<size_t>(l)] : nullptr,
     };
   }
   emb_ = &param("model.embed_tokens.weight");

@@ -138,13 +138,21 @@ class DeviceCausalLM {
   // their milliseconds (CUDA events): tokens/s = batch * steps / ms * 1000.
   double last_decode_ms() const;
   int last_decode_steps() const;
+  // Whether the last decode step projected q, k and v with one GEMM in every layer (a bf16
+  // Qwen3 whose attention and QKNormRotaryEmbedding packages are bound).
+  bool decode_fuses_qkv() const;
+  // Whether the last decode step ran GEMMs on the runtime's skinny GEMM (DecodeGemm::kSkinny).
+  bool decode_uses_skinny_gemm() const;
   // Whether the attention package serves decode (PagedKVAppend, PagedAttention bound).
   bool decode_uses_package() const;
+  // Whether the prefilled batch's decode steps run as two overlapped halves (DecodeOverlap).
+  bool decode_overlaps() const;
   // Whether a decode step graph is captured (for the current batch).
   bool decode_graph_captured() const;
 
  private:
   struct DecodeState;
+  struct DecodeRows;
   struct DecodeStateDelete {  // defined where DecodeState is (device_decode.cpp)
     void operator()(DecodeState* d) const;
   };
@@ -158,6 +166,7 @@ class DeviceCausalLM {
   struct Layer {
     Param *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *bo, *mlp_norm, *gate_up,
         *wdown;
+    Param* qkv;  // q, k and v's run weights as one (their rows), or null (see build)
   };
   // Activations of one layer kept for backward (train mode): the two residuals (the layer's
   // input h_in and h_mid after the attention branch; each is the FusedAddRMSNorm's new residual,
@@ -240,9 +249,18 @@ class DeviceCausalLM {
   void prefill_kv(const Layer& L, const Saved& s);  // layer_forward's hook while prefilling
   void decode_launch();                             // the step's work, eager or captured
   template <typename F>
+  void on_stream(DeviceStream& other, F&& body);  // body() with other swapped in for stream_
+  template <typename F>
   void on_branch(DeviceStream& branch, DeviceEvent& joined, F&& body);  // decode's forks
-  void decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4);
-  void decode_attend(size_t layer, const DeviceTensor& q4, DeviceTensor& out4);
+  // One layer of a decode step for the rows r holds (the batch, or one half of it).
+  void decode_layer(size_t layer, DecodeRows& r);
+  void decode_projections(size_t layer, DecodeRows& r);  // q, k, v apart, then the attention
+  bool decode_fused_qkv(size_t layer, DecodeRows& r);    // with Layer::qkv, or false (see .cpp)
+  void decode_mlp(const Layer& L, DecodeRows& r);        // from the attention output on
+  void decode_linear(const DeviceTensor& x, const Param& w, const Param* bias, DeviceTensor& y);
+  void decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4,
+                     const DecodeRows& r);
+  void decode_attend(size_t layer, const DeviceTensor& q4, DeviceTensor& out4, DecodeRows& r);
   void layer_backward(Layer& L, Saved& s, DeviceTensor& dh);
   float attention_scale() const;
   bool attention_bound() const;
@@ -258,6 +276,7 @@ class DeviceCausalLM {
   DeviceStream stream_;
   DeviceKernels kernels_;
   std::map<std::string, Param> params_;  // by Transformers name; "…mlp.gate_up" for the fused one
+  std::vector<Param> qkv_;  // per layer, w16 only: the q, k and v weights' shared rows (build)
   std::vector<Layer> layers_;
   Param *emb_ = nullptr, *final_norm_ = nullptr, *head_ = nullptr;
   DeviceTensor cos_, sin_;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "kernel_hub/kernel_hub.hpp"
@@ -88,6 +89,34 @@ const DLTensor* DeviceTensor::dl() const {
   dl_.shape = const_cast<int64_t*>(shape_.data());
   dl_.strides = nullptr;
   dl_.byte_offset = 0;
+  return &dl_;
+}
+
+StridedArg::StridedArg(const DeviceTensor& base, int64_t offset, std::vector<int64_t> shape,
+                       std::vector<int64_t> strides)
+    : base_(base.view(base.shape())), shape_(std::move(shape)), strides_(std::move(strides)) {
+  int64_t last = offset;  // the element of the largest offset the view spans
+  bool empty = false;
+  for (size_t i = 0; i < shape_.size(); ++i) {
+    if (shape_[i] == 0) empty = true;
+    if (i < strides_.size() && shape_[i] > 0) last += (shape_[i] - 1) * strides_[i];
+  }
+  if (strides_.size() != shape_.size() || offset < 0 ||
+      std::any_of(strides_.begin(), strides_.end(), [](int64_t st) { return st < 0; }) ||
+      (!empty && last >= base.numel()))
+    throw Error(
+        ErrorKind::kInvalidInput,
+        fmt::format("strided view [{}] with strides [{}] from element {} of {}",
+                    fmt::join(shape_, ", "), fmt::join(strides_, ", "), offset, base.describe()));
+  data_ = static_cast<char*>(base.data()) + offset * (base.dtype().bits / 8);
+}
+
+const DLTensor* StridedArg::dl() const {
+  dl_ = *base_.dl();
+  dl_.data = data_;
+  dl_.ndim = static_cast<int32_t>(shape_.size());
+  dl_.shape = const_cast<int64_t*>(shape_.data());
+  dl_.strides = const_cast<int64_t*>(strides_.data());
   return &dl_;
 }
 

@@ -5,6 +5,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@ namespace kh::demo {
 inline constexpr DLDataType kF32{kDLFloat, 32, 1};
 inline constexpr DLDataType kBF16{kDLBfloat, 16, 1};
 inline constexpr DLDataType kI64{kDLInt, 64, 1};
+inline constexpr DLDataType kI32{kDLInt, 32, 1};
 inline constexpr DLDataType kU8{kDLUInt, 8, 1};
 
 // "float32", "bfloat16", "int64", or "code/bits/lanes".
@@ -69,12 +71,39 @@ class DeviceTensor {
   mutable DLTensor dl_{};
 };
 
-// Slot-call arguments: a device tensor's DLTensor view (null passes a NULL tensor), an int, a
-// float.
+// A strided view of a device tensor's memory, for slot calls only (packages take token and head
+// strides; the runtime's own kernels take contiguous tensors): `shape` and `strides` (elements)
+// from element `offset` of `base`, which it keeps alive. Throws kh::Error kInvalidInput when an
+// element it spans lies outside `base`.
+class StridedArg {
+ public:
+  StridedArg(const DeviceTensor& base, int64_t offset, std::vector<int64_t> shape,
+             std::vector<int64_t> strides);
+  // Valid while this lives and is not moved.
+  const DLTensor* dl() const;
+
+ private:
+  DeviceTensor base_;
+  void* data_ = nullptr;
+  std::vector<int64_t> shape_, strides_;
+  mutable DLTensor dl_{};
+};
+
+// Slot-call arguments: a device tensor's DLTensor view (null passes a NULL tensor), a strided
+// view, an int, a float.
 inline kh_arg_t tensor_arg(const DeviceTensor* t) {
   kh_arg_t a{};
   a.kind = KH_ARG_TENSOR;
   a.v.t = t ? t->dl() : nullptr;
+  return a;
+}
+inline kh_arg_t tensor_arg(std::nullptr_t) {
+  return tensor_arg(static_cast<const DeviceTensor*>(nullptr));
+}
+inline kh_arg_t tensor_arg(const StridedArg* t) {
+  kh_arg_t a{};
+  a.kind = KH_ARG_TENSOR;
+  a.v.t = t->dl();
   return a;
 }
 inline kh_arg_t int_arg(int64_t i) {

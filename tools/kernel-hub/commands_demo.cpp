@@ -47,6 +47,8 @@ struct DemoArgs {
   bool fallback = false;
   int decode_batch = 0;    // 0: 64 for qwen3-0.6b and larger, 8 for tiny (demo::resolve_decode)
   int decode_context = 0;  // 0: 2048 capped by --seq
+  std::string decode_overlap;  // empty: off
+  std::string decode_gemm;     // empty: cublaslt
 };
 
 bool cuda_present() {
@@ -173,18 +175,23 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   o.adam.lr = a.lr > 0 ? a.lr : (o.model.hidden >= 1024 ? 3e-4f : 1e-2f);
   o.cuda_ordinal = ordinal;
   const std::string dtype = a.dtype.empty() ? (ordinal >= 0 ? "bf16" : "fp32") : a.dtype;
-  if (ordinal < 0 && (dtype != "fp32" || a.profile || a.decode_batch || a.decode_context))
+  if (ordinal < 0 && (dtype != "fp32" || a.profile || a.decode_batch || a.decode_context ||
+                      !a.decode_overlap.empty() || !a.decode_gemm.empty()))
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("demo: {} needs a CUDA device (the CPU model is fp32, unprofiled and "
                             "generates without a KV cache); use --device cuda:N",
                             a.profile          ? "--profile"
                             : a.decode_batch   ? "--decode-batch"
                             : a.decode_context ? "--decode-context"
+                            : !a.decode_overlap.empty() ? "--decode-overlap"
+                            : !a.decode_gemm.empty()    ? "--decode-gemm"
                                                : "--dtype " + dtype));
   o.bf16 = dtype == "bf16";
   o.profile = a.profile;
   o.decode_batch = a.decode_batch;
   o.decode_context = a.decode_context;
+  o.decode_overlap = a.decode_overlap == "on" ? demo::DecodeOverlap::kOn : demo::DecodeOverlap::kOff;
+  o.decode_gemm = a.decode_gemm == "skinny" ? demo::DecodeGemm::kSkinny : demo::DecodeGemm::kCublasLt;
   if (ordinal >= 0) {
     demo::resolve_decode(o);  // refuses a bad --decode-* before anything is fetched
     std::tie(o.peak_bandwidth, o.peak_bandwidth_source) = peak_bandwidth(ordinal);
@@ -254,11 +261,14 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
     if (run.decoded) {
       ctx.say(fmt::format(
           "decode ({} cache, {}, {}): {} sequences x {}-token prompts + {} tokens: {:.0f} "
-          "tokens/s, {:.3f} ms per step ({} timed steps)",
+          "tokens/s, {:.3f} ms per step ({} timed steps{}{}{})",
           run.decode_cache_dtype, run.decode_graph ? "CUDA graph" : "eager",
           run.decode_package ? "PagedAttention from the package" : "the runtime's attention",
           run.decode_batch, run.decode_prompt, run.decode_generated, run.decode_tokens_per_s,
-          run.decode_ms_per_step, run.decode_steps));
+          run.decode_ms_per_step, run.decode_steps,
+          run.decode_overlapped ? ", two overlapped halves" : "",
+          run.decode_fused_qkv ? ", one q/k/v GEMM" : "",
+          run.decode_skinny_gemm ? ", skinny GEMMs" : ""));
       ctx.say(fmt::format(
           "  roofline: a step reads {} (weights {} + KV cache {} at {:.0f} tokens a sequence) "
           "= {:.2f} TB/s, {:.0f}% of the {:.2f} TB/s peak ({}), {:.0f}% of the {:.2f} TB/s a "
@@ -360,6 +370,16 @@ void add_demo_command(CLI::App& app, Runner& run) {
                   "CUDA only: prompt + generated tokens of each decoded sequence (default 2048, "
                   "at most --seq; the last min(256, half) are generated)")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--decode-overlap", a->decode_overlap,
+                  "CUDA only: on runs the decode batch (2 sequences or more) as two halves on two "
+                  "streams, one half's attention beside the other's projections and MLP (default "
+                  "off: slower on an H200 at 64 x 2048)")
+      ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--decode-gemm", a->decode_gemm,
+                  "CUDA only: the decode step's GEMMs: cublaslt, or skinny (the runtime's own GEMM "
+                  "for up to 64 bf16 rows, cuBLASLt for the rest; slower at most shapes on an "
+                  "H200) (default cublaslt)")
+      ->check(CLI::IsMember({"cublaslt", "skinny"}));
   cmd->add_flag("--fallback", a->fallback,
                 "Bind no package: every slot runs the runtime's own implementation (as "
                 "KERNEL_HUB_DISABLE=1)");

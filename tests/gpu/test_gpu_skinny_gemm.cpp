@@ -1,0 +1,220 @@
+// GPU tests of the runtime's skinny GEMM (tools/demo/skinny_gemm.*; CTest label `gpu`, every
+// test skips cleanly without a driver or a device): y = x . W^T (+ bias) against a float64
+// reference of the same bf16 inputs, fresh random values for every case, the output poisoned
+// with NaN first and a guard row after it that must stay poisoned; every compiled variant, split
+// K from 1 to many and the default plan, rows 1 to 64, shapes that end inside a tile; repeated
+// calls and CUDA-graph replays on new inputs (the split workspace is left at zero by each call);
+// two streams at once; and the tensors it refuses.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernel_hub/kernel_hub.hpp"
+#include "kernels/common/kh_prelude.cuh"
+#include "tools/demo/device_tensor.h"
+#include "tools/demo/skinny_gemm.h"
+
+namespace kh::demo {
+namespace {
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float scale = 1.f) {
+  std::normal_distribution<float> dist(0.f, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = kh_float_to_bf16_bits(dist(rng));
+  return v;
+}
+
+float f(uint16_t b) {
+  return kh_bf16_bits_to_float(b);
+}
+
+struct Problem {
+  int64_t M, N, K;
+  bool bias;
+};
+
+class GpuSkinnyGemm : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    int32_t n = 0;
+    if (kh_device_count(&n) != KH_OK || n < 1) {
+      skip_ = new std::string(kh_last_error());
+      return;
+    }
+    pool_ = new DevicePool(0);
+    stream_ = new DeviceStream(0);
+    gemm_ = new SkinnyGemm(0, *pool_);
+  }
+  void SetUp() override {
+    if (skip_) GTEST_SKIP() << "no usable CUDA device: " << *skip_;
+  }
+
+  // Host operands of one problem and the device tensors they go to; y has a guard row after
+  // its M rows.
+  struct Operands {
+    std::vector<uint16_t> x, w, bias;
+    DeviceTensor dx, dw, dbias, dy_all, dy;
+  };
+  Operands make(const Problem& p, std::mt19937& rng) {
+    Operands o;
+    o.x = random_bf16(static_cast<size_t>(p.M * p.K), rng);
+    o.w = random_bf16(static_cast<size_t>(p.N * p.K), rng, 0.05f);
+    o.dx = DeviceTensor(*pool_, {p.M, p.K}, kBF16);
+    o.dw = DeviceTensor(*pool_, {p.N, p.K}, kBF16);
+    o.dx.upload(*stream_, o.x.data(), o.x.size() * 2);
+    o.dw.upload(*stream_, o.w.data(), o.w.size() * 2);
+    if (p.bias) {
+      o.bias = random_bf16(static_cast<size_t>(p.N), rng);
+      o.dbias = DeviceTensor(*pool_, {p.N}, kBF16);
+      o.dbias.upload(*stream_, o.bias.data(), o.bias.size() * 2);
+    }
+    o.dy_all = DeviceTensor(*pool_, {p.M + 1, p.N}, kBF16);
+    o.dy = o.dy_all.rows(0, p.M);
+    poison(o);
+    return o;
+  }
+  void poison(Operands& o) { stream_->memset(o.dy_all.data(), 0xFF, o.dy_all.bytes()); }
+
+  // y against the float64 reference: bf16 rounding of the result (2^-8 relative) plus fp32
+  // accumulation; the guard row still NaN.
+  void expect_matches(const Problem& p, Operands& o, DeviceStream& s, const std::string& what) {
+    std::vector<uint16_t> y(static_cast<size_t>((p.M + 1) * p.N));
+    o.dy_all.download(s, y.data(), y.size() * 2);
+    s.synchronize();
+    double err2 = 0, ref2 = 0;
+    int bad = 0;
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int64_t n = 0; n < p.N; ++n) {
+        double ref = p.bias ? f(o.bias[n]) : 0.0;
+        for (int64_t k = 0; k < p.K; ++k)
+          ref += static_cast<double>(f(o.x[m * p.K + k])) * f(o.w[n * p.K + k]);
+        const double got = f(y[m * p.N + n]);
+        err2 += (got - ref) * (got - ref);
+        ref2 += ref * ref;
+        if (!(std::fabs(got - ref) <= 1e-3 + 8e-3 * std::fabs(ref)) && ++bad <= 3)
+          ADD_FAILURE() << what << ": y[" << m << "][" << n << "] = " << got << ", reference "
+                        << ref;
+      }
+    EXPECT_EQ(bad, 0) << what;
+    EXPECT_LT(std::sqrt(err2 / std::max(ref2, 1e-30)), 4e-3) << what;
+    for (int64_t n = 0; n < p.N; ++n)
+      if (!std::isnan(f(y[p.M * p.N + n]))) {
+        ADD_FAILURE() << what << ": the guard row was written at column " << n;
+        break;
+      }
+  }
+
+  static std::string* skip_;
+  static DevicePool* pool_;
+  static DeviceStream* stream_;
+  static SkinnyGemm* gemm_;
+};
+std::string* GpuSkinnyGemm::skip_ = nullptr;
+DevicePool* GpuSkinnyGemm::pool_ = nullptr;
+DeviceStream* GpuSkinnyGemm::stream_ = nullptr;
+SkinnyGemm* GpuSkinnyGemm::gemm_ = nullptr;
+
+TEST_F(GpuSkinnyGemm, MatchesAFloat64ReferenceForEveryVariantAndSplit) {
+  std::mt19937 rng(20261201);
+  const Problem problems[] = {{1, 8, 64, false},     {5, 72, 128, true},   {16, 1000, 448, false},
+                              {33, 136, 1024, true}, {64, 1024, 3072, false}, {64, 4096, 1024, true}};
+  const std::pair<int, int> variants[] = {{32, 4}, {32, 6}, {64, 3}, {64, 4}, {64, 6}};
+  for (const Problem& p : problems) {
+    Operands o = make(p, rng);
+    const std::string shape = std::to_string(p.M) + "x" + std::to_string(p.N) + "x" +
+                              std::to_string(p.K) + (p.bias ? " + bias" : "");
+    gemm_->run(*stream_, o.dx, o.dw, p.bias ? &o.dbias : nullptr, o.dy);  // the default plan
+    expect_matches(p, o, *stream_, shape + ", default plan");
+    std::vector<int> splits_list = {1};
+    for (int64_t s : {int64_t{2}, std::min<int64_t>(p.K / 64, 7)})
+      if (s <= p.K / 64 && s != splits_list.back()) splits_list.push_back(static_cast<int>(s));
+    for (auto [n_tile, stages] : variants)
+      for (int splits : splits_list) {
+        poison(o);
+        const SkinnyPlan plan{n_tile, stages, splits};
+        gemm_->run(*stream_, o.dx, o.dw, p.bias ? &o.dbias : nullptr, o.dy, plan);
+        expect_matches(p, o, *stream_,
+                       shape + ", " + plan.kernel() + ", " + std::to_string(splits) + " splits");
+        if (HasFailure()) return;
+      }
+  }
+}
+
+// A split call leaves its slabs at zero and its counters at 0: three calls on new inputs each
+// give their own product, eagerly and as replays of one captured graph of two split GEMMs.
+TEST_F(GpuSkinnyGemm, RepeatedCallsAndGraphReplaysStartFromAZeroWorkspace) {
+  std::mt19937 rng(7);
+  const Problem a{64, 1024, 2048, false}, b{9, 4096, 1024, true};
+  Operands oa = make(a, rng), ob = make(b, rng);
+  ASSERT_GT(skinny_plan(a.M, a.N, a.K).splits, 1);
+  ASSERT_GT(skinny_plan(b.M, b.N, b.K).splits, 1);
+  for (int i = 0; i < 3; ++i) {
+    oa.x = random_bf16(oa.x.size(), rng);
+    oa.dx.upload(*stream_, oa.x.data(), oa.x.size() * 2);
+    poison(oa);
+    gemm_->run(*stream_, oa.dx, oa.dw, nullptr, oa.dy);
+    expect_matches(a, oa, *stream_, "eager call " + std::to_string(i));
+  }
+  gemm_->run(*stream_, ob.dx, ob.dw, &ob.dbias, ob.dy);  // sizes the workspace before capture
+  expect_matches(b, ob, *stream_, "eager call of the second shape");
+  stream_->begin_capture();
+  gemm_->run(*stream_, oa.dx, oa.dw, nullptr, oa.dy);
+  gemm_->run(*stream_, ob.dx, ob.dw, &ob.dbias, ob.dy);
+  DeviceGraph graph = DeviceGraph::end_capture(*stream_);
+  for (int i = 0; i < 3; ++i) {
+    oa.x = random_bf16(oa.x.size(), rng);
+    ob.x = random_bf16(ob.x.size(), rng);
+    oa.dx.upload(*stream_, oa.x.data(), oa.x.size() * 2);
+    ob.dx.upload(*stream_, ob.x.data(), ob.x.size() * 2);
+    poison(oa);
+    poison(ob);
+    graph.launch(*stream_);
+    expect_matches(a, oa, *stream_, "graph replay " + std::to_string(i) + ", first GEMM");
+    expect_matches(b, ob, *stream_, "graph replay " + std::to_string(i) + ", second GEMM");
+  }
+}
+
+// Split GEMMs on two streams at once: each stream has its own workspace.
+TEST_F(GpuSkinnyGemm, TwoStreamsAtOnceKeepTheirPartialTilesApart) {
+  std::mt19937 rng(11);
+  const Problem p{64, 1024, 3072, false};
+  DeviceStream other(0);
+  Operands o1 = make(p, rng), o2 = make(p, rng);
+  stream_->synchronize();
+  for (int i = 0; i < 4; ++i) {
+    gemm_->run(*stream_, o1.dx, o1.dw, nullptr, o1.dy);
+    gemm_->run(other, o2.dx, o2.dw, nullptr, o2.dy);
+  }
+  expect_matches(p, o1, *stream_, "stream 1");
+  expect_matches(p, o2, other, "stream 2");
+}
+
+TEST_F(GpuSkinnyGemm, RefusesWhatItCannotTake) {
+  DeviceTensor x(*pool_, {65, 128}, kBF16), w(*pool_, {64, 128}, kBF16), y(*pool_, {65, 64}, kBF16);
+  EXPECT_FALSE(gemm_->fits(x, w, y)) << "65 rows";
+  try {
+    gemm_->run(*stream_, x, w, nullptr, y);
+    FAIL() << "65 rows ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_NE(std::string(e.what()).find("65 rows (1..64 taken)"), std::string::npos) << e.what();
+  }
+  DeviceTensor x32(*pool_, {4, 128}, kF32), y4(*pool_, {4, 64}, kBF16);
+  EXPECT_FALSE(gemm_->fits(x32, w, y4)) << "fp32 x";
+  DeviceTensor xk(*pool_, {4, 100}, kBF16), wk(*pool_, {64, 100}, kBF16);
+  EXPECT_FALSE(gemm_->fits(xk, wk, y4)) << "K = 100";
+  DeviceTensor x4(*pool_, {4, 128}, kBF16), bias(*pool_, {63}, kBF16);
+  EXPECT_TRUE(gemm_->fits(x4, w, y4));
+  EXPECT_THROW(gemm_->run(*stream_, x4, w, &bias, y4), Error) << "a bias of 63 for N = 64";
+  EXPECT_THROW(gemm_->run(*stream_, x4, w, nullptr, y4, SkinnyPlan{64, 4, 3}), Error)
+      << "3 splits of K = 128";
+}
+
+}  // namespace
+}  // namespace kh::demo

@@ -1,0 +1,74 @@
+// The runtime's skinny GEMM (tools/demo/skinny_gemm.*) without a GPU: its source compiles with
+// NVRTC for sm_80 and sm_90a (the loader's target on Hopper) with every variant, no warnings and
+// no spills; the default plan at the decode shapes the runtime runs (Qwen3-0.6B, Llama-3-8B,
+// batches 1-64); and the shapes and plans it refuses, with the reason. The device side is
+// tests/gpu/test_gpu_skinny_gemm.cpp.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/unit/test_kernels_device_util.h"
+#include "tools/demo/skinny_gemm.h"
+
+namespace kh::demo {
+namespace {
+
+TEST(SkinnyGemm, SourceCompilesForAmpereAndHopperWithEveryVariantAndNoSpills) {
+  if (!kernels_test::Nvrtc::get().ok()) GTEST_SKIP() << kernels_test::Nvrtc::get().load_error;
+  const std::string src = skinny_gemm_source();
+  for (const char* sm : {"sm_80", "sm_90a"}) {
+    SCOPED_TRACE(sm);
+    kernels_test::expect_source_compiles_without_spills(src, "skinny_gemm.cu", sm);
+    const kernels_test::Nvrtc::Output out = kernels_test::Nvrtc::get().compile_source(
+        src, "skinny_gemm.cu", {std::string("--gpu-architecture=") + sm, "-default-device",
+                                "--std=c++17"});
+    ASSERT_TRUE(out.ok) << out.log;
+    for (const std::string& name : skinny_kernel_names())
+      EXPECT_NE(out.cubin.find(name + '\0'), std::string::npos) << sm << " lacks " << name;
+  }
+}
+
+TEST(SkinnyGemm, PlanSplitsKUntilTheGridIsFullOrTheSplitsShort) {
+  // Qwen3-0.6B's decode layer (hidden 1024): q/k/v 4096 x 1024, o 1024 x 2048, gate/up
+  // 6144 x 1024, down 1024 x 3072, the LM head 151936 x 1024.
+  EXPECT_EQ(skinny_plan(64, 4096, 1024), (SkinnyPlan{64, 4, 2}));  // 64 tiles x 2
+  EXPECT_EQ(skinny_plan(64, 1024, 2048), (SkinnyPlan{64, 4, 4}));  // 16 tiles, 512 k each
+  EXPECT_EQ(skinny_plan(64, 6144, 1024), (SkinnyPlan{64, 4, 2}));  // 96 tiles x 2
+  EXPECT_EQ(skinny_plan(64, 1024, 3072), (SkinnyPlan{64, 4, 6}));
+  EXPECT_EQ(skinny_plan(64, 151936, 1024), (SkinnyPlan{64, 4, 1}));  // 2374 tiles
+  // Llama-3-8B (hidden 4096) and its 14336-wide MLP: splits of 512 k-values at most.
+  EXPECT_EQ(skinny_plan(1, 1024, 4096), (SkinnyPlan{64, 4, 8}));
+  EXPECT_EQ(skinny_plan(16, 4096, 14336), (SkinnyPlan{64, 4, 4}));
+  EXPECT_EQ(skinny_plan(8, 28672, 4096), (SkinnyPlan{64, 4, 1}));
+  // The rows do not change the plan; K below 512 is never split.
+  EXPECT_EQ(skinny_plan(1, 4096, 1024), skinny_plan(64, 4096, 1024));
+  EXPECT_EQ(skinny_plan(64, 64, 448).splits, 1);
+  for (const SkinnyPlan& p : {skinny_plan(64, 4096, 1024), skinny_plan(1, 1024, 3072)}) {
+    EXPECT_EQ(skinny_plan_refusal(p, 4096, 3072), "");
+    EXPECT_EQ(p.shared_bytes(), 4u * (64 + 64) * 64 * 2);  // 64 KiB: 3 CTAs an SM on Hopper
+  }
+}
+
+TEST(SkinnyGemm, RefusalsSayWhatIsTaken) {
+  EXPECT_EQ(skinny_refusal(64, 4096, 1024, 1024, 4096), "");
+  EXPECT_EQ(skinny_refusal(1, 8, 64, 64, 8), "");
+  EXPECT_NE(skinny_refusal(65, 4096, 1024, 1024, 4096).find("65 rows (1..64 taken)"),
+            std::string::npos);
+  EXPECT_NE(skinny_refusal(0, 4096, 1024, 1024, 4096).find("0 rows"), std::string::npos);
+  EXPECT_NE(skinny_refusal(8, 4096, 1000, 1000, 4096).find("K = 1000 (a multiple of 64"),
+            std::string::npos);
+  EXPECT_NE(skinny_refusal(8, 4092, 1024, 1024, 4092).find("N = 4092 (a multiple of 8"),
+            std::string::npos);
+  EXPECT_NE(skinny_refusal(8, 4096, 1024, 1028, 4096).find("leading dimensions 1028"),
+            std::string::npos);
+  EXPECT_NE(skinny_plan_refusal({48, 4, 1}, 4096, 1024).find("no variant of 48 columns"),
+            std::string::npos);
+  EXPECT_NE(skinny_plan_refusal({64, 5, 1}, 4096, 1024).find("and 5 stages"), std::string::npos);
+  EXPECT_NE(skinny_plan_refusal({64, 4, 17}, 4096, 1024).find("17 splits of K = 1024 (1..16)"),
+            std::string::npos);
+  EXPECT_NE(skinny_plan_refusal({64, 4, 0}, 4096, 1024), "");
+  EXPECT_EQ((SkinnyPlan{32, 6, 1}).kernel(), "kh_skinny_gemm_n1_s6");
+}
+
+}  // namespace
+}  // namespace kh::demo

@@ -1,0 +1,144 @@
+#include "tools/demo/skinny_gemm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "kernel_hub/kernel_hub.hpp"
+
+namespace kh::demo {
+
+namespace {
+
+constexpr int64_t kBM = 64, kBK = 64;  // skinny_gemm.cu's tile rows and k-values per stage
+constexpr uint32_t kThreads = 128;
+
+// The compiled variants (skinny_gemm.cu's KH_SKINNY lines): {n_tile, stages}.
+constexpr std::pair<int, int> kVariants[] = {{32, 4}, {32, 6}, {64, 3}, {64, 4}, {64, 6}};
+
+[[noreturn]] void invalid(const std::string& why) {
+  throw Error(ErrorKind::kInvalidInput, "skinny GEMM: " + why);
+}
+
+}  // namespace
+
+std::string SkinnyPlan::kernel() const {
+  return fmt::format("kh_skinny_gemm_n{}_s{}", n_tile / 32, stages);
+}
+
+uint32_t SkinnyPlan::shared_bytes() const {
+  return static_cast<uint32_t>(stages * (kBM + n_tile) * kBK * 2);
+}
+
+std::vector<std::string> skinny_kernel_names() {
+  std::vector<std::string> names;
+  for (auto [n_tile, stages] : kVariants) names.push_back(SkinnyPlan{n_tile, stages, 1}.kernel());
+  return names;
+}
+
+SkinnyPlan skinny_plan(int64_t M, int64_t N, int64_t K) {
+  (void)M;  // every M <= 64 streams the same weights
+  SkinnyPlan p;
+  const int64_t tiles = (N + p.n_tile - 1) / p.n_tile;
+  const int64_t by_ctas = (kSkinnyTargetCtas + tiles - 1) / tiles;
+  const int64_t by_k = std::max<int64_t>(1, K / kSkinnyMinSplitK);
+  p.splits = static_cast<int>(std::clamp<int64_t>(std::min(by_ctas, by_k), 1, K / kBK));
+  return p;
+}
+
+std::string skinny_refusal(int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldy) {
+  if (M < 1 || M > kSkinnyMaxRows) return fmt::format("{} rows (1..{} taken)", M, kSkinnyMaxRows);
+  if (K < kBK || K % kBK) return fmt::format("K = {} (a multiple of {} taken)", K, kBK);
+  if (N < 8 || N % 8) return fmt::format("N = {} (a multiple of 8 taken)", N);
+  if (ldx < K || ldx % 8 || ldy < N || ldy % 8)
+    return fmt::format("leading dimensions {} (x) and {} (y): multiples of 8, at least K and N",
+                       ldx, ldy);
+  return {};
+}
+
+std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t N, int64_t K) {
+  (void)N;
+  if (std::find(std::begin(kVariants), std::end(kVariants),
+                std::pair{plan.n_tile, plan.stages}) == std::end(kVariants))
+    return fmt::format("no variant of {} columns and {} stages", plan.n_tile, plan.stages);
+  if (plan.splits < 1 || plan.splits > K / kBK)
+    return fmt::format("{} splits of K = {} (1..{})", plan.splits, K, K / kBK);
+  return {};
+}
+
+SkinnyGemm::SkinnyGemm(int device, DevicePool& pool)
+    : module_(device, "demo_skinny_gemm", skinny_gemm_source()), pool_(pool) {
+  for (const std::string& name : skinny_kernel_names()) module_.function(name);  // fail early
+}
+
+bool SkinnyGemm::fits(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor& y) const {
+  if (!same_dtype(x.dtype(), kBF16) || !same_dtype(w.dtype(), kBF16) ||
+      !same_dtype(y.dtype(), kBF16) || w.ndim() != 2 || x.ndim() < 1 || y.ndim() < 1)
+    return false;
+  if (x.device() != module_.device() || w.device() != x.device() || y.device() != x.device())
+    return false;
+  const int64_t N = w.dim(0), K = w.dim(1);
+  if (x.dim(x.ndim() - 1) != K || y.dim(y.ndim() - 1) != N) return false;
+  const int64_t M = x.numel() / K;
+  return y.numel() == M * N && skinny_refusal(M, N, K, K, N).empty();
+}
+
+SkinnyGemm::Workspace& SkinnyGemm::workspace(DeviceStream& stream, int64_t acc_floats,
+                                             int64_t tiles) {
+  Workspace& ws = workspaces_[stream.handle()];
+  if (ws.acc.numel() < acc_floats || ws.counters.numel() < tiles) {
+    // The old slabs may still be in use by a launch on this stream: let it finish first.
+    stream.synchronize();
+    ws.acc = DeviceTensor(pool_, {std::max(acc_floats, ws.acc.numel())}, kF32);
+    ws.counters = DeviceTensor(pool_, {std::max(tiles, ws.counters.numel())}, kI32);
+    ws.acc.zero(stream);
+    ws.counters.zero(stream);
+  }
+  return ws;
+}
+
+void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                     const DeviceTensor* bias, DeviceTensor& y) {
+  if (!fits(x, w, y))
+    invalid(fmt::format("x {}, w {}, y {}: {}", x.describe(), w.describe(), y.describe(),
+                        w.ndim() == 2 && w.dim(1) > 0
+                            ? skinny_refusal(x.numel() / w.dim(1), w.dim(0), w.dim(1), w.dim(1),
+                                             w.dim(0))
+                            : "w is not [N, K]"));
+  run(stream, x, w, bias, y, skinny_plan(x.numel() / w.dim(1), w.dim(0), w.dim(1)));
+}
+
+void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                     const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan) {
+  if (!fits(x, w, y))
+    invalid(fmt::format("x {}, w {}, y {} (bf16 [M <= {}, K], [N, K], [M, N] on device {})",
+                        x.describe(), w.describe(), y.describe(), kSkinnyMaxRows,
+                        module_.device()));
+  int N = static_cast<int>(w.dim(0)), K = static_cast<int>(w.dim(1));
+  int M = static_cast<int>(x.numel() / K);
+  if (std::string why = skinny_plan_refusal(plan, N, K); !why.empty()) invalid(why);
+  if (bias && (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N ||
+               bias->device() != x.device()))
+    invalid(fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N));
+  const int64_t tiles = (N + plan.n_tile - 1) / plan.n_tile;
+  void* acc = nullptr;
+  void* counters = nullptr;
+  if (plan.splits > 1) {
+    Workspace& ws = workspace(stream, tiles * kBM * plan.n_tile, tiles);
+    acc = ws.acc.data();
+    counters = ws.counters.data();
+  }
+  const void *xp = x.data(), *wp = w.data(), *bp = bias ? bias->data() : nullptr;
+  void* yp = y.data();
+  long long ldx = K, ldy = N;
+  void* args[] = {&xp, &ldx, &wp, &bp, &yp, &ldy, &M, &N, &K, &acc, &counters};
+  kh_launch_cfg_t cfg =
+      launch_cfg(module_.device(),
+                 {static_cast<uint32_t>(tiles), static_cast<uint32_t>(plan.splits), 1},
+                 {kThreads, 1, 1}, plan.shared_bytes());
+  cfg.flags = KH_LAUNCH_PDL;
+  launch(module_.function(plan.kernel()), cfg, args, stream);
+}
+
+}  // namespace kh::demo

@@ -1,0 +1,199 @@
+// The GPU-resident runtime's GEMM for a few rows (skinny_gemm.h): y[M, N] = x[M, K] . W[N, K]^T
+// (+ bias[N]) in bfloat16 with fp32 accumulation, for M <= 64: a decode step's projections and LM
+// head, which read a weight matrix once for a handful of tokens and so are bound by how fast the
+// weights stream in, not by arithmetic. Compiled at run time through the device API like
+// device_kernels.cu; the build inlines the prelude, mma.cuh and pdl.cuh.
+//
+// A CTA owns BN = 32 * NT output columns (W rows) and all M rows, for its share of K (blockIdx.y
+// of gridDim.y splits). Four warps each own 8 * NT columns; the x and W tiles of 64 k-values
+// stream through STAGES shared-memory stages (cp.async, swizzled), fragments come by ldmatrix
+// and the products by mma.sync m16n8k16.
+//
+// Launched with programmatic dependent launch: the weights (which no earlier kernel of the step
+// writes) of the first stages are requested before griddepcontrol.wait, so their latency hides
+// under the previous kernel's tail; x, the workspace and y only after it.
+//
+// Split K (gridDim.y > 1): every split adds its fp32 tile into the tile's [64, BN] slab of
+// `acc` with vector reductions; the split that arrives last (a counter per tile) adds the bias,
+// writes y in bf16 and leaves the slab at zero and the counter at 0 for the next call, so the
+// workspace needs zeroing once, when it is allocated.
+#include "kh_prelude.cuh"
+#include "mma.cuh"
+#include "pdl.cuh"
+
+#define KH_GLOBAL extern "C" __global__
+
+namespace {
+
+constexpr int kBM = 64;       // rows of x a CTA covers (M <= kBM)
+constexpr int kBK = 64;       // k-values per stage
+constexpr int kThreads = 128;  // four warps
+constexpr int kChunks = kBK / 8;  // 16-byte chunks per tile row
+
+KH_DEV void red_add2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
+}
+
+// Four floats from L2 (the slab's reductions happen there; this CTA never cached it in L1).
+KH_DEV void load4_cg(const float* p, float (&v)[4]) {
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+               : "l"(p));
+}
+
+KH_DEV float bias_at(const kh_bf16* bias, int n) {
+  return bias ? kh_to_float(bias[n]) : 0.f;
+}
+
+template <int NT, int STAGES>
+KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_bf16* __restrict__ w,
+                        const kh_bf16* __restrict__ bias, kh_bf16* __restrict__ y, long long ldy,
+                        int M, int N, int K, float* __restrict__ acc_ws, int* __restrict__ counters) {
+  constexpr int BN = 4 * 8 * NT;
+  constexpr kh_u32 kATile = kBM * kBK * 2, kBTile = BN * kBK * 2;
+  // Dynamic shared memory only: a static variable beside it would push a 48 KiB plan past the
+  // default limit that the loader opts out of only above 48 KiB of dynamic memory.
+  extern __shared__ __align__(128) unsigned char smem[];
+  const kh_u32 a_base = kh_smem_addr(smem), b_base = a_base + STAGES * kATile;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int n0 = tile * BN;
+  const int chunks = K / kBK;
+  const int c0 = (int)((long long)chunks * split / splits);
+  const int nc = (int)((long long)chunks * (split + 1) / splits) - c0;
+  const kh_bf16* wt = w + (long long)n0 * K + (long long)c0 * kBK;
+  const kh_bf16* xt = x + (long long)c0 * kBK;
+  const int m_tiles = (M + 15) / 16;
+
+  // The weights of the first stages before the wait; each stage's commit group then holds its
+  // x tile (and, for stage 0, these weights).
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s)
+    if (s < nc) kh_load_tile<BN, kBK, kThreads>(b_base + s * kBTile, wt + s * kBK, K, 0, N - n0, tid);
+  kh_pdl_wait();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nc) kh_load_tile<kBM, kBK, kThreads>(a_base + s * kATile, xt + s * kBK, ldx, 0, M, tid);
+    kh_cp_async_commit();
+  }
+
+  float acc[4][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+
+  for (int c = 0; c < nc; ++c) {
+    kh_cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage c landed for every thread; every warp is done with stage c - 1
+    const int next = c + STAGES - 1;
+    if (next < nc) {
+      const int slot = next % STAGES;
+      kh_load_tile<BN, kBK, kThreads>(b_base + slot * kBTile, wt + next * kBK, K, 0, N - n0, tid);
+      kh_load_tile<kBM, kBK, kThreads>(a_base + slot * kATile, xt + next * kBK, ldx, 0, M, tid);
+    }
+    kh_cp_async_commit();
+    const int slot = c % STAGES;
+    const kh_u32 a_tile = a_base + slot * kATile, b_tile = b_base + slot * kBTile;
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      // W rows [warp * 8 * NT, +8 * NT) of the tile: b[2 nt] and b[2 nt + 1] are n-tile nt's
+      // k 0-7 and 8-15.
+      kh_u32 b[2 * NT];
+      if constexpr (NT == 2) {
+        const int mi = lane >> 3;
+        kh_u32 r[4];
+        kh_ldsm_x4(b_tile + kh_swz<kChunks>(warp * 16 + (mi >> 1) * 8 + (lane & 7),
+                                            kk * 2 + (mi & 1)),
+                   r);
+        b[0] = r[0];
+        b[1] = r[1];
+        b[2] = r[2];
+        b[3] = r[3];
+      } else {
+        kh_u32 r[2];
+        kh_ldsm_x2(b_tile + kh_swz<kChunks>(warp * 8 + (lane & 7), kk * 2 + ((lane >> 3) & 1)), r);
+        b[0] = r[0];
+        b[1] = r[1];
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        if (mt >= m_tiles) break;  // rows past M: zeros, skipped
+        kh_u32 a[4];
+        kh_ldsm_x4(a_tile + kh_swz<kChunks>(mt * 16 + (lane & 15), kk * 2 + (lane >> 4)), a);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) kh_mma16816<kh_bf16>(acc[mt][nt], a, b[2 * nt], b[2 * nt + 1]);
+      }
+    }
+  }
+  kh_cp_async_wait<0>();
+  // The next kernel may start its own weight loads now; its wait still covers this grid.
+  kh_pdl_launch_dependents();
+
+  // acc[mt][nt]: rows mt * 16 + lane / 4 (+ 8 for [2], [3]), columns n-tile nt's (lane % 4) * 2
+  // and + 1 of this warp's; each pair once, with its row and tile column, for rows below M.
+  const int col = warp * 8 * NT + (lane & 3) * 2;
+  auto for_each_pair = [&](auto&& f) {
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int m = mt * 16 + (lane >> 2) + half * 8;
+          if (m < M) f(m, col + nt * 8, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+        }
+  };
+  if (splits == 1) {
+    for_each_pair([&](int m, int nl, float v0, float v1) {
+      const int n = n0 + nl;
+      if (n < N)
+        *reinterpret_cast<kh_u32*>(y + (long long)m * ldy + n) =
+            kh_pack2<kh_bf16>(v0 + bias_at(bias, n), v1 + bias_at(bias, n + 1));
+    });
+    return;
+  }
+  float* slab = acc_ws + (long long)tile * kBM * BN;
+  for_each_pair([&](int m, int nl, float v0, float v1) { red_add2(slab + m * BN + nl, v0, v1); });
+  __threadfence();  // this thread's reductions before the counter (the CUDA guide's pattern)
+  __syncthreads();  // every warp is past its last ldmatrix: the stages' memory is free
+  int* last_split = reinterpret_cast<int*>(smem);
+  if (tid == 0) *last_split = atomicAdd(counters + tile, 1) == splits - 1;
+  __syncthreads();
+  if (!*last_split) return;
+  __threadfence();
+  for (int i = tid; i < M * (BN / 4); i += kThreads) {
+    const int m = i / (BN / 4), nl = (i % (BN / 4)) * 4, n = n0 + nl;
+    float* p = slab + m * BN + nl;
+    float v[4];
+    load4_cg(p, v);
+    p[0] = p[1] = p[2] = p[3] = 0.f;
+    if (n >= N) continue;
+    kh_u32* out = reinterpret_cast<kh_u32*>(y + (long long)m * ldy + n);
+    out[0] = kh_pack2<kh_bf16>(v[0] + bias_at(bias, n), v[1] + bias_at(bias, n + 1));
+    out[1] = kh_pack2<kh_bf16>(v[2] + bias_at(bias, n + 2), v[3] + bias_at(bias, n + 3));
+  }
+  if (tid == 0) counters[tile] = 0;
+}
+
+}  // namespace
+
+// The variants (skinny_gemm.h names them): 32 * NT columns a CTA, STAGES stages.
+#define KH_SKINNY(NT, STAGES)                                                                 \
+  KH_GLOBAL void __launch_bounds__(kThreads) kh_skinny_gemm_n##NT##_s##STAGES(               \
+      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y,    \
+      long long ldy, int M, int N, int K, float* acc, int* counters) {                        \
+    skinny_gemm<NT, STAGES>(x, ldx, w, bias, y, ldy, M, N, K, acc, counters);                 \
+  }
+KH_SKINNY(1, 4)
+KH_SKINNY(1, 6)
+KH_SKINNY(2, 3)
+KH_SKINNY(2, 4)
+KH_SKINNY(2, 6)

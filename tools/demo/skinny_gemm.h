@@ -1,0 +1,82 @@
+// The GPU-resident runtime's GEMM for a few rows (skinny_gemm.cu): y[M, N] = x[M, K] . W[N, K]^T
+// (+ bias) in bfloat16 with fp32 accumulation, for M <= 64 rows — a decode step's projections
+// and LM head. cuBLASLt's kernels take 4-7 us for the 4-13 MB weights of a Qwen3-0.6B decode
+// layer at M = 64 (0.5-2.3 TB/s: too few CTAs for N = 1024 and nothing that overlaps the
+// previous kernel); this one splits K over enough CTAs to keep the weights streaming and starts
+// loading them while the previous kernel finishes (programmatic dependent launch).
+//
+// The plan (tile width, stages, splits of K) is a pure function, tested on the CPU; the kernels
+// are compiled at run time through the device API (NVRTC, JIT cached) like the runtime's others.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernel_hub/kernel_hub.hpp"
+#include "tools/demo/device_tensor.h"
+
+namespace kh::demo {
+
+inline constexpr int64_t kSkinnyMaxRows = 64;
+
+struct SkinnyPlan {
+  int n_tile = 64;  // output columns a CTA owns: 32 or 64
+  int stages = 4;   // shared-memory stages of 64 k-values: 3, 4 or 6 (n_tile 32: 4 or 6)
+  int splits = 1;   // CTAs that share one tile's K (1 .. K / 64)
+  // The kernel's name and its dynamic shared memory.
+  std::string kernel() const;
+  uint32_t shared_bytes() const;
+  bool operator==(const SkinnyPlan&) const = default;
+};
+
+// The default plan for M x N x K: 64-column tiles, 4 stages, and K split so that the grid has
+// about kSkinnyTargetCtas CTAs with at least kSkinnyMinSplitK k-values each (fewer values per
+// split would make the fp32 reductions of the partial tiles weigh as much as the weights).
+inline constexpr int64_t kSkinnyTargetCtas = 256;
+inline constexpr int64_t kSkinnyMinSplitK = 512;
+SkinnyPlan skinny_plan(int64_t M, int64_t N, int64_t K);
+
+// Whether the kernels take y[M, N] = x[M, K] . W^T with these shapes and leading dimensions
+// (elements): 1 <= M <= 64, K a multiple of 64, N a multiple of 8, ldx and ldy multiples of 8
+// (16-byte rows). Empty when they do, else why not (for messages).
+std::string skinny_refusal(int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldy);
+// Whether `plan` is one of the compiled variants and fits the problem; empty when it does.
+std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t N, int64_t K);
+
+// The source NVRTC compiles and its kernels' names (for tests).
+const char* skinny_gemm_source();
+std::vector<std::string> skinny_kernel_names();
+
+class SkinnyGemm {
+ public:
+  // Compiles (or finds in the JIT cache) the kernels for `device`; the split-K workspace comes
+  // from `pool`, per stream (GEMMs on two streams may run at once).
+  SkinnyGemm(int device, DevicePool& pool);
+
+  // Whether run() takes these tensors: bf16 x [.., K] (rows M = numel / K), w [N, K], y [.., N]
+  // with M rows, all contiguous on this device, and skinny_refusal() empty.
+  bool fits(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor& y) const;
+
+  // y = x . w^T (+ bias [N], bf16), ordered on `stream`, launched with PDL. Throws kh::Error
+  // kInvalidInput when !fits() or the plan does not fit. Allocates the stream's workspace the
+  // first time a split plan needs more than it has: run once outside a CUDA-graph capture first.
+  void run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+           const DeviceTensor* bias, DeviceTensor& y);
+  void run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+           const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan);
+
+ private:
+  struct Workspace {
+    DeviceTensor acc;       // fp32 [tiles, 64, n_tile] slabs, zero between calls
+    DeviceTensor counters;  // int32 [tiles], zero between calls
+  };
+  Workspace& workspace(DeviceStream& stream, int64_t acc_floats, int64_t tiles);
+
+  DeviceModule module_;
+  DevicePool& pool_;
+  std::map<const void*, Workspace> workspaces_;  // by stream handle
+};
+
+}  // namespace kh::demo
