@@ -706,8 +706,7 @@ GcResult Store::gc(const GcOptions& options) {
   sweep_unreachable();
   if (options.max_size) {
     // LRU: drop the least recently used ref, sweep what only it needed, until small enough.
-    while (kept_size() > *options.max_size && !refs.empty() &&
-           past_grace(refs.front().last_used)) {
+    while (kept_size() > *options.max_size && !refs.empty() && past_grace(refs.front().last_used)) {
       drop_ref(std::move(refs.front()));
       refs.erase(refs.begin());
       sweep_unreachable();

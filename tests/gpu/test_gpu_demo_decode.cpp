@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernel_hub/kernel_hub.hpp"
+#include "tests/gpu/gpu_device.h"
 #include "tools/demo/device_decode.h"
 #include "tools/demo/device_model.h"
 #include "tools/demo/fallback_ops.h"
@@ -78,11 +79,8 @@ std::vector<int64_t> prefix(const std::vector<int64_t>& all, int batch, int tota
 class GpuDemoDecode : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    int32_t n = 0;
-    if (kh_device_count(&n) != KH_OK || n < 1) {
-      skip_ = new std::string(kh_last_error());
-      return;
-    }
+    skip_ = gpu_test::no_cuda_device();
+    if (skip_) return;
     runtime_ = new Runtime();
     slots_ = new DemoSlots(add_demo_slots(*runtime_));
     add_decode_slots(*runtime_);

@@ -26,6 +26,7 @@
 #include "hub/base/error.h"
 #include "kernel_hub/kernel_hub.hpp"
 #include "kernels/common/kh_prelude.cuh"
+#include "tests/gpu/gpu_device.h"
 #include "tools/demo/device_kernels.h"
 #include "tools/demo/device_linear.h"
 #include "tools/demo/device_model.h"
@@ -101,11 +102,8 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 class GpuDemoDevice : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    int32_t n = 0;
-    if (kh_device_count(&n) != KH_OK || n < 1) {
-      skip_ = new std::string(kh_last_error());
-      return;
-    }
+    skip_ = gpu_test::no_cuda_device();
+    if (skip_) return;
     try {
       kernels_ = new DeviceKernels(0);
     } catch (const Error& e) {

@@ -17,6 +17,7 @@
 
 #include "kernel_hub/kernel_hub.hpp"
 #include "kernels/common/kh_prelude.cuh"
+#include "tests/gpu/gpu_device.h"
 #include "tools/demo/device_tensor.h"
 #include "tools/demo/skinny_gemm.h"
 
@@ -42,11 +43,8 @@ struct Problem {
 class GpuSkinnyGemm : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    int32_t n = 0;
-    if (kh_device_count(&n) != KH_OK || n < 1) {
-      skip_ = new std::string(kh_last_error());
-      return;
-    }
+    skip_ = gpu_test::no_cuda_device();
+    if (skip_) return;
     pool_ = new DevicePool(0);
     stream_ = new DeviceStream(0);
     gemm_ = new SkinnyGemm(0, *pool_);
@@ -122,9 +120,9 @@ SkinnyGemm* GpuSkinnyGemm::gemm_ = nullptr;
 
 TEST_F(GpuSkinnyGemm, MatchesAFloat64ReferenceForEveryVariantAndSplit) {
   std::mt19937 rng(20261201);
-  const Problem problems[] = {{1, 8, 64, false},     {5, 72, 128, true},   {16, 1000, 448, false},
-                              {33, 136, 1024, true}, {64, 1024, 3072, false}, {64, 4096, 1024, true}};
-  const std::pair<int, int> variants[] = {{32, 4}, {32, 6}, {64, 3}, {64, 4}, {64, 6}};
+  const Problem problems[] = {{1, 8, 64, false},       {5, 72, 128, true},
+                              {16, 1000, 448, false},  {33, 136, 1024, true},
+                              {64, 1024, 3072, false}, {64, 4096, 1024, true}};
   for (const Problem& p : problems) {
     Operands o = make(p, rng);
     const std::string shape = std::to_string(p.M) + "x" + std::to_string(p.N) + "x" +
@@ -134,10 +132,10 @@ TEST_F(GpuSkinnyGemm, MatchesAFloat64ReferenceForEveryVariantAndSplit) {
     std::vector<int> splits_list = {1};
     for (int64_t s : {int64_t{2}, std::min<int64_t>(p.K / 64, 7)})
       if (s <= p.K / 64 && s != splits_list.back()) splits_list.push_back(static_cast<int>(s));
-    for (auto [n_tile, stages] : variants)
+    for (SkinnyPlan plan : skinny_variants())
       for (int splits : splits_list) {
         poison(o);
-        const SkinnyPlan plan{n_tile, stages, splits};
+        plan.splits = splits;
         gemm_->run(*stream_, o.dx, o.dw, p.bias ? &o.dbias : nullptr, o.dy, plan);
         expect_matches(p, o, *stream_,
                        shape + ", " + plan.kernel() + ", " + std::to_string(splits) + " splits");

@@ -20,8 +20,8 @@ TEST(SkinnyGemm, SourceCompilesForAmpereAndHopperWithEveryVariantAndNoSpills) {
     SCOPED_TRACE(sm);
     kernels_test::expect_source_compiles_without_spills(src, "skinny_gemm.cu", sm);
     const kernels_test::Nvrtc::Output out = kernels_test::Nvrtc::get().compile_source(
-        src, "skinny_gemm.cu", {std::string("--gpu-architecture=") + sm, "-default-device",
-                                "--std=c++17"});
+        src, "skinny_gemm.cu",
+        {std::string("--gpu-architecture=") + sm, "-default-device", "--std=c++17"});
     ASSERT_TRUE(out.ok) << out.log;
     for (const std::string& name : skinny_kernel_names())
       EXPECT_NE(out.cubin.find(name + '\0'), std::string::npos) << sm << " lacks " << name;
@@ -44,7 +44,7 @@ TEST(SkinnyGemm, PlanSplitsKUntilTheGridIsFullOrTheSplitsShort) {
   EXPECT_EQ(skinny_plan(1, 4096, 1024), skinny_plan(64, 4096, 1024));
   EXPECT_EQ(skinny_plan(64, 64, 448).splits, 1);
   for (const SkinnyPlan& p : {skinny_plan(64, 4096, 1024), skinny_plan(1, 1024, 3072)}) {
-    EXPECT_EQ(skinny_plan_refusal(p, 4096, 3072), "");
+    EXPECT_EQ(skinny_plan_refusal(p, 3072), "");
     EXPECT_EQ(p.shared_bytes(), 4u * (64 + 64) * 64 * 2);  // 64 KiB: 3 CTAs an SM on Hopper
   }
 }
@@ -61,12 +61,12 @@ TEST(SkinnyGemm, RefusalsSayWhatIsTaken) {
             std::string::npos);
   EXPECT_NE(skinny_refusal(8, 4096, 1024, 1028, 4096).find("leading dimensions 1028"),
             std::string::npos);
-  EXPECT_NE(skinny_plan_refusal({48, 4, 1}, 4096, 1024).find("no variant of 48 columns"),
+  EXPECT_NE(skinny_plan_refusal({48, 4, 1}, 1024).find("no variant of 48 columns"),
             std::string::npos);
-  EXPECT_NE(skinny_plan_refusal({64, 5, 1}, 4096, 1024).find("and 5 stages"), std::string::npos);
-  EXPECT_NE(skinny_plan_refusal({64, 4, 17}, 4096, 1024).find("17 splits of K = 1024 (1..16)"),
+  EXPECT_NE(skinny_plan_refusal({64, 5, 1}, 1024).find("and 5 stages"), std::string::npos);
+  EXPECT_NE(skinny_plan_refusal({64, 4, 17}, 1024).find("17 splits of K = 1024 (1..16)"),
             std::string::npos);
-  EXPECT_NE(skinny_plan_refusal({64, 4, 0}, 4096, 1024), "");
+  EXPECT_NE(skinny_plan_refusal({64, 4, 0}, 1024), "");
   EXPECT_EQ((SkinnyPlan{32, 6, 1}).kernel(), "kh_skinny_gemm_n1_s6");
 }
 

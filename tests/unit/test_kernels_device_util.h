@@ -35,8 +35,7 @@ inline void expect_source_compiles_without_spills(
   EXPECT_EQ(src.find("#include"), std::string::npos) << name << " still has an #include";
   Nvrtc::Output out = Nvrtc::get().compile_source(
       src, name,
-      {"--gpu-architecture=" + sm, "-default-device", "--std=c++17",
-       "--ptxas-options=--verbose"});
+      {"--gpu-architecture=" + sm, "-default-device", "--std=c++17", "--ptxas-options=--verbose"});
   ASSERT_TRUE(out.ok) << name << " for " << sm << ":\n" << out.log;
   EXPECT_FALSE(out.cubin.empty());
   EXPECT_EQ(out.log.find("warning"), std::string::npos) << out.log;
@@ -51,7 +50,8 @@ inline void expect_source_compiles_without_spills(
     const std::string kernel = (*it)[1].str();
     auto allowed = allowed_spills.find(kernel);
     const int limit = allowed == allowed_spills.end() ? 0 : allowed->second;
-    EXPECT_LE(std::stoi((*it)[3].str()), limit) << name << " " << sm << " spills: " << (*it)[0].str();
+    EXPECT_LE(std::stoi((*it)[3].str()), limit)
+        << name << " " << sm << " spills: " << (*it)[0].str();
     EXPECT_LE(std::stoi((*it)[4].str()), limit + 32)
         << name << " " << sm << " spills: " << (*it)[0].str();
   }

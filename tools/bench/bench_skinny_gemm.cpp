@@ -39,13 +39,20 @@ struct Shape {
 // q/k/v (one weight), o, gate/up (one weight), down and the LM head of the models the runtime
 // targets, by hidden size.
 const Shape kShapes[] = {
-    {"qwen3-0.6b qkv", 4096, 1024},       {"qwen3-0.6b o", 1024, 2048},
-    {"qwen3-0.6b gate_up", 6144, 1024},   {"qwen3-0.6b down", 1024, 3072},
-    {"qwen3-0.6b lm_head", 151936, 1024}, {"gpt-oss h2880 qkv", 5120, 2880},
-    {"gpt-oss h2880 o", 2880, 4096},      {"llama-3-8b qkv", 6144, 4096},
-    {"llama-3-8b o", 4096, 4096},         {"llama-3-8b gate_up", 28672, 4096},
-    {"llama-3-8b down", 4096, 14336},     {"qwen2.5-32b h5120 qkv", 7168, 5120},
-    {"qwen2.5-32b h5120 down", 5120, 25600}, {"llama-3-70b h8192 qkv", 10240, 8192},
+    {"qwen3-0.6b qkv", 4096, 1024},
+    {"qwen3-0.6b o", 1024, 2048},
+    {"qwen3-0.6b gate_up", 6144, 1024},
+    {"qwen3-0.6b down", 1024, 3072},
+    {"qwen3-0.6b lm_head", 151936, 1024},
+    {"gpt-oss h2880 qkv", 5120, 2880},
+    {"gpt-oss h2880 o", 2880, 4096},
+    {"llama-3-8b qkv", 6144, 4096},
+    {"llama-3-8b o", 4096, 4096},
+    {"llama-3-8b gate_up", 28672, 4096},
+    {"llama-3-8b down", 4096, 14336},
+    {"qwen2.5-32b h5120 qkv", 7168, 5120},
+    {"qwen2.5-32b h5120 down", 5120, 25600},
+    {"llama-3-70b h8192 qkv", 10240, 8192},
     {"llama-3-70b h8192 o", 8192, 8192},
 };
 
@@ -131,8 +138,9 @@ int main(int argc, char** argv) {
     DeviceStream s(0);
     SkinnyGemm skinny(0, pool);
     std::mt19937 rng(1);
-    fmt::print("| GEMM | M | N x K | cuBLASLt us | TB/s | skinny us | TB/s | vs cuBLASLt | plan | "
-               "max diff |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    fmt::print(
+        "| GEMM | M | N x K | cuBLASLt us | TB/s | skinny us | TB/s | vs cuBLASLt | plan | "
+        "max diff |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (const Shape& sh : kShapes) {
       if (!only.empty() && std::string(sh.name).find(only) == std::string::npos) continue;
       const double w_bytes = static_cast<double>(sh.N * sh.K * 2);
@@ -155,22 +163,22 @@ int main(int argc, char** argv) {
         const SkinnyPlan plan = skinny_plan(M, sh.N, sh.K);
         std::vector<SkinnyPlan> plans = {plan};
         if (sweep)
-          for (const std::string& name : skinny_kernel_names())
+          for (SkinnyPlan p : skinny_variants())
             for (int splits : {1, 2, 4, 8}) {
-              SkinnyPlan p{name.find("_n1_") != std::string::npos ? 32 : 64,
-                           name.back() - '0', splits};
-              if (skinny_plan_refusal(p, sh.N, sh.K).empty() && !(p == plan)) plans.push_back(p);
+              p.splits = splits;
+              if (skinny_plan_refusal(p, sh.K).empty() && !(p == plan)) plans.push_back(p);
             }
         for (const SkinnyPlan& p : plans) {
-          const double us = graph_us(s, copies, reps,
-                                     [&](size_t c) { skinny.run(s, x, w[c], nullptr, y, p); });
+          const double us =
+              graph_us(s, copies, reps, [&](size_t c) { skinny.run(s, x, w[c], nullptr, y, p); });
           // Both results from the last copy.
           const double diff = max_rel_diff(s, y, y_ref);
-          fmt::print("| {}{} | {} | {} x {} | {:.1f} | {:.2f} | {:.1f} | {:.2f} | {:.2f}x | {} x {} "
-                     "splits | {:.1e} |\n",
-                     sh.name, &p == &plans.front() ? "" : " (sweep)", M, sh.N, sh.K, cublas,
-                     bytes / (cublas * 1e-6) / 1e12, us, bytes / (us * 1e-6) / 1e12, cublas / us,
-                     p.kernel().substr(15), p.splits, diff);
+          fmt::print(
+              "| {}{} | {} | {} x {} | {:.1f} | {:.2f} | {:.1f} | {:.2f} | {:.2f}x | {} x {} "
+              "splits | {:.1e} |\n",
+              sh.name, &p == &plans.front() ? "" : " (sweep)", M, sh.N, sh.K, cublas,
+              bytes / (cublas * 1e-6) / 1e12, us, bytes / (us * 1e-6) / 1e12, cublas / us,
+              p.kernel().substr(15), p.splits, diff);
         }
       }
     }

@@ -190,7 +190,6 @@ struct DeviceCausalLM::DecodeState {
   DeviceEvent halves_fork, halves_joined;
   DeviceEvent attended[2];
   DecodeOverlap overlap_mode = DecodeOverlap::kOff;
-  bool overlap = false;        // the prefilled batch's steps run as two halves
   Runtime* runtime = nullptr;  // the model's runtime, for set_capturing
   std::optional<DecodeSlots> slots;
   bool package = false;  // PagedKVAppend and PagedAttention bound: a bfloat16 cache
@@ -215,6 +214,8 @@ struct DeviceCausalLM::DecodeState {
   int decode_steps = 0;
 
   DecodeRows rows(int64_t begin, int64_t count) const;
+  // Whether the prefilled batch's steps run as two halves.
+  bool overlapped() const { return overlap_mode == DecodeOverlap::kOn && batch >= 2; }
 };
 
 // The step's buffers for rows [begin, begin + count) of the batch: row views of DecodeState's
@@ -334,7 +335,7 @@ bool DeviceCausalLM::decode_uses_package() const {
 }
 
 bool DeviceCausalLM::decode_overlaps() const {
-  return decode_ && decode_->overlap;
+  return decode_ && decode_->overlapped();
 }
 
 void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits logits) {
@@ -391,7 +392,6 @@ void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits 
       }
     }
     d.buffers_batch = batch;
-    d.overlap = d.overlap_mode == DecodeOverlap::kOn && batch >= 2;
     stream_.synchronize();  // `table` is pageable and local
   }
   // The prompt's K/V are the last `len` tokens of seq_lens; the greedy step after the prompt
@@ -640,7 +640,7 @@ void DeviceCausalLM::decode_launch() {
   kernels_.embedding_forward(stream_, run(*emb_), d.tokens, d.h);
   d.fused_qkv = true;
   d.skinny_used = false;
-  if (d.overlap) {
+  if (d.overlapped()) {
     DecodeRows first = d.rows(0, B / 2), second = d.rows(B / 2, B - B / 2);
     first.done = second.after = &d.attended[0];
     second.done = &d.attended[1];

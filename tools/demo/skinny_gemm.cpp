@@ -31,9 +31,15 @@ uint32_t SkinnyPlan::shared_bytes() const {
   return static_cast<uint32_t>(stages * (kBM + n_tile) * kBK * 2);
 }
 
+std::vector<SkinnyPlan> skinny_variants() {
+  std::vector<SkinnyPlan> plans;
+  for (auto [n_tile, stages] : kVariants) plans.push_back({n_tile, stages, 1});
+  return plans;
+}
+
 std::vector<std::string> skinny_kernel_names() {
   std::vector<std::string> names;
-  for (auto [n_tile, stages] : kVariants) names.push_back(SkinnyPlan{n_tile, stages, 1}.kernel());
+  for (const SkinnyPlan& p : skinny_variants()) names.push_back(p.kernel());
   return names;
 }
 
@@ -57,10 +63,9 @@ std::string skinny_refusal(int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t
   return {};
 }
 
-std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t N, int64_t K) {
-  (void)N;
-  if (std::find(std::begin(kVariants), std::end(kVariants),
-                std::pair{plan.n_tile, plan.stages}) == std::end(kVariants))
+std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K) {
+  if (std::find(std::begin(kVariants), std::end(kVariants), std::pair{plan.n_tile, plan.stages}) ==
+      std::end(kVariants))
     return fmt::format("no variant of {} columns and {} stages", plan.n_tile, plan.stages);
   if (plan.splits < 1 || plan.splits > K / kBK)
     return fmt::format("{} splits of K = {} (1..{})", plan.splits, K, K / kBK);
@@ -72,16 +77,22 @@ SkinnyGemm::SkinnyGemm(int device, DevicePool& pool)
   for (const std::string& name : skinny_kernel_names()) module_.function(name);  // fail early
 }
 
-bool SkinnyGemm::fits(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor& y) const {
+std::string SkinnyGemm::refusal(const DeviceTensor& x, const DeviceTensor& w,
+                                const DeviceTensor& y) const {
+  const std::string tensors =
+      fmt::format("x {}, w {}, y {}: ", x.describe(), w.describe(), y.describe());
   if (!same_dtype(x.dtype(), kBF16) || !same_dtype(w.dtype(), kBF16) ||
-      !same_dtype(y.dtype(), kBF16) || w.ndim() != 2 || x.ndim() < 1 || y.ndim() < 1)
-    return false;
+      !same_dtype(y.dtype(), kBF16))
+    return tensors + "bfloat16 taken";
   if (x.device() != module_.device() || w.device() != x.device() || y.device() != x.device())
-    return false;
-  const int64_t N = w.dim(0), K = w.dim(1);
-  if (x.dim(x.ndim() - 1) != K || y.dim(y.ndim() - 1) != N) return false;
-  const int64_t M = x.numel() / K;
-  return y.numel() == M * N && skinny_refusal(M, N, K, K, N).empty();
+    return tensors + fmt::format("all on device {} taken", module_.device());
+  if (w.ndim() != 2 || w.dim(1) == 0 || x.ndim() < 1 || y.ndim() < 1 ||
+      x.dim(x.ndim() - 1) != w.dim(1) || y.dim(y.ndim() - 1) != w.dim(0))
+    return tensors + "x [M, K], w [N, K] and y [M, N] taken";
+  const int64_t N = w.dim(0), K = w.dim(1), M = x.numel() / K;
+  if (y.numel() != M * N) return tensors + fmt::format("y must have the {} rows of x", M);
+  const std::string why = skinny_refusal(M, N, K, K, N);
+  return why.empty() ? why : tensors + why;
 }
 
 SkinnyGemm::Workspace& SkinnyGemm::workspace(DeviceStream& stream, int64_t acc_floats,
@@ -100,26 +111,18 @@ SkinnyGemm::Workspace& SkinnyGemm::workspace(DeviceStream& stream, int64_t acc_f
 
 void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                      const DeviceTensor* bias, DeviceTensor& y) {
-  if (!fits(x, w, y))
-    invalid(fmt::format("x {}, w {}, y {}: {}", x.describe(), w.describe(), y.describe(),
-                        w.ndim() == 2 && w.dim(1) > 0
-                            ? skinny_refusal(x.numel() / w.dim(1), w.dim(0), w.dim(1), w.dim(1),
-                                             w.dim(0))
-                            : "w is not [N, K]"));
+  if (std::string why = refusal(x, w, y); !why.empty()) invalid(why);
   run(stream, x, w, bias, y, skinny_plan(x.numel() / w.dim(1), w.dim(0), w.dim(1)));
 }
 
 void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                      const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan) {
-  if (!fits(x, w, y))
-    invalid(fmt::format("x {}, w {}, y {} (bf16 [M <= {}, K], [N, K], [M, N] on device {})",
-                        x.describe(), w.describe(), y.describe(), kSkinnyMaxRows,
-                        module_.device()));
+  if (std::string why = refusal(x, w, y); !why.empty()) invalid(why);
   int N = static_cast<int>(w.dim(0)), K = static_cast<int>(w.dim(1));
   int M = static_cast<int>(x.numel() / K);
-  if (std::string why = skinny_plan_refusal(plan, N, K); !why.empty()) invalid(why);
-  if (bias && (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N ||
-               bias->device() != x.device()))
+  if (std::string why = skinny_plan_refusal(plan, K); !why.empty()) invalid(why);
+  if (bias &&
+      (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N || bias->device() != x.device()))
     invalid(fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N));
   const int64_t tiles = (N + plan.n_tile - 1) / plan.n_tile;
   void* acc = nullptr;
@@ -133,10 +136,9 @@ void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTe
   void* yp = y.data();
   long long ldx = K, ldy = N;
   void* args[] = {&xp, &ldx, &wp, &bp, &yp, &ldy, &M, &N, &K, &acc, &counters};
-  kh_launch_cfg_t cfg =
-      launch_cfg(module_.device(),
-                 {static_cast<uint32_t>(tiles), static_cast<uint32_t>(plan.splits), 1},
-                 {kThreads, 1, 1}, plan.shared_bytes());
+  kh_launch_cfg_t cfg = launch_cfg(
+      module_.device(), {static_cast<uint32_t>(tiles), static_cast<uint32_t>(plan.splits), 1},
+      {kThreads, 1, 1}, plan.shared_bytes());
   cfg.flags = KH_LAUNCH_PDL;
   launch(module_.function(plan.kernel()), cfg, args, stream);
 }

@@ -25,9 +25,9 @@
 
 namespace {
 
-constexpr int kBM = 64;       // rows of x a CTA covers (M <= kBM)
-constexpr int kBK = 64;       // k-values per stage
-constexpr int kThreads = 128;  // four warps
+constexpr int kBM = 64;           // rows of x a CTA covers (M <= kBM)
+constexpr int kBK = 64;           // k-values per stage
+constexpr int kThreads = 128;     // four warps
 constexpr int kChunks = kBK / 8;  // 16-byte chunks per tile row
 
 KH_DEV void red_add2(float* p, float a, float b) {
@@ -53,7 +53,8 @@ KH_DEV float bias_at(const kh_bf16* bias, int n) {
 template <int NT, int STAGES>
 KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_bf16* __restrict__ w,
                         const kh_bf16* __restrict__ bias, kh_bf16* __restrict__ y, long long ldy,
-                        int M, int N, int K, float* __restrict__ acc_ws, int* __restrict__ counters) {
+                        int M, int N, int K, float* __restrict__ acc_ws,
+                        int* __restrict__ counters) {
   constexpr int BN = 4 * 8 * NT;
   constexpr kh_u32 kATile = kBM * kBK * 2, kBTile = BN * kBK * 2;
   // Dynamic shared memory only: a static variable beside it would push a 48 KiB plan past the
@@ -74,7 +75,8 @@ KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_b
   // x tile (and, for stage 0, these weights).
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s)
-    if (s < nc) kh_load_tile<BN, kBK, kThreads>(b_base + s * kBTile, wt + s * kBK, K, 0, N - n0, tid);
+    if (s < nc)
+      kh_load_tile<BN, kBK, kThreads>(b_base + s * kBTile, wt + s * kBK, K, 0, N - n0, tid);
   kh_pdl_wait();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -110,9 +112,8 @@ KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_b
       if constexpr (NT == 2) {
         const int mi = lane >> 3;
         kh_u32 r[4];
-        kh_ldsm_x4(b_tile + kh_swz<kChunks>(warp * 16 + (mi >> 1) * 8 + (lane & 7),
-                                            kk * 2 + (mi & 1)),
-                   r);
+        kh_ldsm_x4(
+            b_tile + kh_swz<kChunks>(warp * 16 + (mi >> 1) * 8 + (lane & 7), kk * 2 + (mi & 1)), r);
         b[0] = r[0];
         b[1] = r[1];
         b[2] = r[2];
@@ -129,7 +130,8 @@ KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_b
         kh_u32 a[4];
         kh_ldsm_x4(a_tile + kh_swz<kChunks>(mt * 16 + (lane & 15), kk * 2 + (lane >> 4)), a);
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) kh_mma16816<kh_bf16>(acc[mt][nt], a, b[2 * nt], b[2 * nt + 1]);
+        for (int nt = 0; nt < NT; ++nt)
+          kh_mma16816<kh_bf16>(acc[mt][nt], a, b[2 * nt], b[2 * nt + 1]);
       }
     }
   }
@@ -186,11 +188,11 @@ KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_b
 }  // namespace
 
 // The variants (skinny_gemm.h names them): 32 * NT columns a CTA, STAGES stages.
-#define KH_SKINNY(NT, STAGES)                                                                 \
-  KH_GLOBAL void __launch_bounds__(kThreads) kh_skinny_gemm_n##NT##_s##STAGES(               \
-      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y,    \
-      long long ldy, int M, int N, int K, float* acc, int* counters) {                        \
-    skinny_gemm<NT, STAGES>(x, ldx, w, bias, y, ldy, M, N, K, acc, counters);                 \
+#define KH_SKINNY(NT, STAGES)                                                             \
+  KH_GLOBAL void __launch_bounds__(kThreads) kh_skinny_gemm_n##NT##_s##STAGES(            \
+      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y, \
+      long long ldy, int M, int N, int K, float* acc, int* counters) {                    \
+    skinny_gemm<NT, STAGES>(x, ldx, w, bias, y, ldy, M, N, K, acc, counters);             \
   }
 KH_SKINNY(1, 4)
 KH_SKINNY(1, 6)

@@ -42,11 +42,14 @@ SkinnyPlan skinny_plan(int64_t M, int64_t N, int64_t K);
 // (elements): 1 <= M <= 64, K a multiple of 64, N a multiple of 8, ldx and ldy multiples of 8
 // (16-byte rows). Empty when they do, else why not (for messages).
 std::string skinny_refusal(int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldy);
-// Whether `plan` is one of the compiled variants and fits the problem; empty when it does.
-std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t N, int64_t K);
+// Whether `plan` is one of the compiled variants and splits K = `K` at most K / 64 ways; empty
+// when it does.
+std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K);
 
-// The source NVRTC compiles and its kernels' names (for tests).
+// The source NVRTC compiles, its compiled variants (tile width and stages; splits 1) and their
+// kernels' names.
 const char* skinny_gemm_source();
+std::vector<SkinnyPlan> skinny_variants();
 std::vector<std::string> skinny_kernel_names();
 
 class SkinnyGemm {
@@ -56,8 +59,12 @@ class SkinnyGemm {
   SkinnyGemm(int device, DevicePool& pool);
 
   // Whether run() takes these tensors: bf16 x [.., K] (rows M = numel / K), w [N, K], y [.., N]
-  // with M rows, all contiguous on this device, and skinny_refusal() empty.
-  bool fits(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor& y) const;
+  // with M rows, all contiguous on this device, and skinny_refusal() empty. refusal() says why
+  // not (empty when it does).
+  bool fits(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor& y) const {
+    return refusal(x, w, y).empty();
+  }
+  std::string refusal(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor& y) const;
 
   // y = x . w^T (+ bias [N], bf16), ordered on `stream`, launched with PDL. Throws kh::Error
   // kInvalidInput when !fits() or the plan does not fit. Allocates the stream's workspace the

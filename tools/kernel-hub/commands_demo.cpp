@@ -45,8 +45,8 @@ struct DemoArgs {
   std::string dtype;  // empty: bf16 on a CUDA device, fp32 on the cpu
   bool profile = false;
   bool fallback = false;
-  int decode_batch = 0;    // 0: 64 for qwen3-0.6b and larger, 8 for tiny (demo::resolve_decode)
-  int decode_context = 0;  // 0: 2048 capped by --seq
+  int decode_batch = 0;        // 0: 64 for qwen3-0.6b and larger, 8 for tiny (demo::resolve_decode)
+  int decode_context = 0;      // 0: 2048 capped by --seq
   std::string decode_overlap;  // empty: off
   std::string decode_gemm;     // empty: cublaslt
 };
@@ -180,18 +180,20 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("demo: {} needs a CUDA device (the CPU model is fp32, unprofiled and "
                             "generates without a KV cache); use --device cuda:N",
-                            a.profile          ? "--profile"
-                            : a.decode_batch   ? "--decode-batch"
-                            : a.decode_context ? "--decode-context"
+                            a.profile                   ? "--profile"
+                            : a.decode_batch            ? "--decode-batch"
+                            : a.decode_context          ? "--decode-context"
                             : !a.decode_overlap.empty() ? "--decode-overlap"
                             : !a.decode_gemm.empty()    ? "--decode-gemm"
-                                               : "--dtype " + dtype));
+                                                        : "--dtype " + dtype));
   o.bf16 = dtype == "bf16";
   o.profile = a.profile;
   o.decode_batch = a.decode_batch;
   o.decode_context = a.decode_context;
-  o.decode_overlap = a.decode_overlap == "on" ? demo::DecodeOverlap::kOn : demo::DecodeOverlap::kOff;
-  o.decode_gemm = a.decode_gemm == "skinny" ? demo::DecodeGemm::kSkinny : demo::DecodeGemm::kCublasLt;
+  o.decode_overlap =
+      a.decode_overlap == "on" ? demo::DecodeOverlap::kOn : demo::DecodeOverlap::kOff;
+  o.decode_gemm =
+      a.decode_gemm == "skinny" ? demo::DecodeGemm::kSkinny : demo::DecodeGemm::kCublasLt;
   if (ordinal >= 0) {
     demo::resolve_decode(o);  // refuses a bad --decode-* before anything is fetched
     std::tie(o.peak_bandwidth, o.peak_bandwidth_source) = peak_bandwidth(ordinal);
