@@ -47,6 +47,30 @@ const DecodeCase kGpuDecodeCases[] = {
     {4, 4, 256, {777, 40}, 2, 2, 32, 100, true},             // window
 };
 
+// Context lengths min .. max over n sequences, most of them different: short ones leave splits
+// (and some warps of a unit) without a chunk.
+std::vector<int32_t> spread_lens(int n, int min, int max) {
+  std::vector<int32_t> lens;
+  for (int i = 0; i < n; ++i)
+    lens.push_back(min + static_cast<int32_t>((i * 7919L) % (max - min + 1)));
+  return lens;
+}
+
+// Decode batches of serving size: more CTAs (split x KV head x row group x sequence) than an
+// H200 holds at once, varied lengths (splits and warps with no chunk), several row groups.
+const DecodeCase kGpuDecodeServingCases[] = {
+    {16, 8, 128, spread_lens(64, 1, 1500), 1, 1, 16, -1, true},  // 3 splits: 1536 CTAs
+    {16, 8, 128, spread_lens(64, 1, 700), 1, 1, 64, -1, false},  // one split: 512 CTAs
+    {64, 2, 64, spread_lens(40, 3, 900), 3, 3, 64, 200, true},   // 6 row groups, a window
+};
+
+TEST_F(KernelsGpuAttention, PagedDecodeAtServingBatchesMatchesFloat64) {
+  Package pkg("attention");
+  GpuExecutor gpu;
+  attention_cases::run_cases(gpu, pkg, {kBF16}, kGpuDecodeServingCases,
+                             attention_cases::run_decode);
+}
+
 TEST_F(KernelsGpuAttention, ForwardMatchesFloat64) {
   Package pkg("attention");
   GpuExecutor gpu;
