@@ -12,8 +12,10 @@
 // memory at the end and written like attn_decode's (the output, or a split's partial state for
 // attn_decode_combine). NW = 4, ST = 2 (3 CTAs per SM) measured best on an H200 at batch 64,
 // 16/8 heads, 1920 tokens: 3.95-4.0 TB/s, 88% of a plain 16-byte read; deeper rings (fewer CTAs
-// per SM), 2 or 3 warps, 8 warps, a head-major page layout, unmasked full chunks and skipping
-// the rescale when no maximum grew were all as fast or slower (tools/bench/RESULTS.md).
+// per SM), 2 or 3 warps, 8 warps, a head-major page layout, unmasked full chunks, skipping the
+// rescale when no maximum grew and persistent CTAs walking several units each were all as fast
+// or slower (tools/bench/RESULTS.md). The merge is a fixed cost of every CTA: it writes only the
+// real rows, conflict-free, which took a decode step from 5.01 to 4.90 ms.
 #ifndef KH_ATTENTION_DECODE_TC_CUH_
 #define KH_ATTENTION_DECODE_TC_CUH_
 
@@ -50,6 +52,11 @@ KH_DEV void kh_load_paged_rows(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& 
     kh_cp_async16(k_tile + kh_swz<CH>(r, c), (const T*)kv.k + ko + c * 8, valid);
     kh_cp_async16(v_tile + kh_swz<CH>(r, c), (const T*)kv.v + vo + c * 8, valid);
   }
+}
+
+// Two floats into shared memory at `addr` (8-byte aligned), one 8-byte store.
+KH_DEV void kh_st_shared_f32x2(kh_u32 addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
 
 template <typename T, int D>
@@ -184,21 +191,26 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
     row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
   }
   __syncthreads();
-  float* s_o = reinterpret_cast<float*>(smem + TILE);  // [NW][16][D]
-  float* s_m = s_o + NW * 16 * D;                      // [NW][16]
+  // Rows of OS = D + 8 floats: each half-warp's 8-byte stores of (row r, columns c, c + 1) then
+  // fall in 16 different bank pairs (unpadded, the 8 rows of a store hit one bank: 8-way
+  // conflicts that made the merge about 2 us of every CTA's life).
+  constexpr int OS = D + 8;
+  float* s_o = reinterpret_cast<float*>(smem + TILE);  // [NW][16][OS]
+  float* s_m = s_o + NW * 16 * OS;                     // [NW][16]
   float* s_l = s_m + NW * 16;
+  static_assert(TILE + (NW * 16 * OS + 2 * NW * 16) * 4 <= (1 + 2 * NW * ST) * TILE,
+                "the merge fits in the stages");
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = (lane >> 2) + 8 * i;
+    if (rg * 16 + r >= rows_total) continue;  // a padding row: never read back
     if ((lane & 3) == 0) {
       s_m[warp * 16 + r] = row_max[i];
       s_l[warp * 16 + r] = row_sum[i];
     }
+    const kh_u32 row = sQ + TILE + ((warp * 16 + r) * OS + 2 * (lane & 3)) * 4;
 #pragma unroll
-    for (int t = 0; t < D / 8; ++t) {
-      s_o[(warp * 16 + r) * D + t * 8 + 2 * (lane & 3)] = o[t][2 * i];
-      s_o[(warp * 16 + r) * D + t * 8 + 2 * (lane & 3) + 1] = o[t][2 * i + 1];
-    }
+    for (int t = 0; t < D / 8; ++t) kh_st_shared_f32x2(row + t * 32, o[t][2 * i], o[t][2 * i + 1]);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < 16 * D; i += NW * 32) {
@@ -213,7 +225,7 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
     for (int w = 0; w < NW; ++w) {
       const float wt = kh_exp2(s_m[w * 16 + r] - M_use);
       L += s_l[w * 16 + r] * wt;
-      O += s_o[(w * 16 + r) * D + d] * wt;
+      O += s_o[(w * 16 + r) * OS + d] * wt;
     }
     kh_decode_store<T, D>(p, (kh_i64)b * p.q_tokens + gr / G, hk * G + gr % G, split, d, M, L, O);
   }
