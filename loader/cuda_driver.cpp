@@ -186,15 +186,30 @@ const DeviceInfo& device(int ordinal) {
   check(d.cuDeviceGetName(name, sizeof(name) - 1, info->handle),
         fmt::format("cuDeviceGetName(device {})", ordinal));
   info->name = name;
-  check(d.cuDeviceGetAttribute(&info->sm_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                               info->handle),
-        fmt::format("cuDeviceGetAttribute(compute capability major, device {})", ordinal));
-  check(d.cuDeviceGetAttribute(&info->sm_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                               info->handle),
-        fmt::format("cuDeviceGetAttribute(compute capability minor, device {})", ordinal));
-  check(d.cuDeviceGetAttribute(&info->multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                               info->handle),
-        fmt::format("cuDeviceGetAttribute(multiprocessor count, device {})", ordinal));
+  struct Attribute {
+    int* out;
+    CUdevice_attribute attribute;
+    const char* what;
+  };
+  const Attribute attributes[] = {
+      {&info->sm_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "compute capability major"},
+      {&info->sm_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "compute capability minor"},
+      {&info->multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "multiprocessor count"},
+      {&info->max_threads_per_multiprocessor, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+       "threads per multiprocessor"},
+      {&info->registers_per_multiprocessor, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR,
+       "registers per multiprocessor"},
+      {&info->shared_memory_per_multiprocessor,
+       CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+       "shared memory per multiprocessor"},
+      {&info->shared_memory_per_block_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+       "opt-in shared memory per block"},
+      {&info->shared_memory_reserved_per_block,
+       CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, "reserved shared memory per block"},
+  };
+  for (const Attribute& a : attributes)
+    check(d.cuDeviceGetAttribute(a.out, a.attribute, info->handle),
+          fmt::format("cuDeviceGetAttribute({}, device {})", a.what, ordinal));
   check(d.cuDeviceTotalMem(&info->total_memory, info->handle),
         fmt::format("cuDeviceTotalMem(device {})", ordinal));
   // The primary context coexists with runtime-API frameworks; retained once, never released.

@@ -57,6 +57,11 @@ constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE = 36;        
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37;  // bits
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39;
+constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81;
+constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR = 82;
+constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
+constexpr CUdevice_attribute CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK = 111;
 constexpr CUlibraryOption CU_LIBRARY_BINARY_IS_PRESERVED = 1;
 constexpr CUstreamCaptureStatus CU_STREAM_CAPTURE_STATUS_NONE = 0;
 constexpr CUstreamCaptureStatus CU_STREAM_CAPTURE_STATUS_ACTIVE = 1;
@@ -229,7 +234,13 @@ struct DeviceInfo {
   int sm_minor = 0;
   size_t total_memory = 0;  // bytes
   int multiprocessors = 0;
-  CUcontext primary_context = nullptr;  // retained once, never released
+  // What one multiprocessor holds (the device-info service, ABI 1.4, hands these to packages).
+  int max_threads_per_multiprocessor = 0;
+  int registers_per_multiprocessor = 0;
+  int shared_memory_per_multiprocessor = 0;  // bytes
+  int shared_memory_per_block_optin = 0;     // bytes
+  int shared_memory_reserved_per_block = 0;  // bytes
+  CUcontext primary_context = nullptr;       // retained once, never released
 };
 
 // Loads and initializes the driver on first use (std::call_once). Throws kh::Error

@@ -283,4 +283,24 @@ int32_t CudaDeviceBackend::launch(const PackageIdentity& package, void* fn,
   return launch_device_function(fn, cfg, args, stream, error);
 }
 
+int32_t CudaDeviceBackend::device_info(int32_t device_id, kh_device_info_t& out,
+                                       std::string& error) {
+  try {
+    const cuda::DeviceInfo& d = cuda::device(device_id);
+    out.sm_major = d.sm_major;
+    out.sm_minor = d.sm_minor;
+    out.multiprocessors = d.multiprocessors;
+    out.max_threads_per_multiprocessor = d.max_threads_per_multiprocessor;
+    out.registers_per_multiprocessor = d.registers_per_multiprocessor;
+    out.shared_memory_per_multiprocessor = d.shared_memory_per_multiprocessor;
+    out.shared_memory_per_block_optin = d.shared_memory_per_block_optin;
+    out.shared_memory_reserved_per_block = d.shared_memory_reserved_per_block;
+    out.total_memory = static_cast<int64_t>(d.total_memory);
+    return KH_OK;
+  } catch (const Error& e) {
+    error = fmt::format("CUDA device {}: {}", device_id, e.what());
+    return KH_ERR_NO_DEVICE;
+  }
+}
+
 }  // namespace kh

@@ -61,6 +61,8 @@ class CudaDeviceBackend final : public DeviceBackend {
                        void** fn, std::string& error) override;
   int32_t launch(const PackageIdentity& package, void* fn, const kh_launch_cfg_t& cfg, void** args,
                  void* stream, std::string& error) override;
+  // The driver's answers for the device (loader/cuda_driver.h: DeviceInfo, queried once).
+  int32_t device_info(int32_t device_id, kh_device_info_t& out, std::string& error) override;
 
   struct Entry;
   // A CUlibrary loaded once per cubin digest or JIT key and never unloaded (kernels may be in

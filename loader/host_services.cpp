@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "hub/base/log.h"
+#include "loader/device_info_service.h"
 #include "loader/gemm_service.h"
 #include "loader/launch_config.h"
 #include "loader/tensor_map_service.h"
@@ -111,6 +112,14 @@ int32_t host_tensor_map(void* ctx, const kh_tensor_map_t* req, void* map) {
   return status;
 }
 
+int32_t host_device_info(void* ctx, int32_t device_id, kh_device_info_t* info) {
+  auto* c = context_of(ctx);
+  std::string error;
+  int32_t status = query_device_info(device_id, info, error);
+  if (status != KH_OK) t_op_error = fmt::format("{}: device_info: {}", package_label(c), error);
+  return status;
+}
+
 }  // namespace
 
 void set_device_backend(DeviceBackend* backend) {
@@ -131,6 +140,7 @@ HostContext* make_host_context(PackageIdentity package) {
   c->table.launch = host_launch;
   c->table.gemm = host_gemm;
   c->table.tensor_map = host_tensor_map;
+  c->table.device_info = host_device_info;
   return c;
 }
 

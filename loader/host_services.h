@@ -43,6 +43,14 @@ class DeviceBackend {
   // ABI minor lacks are 0, cluster dims divide the grid, flags are known.
   virtual int32_t launch(const PackageIdentity& package, void* fn, const kh_launch_cfg_t& cfg,
                          void** args, void* stream, std::string& error) = 0;
+  // Fills `out` (zeroed, header set) for the device-info service (ABI 1.4,
+  // loader/device_info_service.h). The default knows no device: KH_ERR_NO_DEVICE.
+  virtual int32_t device_info(int32_t device_id, kh_device_info_t& out, std::string& error) {
+    (void)out;
+    error = "this device backend reports no device properties (CUDA device " +
+            std::to_string(device_id) + ")";
+    return KH_ERR_NO_DEVICE;
+  }
 };
 
 // Installs the process-wide device backend (not owned; it must outlive every op call). nullptr

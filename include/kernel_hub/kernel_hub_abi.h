@@ -51,7 +51,7 @@ extern "C" {
 #endif
 
 #define KH_ABI_MAJOR 1
-#define KH_ABI_MINOR 3
+#define KH_ABI_MINOR 4
 
 /* Status codes returned by ops and host services. */
 #define KH_OK 0
@@ -208,6 +208,28 @@ typedef struct kh_tensor_map_t {
                              swizzle, box[0] * element size <= swizzle_bytes */
 } kh_tensor_map_t;
 
+/* ---- The device-info service (ABI 1.4): kh_host_v1_t.device_info ----
+ *
+ * What a package's host code plans launches by on a CUDA device (packages link no CUDA library,
+ * so they cannot ask the driver): how many multiprocessors there are and what one holds, so that
+ * a grid can fill whole waves or match the CTAs resident at once on the GPU it runs on.
+ * Zero-initialize the struct and set h (KH_HEADER_INIT(kh_device_info_t)); the loader writes the
+ * fields it knows, up to h.struct_size (fields of a later minor stay as the caller left them),
+ * and leaves h alone. The loader queries each device once per process; the call needs no stream
+ * and launches nothing, so it may run while a CUDA graph is captured. */
+typedef struct kh_device_info_t {
+  kh_header_t h;
+  int32_t sm_major, sm_minor;               /* compute capability, e.g. 9 and 0 */
+  int32_t multiprocessors;                  /* SMs */
+  int32_t max_threads_per_multiprocessor;   /* resident threads an SM holds */
+  int32_t registers_per_multiprocessor;     /* 32-bit registers an SM holds */
+  int32_t reserved0;                        /* 0 */
+  int64_t shared_memory_per_multiprocessor; /* bytes an SM holds, all its blocks together */
+  int64_t shared_memory_per_block_optin;    /* bytes one block may opt in to */
+  int64_t shared_memory_reserved_per_block; /* bytes the driver keeps per resident block */
+  int64_t total_memory;                     /* bytes of device memory */
+} kh_device_info_t;
+
 /* Services the loader gives a package (host -> package). One table per loaded package; `ctx`
  * identifies the package to the loader and is passed back as the first argument of every
  * service. The table lives for the rest of the process. */
@@ -245,12 +267,21 @@ typedef struct kh_host_v1_t {
    * map), KH_ERR_NO_DEVICE without a driver or without device `device_id`, KH_ERR_LAUNCH when
    * the driver refuses the encode (the message carries its CUresult). */
   int32_t (*tensor_map)(void* ctx, const kh_tensor_map_t* req, void* map);
+  /* ABI 1.4. Fills `info` (kh_device_info_t above) for CUDA device `device_id`. A package checks
+   * host->h.abi_minor >= 4 and host->h.struct_size >= KH_HOST_V1_4_SIZE before calling it, and
+   * plans with its own assumption where the service is missing or fails. Returns
+   * KH_ERR_INVALID_ARGUMENT for a NULL info or one whose header is too small,
+   * KH_ERR_ABI for another ABI major, KH_ERR_NO_DEVICE without a driver or without device
+   * `device_id` (the message says which). */
+  int32_t (*device_info)(void* ctx, int32_t device_id, kh_device_info_t* info);
 } kh_host_v1_t;
 
 /* struct_size of a kh_host_v1_t that has the gemm service. */
 #define KH_HOST_V1_2_SIZE ((uint32_t)(offsetof(kh_host_v1_t, gemm) + sizeof(void*)))
 /* struct_size of a kh_host_v1_t that has the tensor-map service. */
 #define KH_HOST_V1_3_SIZE ((uint32_t)(offsetof(kh_host_v1_t, tensor_map) + sizeof(void*)))
+/* struct_size of a kh_host_v1_t that has the device-info service. */
+#define KH_HOST_V1_4_SIZE ((uint32_t)(offsetof(kh_host_v1_t, device_info) + sizeof(void*)))
 
 /* Argument kinds of kh_arg_t. */
 #define KH_ARG_TENSOR 1

@@ -261,6 +261,11 @@ KH_HD constexpr int kh_decode_tc_warps() {
 KH_HD constexpr int kh_decode_tc_stages() {
   return KH_DECODE_TC_STAGES;
 }
+// CTAs an SM keeps resident: the kernel's register cap (__launch_bounds__ minimum blocks) is
+// set for 12 warps an SM, so that ptxas never takes more registers than that leaves.
+KH_HD constexpr int kh_decode_tc_ctas_per_sm() {
+  return 12 / kh_decode_tc_warps();
+}
 KH_HD constexpr int kh_decode_tc_smem_bytes(int head_dim) {
   return (1 + 2 * kh_decode_tc_warps() * kh_decode_tc_stages()) * 16 * head_dim * 2;
 }

@@ -29,26 +29,46 @@ constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
 // Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
 constexpr int kMinSplitTokens = 256;
 constexpr int kMaxSplits = 32;
-// The split plan fills whole waves of decode CTAs on an H100/H200-class GPU (132 SMs, 228 KiB of
-// shared memory each): every CTA of a decode does the same work, so a last, partly filled wave
-// costs as much as a full one. Other GPUs get the same, correct plan with less even waves.
-constexpr int64_t kDecodeSms = 132;
-constexpr int64_t kSmSharedBytes = 228 * 1024;
+// The split plan fills whole waves of decode CTAs on the GPU the op runs on: every CTA of a
+// decode does the same work, so a last, partly filled wave costs as much as a full one. What an
+// SM holds comes from the loader's device-info service (ABI 1.4); with an older loader, or a
+// device that does not answer, the plan assumes an H100/H200 (still correct elsewhere, with less
+// even waves).
+struct DecodeGpu {
+  int64_t sms = 132;
+  int64_t smem_per_sm = 228 * 1024;
+  int64_t smem_reserved_per_cta = 1024;
+  int64_t threads_per_sm = 2048;
+};
 // The first split count whose waves are this full is taken.
 constexpr double kDecodeWaveFill = 0.95;
 
-// Decode CTAs one SM holds: shared memory (plus the 1 KiB the driver reserves per CTA) and
-// threads bound it.
-int64_t decode_ctas_per_sm(int64_t smem_bytes, int64_t threads) {
-  const int64_t by_smem = kSmSharedBytes / (smem_bytes + 1024);
-  const int64_t by_threads = 2048 / threads;
-  return by_smem < by_threads ? by_smem : by_threads;
+DecodeGpu decode_gpu(int32_t device_id) {
+  DecodeGpu g;
+  kh_device_info_t info;
+  if (!device_info(device_id, &info) || info.multiprocessors < 1) return g;
+  g.sms = info.multiprocessors;
+  if (info.shared_memory_per_multiprocessor > 0)
+    g.smem_per_sm = info.shared_memory_per_multiprocessor;
+  g.smem_reserved_per_cta = info.shared_memory_reserved_per_block;
+  if (info.max_threads_per_multiprocessor > 0)
+    g.threads_per_sm = info.max_threads_per_multiprocessor;
+  return g;
+}
+
+// Decode CTAs one SM holds: its shared memory (with what the driver reserves per CTA) and
+// threads bound it, and `cap` (> 0) where the kernel's register budget is set for that many.
+int64_t decode_ctas_per_sm(const DecodeGpu& g, int64_t smem_bytes, int64_t threads, int64_t cap) {
+  int64_t n = g.smem_per_sm / (smem_bytes + g.smem_reserved_per_cta);
+  if (g.threads_per_sm / threads < n) n = g.threads_per_sm / threads;
+  if (cap > 0 && cap < n) n = cap;
+  return n > 0 ? n : 1;
 }
 
 // Splits of the context for `ctas` CTAs per split: the fewest whose waves are kDecodeWaveFill
 // full, else the fullest, at most max_splits.
-int64_t decode_splits(int64_t ctas, int64_t per_sm, int64_t max_splits) {
-  const int64_t slots = kDecodeSms * (per_sm > 0 ? per_sm : 1);
+int64_t decode_splits(const DecodeGpu& g, int64_t ctas, int64_t per_sm, int64_t max_splits) {
+  const int64_t slots = g.sms * per_sm;
   int64_t best = 1;
   double best_fill = 0;
   for (int64_t s = 1; s <= max_splits; ++s) {
@@ -643,8 +663,11 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
   int64_t max_splits = (max_ctx + kMinSplitTokens - 1) / kMinSplitTokens;
   if (max_splits > kMaxSplits) max_splits = kMaxSplits;
   const int64_t threads = 32 * (tc ? kh_decode_tc_warps() : kh_decode_warps());
-  int64_t splits = decode_splits(
-      ctas, decode_ctas_per_sm(tc ? kh_decode_tc_smem_bytes(d) : 0, threads), max_splits);
+  const DecodeGpu gpu = decode_gpu(q.device.device_id);
+  int64_t splits = decode_splits(gpu, ctas,
+                                 decode_ctas_per_sm(gpu, tc ? kh_decode_tc_smem_bytes(d) : 0,
+                                                    threads, tc ? kh_decode_tc_ctas_per_sm() : 0),
+                                 max_splits);
   const TensorArg ws_arg = a.optional_tensor("workspace");
   const int64_t per_split = q.tokens * q.heads * (q.head_dim + 2);
   if (splits > 1) {

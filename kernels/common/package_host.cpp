@@ -77,4 +77,15 @@ int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& d
   return h->launch(h->ctx, fn, &cfg, params, stream);
 }
 
+bool device_info(int32_t device_id, kh_device_info_t* info) {
+  const kh_host_v1_t* h = host();
+  if (!h || h->h.abi_minor < 4 || h->h.struct_size < KH_HOST_V1_4_SIZE || !h->device_info)
+    return false;
+  kh_device_info_t answer = {};
+  answer.h = KH_HEADER_INIT(kh_device_info_t);
+  if (h->device_info(h->ctx, device_id, &answer) != KH_OK) return false;
+  *info = answer;
+  return true;
+}
+
 }  // namespace khk

@@ -50,6 +50,11 @@ constexpr uint32_t kPdlEntry = KH_LAUNCH_PDL;
 int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& dims, void** params,
                       void* stream);
 
+// Asks the loader what CUDA device `device_id` holds (the device-info service, ABI 1.4) into
+// *info. False, with *info untouched, where the loader is older or does not answer (no such
+// device, no backend): the caller then plans with its own assumption.
+bool device_info(int32_t device_id, kh_device_info_t* info);
+
 // Flags and dtypes every package so far declares for its ops and layers.
 constexpr uint32_t kOpFlags = KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
 constexpr uint32_t kLayerFlags = KH_FLAG_HAS_BACKWARD | KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/attention/attention_params.h"
+#include "tests/unit/device_info_a100.h"
 #include "tests/unit/test_kernels_attention_cases.h"
 #include "tests/unit/test_kernels_device_util.h"
 
@@ -162,6 +163,47 @@ TEST_F(AttentionCudaDispatch, HopperKernelsWhereTheDeviceCodeHasThemPortableElse
         EXPECT_EQ(m.grid[1], static_cast<uint32_t>(HK));
         EXPECT_LE(m.shared_mem_bytes, 227u * 1024u);
       }
+}
+
+// The decode's split count fills whole waves of the GPU it runs on: the device-info service's
+// SMs and shared memory where the loader answers, an H100/H200's where it does not.
+TEST_F(AttentionCudaDispatch, DecodeSplitsFollowTheDevicesMultiprocessors) {
+  using attention_cases::NdView;
+  Package pkg("attention");
+  backend_.set_device_info(1, test::a100_device_info());
+  // Qwen3-0.6B's decode: batch 64, 16/8 heads, head_dim 128, 2048 tokens of 64-token pages.
+  const int64_t B = 64, H = 16, HK = 8, d = 128, page = 64, per_seq = 32;
+  HostTensor q(kBF16, B, H * d), out(kBF16, B, H * d), cache(kBF16, B * per_seq * page, HK * d),
+      ws(kFP32, 1, B * H * 32 * (d + 2));
+  NdView qv(q.dl(), {B, 1, H, d}), ov(out.dl(), {B, 1, H, d}),
+      cv(cache.dl(), {B * per_seq, page, HK, d});
+  std::vector<int32_t> table(static_cast<size_t>(B * per_seq)), lens(static_cast<size_t>(B), 2048);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  HostTensor tab = attention_cases::int32_tensor(table), len = attention_cases::int32_tensor(lens);
+  NdView tv(tab.dl(), {B, per_seq}, attention_cases::kInt32),
+      lv(len.dl(), {B}, attention_cases::kInt32);
+  // Device 0 reports nothing (the H200 plan: 3 CTAs an SM by shared memory and the register
+  // cap, 396 slots, 3 splits fill 97%); device 1 is an A100 (2 CTAs an SM by its 164 KiB: 216
+  // slots; 5 splits fill 99%, 2 and 4 only 94.8%).
+  for (int dev : {0, 1}) {
+    SCOPED_TRACE(testing::Message() << "device " << dev);
+    DLTensor Q = on_cuda(&qv.t, dev), O = on_cuda(&ov.t, dev), C = on_cuda(&cv.t, dev),
+             T = on_cuda(&tv.t, dev), L = on_cuda(&lv.t, dev), W = on_cuda(ws.dl(), dev);
+    std::string err;
+    ASSERT_EQ(pkg.call("paged_attention_decode",
+                       {targ(&Q), targ(&C), targ(&C), targ(&T), targ(&L), iarg(-1), farg(0.088),
+                        targ(&O), targ(&W)},
+                       &err),
+              KH_OK)
+        << err;
+    std::vector<Launch> l = backend_.take();
+    ASSERT_EQ(l.size(), 2u);  // the splits, then their combine
+    EXPECT_EQ(l[0].kernel, "attn_decode_tc_bf16_d128");
+    EXPECT_EQ(l[0].cfg.grid[0], dev == 0 ? 3u : 5u);
+    EXPECT_EQ(l[0].cfg.grid[1], static_cast<uint32_t>(HK));
+    EXPECT_EQ(l[0].cfg.grid[2], static_cast<uint32_t>(B));
+    EXPECT_EQ(l[1].kernel, "attn_decode_combine_bf16_d128");
+  }
 }
 
 }  // namespace

@@ -137,6 +137,24 @@ class RecordingBackend : public DeviceBackend {
     launches_.push_back({kernel, cfg, {}});
     return KH_OK;
   }
+  // What device `device` reports through the device-info service (ABI 1.4); devices never
+  // given report none (KH_ERR_NO_DEVICE), as a loader without the answer does.
+  void set_device_info(int32_t device, const kh_device_info_t& info) {
+    std::lock_guard<std::mutex> lock(mu_);
+    infos_[device] = info;
+  }
+  int32_t device_info(int32_t device, kh_device_info_t& out, std::string& error) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = infos_.find(device);
+    if (it == infos_.end()) {
+      error = "no device info for device " + std::to_string(device);
+      return KH_ERR_NO_DEVICE;
+    }
+    const kh_header_t h = out.h;
+    out = it->second;
+    out.h = h;
+    return KH_OK;
+  }
   std::vector<Launch> take() {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<Launch> out;
@@ -148,6 +166,7 @@ class RecordingBackend : public DeviceBackend {
  private:
   std::mutex mu_;
   std::map<int32_t, std::set<std::string>> kernels_;
+  std::map<int32_t, kh_device_info_t> infos_;
   std::vector<std::string> names_;
   std::vector<Launch> launches_;
 };

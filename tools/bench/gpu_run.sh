@@ -26,7 +26,7 @@ ln -s "$g/bin/kernel-hub" "$build/kernel-hub"
 status=0
 for t in ${KH_GPU_TESTS:-test_gpu_device_code test_gpu_launch test_kernels_gpu test_kernels_gpu_rotary_softmax \
     test_kernels_gpu_attention test_gpu_gemm test_kernels_gpu_linear_ce test_gpu_device_api test_gpu_demo_device \
-    test_gpu_tensor_map test_gpu_demo_decode test_gpu_skinny_gemm}; do
+    test_gpu_tensor_map test_gpu_demo_decode test_gpu_skinny_gemm test_gpu_device_info}; do
   "$g/bin/$t" --gtest_filter="${KH_GTEST_FILTER:-*}" 2>&1 | tee "$out/$t.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests ran|rel' | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done
