@@ -59,8 +59,10 @@ DecodeGpu decode_gpu(int32_t device_id) {
 // Decode CTAs one SM holds: its shared memory (with what the driver reserves per CTA) and
 // threads bound it, and `cap` (> 0) where the kernel's register budget is set for that many.
 int64_t decode_ctas_per_sm(const DecodeGpu& g, int64_t smem_bytes, int64_t threads, int64_t cap) {
-  int64_t n = g.smem_per_sm / (smem_bytes + g.smem_reserved_per_cta);
-  if (g.threads_per_sm / threads < n) n = g.threads_per_sm / threads;
+  // A kernel without shared memory on a GPU that reserves none per CTA: threads alone bound it.
+  const int64_t per_cta = smem_bytes + g.smem_reserved_per_cta;
+  int64_t n = g.threads_per_sm / threads;
+  if (per_cta > 0 && g.smem_per_sm / per_cta < n) n = g.smem_per_sm / per_cta;
   if (cap > 0 && cap < n) n = cap;
   return n > 0 ? n : 1;
 }

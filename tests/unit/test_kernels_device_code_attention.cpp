@@ -171,12 +171,12 @@ TEST_F(AttentionCudaDispatch, DecodeSplitsFollowTheDevicesMultiprocessors) {
   using attention_cases::NdView;
   Package pkg("attention");
   backend_.set_device_info(1, test::a100_device_info());
-  // Qwen3-0.6B's decode: batch 64, 16/8 heads, head_dim 128, 2048 tokens of 64-token pages.
+  // Qwen3-0.6B's decode: batch 64, 16/8 heads, head_dim 128, 2048 tokens of 64-token pages (the
+  // plan depends on the block table's width; the cache holds one page, as nothing reads it).
   const int64_t B = 64, H = 16, HK = 8, d = 128, page = 64, per_seq = 32;
-  HostTensor q(kBF16, B, H * d), out(kBF16, B, H * d), cache(kBF16, B * per_seq * page, HK * d),
+  HostTensor q(kBF16, B, H * d), out(kBF16, B, H * d), cache(kBF16, page, HK * d),
       ws(kFP32, 1, B * H * 32 * (d + 2));
-  NdView qv(q.dl(), {B, 1, H, d}), ov(out.dl(), {B, 1, H, d}),
-      cv(cache.dl(), {B * per_seq, page, HK, d});
+  NdView qv(q.dl(), {B, 1, H, d}), ov(out.dl(), {B, 1, H, d}), cv(cache.dl(), {1, page, HK, d});
   std::vector<int32_t> table(static_cast<size_t>(B * per_seq)), lens(static_cast<size_t>(B), 2048);
   for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
   HostTensor tab = attention_cases::int32_tensor(table), len = attention_cases::int32_tensor(lens);
@@ -204,6 +204,28 @@ TEST_F(AttentionCudaDispatch, DecodeSplitsFollowTheDevicesMultiprocessors) {
     EXPECT_EQ(l[0].cfg.grid[2], static_cast<uint32_t>(B));
     EXPECT_EQ(l[1].kernel, "attn_decode_combine_bf16_d128");
   }
+
+  // A GPU that reserves no shared memory per block (the CUDA-core decode of head_dim 256 uses
+  // none either): the plan is bound by threads, not a division by zero.
+  kh_device_info_t none_reserved = test::a100_device_info();
+  none_reserved.shared_memory_reserved_per_block = 0;
+  backend_.set_device_info(2, none_reserved);
+  const int64_t d2 = 256;
+  HostTensor q2(kBF16, B, H * d2), out2(kBF16, B, H * d2), cache2(kBF16, page, HK * d2);
+  NdView q2v(q2.dl(), {B, 1, H, d2}), o2v(out2.dl(), {B, 1, H, d2}),
+      c2v(cache2.dl(), {1, page, HK, d2});
+  DLTensor Q = on_cuda(&q2v.t, 2), O = on_cuda(&o2v.t, 2), C = on_cuda(&c2v.t, 2),
+           T = on_cuda(&tv.t, 2), L = on_cuda(&lv.t, 2), W = on_cuda(ws.dl(), 2);
+  std::string err;
+  ASSERT_EQ(pkg.call("paged_attention_decode",
+                     {targ(&Q), targ(&C), targ(&C), targ(&T), targ(&L), iarg(-1), farg(0.0625),
+                      targ(&O), targ(&W)},
+                     &err),
+            KH_OK)
+      << err;
+  std::vector<Launch> l = backend_.take();
+  ASSERT_GE(l.size(), 1u);
+  EXPECT_TRUE(l[0].kernel.starts_with("attn_decode_bf16_d256_r")) << l[0].kernel;
 }
 
 }  // namespace
