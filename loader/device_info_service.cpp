@@ -29,6 +29,7 @@ int32_t query_device_info(int32_t device_id, kh_device_info_t* info, std::string
       return KH_ERR_NO_DEVICE;
     }
     kh_device_info_t answer{};
+    answer.h = KH_HEADER_INIT(kh_device_info_t);
     if (int32_t status = backend->device_info(device_id, answer, error); status != KH_OK)
       return status;
     // Past the header, as far as the caller's struct reaches.

@@ -272,7 +272,7 @@ typedef struct kh_host_v1_t {
    * plans with its own assumption where the service is missing or fails. Returns
    * KH_ERR_INVALID_ARGUMENT for a NULL info or one whose header is too small,
    * KH_ERR_ABI for another ABI major, KH_ERR_NO_DEVICE without a driver or without device
-   * `device_id` (the message says which). */
+   * `device_id` (the message says which), KH_ERR_INTERNAL if the loader itself fails. */
   int32_t (*device_info)(void* ctx, int32_t device_id, kh_device_info_t* info);
 } kh_host_v1_t;
 

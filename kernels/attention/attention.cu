@@ -649,13 +649,13 @@ __device__ __forceinline__ void paged_kv_append(const kh_append_params& p) {
 }  // namespace
 
 #include "decode_tc.cuh"
-// The register cap that keeps kh_decode_tc_ctas_per_sm() CTAs resident (3 of the shipped 4 warps).
-#define KH_ATTN_DECODE_TC(TNAME, T, D)                                     \
-  extern "C" __global__ void __launch_bounds__(32 * kh_decode_tc_warps(),  \
-                                               kh_decode_tc_ctas_per_sm()) \
-      attn_decode_tc_##TNAME##_d##D(const kh_decode_params p) {            \
-    kh_pdl_enter();                                                        \
-    attn_decode_tc<T, D>(p);                                               \
+// The register cap that keeps kh_decode_tc_ctas_per_sm(D) CTAs resident.
+#define KH_ATTN_DECODE_TC(TNAME, T, D)                                      \
+  extern "C" __global__ void __launch_bounds__(32 * kh_decode_tc_warps(),   \
+                                               kh_decode_tc_ctas_per_sm(D)) \
+      attn_decode_tc_##TNAME##_d##D(const kh_decode_params p) {             \
+    kh_pdl_enter();                                                         \
+    attn_decode_tc<T, D>(p);                                                \
   }
 KH_ATTN_DECODE_TC(bf16, kh_bf16, 64)
 KH_ATTN_DECODE_TC(bf16, kh_bf16, 128)

@@ -261,11 +261,14 @@ KH_HD constexpr int kh_decode_tc_warps() {
 KH_HD constexpr int kh_decode_tc_stages() {
   return KH_DECODE_TC_STAGES;
 }
-// CTAs an SM keeps resident: the kernel's register cap (__launch_bounds__ minimum blocks) is
-// set for 12 warps an SM, so that ptxas never takes more registers than that leaves.
-KH_HD constexpr int kh_decode_tc_ctas_per_sm() {
-  return 12 / kh_decode_tc_warps();
+// CTAs an SM keeps resident: the kernel's register cap (__launch_bounds__ minimum blocks) is set
+// for 12 warps an SM at head_dim 128 (168 registers; shared memory allows 3 CTAs too) and 16 at
+// head_dim 64 (128 registers; its accumulators are half the size), so that ptxas never takes
+// more registers than that leaves and the host's plan counts the CTAs that run.
+KH_HD constexpr int kh_decode_tc_ctas_per_sm(int head_dim) {
+  return (head_dim <= 64 ? 16 : 12) / kh_decode_tc_warps();
 }
+static_assert(kh_decode_tc_ctas_per_sm(128) >= 1, "at most 12 decode warps a CTA");
 KH_HD constexpr int kh_decode_tc_smem_bytes(int head_dim) {
   return (1 + 2 * kh_decode_tc_warps() * kh_decode_tc_stages()) * 16 * head_dim * 2;
 }

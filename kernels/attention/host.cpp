@@ -50,7 +50,8 @@ DecodeGpu decode_gpu(int32_t device_id) {
   g.sms = info.multiprocessors;
   if (info.shared_memory_per_multiprocessor > 0)
     g.smem_per_sm = info.shared_memory_per_multiprocessor;
-  g.smem_reserved_per_cta = info.shared_memory_reserved_per_block;
+  if (info.shared_memory_reserved_per_block >= 0)
+    g.smem_reserved_per_cta = info.shared_memory_reserved_per_block;
   if (info.max_threads_per_multiprocessor > 0)
     g.threads_per_sm = info.max_threads_per_multiprocessor;
   return g;
@@ -640,8 +641,8 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
   p.window_left = static_cast<int>(window_left);
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   p.splits = 1;
-  // The longest context the table can address: the split plan depends on shapes only, so a
-  // captured CUDA graph replays correctly for any seq_lens.
+  // The longest context the table can address: the split plan depends on shapes and the device
+  // only, so a captured CUDA graph replays correctly for any seq_lens.
   const int64_t max_ctx = static_cast<int64_t>(p.kv.table_stride) * p.kv.page_size;
   p.split_tokens = static_cast<int>(max_ctx > 0x7FFFFFFF ? 0x7FFFFFFF : max_ctx);
   if (q.tokens == 0) return KH_OK;
@@ -668,7 +669,7 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
   const DecodeGpu gpu = decode_gpu(q.device.device_id);
   int64_t splits = decode_splits(gpu, ctas,
                                  decode_ctas_per_sm(gpu, tc ? kh_decode_tc_smem_bytes(d) : 0,
-                                                    threads, tc ? kh_decode_tc_ctas_per_sm() : 0),
+                                                    threads, tc ? kh_decode_tc_ctas_per_sm(d) : 0),
                                  max_splits);
   const TensorArg ws_arg = a.optional_tensor("workspace");
   const int64_t per_split = q.tokens * q.heads * (q.head_dim + 2);

@@ -52,7 +52,8 @@ int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& d
 
 // Asks the loader what CUDA device `device_id` holds (the device-info service, ABI 1.4) into
 // *info. False, with *info untouched, where the loader is older or does not answer (no such
-// device, no backend): the caller then plans with its own assumption.
+// device, no backend): the caller then plans with its own assumption (the loader's message
+// stays recorded as this thread's last op error; the op that recovers returns KH_OK).
 bool device_info(int32_t device_id, kh_device_info_t* info);
 
 // Flags and dtypes every package so far declares for its ops and layers.

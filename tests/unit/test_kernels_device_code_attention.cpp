@@ -226,6 +226,9 @@ TEST_F(AttentionCudaDispatch, DecodeSplitsFollowTheDevicesMultiprocessors) {
   std::vector<Launch> l = backend_.take();
   ASSERT_GE(l.size(), 1u);
   EXPECT_TRUE(l[0].kernel.starts_with("attn_decode_bf16_d256_r")) << l[0].kernel;
+  // 4 rows a CTA, 512 CTAs a split, 16 an SM by threads: 3 splits fill 89% of 1728 slots (the
+  // 8 the context allows at most fill no more).
+  EXPECT_EQ(l[0].cfg.grid[0], 3u);
 }
 
 }  // namespace

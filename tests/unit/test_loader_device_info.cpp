@@ -2,7 +2,7 @@
 // another major, too small a header), the answer written past the header and only as far as the
 // caller's struct reaches, nothing written on failure, no backend and the CUDA backend without a
 // driver (KH_ERR_NO_DEVICE saying why), and the host table's entry, size and error label. The
-// driver's answers on a GPU: tests/gpu/test_gpu_device_api.cpp.
+// driver's answers on a GPU: tests/gpu/test_gpu_device_info.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
