@@ -1,5 +1,7 @@
 #include "loader/device_api.h"
 
+#include "loader/device_info_service.h"
+
 #include <unordered_set>
 #include <utility>
 
@@ -85,6 +87,18 @@ void check_device_range(const void* p, uint64_t bytes, int device, const std::st
 
 int device_count() {
   return cuda::device_count();
+}
+
+void get_info(int device, kh_device_info_t* info) {
+  device_info(device);  // the ordinal and the driver, as every call here
+  std::string error;
+  switch (query_device_info(CudaDeviceBackend::instance(), device, info, error)) {
+    case KH_OK: return;
+    case KH_ERR_NO_DEVICE: throw Error(ErrorKind::kNotFound, error);
+    case KH_ERR_ABI: throw Error(ErrorKind::kUnsupported, error);
+    case KH_ERR_INVALID_ARGUMENT: throw Error(ErrorKind::kInvalidInput, error);
+    default: throw std::runtime_error(error);  // KH_ERR_INTERNAL
+  }
 }
 
 void mem_info(int device, uint64_t& free_bytes, uint64_t& total_bytes) {

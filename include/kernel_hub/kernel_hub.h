@@ -216,6 +216,13 @@ typedef struct kh_device_function kh_device_function_t;
 KH_EXPORT int32_t kh_device_count(int32_t* count_out);
 /* Free and total memory of the device, in bytes (cuMemGetInfo). */
 KH_EXPORT int32_t kh_device_mem_info(int32_t device, uint64_t* free_out, uint64_t* total_out);
+/* What the device is and holds: compute capability, multiprocessors, and the threads, registers
+ * and shared memory of one (kh_device_info_t, kernel_hub_abi.h; the answer packages get from the
+ * device-info service). Set info->h = KH_HEADER_INIT(kh_device_info_t) first; fields past
+ * h.struct_size are left alone. KH_ERR_UNSUPPORTED for another ABI major, KH_ERR_INVALID_ARGUMENT
+ * for a struct smaller than ABI 1.4's or a negative ordinal, KH_ERR_NOT_FOUND without a driver or
+ * that device. */
+KH_EXPORT int32_t kh_device_get_info(int32_t device, kh_device_info_t* info);
 
 /* Memory pool: a caching allocator over cuMemAlloc. Requests are rounded to a size class (512 B
  * steps up to 4 KiB, then 4 classes per power of two); a freed block is kept and reused by the

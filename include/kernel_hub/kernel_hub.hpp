@@ -312,6 +312,15 @@ inline void check(int32_t status) {
 
 }  // namespace device_detail
 
+// What CUDA device `device` is and holds (kh_device_get_info): compute capability, SMs, what one
+// SM holds. Throws kh::Error (kNotFound without a driver or that device).
+inline kh_device_info_t device_info(int device) {
+  kh_device_info_t info{};
+  info.h = KH_HEADER_INIT(kh_device_info_t);
+  device_detail::check(kh_device_get_info(device, &info));
+  return info;
+}
+
 // A kh_launch_cfg_t of this header's ABI for `device`.
 inline kh_launch_cfg_t launch_cfg(int device, const uint32_t (&grid)[3], const uint32_t (&block)[3],
                                   uint32_t shared_mem_bytes = 0) {

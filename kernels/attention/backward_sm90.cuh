@@ -21,6 +21,7 @@
 #define KH_ATTENTION_BACKWARD_SM90_CUH_
 
 #include "wgmma.cuh"
+#include "sm90_sync.cuh"
 
 namespace {
 

@@ -16,6 +16,7 @@
 #define KH_ATTENTION_FORWARD_SM90_CUH_
 
 #include "wgmma.cuh"
+#include "sm90_sync.cuh"
 
 namespace {
 

@@ -30,6 +30,11 @@ int32_t kh_device_mem_info(int32_t device, uint64_t* free_out, uint64_t* total_o
   return guarded([&] { api::mem_info(device, *free_out, *total_out); });
 }
 
+int32_t kh_device_get_info(int32_t device, kh_device_info_t* info) {
+  if (!info) return null_argument("info");
+  return guarded([&] { api::get_info(device, info); });
+}
+
 int32_t kh_device_pool_create(int32_t device, kh_device_pool_t** pool_out) {
   if (!pool_out) return null_argument("pool_out");
   *pool_out = nullptr;

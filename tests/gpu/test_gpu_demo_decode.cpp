@@ -25,6 +25,7 @@
 #include "tools/demo/fallback_ops.h"
 #include "tools/demo/model.h"
 #include "tools/demo/model_config.h"
+#include "tools/demo/skinny_gemm.h"
 #include "tools/demo/staging.h"
 
 namespace kh::demo {
@@ -153,8 +154,12 @@ class GpuDemoDecode : public ::testing::Test {
     }
     EXPECT_TRUE(dev.decode_graph_captured());
     EXPECT_EQ(dev.decode_overlaps(), decode.overlap == DecodeOverlap::kOn);
-    EXPECT_EQ(dev.decode_uses_skinny_gemm(),
-              decode.gemm == DecodeGemm::kSkinny && same_dtype(options.dtype, kBF16));
+    if (!same_dtype(options.dtype, kBF16) || decode.gemm == DecodeGemm::kCublasLt) {
+      EXPECT_EQ(dev.decode_skinny_gemms(), 0);
+    } else if (decode.gemm == DecodeGemm::kSkinny) {
+      EXPECT_EQ(dev.decode_skinny_gemms(), dev.decode_gemms());  // every one fits here
+    }
+    EXPECT_GT(dev.decode_gemms(), 0);
     for (int j = 0; j < K; ++j) {
       ASSERT_EQ(runs[0][j].size(), runs[1][j].size());
       EXPECT_EQ(std::memcmp(runs[0][j].data(), runs[1][j].data(), runs[0][j].size() * 4), 0)
@@ -276,7 +281,14 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
     dev.prefill(prompt.data(), 2, 4);
     dev.decode_step(nullptr, false);
     EXPECT_TRUE(dev.decode_fuses_qkv());
-    EXPECT_FALSE(dev.decode_uses_skinny_gemm());  // cuBLASLt unless asked
+    // kAuto: on Hopper the skinny GEMM takes the wider-than-tall weights (here o: hidden 128 x
+    // q_dim 256), cuBLASLt the rest; elsewhere cuBLASLt all.
+    const bool hopper = kh::device_info(0).sm_major == 9;
+    const int per_layer = int{skinny_preferred(2, cfg.hidden, cfg.q_dim(), true)} +
+                          int{skinny_preferred(2, cfg.hidden, cfg.ffn, true)};
+    EXPECT_EQ(per_layer, 1);
+    EXPECT_EQ(dev.decode_skinny_gemms(), hopper ? per_layer * cfg.layers : 0);
+    EXPECT_EQ(dev.decode_gemms(), 4 * cfg.layers + 1);
     EXPECT_TRUE(dev.refusals().empty());
   }
   decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16);

@@ -2,12 +2,15 @@
 // driver or device): the CUDA backend reports what the driver says of device 0, plausibly for
 // any GPU the loader supports (sm_70+), and on a Hopper H100/H200 exactly what the attention
 // package's decode plan assumed before it could ask; a device that does not exist is
-// KH_ERR_NO_DEVICE. CPU-side checks: tests/unit/test_loader_device_info.cpp.
+// KH_ERR_NO_DEVICE. The embedder's kh_device_get_info gives the same answer, without a runtime.
+// CPU-side checks: tests/unit/test_loader_device_info.cpp, tests/unit/test_device_api.cpp.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 
 #include "hub/base/error.h"
+#include "kernel_hub/kernel_hub.h"
 #include "loader/cuda_driver.h"
 #include "loader/device_backend.h"
 #include "loader/device_info_service.h"
@@ -67,6 +70,19 @@ TEST_F(GpuDeviceInfo, ADeviceThatDoesNotExistIsNoDevice) {
   EXPECT_EQ(query_device_info(missing, &info, error), KH_ERR_NO_DEVICE);
   EXPECT_NE(error.find("does not exist"), std::string::npos) << error;
   EXPECT_EQ(info.multiprocessors, 0);
+}
+
+TEST_F(GpuDeviceInfo, TheEmbeddersCallGivesThePackagesAnswer) {
+  kh_device_info_t service{}, embedder{};
+  service.h = embedder.h = KH_HEADER_INIT(kh_device_info_t);
+  std::string error;
+  ASSERT_EQ(query_device_info(0, &service, error), KH_OK) << error;
+  set_device_backend(nullptr);  // the C API asks the CUDA backend itself
+  ASSERT_EQ(kh_device_get_info(0, &embedder), KH_OK) << kh_last_error();
+  EXPECT_EQ(std::memcmp(&service, &embedder, sizeof service), 0);
+  EXPECT_EQ(kh_device_get_info(cuda::device_count(), &embedder), KH_ERR_NOT_FOUND);
+  EXPECT_NE(std::string(kh_last_error()).find("does not exist"), std::string::npos)
+      << kh_last_error();
 }
 
 }  // namespace

@@ -134,6 +134,7 @@ TEST_F(GpuSkinnyGemm, MatchesAFloat64ReferenceForEveryVariantAndSplit) {
       if (s <= p.K / 64 && s != splits_list.back()) splits_list.push_back(static_cast<int>(s));
     for (SkinnyPlan plan : skinny_variants())
       for (int splits : splits_list) {
+        if (plan.wgmma && !gemm_->has_wgmma()) continue;  // sm_90a code only
         poison(o);
         plan.splits = splits;
         gemm_->run(*stream_, o.dx, o.dw, p.bias ? &o.dbias : nullptr, o.dy, plan);
@@ -150,8 +151,8 @@ TEST_F(GpuSkinnyGemm, RepeatedCallsAndGraphReplaysStartFromAZeroWorkspace) {
   std::mt19937 rng(7);
   const Problem a{64, 1024, 2048, false}, b{9, 4096, 1024, true};
   Operands oa = make(a, rng), ob = make(b, rng);
-  ASSERT_GT(skinny_plan(a.M, a.N, a.K).splits, 1);
-  ASSERT_GT(skinny_plan(b.M, b.N, b.K).splits, 1);
+  ASSERT_GT(gemm_->default_plan(a.M, a.N, a.K).splits, 1);
+  ASSERT_GT(gemm_->default_plan(b.M, b.N, b.K).splits, 1);
   for (int i = 0; i < 3; ++i) {
     oa.x = random_bf16(oa.x.size(), rng);
     oa.dx.upload(*stream_, oa.x.data(), oa.x.size() * 2);
@@ -212,6 +213,16 @@ TEST_F(GpuSkinnyGemm, RefusesWhatItCannotTake) {
   EXPECT_THROW(gemm_->run(*stream_, x4, w, &bias, y4), Error) << "a bias of 63 for N = 64";
   EXPECT_THROW(gemm_->run(*stream_, x4, w, nullptr, y4, SkinnyPlan{64, 4, 3}), Error)
       << "3 splits of K = 128";
+  // The wgmma kernels: the default on Hopper (and no more than a cluster of splits), refused
+  // elsewhere.
+  DeviceTensor xl(*pool_, {4, 1024}, kBF16), wl(*pool_, {64, 1024}, kBF16);
+  EXPECT_EQ(gemm_->default_plan(64, 4096, 1024).wgmma, gemm_->has_wgmma());
+  EXPECT_THROW(gemm_->run(*stream_, xl, wl, nullptr, y4, SkinnyPlan{64, 4, 9, true}), Error)
+      << "9 splits: more than a cluster";
+  if (!gemm_->has_wgmma()) {
+    EXPECT_THROW(gemm_->run(*stream_, xl, wl, nullptr, y4, SkinnyPlan{64, 4, 1, true}), Error)
+        << "a wgmma plan without wgmma";
+  }
 }
 
 }  // namespace

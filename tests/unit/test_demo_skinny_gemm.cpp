@@ -23,8 +23,12 @@ TEST(SkinnyGemm, SourceCompilesForAmpereAndHopperWithEveryVariantAndNoSpills) {
         src, "skinny_gemm.cu",
         {std::string("--gpu-architecture=") + sm, "-default-device", "--std=c++17"});
     ASSERT_TRUE(out.ok) << out.log;
-    for (const std::string& name : skinny_kernel_names())
-      EXPECT_NE(out.cubin.find(name + '\0'), std::string::npos) << sm << " lacks " << name;
+    for (const SkinnyPlan& p : skinny_variants()) {
+      // The wgmma kernels exist in sm_90a code only; the others everywhere.
+      const bool expected = !p.wgmma || std::string(sm) == "sm_90a";
+      EXPECT_EQ(out.cubin.find(p.kernel() + '\0') != std::string::npos, expected)
+          << sm << (expected ? " lacks " : " has ") << p.kernel();
+    }
   }
 }
 
@@ -49,6 +53,37 @@ TEST(SkinnyGemm, PlanSplitsKUntilTheGridIsFullOrTheSplitsShort) {
   }
 }
 
+// The Hopper plan at the decode shapes on an H200 (132 SMs): 64-column tiles, 4 stages, about
+// two CTAs an SM.
+TEST(SkinnyGemm, WgmmaPlanFillsTwoCtasAnSm) {
+  EXPECT_EQ(skinny_wgmma_plan(64, 4096, 1024, 132), (SkinnyPlan{64, 4, 4, true}));  // 256 CTAs
+  EXPECT_EQ(skinny_wgmma_plan(64, 6144, 1024, 132), (SkinnyPlan{64, 4, 2, true}));  // 192
+  EXPECT_EQ(skinny_wgmma_plan(64, 1024, 2048, 132), (SkinnyPlan{64, 4, 8, true}));  // 16 x 8
+  EXPECT_EQ(skinny_wgmma_plan(64, 1024, 3072, 132), (SkinnyPlan{64, 4, 8, true}));
+  EXPECT_EQ(skinny_wgmma_plan(64, 151936, 1024, 132), (SkinnyPlan{64, 4, 1, true}));
+  // Fewer SMs (an A100's count), fewer splits; a short K is not split below 128 values.
+  EXPECT_EQ(skinny_wgmma_plan(64, 4096, 1024, 108).splits, 3);
+  EXPECT_EQ(skinny_wgmma_plan(1, 64, 256, 132), (SkinnyPlan{64, 4, 2, true}));
+  EXPECT_EQ(skinny_wgmma_plan(1, 64, 64, 132).splits, 1);
+  EXPECT_EQ(skinny_wgmma_plan(1, 64, 64, 0).splits, 1);  // no SM count: no split
+  for (int64_t K : {64, 1024, 3072, 14336})
+    for (int64_t N : {64, 1024, 4096, 151936})
+      EXPECT_EQ(skinny_plan_refusal(skinny_wgmma_plan(64, N, K, 132), K), "") << N << " x " << K;
+}
+
+// DecodeGemm::kAuto: the skinny GEMM for Hopper's wide-not-tall weights only.
+TEST(SkinnyGemm, PreferredForWeightsWiderThanTallOnHopper) {
+  EXPECT_TRUE(skinny_preferred(64, 1024, 2048, true));    // Qwen3-0.6B o
+  EXPECT_TRUE(skinny_preferred(1, 1024, 3072, true));     // down
+  EXPECT_FALSE(skinny_preferred(64, 4096, 1024, true));   // q/k/v
+  EXPECT_FALSE(skinny_preferred(64, 6144, 1024, true));   // gate/up
+  EXPECT_FALSE(skinny_preferred(64, 151936, 1024, true)); // LM head
+  EXPECT_FALSE(skinny_preferred(64, 1024, 2048, false));  // no wgmma: cuBLASLt
+  EXPECT_FALSE(skinny_preferred(64, 2880, 4096, true));   // gpt-oss o: N past 2048
+  EXPECT_FALSE(skinny_preferred(64, 4096, 14336, true));  // Llama-3-8B down
+  EXPECT_FALSE(skinny_preferred(65, 1024, 2048, true));   // more rows than it takes
+}
+
 TEST(SkinnyGemm, RefusalsSayWhatIsTaken) {
   EXPECT_EQ(skinny_refusal(64, 4096, 1024, 1024, 4096), "");
   EXPECT_EQ(skinny_refusal(1, 8, 64, 64, 8), "");
@@ -61,8 +96,19 @@ TEST(SkinnyGemm, RefusalsSayWhatIsTaken) {
             std::string::npos);
   EXPECT_NE(skinny_refusal(8, 4096, 1024, 1028, 4096).find("leading dimensions 1028"),
             std::string::npos);
-  EXPECT_NE(skinny_plan_refusal({48, 4, 1}, 1024).find("no variant of 48 columns"),
+  EXPECT_NE(skinny_plan_refusal({48, 4, 1}, 1024).find("no mma.sync variant of 48 columns"),
             std::string::npos);
+  EXPECT_NE(skinny_plan_refusal({32, 4, 1, true}, 1024).find("no wgmma variant of 32 columns"),
+            std::string::npos);
+  EXPECT_NE(skinny_plan_refusal({128, 4, 1}, 1024).find("no mma.sync variant of 128"),
+            std::string::npos);
+  EXPECT_EQ(skinny_plan_refusal({128, 6, 8, true}, 1024), "");
+  EXPECT_NE(skinny_plan_refusal({128, 6, 9, true}, 1024).find("9 splits of K = 1024 (1..8: one "
+                                                              "cluster)"),
+            std::string::npos);
+  EXPECT_NE(skinny_plan_refusal({64, 4, 3, true}, 128).find("3 splits of K = 128 (1..2)"),
+            std::string::npos);
+  EXPECT_EQ((SkinnyPlan{128, 6, 1, true}).kernel(), "kh_skinny_wgmma_n2_s6");
   EXPECT_NE(skinny_plan_refusal({64, 5, 1}, 1024).find("and 5 stages"), std::string::npos);
   EXPECT_NE(skinny_plan_refusal({64, 4, 17}, 1024).find("17 splits of K = 1024 (1..16)"),
             std::string::npos);

@@ -209,6 +209,11 @@ TEST(DeviceApiC, RefusesNullZeroNegativeAndStaleHandlesBeforeTheDriver) {
   EXPECT_STATUS(kh_device_pool_create(-1, reinterpret_cast<kh_device_pool_t**>(&p)),
                 KH_ERR_INVALID_ARGUMENT, "a CUDA device ordinal is 0 or more");
   EXPECT_STATUS(kh_device_alloc(nullptr, 16, &p), KH_ERR_INVALID_ARGUMENT, "pool must not be NULL");
+  EXPECT_STATUS(kh_device_get_info(0, nullptr), KH_ERR_INVALID_ARGUMENT, "info must not be NULL");
+  kh_device_info_t info{};
+  info.h = KH_HEADER_INIT(kh_device_info_t);
+  EXPECT_STATUS(kh_device_get_info(-1, &info), KH_ERR_INVALID_ARGUMENT,
+                "a CUDA device ordinal is 0 or more");
   EXPECT_STATUS(kh_device_alloc(stale_pool, 16, &p), KH_ERR_INVALID_ARGUMENT,
                 "is not a live handle");
   EXPECT_STATUS(kh_device_free(stale_pool, &x), KH_ERR_INVALID_ARGUMENT, "is not a live handle");
@@ -264,6 +269,10 @@ TEST(DeviceApiC, EveryGpuCallFailsClearlyWithoutADriver) {
   EXPECT_STATUS(kh_device_event_create(0, &event), KH_ERR_NOT_FOUND, "no NVIDIA driver");
   uint64_t f = 0, t = 0;
   EXPECT_STATUS(kh_device_mem_info(0, &f, &t), KH_ERR_NOT_FOUND, "no NVIDIA driver");
+  kh_device_info_t info{};
+  info.h = KH_HEADER_INIT(kh_device_info_t);
+  EXPECT_STATUS(kh_device_get_info(0, &info), KH_ERR_NOT_FOUND, "no NVIDIA driver");
+  EXPECT_EQ(info.multiprocessors, 0);  // nothing written on failure
   kh_device_module_t* m = nullptr;
   EXPECT_STATUS(
       kh_device_module_from_source(0, "m", "extern \"C\" __global__ void k() {}", nullptr, 0, &m),

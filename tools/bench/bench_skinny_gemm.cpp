@@ -160,13 +160,15 @@ int main(int argc, char** argv) {
         const double bytes = w_bytes + static_cast<double>((M * sh.K + M * sh.N) * 2);
         const double cublas =
             graph_us(s, copies, reps, [&](size_t c) { linear_forward(s, x, w[c], y_ref); });
-        const SkinnyPlan plan = skinny_plan(M, sh.N, sh.K);
+        const SkinnyPlan plan = skinny.default_plan(M, sh.N, sh.K);
         std::vector<SkinnyPlan> plans = {plan};
         if (sweep)
           for (SkinnyPlan p : skinny_variants())
-            for (int splits : {1, 2, 4, 8}) {
+            for (int splits : {1, 2, 3, 4, 6, 8}) {
               p.splits = splits;
-              if (skinny_plan_refusal(p, sh.K).empty() && !(p == plan)) plans.push_back(p);
+              if (skinny_plan_refusal(p, sh.K).empty() && !(p == plan) &&
+                  (!p.wgmma || skinny.has_wgmma()))
+                plans.push_back(p);
             }
         for (const SkinnyPlan& p : plans) {
           const double us =
@@ -178,7 +180,7 @@ int main(int argc, char** argv) {
               "splits | {:.1e} |\n",
               sh.name, &p == &plans.front() ? "" : " (sweep)", M, sh.N, sh.K, cublas,
               bytes / (cublas * 1e-6) / 1e12, us, bytes / (us * 1e-6) / 1e12, cublas / us,
-              p.kernel().substr(15), p.splits, diff);
+              p.kernel().substr(10), p.splits, diff);
         }
       }
     }

@@ -48,8 +48,8 @@ struct DemoOptions {
   int decode_context = 0;
   // Whether the decode step runs the batch as two overlapped halves (DecodeOverlap).
   DecodeOverlap decode_overlap = DecodeOverlap::kOff;
-  // The decode step's GEMMs (DecodeGemm): cuBLASLt, or the runtime's skinny GEMM where it fits.
-  DecodeGemm decode_gemm = DecodeGemm::kCublasLt;
+  // The decode step's GEMMs (DecodeGemm): auto, cuBLASLt, or the runtime's skinny GEMM.
+  DecodeGemm decode_gemm = DecodeGemm::kAuto;
   // The device's peak memory bandwidth (bytes/s) for the decode roofline and where it came from
   // ("driver: ..." or the H200 figure the CLI assumes when the driver cannot be asked).
   double peak_bandwidth = 0;
@@ -106,7 +106,8 @@ struct DemoRun {
   bool decode_package = false;      // PagedKVAppend / PagedAttention bound to a package
   bool decode_overlapped = false;   // the steps ran the batch as two overlapped halves
   bool decode_fused_qkv = false;    // every layer projected q, k and v with one GEMM
-  bool decode_skinny_gemm = false;  // the step's GEMMs ran on the runtime's skinny GEMM
+  int decode_skinny_gemms = 0;      // the step's GEMMs on the runtime's skinny GEMM
+  int decode_gemms = 0;             // the step's GEMMs
   std::string decode_cache_dtype;   // "bf16" or "fp32"
   double decode_pattern_match = 0;  // generated tokens that follow the learned pattern
   uint64_t decode_peak_bytes = 0;   // the pool's peak with the KV cache (peak_bytes: before)

@@ -207,8 +207,10 @@ struct DeviceCausalLM::DecodeState {
   DeviceTensor q16, k16, v16, o16;  // bf16 copies at the package boundary (fp32 activations)
   DeviceTensor qkv;  // [batch, q_dim + 2 kv_dim]: the fused projection's rows (Layer::qkv)
   std::optional<DeviceGraph> graph;  // the step captured for buffers_batch
-  std::optional<SkinnyGemm> skinny;  // DecodeGemm::kSkinny on a bf16 model
-  bool skinny_used = false;          // the last step ran a GEMM on it
+  DecodeGemm gemm = DecodeGemm::kAuto;
+  std::optional<SkinnyGemm> skinny;  // kSkinny, or kAuto on Hopper, on a bf16 model
+  int skinny_gemms = 0;              // the last step's GEMMs on it
+  int gemms = 0;                     // the last step's GEMMs
   bool fused_qkv = false;            // the last step's layers all took decode_fused_qkv
   double decode_ms = 0;
   int decode_steps = 0;
@@ -291,7 +293,11 @@ void DeviceCausalLM::init_decode(Runtime& runtime, const DecodeConfig& config) {
   std::unique_ptr<DecodeState, DecodeStateDelete> d(new DecodeState(device_, shape));
   d->runtime = &runtime;
   d->overlap_mode = config.overlap;
-  if (config.gemm == DecodeGemm::kSkinny && bf16_) d->skinny.emplace(device_, pool_);
+  d->gemm = config.gemm;
+  // kAuto builds the skinny GEMM only where skinny_preferred() can pick it (wgmma: sm_90).
+  if (bf16_ && (config.gemm == DecodeGemm::kSkinny ||
+                (config.gemm == DecodeGemm::kAuto && device_info(device_).sm_major == 9)))
+    d->skinny.emplace(device_, pool_);
   const auto attn = runtime.find_slot(kPagedAttention);
   const auto append = runtime.find_slot(kPagedKVAppend);
   if (attn && append) d->slots = DecodeSlots{*attn, *append};
@@ -326,8 +332,12 @@ bool DeviceCausalLM::decode_fuses_qkv() const {
   return decode_ && decode_->fused_qkv;
 }
 
-bool DeviceCausalLM::decode_uses_skinny_gemm() const {
-  return decode_ && decode_->skinny_used;
+int DeviceCausalLM::decode_skinny_gemms() const {
+  return decode_ ? decode_->skinny_gemms : 0;
+}
+
+int DeviceCausalLM::decode_gemms() const {
+  return decode_ ? decode_->gemms : 0;
 }
 
 bool DeviceCausalLM::decode_uses_package() const {
@@ -602,16 +612,23 @@ void DeviceCausalLM::decode_mlp(const Layer& L, DecodeRows& r) {
   decode_linear(r.s, *L.wdown, nullptr, r.branch);
 }
 
-// A decode step's projection: the skinny GEMM where it takes the shapes, else linear()'s cuBLASLt.
+// A decode step's projection: the skinny GEMM where it takes the shapes (and, kAuto, where it is
+// preferred), else linear()'s cuBLASLt.
 void DeviceCausalLM::decode_linear(const DeviceTensor& x, const Param& w, const Param* bias,
                                    DeviceTensor& y) {
   DecodeState& d = *decode_;
-  if (!d.skinny || !d.skinny->fits(x, run(w), y)) {
+  const DeviceTensor& W = run(w);
+  ++d.gemms;
+  const bool skinny =
+      d.skinny && d.skinny->fits(x, W, y) &&
+      (d.gemm == DecodeGemm::kSkinny ||
+       skinny_preferred(x.numel() / W.dim(1), W.dim(0), W.dim(1), d.skinny->has_wgmma()));
+  if (!skinny) {
     linear(x, w, bias, y);
     return;
   }
-  timed(Phase::kGemm, [&] { d.skinny->run(stream_, x, run(w), bias ? &run(*bias) : nullptr, y); });
-  d.skinny_used = true;
+  timed(Phase::kGemm, [&] { d.skinny->run(stream_, x, W, bias ? &run(*bias) : nullptr, y); });
+  ++d.skinny_gemms;
 }
 
 // The residual stream is r.h + the last MLP's r.branch: each pre-norm adds it in place (eval:
@@ -639,7 +656,7 @@ void DeviceCausalLM::decode_launch() {
   const int64_t B = d.batch, V = cfg_.vocab;
   kernels_.embedding_forward(stream_, run(*emb_), d.tokens, d.h);
   d.fused_qkv = true;
-  d.skinny_used = false;
+  d.skinny_gemms = d.gemms = 0;
   if (d.overlapped()) {
     DecodeRows first = d.rows(0, B / 2), second = d.rows(B / 2, B - B / 2);
     first.done = second.after = &d.attended[0];

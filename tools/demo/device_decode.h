@@ -48,17 +48,18 @@ DecodeSlots add_decode_slots(Runtime& runtime);
 // of a whole step, which the overlap does not win back at that context.
 enum class DecodeOverlap : uint8_t { kOff, kOn };
 
-// The decode step's GEMMs: cuBLASLt (the default), or the runtime's skinny GEMM (skinny_gemm.h)
-// wherever it takes the shapes (bf16, up to 64 sequences), cuBLASLt elsewhere. The skinny GEMM
-// is slower than cuBLASLt at most decode shapes on the H200 (RESULTS.md): opt-in.
-enum class DecodeGemm : uint8_t { kCublasLt, kSkinny };
+// The decode step's GEMMs: cuBLASLt; the runtime's skinny GEMM (skinny_gemm.h) wherever it takes
+// the shapes (bf16, up to 64 sequences), cuBLASLt elsewhere; or (kAuto, the default) the skinny
+// GEMM only where skinny_preferred() says it beats cuBLASLt (Hopper, weights wider than tall),
+// cuBLASLt for the rest.
+enum class DecodeGemm : uint8_t { kCublasLt, kSkinny, kAuto };
 
 struct DecodeConfig {
   int max_batch = 1;    // sequences decoded together (the graph is captured per batch)
   int max_context = 0;  // prompt + generated tokens per sequence; 0: the model's seq
   int page_size = 64;   // tokens per page
   DecodeOverlap overlap = DecodeOverlap::kOff;
-  DecodeGemm gemm = DecodeGemm::kCublasLt;
+  DecodeGemm gemm = DecodeGemm::kAuto;
 };
 
 // The cache's shape for a model, checked (kh::Error kInvalidInput naming the field): batch and

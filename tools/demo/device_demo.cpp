@@ -79,7 +79,8 @@ void decode(Runtime& rt, DeviceCausalLM& model, BigramData& data, const DemoOpti
   run.decode_graph = model.decode_graph_captured();
   run.decode_overlapped = model.decode_overlaps();
   run.decode_fused_qkv = model.decode_fuses_qkv();
-  run.decode_skinny_gemm = model.decode_uses_skinny_gemm();
+  run.decode_skinny_gemms = model.decode_skinny_gemms();
+  run.decode_gemms = model.decode_gemms();
   // A bound package that refused the model (head_dim) leaves its bf16 cache to the runtime.
   run.decode_package = model.decode_uses_package() && !model.refusals().contains(kPagedAttention);
   const bool bf16_cache = model.decode_uses_package() || o.bf16;

@@ -141,8 +141,9 @@ class DeviceCausalLM {
   // Whether the last decode step projected q, k and v with one GEMM in every layer (a bf16
   // Qwen3 whose attention and QKNormRotaryEmbedding packages are bound).
   bool decode_fuses_qkv() const;
-  // Whether the last decode step ran GEMMs on the runtime's skinny GEMM (DecodeGemm::kSkinny).
-  bool decode_uses_skinny_gemm() const;
+  // How many of the last decode step's GEMMs ran on the runtime's skinny GEMM (DecodeGemm).
+  int decode_skinny_gemms() const;
+  int decode_gemms() const;  // all of the last decode step's GEMMs
   // Whether the attention package serves decode (PagedKVAppend, PagedAttention bound).
   bool decode_uses_package() const;
   // Whether the prefilled batch's decode steps run as two overlapped halves (DecodeOverlap).

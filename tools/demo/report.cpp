@@ -34,6 +34,12 @@ std::string binding_source_text(const KernelizeBinding& b) {
   return s;
 }
 
+// "cuBLASLt", "skinny" or "skinny + cuBLASLt": where the decode step's GEMMs ran.
+std::string decode_gemm_label(const DemoRun& run) {
+  if (run.decode_skinny_gemms == 0) return "cuBLASLt";
+  return run.decode_skinny_gemms == run.decode_gemms ? "skinny" : "skinny + cuBLASLt";
+}
+
 std::string binding_table(const KernelizeReport& report) {
   std::vector<std::vector<std::string>> rows = {
       {"LAYER", "MODE", "PACKAGE", "DIGEST", "VARIANT", "SOURCE", "LOAD"}};
@@ -181,7 +187,9 @@ nlohmann::json demo_json(const DemoSummary& summary, const DemoOptions& o,
           {"package", run.decode_package},
           {"overlapped_halves", run.decode_overlapped},
           {"fused_qkv", run.decode_fused_qkv},
-          {"gemm", run.decode_skinny_gemm ? "skinny" : "cuBLASLt"},
+          {"gemm", decode_gemm_label(run)},
+          {"skinny_gemms", run.decode_skinny_gemms},
+          {"gemms", run.decode_gemms},
           {"cache_dtype", run.decode_cache_dtype},
           {"step_bytes", run.decode_step_bytes},
           {"weight_bytes", run.decode_weight_bytes},

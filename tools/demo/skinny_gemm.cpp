@@ -14,8 +14,15 @@ namespace {
 constexpr int64_t kBM = 64, kBK = 64;  // skinny_gemm.cu's tile rows and k-values per stage
 constexpr uint32_t kThreads = 128;
 
-// The compiled variants (skinny_gemm.cu's KH_SKINNY lines): {n_tile, stages}.
-constexpr std::pair<int, int> kVariants[] = {{32, 4}, {32, 6}, {64, 3}, {64, 4}, {64, 6}};
+// The compiled variants (skinny_gemm.cu's KH_SKINNY and KH_SKINNY_WGMMA_KERNEL lines).
+struct Variant {
+  int n_tile, stages;
+  bool wgmma;
+  bool operator==(const Variant&) const = default;
+};
+constexpr Variant kVariants[] = {{32, 4, false},  {32, 6, false}, {64, 3, false},
+                                 {64, 4, false},  {64, 6, false}, {64, 4, true},
+                                 {64, 6, true},   {128, 4, true}, {128, 6, true}};
 
 [[noreturn]] void invalid(const std::string& why) {
   throw Error(ErrorKind::kInvalidInput, "skinny GEMM: " + why);
@@ -24,7 +31,8 @@ constexpr std::pair<int, int> kVariants[] = {{32, 4}, {32, 6}, {64, 3}, {64, 4},
 }  // namespace
 
 std::string SkinnyPlan::kernel() const {
-  return fmt::format("kh_skinny_gemm_n{}_s{}", n_tile / 32, stages);
+  return wgmma ? fmt::format("kh_skinny_wgmma_n{}_s{}", n_tile / 64, stages)
+               : fmt::format("kh_skinny_gemm_n{}_s{}", n_tile / 32, stages);
 }
 
 uint32_t SkinnyPlan::shared_bytes() const {
@@ -33,14 +41,8 @@ uint32_t SkinnyPlan::shared_bytes() const {
 
 std::vector<SkinnyPlan> skinny_variants() {
   std::vector<SkinnyPlan> plans;
-  for (auto [n_tile, stages] : kVariants) plans.push_back({n_tile, stages, 1});
+  for (const Variant& v : kVariants) plans.push_back({v.n_tile, v.stages, 1, v.wgmma});
   return plans;
-}
-
-std::vector<std::string> skinny_kernel_names() {
-  std::vector<std::string> names;
-  for (const SkinnyPlan& p : skinny_variants()) names.push_back(p.kernel());
-  return names;
 }
 
 SkinnyPlan skinny_plan(int64_t M, int64_t N, int64_t K) {
@@ -51,6 +53,21 @@ SkinnyPlan skinny_plan(int64_t M, int64_t N, int64_t K) {
   const int64_t by_k = std::max<int64_t>(1, K / kSkinnyMinSplitK);
   p.splits = static_cast<int>(std::clamp<int64_t>(std::min(by_ctas, by_k), 1, K / kBK));
   return p;
+}
+
+SkinnyPlan skinny_wgmma_plan(int64_t M, int64_t N, int64_t K, int multiprocessors) {
+  (void)M;
+  SkinnyPlan p{64, 4, 1, true};
+  const int64_t tiles = (N + p.n_tile - 1) / p.n_tile;
+  const int64_t max_splits =
+      std::clamp<int64_t>(K / kSkinnyMinWgmmaSplitK, 1, kSkinnyMaxClusterSplits);
+  p.splits = static_cast<int>(
+      std::clamp<int64_t>(2 * std::max(0, multiprocessors) / tiles, 1, max_splits));
+  return p;
+}
+
+bool skinny_preferred(int64_t M, int64_t N, int64_t K, bool wgmma) {
+  return wgmma && M <= kSkinnyMaxRows && N < K && N <= kSkinnyPreferredMaxN;
 }
 
 std::string skinny_refusal(int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldy) {
@@ -64,17 +81,28 @@ std::string skinny_refusal(int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t
 }
 
 std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K) {
-  if (std::find(std::begin(kVariants), std::end(kVariants), std::pair{plan.n_tile, plan.stages}) ==
-      std::end(kVariants))
-    return fmt::format("no variant of {} columns and {} stages", plan.n_tile, plan.stages);
-  if (plan.splits < 1 || plan.splits > K / kBK)
-    return fmt::format("{} splits of K = {} (1..{})", plan.splits, K, K / kBK);
+  if (std::find(std::begin(kVariants), std::end(kVariants),
+                Variant{plan.n_tile, plan.stages, plan.wgmma}) == std::end(kVariants))
+    return fmt::format("no {} variant of {} columns and {} stages",
+                       plan.wgmma ? "wgmma" : "mma.sync", plan.n_tile, plan.stages);
+  const int64_t most = plan.wgmma ? std::min(K / kBK, kSkinnyMaxClusterSplits) : K / kBK;
+  if (plan.splits < 1 || plan.splits > most)
+    return fmt::format("{} splits of K = {} (1..{}{})", plan.splits, K, most,
+                       plan.wgmma && most == kSkinnyMaxClusterSplits ? ": one cluster" : "");
   return {};
 }
 
 SkinnyGemm::SkinnyGemm(int device, DevicePool& pool)
     : module_(device, "demo_skinny_gemm", skinny_gemm_source()), pool_(pool) {
-  for (const std::string& name : skinny_kernel_names()) module_.function(name);  // fail early
+  const kh_device_info_t info = device_info(device);
+  wgmma_ = info.sm_major == 9;  // sm_90a code: the loader's NVRTC target on Hopper
+  multiprocessors_ = info.multiprocessors;
+  for (const SkinnyPlan& p : skinny_variants())
+    if (!p.wgmma || wgmma_) module_.function(p.kernel());  // fail early
+}
+
+SkinnyPlan SkinnyGemm::default_plan(int64_t M, int64_t N, int64_t K) const {
+  return wgmma_ ? skinny_wgmma_plan(M, N, K, multiprocessors_) : skinny_plan(M, N, K);
 }
 
 std::string SkinnyGemm::refusal(const DeviceTensor& x, const DeviceTensor& w,
@@ -112,7 +140,7 @@ SkinnyGemm::Workspace& SkinnyGemm::workspace(DeviceStream& stream, int64_t acc_f
 void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                      const DeviceTensor* bias, DeviceTensor& y) {
   if (std::string why = refusal(x, w, y); !why.empty()) invalid(why);
-  run(stream, x, w, bias, y, skinny_plan(x.numel() / w.dim(1), w.dim(0), w.dim(1)));
+  run(stream, x, w, bias, y, default_plan(x.numel() / w.dim(1), w.dim(0), w.dim(1)));
 }
 
 void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
@@ -121,13 +149,16 @@ void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTe
   int N = static_cast<int>(w.dim(0)), K = static_cast<int>(w.dim(1));
   int M = static_cast<int>(x.numel() / K);
   if (std::string why = skinny_plan_refusal(plan, K); !why.empty()) invalid(why);
+  if (plan.wgmma && !wgmma_)
+    invalid(fmt::format("{} is a Hopper (sm_90) kernel; device {} is not one", plan.kernel(),
+                        module_.device()));
   if (bias &&
       (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N || bias->device() != x.device()))
     invalid(fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N));
   const int64_t tiles = (N + plan.n_tile - 1) / plan.n_tile;
   void* acc = nullptr;
   void* counters = nullptr;
-  if (plan.splits > 1) {
+  if (plan.splits > 1 && !plan.wgmma) {  // the wgmma kernels sum their splits in a cluster
     Workspace& ws = workspace(stream, tiles * kBM * plan.n_tile, tiles);
     acc = ws.acc.data();
     counters = ws.counters.data();
@@ -140,6 +171,11 @@ void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTe
       module_.device(), {static_cast<uint32_t>(tiles), static_cast<uint32_t>(plan.splits), 1},
       {kThreads, 1, 1}, plan.shared_bytes());
   cfg.flags = KH_LAUNCH_PDL;
+  if (plan.wgmma && plan.splits > 1) {
+    cfg.cluster[0] = 1;
+    cfg.cluster[1] = static_cast<uint32_t>(plan.splits);
+    cfg.cluster[2] = 1;
+  }
   launch(module_.function(plan.kernel()), cfg, args, stream);
 }
 

@@ -17,9 +17,20 @@
 // `acc` with vector reductions; the split that arrives last (a counter per tile) adds the bias,
 // writes y in bf16 and leaves the slab at zero and the counter at 0 for the next call, so the
 // workspace needs zeroing once, when it is allocated.
+//
+// On Hopper (sm_90a) the kh_skinny_wgmma_* kernels do the same with wgmma: one warpgroup a CTA
+// multiplies the x tile (64 rows, the wgmma M) by BN = 64 or 128 W rows (the wgmma N) straight
+// from the swizzled stages, so x is read from shared memory once per stage by the tensor cores
+// instead of once per warp by ldmatrix. Their splits of K form one thread block cluster
+// (gridDim.y <= 8) and are summed through distributed shared memory: no workspace, no counters.
 #include "kh_prelude.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
+
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KH_SKINNY_WGMMA 1
+#include "wgmma.cuh"
+#endif
 
 #define KH_GLOBAL extern "C" __global__
 
@@ -185,6 +196,138 @@ KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_b
   if (tid == 0) counters[tile] = 0;
 }
 
+#if defined(KH_SKINNY_WGMMA)
+
+// This CTA's rank in its cluster, a barrier of the whole cluster (release / acquire: shared
+// memory written before it is visible to the other CTAs' reads after it), and a four-float read
+// of CTA `rank`'s shared memory at this CTA's address `local`.
+KH_DEV kh_u32 cluster_rank() {
+  kh_u32 r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+KH_DEV void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
+                   : "memory");
+}
+KH_DEV void load4_cluster(kh_u32 local, kh_u32 rank, float (&v)[4]) {
+  kh_u32 remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+               : "r"(remote)
+               : "memory");
+}
+
+template <int BN, int STAGES>
+KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
+                         const kh_bf16* __restrict__ w, const kh_bf16* __restrict__ bias,
+                         kh_bf16* __restrict__ y, long long ldy, int M, int N, int K) {
+  constexpr kh_u32 kXTile = kBM * kBK * 2, kStage = kXTile + BN * kBK * 2;
+  // The swizzle's 1024-byte atoms (a name of its own: the mma.sync kernels declare 128).
+  extern __shared__ __align__(1024) unsigned char wg_smem[];
+  const kh_u32 base = kh_smem_addr(wg_smem);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int n0 = tile * BN;
+  const int chunks = K / kBK;
+  const int c0 = (int)((long long)chunks * split / splits);
+  const int nc = (int)((long long)chunks * (split + 1) / splits) - c0;
+  const kh_bf16* wt = w + (long long)n0 * K + (long long)c0 * kBK;
+  const kh_bf16* xt = x + (long long)c0 * kBK;
+  // Stage s: the x tile [64 rows, 64 k], then the W tile [BN rows, 64 k] (one panel each).
+  auto load_w = [&](int s, int c) {
+    kh_load_tile<BN, kBK, kThreads>(base + s * kStage + kXTile, wt + c * kBK, K, 0, N - n0, tid);
+  };
+  auto load_x = [&](int s, int c) {
+    kh_load_tile<kBM, kBK, kThreads>(base + s * kStage, xt + c * kBK, ldx, 0, M, tid);
+  };
+
+  // As the mma.sync kernel: the first stages' weights before the wait, x after it.
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s)
+    if (s < nc) load_w(s, s);
+  kh_pdl_wait();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nc) load_x(s, s);
+    kh_cp_async_commit();
+  }
+
+  float acc[BN / 2];  // y[m, n0 + n]: the wgmma accumulator of the 64 x BN tile
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  for (int c = 0; c < nc; ++c) {
+    kh_cp_async_wait<STAGES - 2>();
+    kh_fence_proxy_async();  // this thread's cp.async writes, visible to wgmma's reads
+    __syncthreads();         // ... every thread's; and every wgmma of stage c - 1 is done
+    const int next = c + STAGES - 1;
+    if (next < nc) {
+      load_w(next % STAGES, next);
+      load_x(next % STAGES, next);
+    }
+    kh_cp_async_commit();
+    const kh_u32 xs = base + (c % STAGES) * kStage, ws = xs + kXTile;
+    kh_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk)
+      kh_wgmma_ss<kh_bf16, BN>(acc, kh_wgmma_desc(xs + kk * 32, 16, 1024),
+                               kh_wgmma_desc(ws + kk * 32, 16, 1024), 1);
+    kh_wgmma_commit();
+    kh_wgmma_wait<0>();  // the stage is rewritten after the next barrier
+  }
+  kh_cp_async_wait<0>();
+  kh_pdl_launch_dependents();
+
+  // acc[4 i + 2 h + j]: row warp * 16 + lane / 4 + 8 h, column 8 i + (lane % 4) * 2 + j.
+  const int row = warp * 16 + (lane >> 2), col = (lane & 3) * 2;
+  if (splits == 1) {
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = row + 8 * h, n = n0 + 8 * i + col;
+        if (m < M && n < N)
+          *reinterpret_cast<kh_u32*>(y + (long long)m * ldy + n) = kh_pack2<kh_bf16>(
+              acc[4 * i + 2 * h] + bias_at(bias, n), acc[4 * i + 2 * h + 1] + bias_at(bias, n + 1));
+      }
+    return;
+  }
+  // Split K: each CTA of the cluster leaves its fp32 tile in its shared memory (rows padded to
+  // BN + 8 floats: a warp's 8-byte stores then fall in distinct banks), and CTA r sums rows
+  // [M r / splits, M (r + 1) / splits) of all of them in rank order (deterministic).
+  constexpr int kPitch = BN + 8;
+  __syncthreads();  // every warp's wgmma reads are done: the stages' memory is free
+  float* part = reinterpret_cast<float*>(wg_smem);
+#pragma unroll
+  for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<float2*>(part + (row + 8 * h) * kPitch + 8 * i + col) =
+          make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+  cluster_sync();
+  const int rank = (int)cluster_rank();
+  const int m_lo = M * rank / splits, m_hi = M * (rank + 1) / splits;
+  for (int i = tid; i < (m_hi - m_lo) * (BN / 4); i += kThreads) {
+    const int m = m_lo + i / (BN / 4), nl = (i % (BN / 4)) * 4, n = n0 + nl;
+    const kh_u32 local = base + (kh_u32)(m * kPitch + nl) * 4u;
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int r = 0; r < splits; ++r) {
+      float v[4];
+      load4_cluster(local, (kh_u32)r, v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sum[j] += v[j];
+    }
+    if (n >= N) continue;  // N is a multiple of 8: n < N covers n + 3
+    kh_u32* out = reinterpret_cast<kh_u32*>(y + (long long)m * ldy + n);
+    out[0] = kh_pack2<kh_bf16>(sum[0] + bias_at(bias, n), sum[1] + bias_at(bias, n + 1));
+    out[1] = kh_pack2<kh_bf16>(sum[2] + bias_at(bias, n + 2), sum[3] + bias_at(bias, n + 3));
+  }
+  cluster_sync();  // no CTA leaves while another still reads its shared memory
+}
+
+#endif  // KH_SKINNY_WGMMA
+
 }  // namespace
 
 // The variants (skinny_gemm.h names them): 32 * NT columns a CTA, STAGES stages.
@@ -199,3 +342,20 @@ KH_SKINNY(1, 6)
 KH_SKINNY(2, 3)
 KH_SKINNY(2, 4)
 KH_SKINNY(2, 6)
+
+
+// The Hopper variants: BN = 64 * NB columns a CTA, STAGES stages; only in sm_90a code.
+#if defined(KH_SKINNY_WGMMA)
+#define KH_SKINNY_WGMMA_KERNEL(NB, STAGES)                                                  \
+  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_n##NB##_s##STAGES(          \
+      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y, \
+      long long ldy, int M, int N, int K, float* acc, int* counters) {                    \
+    (void)acc;                                                                            \
+    (void)counters;                                                                       \
+    skinny_wgmma<64 * NB, STAGES>(x, ldx, w, bias, y, ldy, M, N, K);                       \
+  }
+KH_SKINNY_WGMMA_KERNEL(1, 4)
+KH_SKINNY_WGMMA_KERNEL(1, 6)
+KH_SKINNY_WGMMA_KERNEL(2, 4)
+KH_SKINNY_WGMMA_KERNEL(2, 6)
+#endif

@@ -3,9 +3,11 @@
 // and LM head. cuBLASLt's kernels take 4-7 us for the 4-13 MB weights of a Qwen3-0.6B decode
 // layer at M = 64 (0.5-2.3 TB/s: too few CTAs for N = 1024 and nothing that overlaps the
 // previous kernel); this one splits K over enough CTAs to keep the weights streaming and starts
-// loading them while the previous kernel finishes (programmatic dependent launch).
+// loading them while the previous kernel finishes (programmatic dependent launch). Two kernel
+// families: mma.sync (any GPU the runtime supports) and, on Hopper, wgmma with the splits of K
+// summed in a thread block cluster.
 //
-// The plan (tile width, stages, splits of K) is a pure function, tested on the CPU; the kernels
+// The plans (tile width, stages, splits of K) are pure functions, tested on the CPU; the kernels
 // are compiled at run time through the device API (NVRTC, JIT cached) like the runtime's others.
 #pragma once
 
@@ -22,9 +24,11 @@ namespace kh::demo {
 inline constexpr int64_t kSkinnyMaxRows = 64;
 
 struct SkinnyPlan {
-  int n_tile = 64;  // output columns a CTA owns: 32 or 64
-  int stages = 4;   // shared-memory stages of 64 k-values: 3, 4 or 6 (n_tile 32: 4 or 6)
-  int splits = 1;   // CTAs that share one tile's K (1 .. K / 64)
+  int n_tile = 64;     // output columns a CTA owns: 32 or 64 (mma.sync), 64 or 128 (wgmma)
+  int stages = 4;      // shared-memory stages of 64 k-values: 3, 4 or 6 (n_tile 32: 4 or 6;
+                       // wgmma: 4 or 6)
+  int splits = 1;      // CTAs that share one tile's K (1 .. K / 64; wgmma: a cluster, <= 8)
+  bool wgmma = false;  // the Hopper kernels (sm_90 only)
   // The kernel's name and its dynamic shared memory.
   std::string kernel() const;
   uint32_t shared_bytes() const;
@@ -38,25 +42,49 @@ inline constexpr int64_t kSkinnyTargetCtas = 256;
 inline constexpr int64_t kSkinnyMinSplitK = 512;
 SkinnyPlan skinny_plan(int64_t M, int64_t N, int64_t K);
 
+// The default wgmma plan on a GPU of `multiprocessors` SMs: 64-column tiles of 4 stages (64 KiB:
+// three CTAs an SM, so the next kernel's CTAs fit beside this one's under programmatic dependent
+// launch), K split so that the grid has about two CTAs an SM (<= 8 splits, the cluster limit; at
+// least kSkinnyMinWgmmaSplitK k-values each). The H200 sweep (tools/bench/RESULTS.md): 128-column
+// or 6-stage tiles lose up to 2x at 64 rows, since one CTA an SM leaves no room for the next
+// kernel to start.
+inline constexpr int64_t kSkinnyMaxClusterSplits = 8;
+inline constexpr int64_t kSkinnyMinWgmmaSplitK = 128;
+SkinnyPlan skinny_wgmma_plan(int64_t M, int64_t N, int64_t K, int multiprocessors);
+
+// Whether the skinny GEMM should take M x N x K from cuBLASLt (DecodeGemm::kAuto): on Hopper
+// (wgmma), for weights wider than tall with at most kSkinnyPreferredMaxN rows (N < K, N <= 2048:
+// Qwen3-0.6B's o and down projections, 1.2-1.4x at 1-64 rows on an H200), where cuBLASLt's few
+// output tiles leave most SMs idle and the cluster split fills them. From N = 2880 up (gpt-oss's
+// o, Llama-3-8B's down) cuBLASLt is as fast or faster (tools/bench/RESULTS.md).
+inline constexpr int64_t kSkinnyPreferredMaxN = 2048;
+bool skinny_preferred(int64_t M, int64_t N, int64_t K, bool wgmma);
+
 // Whether the kernels take y[M, N] = x[M, K] . W^T with these shapes and leading dimensions
 // (elements): 1 <= M <= 64, K a multiple of 64, N a multiple of 8, ldx and ldy multiples of 8
 // (16-byte rows). Empty when they do, else why not (for messages).
 std::string skinny_refusal(int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t ldy);
-// Whether `plan` is one of the compiled variants and splits K = `K` at most K / 64 ways; empty
-// when it does.
+// Whether `plan` is one of the compiled variants and splits K = `K` at most K / 64 ways (a wgmma
+// plan at most kSkinnyMaxClusterSplits); empty when it does.
 std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K);
 
-// The source NVRTC compiles, its compiled variants (tile width and stages; splits 1) and their
-// kernels' names.
+// The source NVRTC compiles and its compiled variants (tile width, stages and kernel family;
+// splits 1). The wgmma variants exist only in sm_90a code.
 const char* skinny_gemm_source();
 std::vector<SkinnyPlan> skinny_variants();
-std::vector<std::string> skinny_kernel_names();
 
 class SkinnyGemm {
  public:
   // Compiles (or finds in the JIT cache) the kernels for `device`; the split-K workspace comes
   // from `pool`, per stream (GEMMs on two streams may run at once).
   SkinnyGemm(int device, DevicePool& pool);
+
+  // Whether this GPU runs the wgmma variants (compute capability 9.x) and the default plans use
+  // them; its multiprocessors (the wgmma plan's wave).
+  bool has_wgmma() const { return wgmma_; }
+  int multiprocessors() const { return multiprocessors_; }
+  // The plan run() without one uses.
+  SkinnyPlan default_plan(int64_t M, int64_t N, int64_t K) const;
 
   // Whether run() takes these tensors: bf16 x [.., K] (rows M = numel / K), w [N, K], y [.., N]
   // with M rows, all contiguous on this device, and skinny_refusal() empty. refusal() says why
@@ -67,7 +95,7 @@ class SkinnyGemm {
   std::string refusal(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor& y) const;
 
   // y = x . w^T (+ bias [N], bf16), ordered on `stream`, launched with PDL. Throws kh::Error
-  // kInvalidInput when !fits() or the plan does not fit. Allocates the stream's workspace the
+  // kInvalidInput when !fits() or the plan does not fit (a wgmma plan on a GPU without them). Allocates the stream's workspace the
   // first time a split plan needs more than it has: run once outside a CUDA-graph capture first.
   void run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
            const DeviceTensor* bias, DeviceTensor& y);
@@ -83,6 +111,8 @@ class SkinnyGemm {
 
   DeviceModule module_;
   DevicePool& pool_;
+  bool wgmma_ = false;
+  int multiprocessors_ = 0;
   std::map<const void*, Workspace> workspaces_;  // by stream handle
 };
 

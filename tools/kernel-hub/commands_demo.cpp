@@ -192,8 +192,9 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   o.decode_context = a.decode_context;
   o.decode_overlap =
       a.decode_overlap == "on" ? demo::DecodeOverlap::kOn : demo::DecodeOverlap::kOff;
-  o.decode_gemm =
-      a.decode_gemm == "skinny" ? demo::DecodeGemm::kSkinny : demo::DecodeGemm::kCublasLt;
+  o.decode_gemm = a.decode_gemm == "skinny"     ? demo::DecodeGemm::kSkinny
+                  : a.decode_gemm == "cublaslt" ? demo::DecodeGemm::kCublasLt
+                                                : demo::DecodeGemm::kAuto;
   if (ordinal >= 0) {
     demo::resolve_decode(o);  // refuses a bad --decode-* before anything is fetched
     std::tie(o.peak_bandwidth, o.peak_bandwidth_source) = peak_bandwidth(ordinal);
@@ -270,7 +271,9 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
           run.decode_ms_per_step, run.decode_steps,
           run.decode_overlapped ? ", two overlapped halves" : "",
           run.decode_fused_qkv ? ", one q/k/v GEMM" : "",
-          run.decode_skinny_gemm ? ", skinny GEMMs" : ""));
+          run.decode_skinny_gemms
+              ? fmt::format(", {} of {} GEMMs skinny", run.decode_skinny_gemms, run.decode_gemms)
+              : ""));
       ctx.say(fmt::format(
           "  roofline: a step reads {} (weights {} + KV cache {} at {:.0f} tokens a sequence) "
           "= {:.2f} TB/s, {:.0f}% of the {:.2f} TB/s peak ({}), {:.0f}% of the {:.2f} TB/s a "
@@ -378,10 +381,11 @@ void add_demo_command(CLI::App& app, Runner& run) {
                   "off: slower on an H200 at 64 x 2048)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--decode-gemm", a->decode_gemm,
-                  "CUDA only: the decode step's GEMMs: cublaslt, or skinny (the runtime's own GEMM "
-                  "for up to 64 bf16 rows, cuBLASLt for the rest; slower at most shapes on an "
-                  "H200) (default cublaslt)")
-      ->check(CLI::IsMember({"cublaslt", "skinny"}));
+                  "CUDA only: the decode step's GEMMs: auto (the runtime's own skinny GEMM where "
+                  "it beats cuBLASLt: bf16, up to 64 rows, on Hopper, weights wider than tall), "
+                  "cublaslt, or skinny (the skinny GEMM wherever it takes the shapes) (default "
+                  "auto)")
+      ->check(CLI::IsMember({"auto", "cublaslt", "skinny"}));
   cmd->add_flag("--fallback", a->fallback,
                 "Bind no package: every slot runs the runtime's own implementation (as "
                 "KERNEL_HUB_DISABLE=1)");

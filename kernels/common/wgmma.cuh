@@ -1,15 +1,17 @@
 // Hopper (sm_90a) tensor-core building blocks: wgmma with shared-memory matrix descriptors over
-// 128-byte-swizzled tiles, issued by a warpgroup (4 consecutive warps). Header-free for NVRTC.
-// Compiled only where the device code targets sm_90a (NVRTC compiles for the GPU's
-// arch-specific target; see loader/device_code.cpp).
+// 128-byte-swizzled tiles, issued by a warpgroup (4 consecutive warps). Header-free for NVRTC;
+// the includer brings kh_prelude.cuh and mma.cuh (cp.async) first. Compiled only where the
+// device code targets sm_90a (NVRTC compiles for the GPU's arch-specific target; see
+// loader/device_code.cpp): the attention package's Hopper kernels and the demo runtime's skinny
+// GEMM. A one-panel tile is mma.cuh's kh_swz<8> layout.
 //
 // Tile layout ("panels"): a tile of ROWS rows x D 16-bit elements is stored as D / 64 panels of
 // ROWS x 128 bytes; in panel p, row r's 16-byte chunk c (elements 64p + 8c .. + 7) sits at
 // p * ROWS * 128 + r * 128 + ((c ^ (r & 7)) * 16): the 128-byte swizzle wgmma reads, in 1024-byte
 // atoms of 8 rows. The same layout serves a K-major operand (Q, K: the reduction runs along the
 // row) and an MN-major one (V: the reduction runs down the rows).
-#ifndef KH_ATTENTION_WGMMA_CUH_
-#define KH_ATTENTION_WGMMA_CUH_
+#ifndef KH_COMMON_WGMMA_CUH_
+#define KH_COMMON_WGMMA_CUH_
 
 typedef unsigned long long kh_u64;
 
@@ -65,67 +67,6 @@ KH_DEV void kh_wgmma_wait() {
 // async proxy wgmma reads through; then a barrier.
 KH_DEV void kh_fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// mbarriers (shared memory, 8 bytes each) and named barriers between warpgroups.
-KH_DEV void kh_mbar_init(kh_u32 bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-KH_DEV void kh_mbar_arrive(kh_u32 bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Waits until the barrier's phase with parity `parity` has completed.
-KH_DEV void kh_mbar_wait(kh_u32 bar, int parity) {
-  kh_u32 done = 0;
-  while (!done)
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-}
-// mbarrier arrival that also expects `bytes` more from asynchronous copies (TMA) this phase.
-KH_DEV void kh_mbar_arrive_tx(kh_u32 bar, kh_u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// Expects `bytes` more from asynchronous copies this phase, without arriving.
-KH_DEV void kh_mbar_expect_tx(kh_u32 bar, kh_u32 bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// Makes mbarrier initialization visible to the async proxy (TMA completes transactions on it).
-KH_DEV void kh_fence_mbar_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// TMA: the box at coordinates {c0, c1, c2, c3} of the 4-d tensor `map` (a __grid_constant__
-// kernel parameter) into shared memory at `dst`, completing `bytes` on mbarrier `bar`.
-KH_DEV void kh_tma_load4(kh_u32 dst, const kh_tma_desc* map, int c0, int c1, int c2, int c3,
-                         kh_u32 bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
-}
-KH_DEV void kh_tma_prefetch_desc(const kh_tma_desc* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
-}
-KH_DEV void kh_named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-KH_DEV void kh_named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// Moves this warpgroup's register budget (setmaxnreg; needs a register cap at entry).
-template <int N>
-KH_DEV void kh_regs_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-KH_DEV void kh_regs_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 // d (64 x N, fp32; each thread holds N / 2 values in mma's C layout per 8 columns) (+)= A B^T
@@ -320,4 +261,4 @@ KH_DEV void kh_wgmma_ss_tt<kh_fp16, 64>(float (&d)[32], kh_u64 a, kh_u64 b, int 
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-#endif  // KH_ATTENTION_WGMMA_CUH_
+#endif  // KH_COMMON_WGMMA_CUH_
