@@ -18,7 +18,7 @@ mkdir -p "$HOME"
 
 step "install into a temporary prefix"
 cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log"
-for h in kh_prelude.cuh pdl.cuh mma.cuh wgmma.cuh; do
+for h in kh_prelude.cuh pdl.cuh mma.cuh wgmma.cuh cluster.cuh; do
   [ -e "$tmp/prefix/include/kernel_hub/$h" ] || fail "the install has no $h"
 done
 

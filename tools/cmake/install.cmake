@@ -1,7 +1,8 @@
 # The SDK: what `cmake --install build --prefix P` puts in P, and the .deb CPack makes of it.
 #   include/kernel_hub/      kernel_hub.h (C API), kernel_hub.hpp + kernel_hub_base.hpp (C++ API),
 #                            kernel_hub_abi.h (the package ABI), dlpack/dlpack.h (see below),
-#                            kh_prelude.cuh, pdl.cuh, mma.cuh, wgmma.cuh (device code, see below)
+#                            kh_prelude.cuh, pdl.cuh, mma.cuh, wgmma.cuh,
+#                            cluster.cuh (device code, see below)
 #   lib/                     libkernel_hub.so.0.3.0, .so.0 (the SONAME), .so
 #   lib/cmake/KernelHub/     KernelHubConfig.cmake (+ Version), KernelHubTargets.cmake (imported
 #                            targets KernelHub::kernel_hub, KernelHub::package,
@@ -35,10 +36,12 @@ install(FILES
 install(FILES ${KH_DLPACK_INCLUDE_DIR}/dlpack/dlpack.h DESTINATION ${KH_INSTALL_INCLUDE_DIR}/dlpack)
 # The device-code prelude (bf16/fp16 storage types and conversions, launch helpers) and the
 # device headers beside it: pdl.cuh (the device half of KH_LAUNCH_PDL), mma.cuh (cp.async,
-# ldmatrix and mma.sync building blocks) and wgmma.cuh (Hopper's wgmma): what packages' and
-# runtimes' NVRTC sources inline (a runtime built against the SDK needs them too).
+# ldmatrix and mma.sync building blocks), wgmma.cuh (Hopper's wgmma) and cluster.cuh (thread
+# block clusters): what packages' and runtimes' NVRTC sources inline (a runtime built against the
+# SDK needs them too).
 install(FILES ${KH_KERNEL_COMMON_DIR}/kh_prelude.cuh ${KH_KERNEL_COMMON_DIR}/pdl.cuh
               ${KH_KERNEL_COMMON_DIR}/mma.cuh ${KH_KERNEL_COMMON_DIR}/wgmma.cuh
+              ${KH_KERNEL_COMMON_DIR}/cluster.cuh
         DESTINATION ${KH_INSTALL_INCLUDE_DIR})
 
 # ---- The library and the CLI ----

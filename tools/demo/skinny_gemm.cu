@@ -29,6 +29,7 @@
 
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KH_SKINNY_WGMMA 1
+#include "cluster.cuh"
 #include "wgmma.cuh"
 #endif
 
@@ -198,27 +199,6 @@ KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_b
 
 #if defined(KH_SKINNY_WGMMA)
 
-// This CTA's rank in its cluster, a barrier of the whole cluster (release / acquire: shared
-// memory written before it is visible to the other CTAs' reads after it), and a four-float read
-// of CTA `rank`'s shared memory at this CTA's address `local`.
-KH_DEV kh_u32 cluster_rank() {
-  kh_u32 r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-KH_DEV void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::
-                   : "memory");
-}
-KH_DEV void load4_cluster(kh_u32 local, kh_u32 rank, float (&v)[4]) {
-  kh_u32 remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
-               : "r"(remote)
-               : "memory");
-}
-
 template <int BN, int STAGES>
 KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
                          const kh_bf16* __restrict__ w, const kh_bf16* __restrict__ bias,
@@ -305,8 +285,8 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
     for (int h = 0; h < 2; ++h)
       *reinterpret_cast<float2*>(part + (row + 8 * h) * kPitch + 8 * i + col) =
           make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-  cluster_sync();
-  const int rank = (int)cluster_rank();
+  kh_cluster_sync();
+  const int rank = (int)kh_cluster_rank();
   const int m_lo = M * rank / splits, m_hi = M * (rank + 1) / splits;
   for (int i = tid; i < (m_hi - m_lo) * (BN / 4); i += kThreads) {
     const int m = m_lo + i / (BN / 4), nl = (i % (BN / 4)) * 4, n = n0 + nl;
@@ -314,7 +294,7 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
     float sum[4] = {0.f, 0.f, 0.f, 0.f};
     for (int r = 0; r < splits; ++r) {
       float v[4];
-      load4_cluster(local, (kh_u32)r, v);
+      kh_ld_cluster_f32x4(kh_cluster_map(local, (kh_u32)r), v);
 #pragma unroll
       for (int j = 0; j < 4; ++j) sum[j] += v[j];
     }
@@ -323,7 +303,7 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
     out[0] = kh_pack2<kh_bf16>(sum[0] + bias_at(bias, n), sum[1] + bias_at(bias, n + 1));
     out[1] = kh_pack2<kh_bf16>(sum[2] + bias_at(bias, n + 2), sum[3] + bias_at(bias, n + 3));
   }
-  cluster_sync();  // no CTA leaves while another still reads its shared memory
+  kh_cluster_sync();  // no CTA leaves while another still reads its shared memory
 }
 
 #endif  // KH_SKINNY_WGMMA
