@@ -35,21 +35,21 @@ void DeviceCausalLM::norm(const DeviceTensor& x, const Param& w, DeviceTensor& y
   kernels_.rms_norm(stream_, x, run(w), cfg_.eps, y, rstd);
 }
 
-namespace {
-constexpr int64_t kNormWalkers = 2048;
-}  // namespace
+// The partial rows the norm package's backward reduces dweight through: one per walker, and W
+// sets the backward's parallelism, so it is sized for the whole GPU (16 walkers per
+// multiprocessor, kh_device_get_info's count: the norm package's own recommendation for short
+// rows; the q/k norms have T * heads rows of head_dim), not the host model's 64, which made the
+// Qwen3-0.6B step's RMSNorm backward 200 ms.
+DeviceTensor DeviceCausalLM::norm_workspace(int64_t rows, int64_t cols) {
+  return empty({std::clamp<int64_t>(norm_walkers_, 1, rows), cols});
+}
 
 void DeviceCausalLM::norm_backward(const DeviceTensor& dy, const DeviceTensor& x, Param& w,
                                    const DeviceTensor& rstd, DeviceTensor& dx) {
   const int64_t C = w.w.numel(), R = x.numel() / C;
   if (bound(slots_.rms_norm)) {
-    // The package reduces dweight (x's dtype) through W partial rows, one per walker: W sets
-    // the backward's parallelism, so it is sized for a whole GPU (about 16 walkers per
-    // multiprocessor on a 132-SM H100/H200, the norm package's own recommendation for short
-    // rows; the q/k norms have T * heads rows of head_dim), not the host model's 64, which
-    // made the Qwen3-0.6B step's RMSNorm backward 200 ms.
-    DeviceTensor dweight = act({C});
-    DeviceTensor workspace = empty({std::min<int64_t>(R, kNormWalkers), C});
+    DeviceTensor dweight = act({C});  // x's dtype
+    DeviceTensor workspace = norm_workspace(R, C);
     if (call_slot(slots_.rms_norm, kRMSNorm, true,
                   {tensor_arg(&dy), tensor_arg(&x), tensor_arg(&run(w)), tensor_arg(&rstd),
                    tensor_arg(&dx), tensor_arg(&dweight), tensor_arg(&workspace)})) {
@@ -92,7 +92,7 @@ void DeviceCausalLM::add_norm_backward(const DeviceTensor& dy, const DeviceTenso
   if (bound(slots_.fused_add_rms_norm)) {
     const int64_t C = w.w.numel(), R = residual_out.numel() / C;
     DeviceTensor dweight = act({C});
-    DeviceTensor workspace = empty({std::min<int64_t>(R, kNormWalkers), C});
+    DeviceTensor workspace = norm_workspace(R, C);
     if (call_slot(
             slots_.fused_add_rms_norm, kFusedAddRMSNorm, true,
             {tensor_arg(&dy), tensor_arg(dresidual), tensor_arg(&residual_out), tensor_arg(&run(w)),

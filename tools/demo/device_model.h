@@ -225,6 +225,7 @@ class DeviceCausalLM {
   void norm(const DeviceTensor& x, const Param& w, DeviceTensor& y, DeviceTensor* rstd);
   // norm() of what backward recomputes (train mode: the slot's forward_train, rstd discarded).
   void renorm(const DeviceTensor& x, const Param& w, DeviceTensor& y);
+  DeviceTensor norm_workspace(int64_t rows, int64_t cols);  // the norm backward's partial rows
   void norm_backward(const DeviceTensor& dy, const DeviceTensor& x, Param& w,
                      const DeviceTensor& rstd, DeviceTensor& dx);
   // The pre-norm of a residual stream held as residual + branch (branch empty: nothing to add):
@@ -276,6 +277,8 @@ class DeviceCausalLM {
   DevicePool pool_;
   DeviceStream stream_;
   DeviceKernels kernels_;
+  // The norm package's backward walkers: 16 per multiprocessor of this GPU (norm_backward).
+  int64_t norm_walkers_;
   std::map<std::string, Param> params_;  // by Transformers name; "…mlp.gate_up" for the fused one
   std::vector<Param> qkv_;  // per layer, w16 only: the q, k and v weights' shared rows (build)
   std::vector<Layer> layers_;
