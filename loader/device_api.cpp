@@ -1,5 +1,6 @@
 #include "loader/device_api.h"
 
+#include "loader/abi_request.h"
 #include "loader/device_info_service.h"
 
 #include <unordered_set>
@@ -90,8 +91,15 @@ int device_count() {
 }
 
 void get_info(int device, kh_device_info_t* info) {
-  device_info(device);  // the ordinal and the driver, as every call here
+  // The struct first (as the package service checks it), then the ordinal and the driver, as
+  // every call here.
   std::string error;
+  kh_device_info_t checked;
+  const int32_t request =
+      read_abi_request(info, checked, kDeviceInfoV1_4Size, "kh_device_info_t", "1.4", error);
+  if (request == KH_ERR_ABI) throw Error(ErrorKind::kUnsupported, error);
+  if (request != KH_OK) throw Error(ErrorKind::kInvalidInput, error);
+  device_info(device);
   switch (query_device_info(CudaDeviceBackend::instance(), device, info, error)) {
     case KH_OK: return;
     case KH_ERR_NO_DEVICE: throw Error(ErrorKind::kNotFound, error);

@@ -61,8 +61,9 @@ namespace kh::device_api {
 int device_count();
 void mem_info(int device, uint64_t& free_bytes, uint64_t& total_bytes);
 // What `device` is and holds (kh_device_info_t, checked as the device-info service checks it:
-// the packages' answer). Throws kInvalidInput for a bad ordinal or struct, kNotFound without a
-// driver or that device.
+// the packages' answer). Throws kInvalidInput for a bad ordinal or struct (NULL, smaller than
+// ABI 1.4's), kUnsupported for another ABI major, kNotFound without a driver or that device;
+// the struct is checked before the driver is loaded.
 void get_info(int device, kh_device_info_t* info);
 
 kh_device_pool* pool_create(int device);

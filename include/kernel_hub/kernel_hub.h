@@ -65,9 +65,9 @@ extern "C" {
  * The package ABI (KH_ABI_MAJOR/KH_ABI_MINOR in kernel_hub_abi.h, the contract between the loader
  * and a package's host library) is versioned on its own: see that header. */
 #define KH_VERSION_MAJOR 0
-#define KH_VERSION_MINOR 3
+#define KH_VERSION_MINOR 4
 #define KH_VERSION_PATCH 0
-#define KH_VERSION_STRING "0.3.0"
+#define KH_VERSION_STRING "0.4.0"
 /* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons. */
 #define KH_VERSION_NUMBER (KH_VERSION_MAJOR * 10000 + KH_VERSION_MINOR * 100 + KH_VERSION_PATCH)
 
@@ -221,7 +221,8 @@ KH_EXPORT int32_t kh_device_mem_info(int32_t device, uint64_t* free_out, uint64_
  * device-info service). Set info->h = KH_HEADER_INIT(kh_device_info_t) first; fields past
  * h.struct_size are left alone. KH_ERR_UNSUPPORTED for another ABI major, KH_ERR_INVALID_ARGUMENT
  * for a struct smaller than ABI 1.4's or a negative ordinal, KH_ERR_NOT_FOUND without a driver or
- * that device. */
+ * that device (the struct is checked first; the statuses are the device API's, where the package
+ * service answers KH_ERR_ABI and KH_ERR_NO_DEVICE). */
 KH_EXPORT int32_t kh_device_get_info(int32_t device, kh_device_info_t* info);
 
 /* Memory pool: a caching allocator over cuMemAlloc. Requests are rounded to a size class (512 B

@@ -313,7 +313,8 @@ inline void check(int32_t status) {
 }  // namespace device_detail
 
 // What CUDA device `device` is and holds (kh_device_get_info): compute capability, SMs, what one
-// SM holds. Throws kh::Error (kNotFound without a driver or that device).
+// SM holds. Throws kh::Error (kNotFound without a driver or that device, kInvalidInput for a
+// negative ordinal).
 inline kh_device_info_t device_info(int device) {
   kh_device_info_t info{};
   info.h = KH_HEADER_INIT(kh_device_info_t);

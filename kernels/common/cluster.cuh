@@ -13,6 +13,13 @@ KH_DEV kh_u32 kh_cluster_rank() {
   return r;
 }
 
+// How many CTAs this CTA's cluster has.
+KH_DEV kh_u32 kh_cluster_size() {
+  kh_u32 n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+
 // Every CTA of the cluster arrives, then waits for all (release / acquire: shared memory written
 // before it is visible to the other CTAs' reads after it). Also what keeps a CTA from exiting
 // while another still reads its shared memory.

@@ -296,8 +296,8 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
 }
 
 // DecodeGemm::kSkinny: the decode steps' GEMMs (2 and 3 rows of bf16) on the runtime's skinny
-// GEMM, the prefill's on cuBLASLt; their logits agree, and the graph (PDL launches, split-K
-// workspace) replays what the eager steps compute.
+// GEMM, the prefill's on cuBLASLt; their logits agree, and the graph (PDL launches, split K:
+// clusters on Hopper, the workspace elsewhere) replays what the eager steps compute.
 TEST_F(GpuDemoDecode, SkinnyGemmDecodesWhatCublasLtDoes) {
   Runtime rt;
   const DemoSlots slots = bind_decode_packages(rt);

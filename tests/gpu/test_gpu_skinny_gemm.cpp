@@ -11,8 +11,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernel_hub/kernel_hub.hpp"
@@ -145,53 +147,73 @@ TEST_F(GpuSkinnyGemm, MatchesAFloat64ReferenceForEveryVariantAndSplit) {
   }
 }
 
-// A split call leaves its slabs at zero and its counters at 0: three calls on new inputs each
-// give their own product, eagerly and as replays of one captured graph of two split GEMMs.
+// The plans of both kernel families: the default (wgmma on Hopper: splits summed in a cluster)
+// and the mma.sync one (splits summed in a per-stream workspace), which is also what other GPUs'
+// default is.
+std::vector<std::pair<std::string, std::function<SkinnyPlan(const Problem&)>>> plan_families(
+    const SkinnyGemm& gemm) {
+  return {{"default plan", [&gemm](const Problem& p) { return gemm.default_plan(p.M, p.N, p.K); }},
+          {"mma.sync plan", [](const Problem& p) { return skinny_plan(p.M, p.N, p.K); }}};
+}
+
+// A split call leaves the mma.sync workspace's slabs at zero and its counters at 0 (a wgmma
+// split keeps nothing between calls): three calls on new inputs each give their own product,
+// eagerly and as replays of one captured graph of two split GEMMs, with either family's plan.
 TEST_F(GpuSkinnyGemm, RepeatedCallsAndGraphReplaysStartFromAZeroWorkspace) {
   std::mt19937 rng(7);
   const Problem a{64, 1024, 2048, false}, b{9, 4096, 1024, true};
-  Operands oa = make(a, rng), ob = make(b, rng);
-  ASSERT_GT(gemm_->default_plan(a.M, a.N, a.K).splits, 1);
-  ASSERT_GT(gemm_->default_plan(b.M, b.N, b.K).splits, 1);
-  for (int i = 0; i < 3; ++i) {
-    oa.x = random_bf16(oa.x.size(), rng);
-    oa.dx.upload(*stream_, oa.x.data(), oa.x.size() * 2);
-    poison(oa);
-    gemm_->run(*stream_, oa.dx, oa.dw, nullptr, oa.dy);
-    expect_matches(a, oa, *stream_, "eager call " + std::to_string(i));
-  }
-  gemm_->run(*stream_, ob.dx, ob.dw, &ob.dbias, ob.dy);  // sizes the workspace before capture
-  expect_matches(b, ob, *stream_, "eager call of the second shape");
-  stream_->begin_capture();
-  gemm_->run(*stream_, oa.dx, oa.dw, nullptr, oa.dy);
-  gemm_->run(*stream_, ob.dx, ob.dw, &ob.dbias, ob.dy);
-  DeviceGraph graph = DeviceGraph::end_capture(*stream_);
-  for (int i = 0; i < 3; ++i) {
-    oa.x = random_bf16(oa.x.size(), rng);
-    ob.x = random_bf16(ob.x.size(), rng);
-    oa.dx.upload(*stream_, oa.x.data(), oa.x.size() * 2);
-    ob.dx.upload(*stream_, ob.x.data(), ob.x.size() * 2);
-    poison(oa);
-    poison(ob);
-    graph.launch(*stream_);
-    expect_matches(a, oa, *stream_, "graph replay " + std::to_string(i) + ", first GEMM");
-    expect_matches(b, ob, *stream_, "graph replay " + std::to_string(i) + ", second GEMM");
+  for (const auto& [family, plan_of] : plan_families(*gemm_)) {
+    SCOPED_TRACE(family);
+    Operands oa = make(a, rng), ob = make(b, rng);
+    const SkinnyPlan pa = plan_of(a), pb = plan_of(b);
+    ASSERT_GT(pa.splits, 1);
+    ASSERT_GT(pb.splits, 1);
+    for (int i = 0; i < 3; ++i) {
+      oa.x = random_bf16(oa.x.size(), rng);
+      oa.dx.upload(*stream_, oa.x.data(), oa.x.size() * 2);
+      poison(oa);
+      gemm_->run(*stream_, oa.dx, oa.dw, nullptr, oa.dy, pa);
+      expect_matches(a, oa, *stream_, "eager call " + std::to_string(i));
+    }
+    gemm_->run(*stream_, ob.dx, ob.dw, &ob.dbias, ob.dy, pb);  // sizes the workspace first
+    expect_matches(b, ob, *stream_, "eager call of the second shape");
+    stream_->begin_capture();
+    gemm_->run(*stream_, oa.dx, oa.dw, nullptr, oa.dy, pa);
+    gemm_->run(*stream_, ob.dx, ob.dw, &ob.dbias, ob.dy, pb);
+    DeviceGraph graph = DeviceGraph::end_capture(*stream_);
+    for (int i = 0; i < 3; ++i) {
+      oa.x = random_bf16(oa.x.size(), rng);
+      ob.x = random_bf16(ob.x.size(), rng);
+      oa.dx.upload(*stream_, oa.x.data(), oa.x.size() * 2);
+      ob.dx.upload(*stream_, ob.x.data(), ob.x.size() * 2);
+      poison(oa);
+      poison(ob);
+      graph.launch(*stream_);
+      expect_matches(a, oa, *stream_, "graph replay " + std::to_string(i) + ", first GEMM");
+      expect_matches(b, ob, *stream_, "graph replay " + std::to_string(i) + ", second GEMM");
+    }
   }
 }
 
-// Split GEMMs on two streams at once: each stream has its own workspace.
+// Split GEMMs on two streams at once: each stream has its own mma.sync workspace (and a wgmma
+// split's partial tiles never leave its cluster).
 TEST_F(GpuSkinnyGemm, TwoStreamsAtOnceKeepTheirPartialTilesApart) {
   std::mt19937 rng(11);
   const Problem p{64, 1024, 3072, false};
   DeviceStream other(0);
-  Operands o1 = make(p, rng), o2 = make(p, rng);
-  stream_->synchronize();
-  for (int i = 0; i < 4; ++i) {
-    gemm_->run(*stream_, o1.dx, o1.dw, nullptr, o1.dy);
-    gemm_->run(other, o2.dx, o2.dw, nullptr, o2.dy);
+  for (const auto& [family, plan_of] : plan_families(*gemm_)) {
+    SCOPED_TRACE(family);
+    Operands o1 = make(p, rng), o2 = make(p, rng);
+    const SkinnyPlan plan = plan_of(p);
+    ASSERT_GT(plan.splits, 1);
+    stream_->synchronize();
+    for (int i = 0; i < 4; ++i) {
+      gemm_->run(*stream_, o1.dx, o1.dw, nullptr, o1.dy, plan);
+      gemm_->run(other, o2.dx, o2.dw, nullptr, o2.dy, plan);
+    }
+    expect_matches(p, o1, *stream_, "stream 1");
+    expect_matches(p, o2, other, "stream 2");
   }
-  expect_matches(p, o1, *stream_, "stream 1");
-  expect_matches(p, o2, other, "stream 2");
 }
 
 TEST_F(GpuSkinnyGemm, RefusesWhatItCannotTake) {

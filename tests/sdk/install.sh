@@ -52,8 +52,8 @@ done
 step "libkernel_hub.so: SONAME and exactly the public symbols"
 soname=$(readelf -d "$tmp/prefix/lib/libkernel_hub.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 [ "$soname" = libkernel_hub.so.0 ] || fail "SONAME is '$soname', expected libkernel_hub.so.0"
-[ "$(readlink "$tmp/prefix/lib/libkernel_hub.so.0")" = libkernel_hub.so.0.3.0 ] ||
-  fail "libkernel_hub.so.0 does not point at libkernel_hub.so.0.3.0"
+[ "$(readlink "$tmp/prefix/lib/libkernel_hub.so.0")" = libkernel_hub.so.0.4.0 ] ||
+  fail "libkernel_hub.so.0 does not point at libkernel_hub.so.0.4.0"
 nm -D --defined-only "$tmp/prefix/lib/libkernel_hub.so" | c++filt |
   sed -E 's/^[0-9a-f]+ [A-Za-z] //' | sort -u >"$tmp/symbols.txt"
 grep -v '^#' "$source_dir/tests/sdk/exported_symbols.txt" | sort -u >"$tmp/expected.txt"
@@ -69,14 +69,14 @@ cd "$tmp/work"
 
 step "C consumer via pkg-config"
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
-[ "$(pkg-config --modversion kernel_hub)" = 0.3.0 ] || fail "pkg-config --modversion kernel_hub"
+[ "$(pkg-config --modversion kernel_hub)" = 0.4.0 ] || fail "pkg-config --modversion kernel_hub"
 # shellcheck disable=SC2046
 cc -std=c99 -Wall -Wextra -Werror -o embed_c "$source_dir/tools/examples/embed_minimal.c" \
    $(pkg-config --cflags --libs kernel_hub) -lm
 KERNEL_HUB_CACHE=$tmp/cache-c LD_LIBRARY_PATH=$prefix/lib ./embed_c >embed_c.out ||
   { cat embed_c.out; fail "the C consumer failed"; }
 grep -q "kernel-hub/activation" embed_c.out || fail "the C consumer did not bind kernel-hub/activation"
-grep -q "kernel-hub 0.3.0 (built against 0.3.0)" embed_c.out || fail "kh_version()"
+grep -q "kernel-hub 0.4.0 (built against 0.4.0)" embed_c.out || fail "kh_version()"
 
 step "C++ consumer via find_package(KernelHub)"
 cmake -S "$source_dir/tools/examples/sdk" -B cxx -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
@@ -96,7 +96,7 @@ cmake --build package >>package.log || { cat package.log; fail "building the pac
   { cat check.out; fail "kernel-hub check of the package"; }
 
 step "the moved kernel-hub: --version and the demo from the default hub"
-[ "$("$prefix/bin/kernel-hub" --version)" = "kernel-hub 0.3.0" ] || fail "kernel-hub --version"
+[ "$("$prefix/bin/kernel-hub" --version)" = "kernel-hub 0.4.0" ] || fail "kernel-hub --version"
 KERNEL_HUB_CACHE=$tmp/cache-demo "$prefix/bin/kernel-hub" demo --device cpu --steps 5 >demo.out ||
   { cat demo.out; fail "kernel-hub demo from the moved prefix"; }
 grep -q "kernel-hub/norm" demo.out || { cat demo.out; fail "the demo bound no kernel-hub/norm"; }

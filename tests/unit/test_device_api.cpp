@@ -214,6 +214,14 @@ TEST(DeviceApiC, RefusesNullZeroNegativeAndStaleHandlesBeforeTheDriver) {
   info.h = KH_HEADER_INIT(kh_device_info_t);
   EXPECT_STATUS(kh_device_get_info(-1, &info), KH_ERR_INVALID_ARGUMENT,
                 "a CUDA device ordinal is 0 or more");
+  // The struct before the driver: refused for what it is on a machine without a GPU too.
+  kh_device_info_t small = info;
+  small.h.struct_size = 40;
+  EXPECT_STATUS(kh_device_get_info(0, &small), KH_ERR_INVALID_ARGUMENT, "kh_device_info_t");
+  kh_device_info_t other_major = info;
+  other_major.h.abi_major = KH_ABI_MAJOR + 1;
+  EXPECT_STATUS(kh_device_get_info(0, &other_major), KH_ERR_UNSUPPORTED, "ABI major");
+  EXPECT_EQ(small.multiprocessors, 0);
   EXPECT_STATUS(kh_device_alloc(stale_pool, 16, &p), KH_ERR_INVALID_ARGUMENT,
                 "is not a live handle");
   EXPECT_STATUS(kh_device_free(stale_pool, &x), KH_ERR_INVALID_ARGUMENT, "is not a live handle");

@@ -3,7 +3,7 @@
 #                            kernel_hub_abi.h (the package ABI), dlpack/dlpack.h (see below),
 #                            kh_prelude.cuh, pdl.cuh, mma.cuh, wgmma.cuh,
 #                            cluster.cuh (device code, see below)
-#   lib/                     libkernel_hub.so.0.3.0, .so.0 (the SONAME), .so
+#   lib/                     libkernel_hub.so.0.4.0, .so.0 (the SONAME), .so
 #   lib/cmake/KernelHub/     KernelHubConfig.cmake (+ Version), KernelHubTargets.cmake (imported
 #                            targets KernelHub::kernel_hub, KernelHub::package,
 #                            KernelHub::kernel-hub), host_library.map, KernelHubPackage.cmake

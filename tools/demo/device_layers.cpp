@@ -41,7 +41,7 @@ void DeviceCausalLM::norm(const DeviceTensor& x, const Param& w, DeviceTensor& y
 // rows; the q/k norms have T * heads rows of head_dim), not the host model's 64, which made the
 // Qwen3-0.6B step's RMSNorm backward 200 ms.
 DeviceTensor DeviceCausalLM::norm_workspace(int64_t rows, int64_t cols) {
-  return empty({std::clamp<int64_t>(norm_walkers_, 1, rows), cols});
+  return empty({std::max<int64_t>(1, std::min(norm_walkers_, rows)), cols});
 }
 
 void DeviceCausalLM::norm_backward(const DeviceTensor& dy, const DeviceTensor& x, Param& w,

@@ -2,7 +2,7 @@
 // (+ bias[N]) in bfloat16 with fp32 accumulation, for M <= 64: a decode step's projections and LM
 // head, which read a weight matrix once for a handful of tokens and so are bound by how fast the
 // weights stream in, not by arithmetic. Compiled at run time through the device API like
-// device_kernels.cu; the build inlines the prelude, mma.cuh and pdl.cuh.
+// device_kernels.cu; the build inlines the prelude, mma.cuh, pdl.cuh, wgmma.cuh and cluster.cuh.
 //
 // A CTA owns BN = 32 * NT output columns (W rows) and all M rows, for its share of K (blockIdx.y
 // of gridDim.y splits). Four warps each own 8 * NT columns; the x and W tiles of 64 k-values
@@ -62,6 +62,32 @@ KH_DEV float bias_at(const kh_bf16* bias, int n) {
   return bias ? kh_to_float(bias[n]) : 0.f;
 }
 
+// This CTA's share of K's 64-value chunks: [c0, c0 + nc) of split blockIdx.y of gridDim.y.
+struct KShare {
+  int c0, nc;
+};
+KH_DEV KShare k_share(int K) {
+  const int chunks = K / kBK, split = blockIdx.y, splits = gridDim.y;
+  const int c0 = (int)((long long)chunks * split / splits);
+  return {c0, (int)((long long)chunks * (split + 1) / splits) - c0};
+}
+
+// The first STAGES - 1 stages: their weights (which no earlier kernel of the step writes)
+// requested before griddepcontrol.wait, so their latency hides under the previous kernel's tail,
+// x after it; one commit group per stage (stage 0's also holds the weights).
+template <int STAGES, typename LoadW, typename LoadX>
+KH_DEV void load_first_stages(int nc, LoadW&& load_w, LoadX&& load_x) {
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s)
+    if (s < nc) load_w(s, s);
+  kh_pdl_wait();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nc) load_x(s, s);
+    kh_cp_async_commit();
+  }
+}
+
 template <int NT, int STAGES>
 KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_bf16* __restrict__ w,
                         const kh_bf16* __restrict__ bias, kh_bf16* __restrict__ y, long long ldy,
@@ -74,27 +100,20 @@ KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_b
   extern __shared__ __align__(128) unsigned char smem[];
   const kh_u32 a_base = kh_smem_addr(smem), b_base = a_base + STAGES * kATile;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int tile = blockIdx.x, splits = gridDim.y;
   const int n0 = tile * BN;
-  const int chunks = K / kBK;
-  const int c0 = (int)((long long)chunks * split / splits);
-  const int nc = (int)((long long)chunks * (split + 1) / splits) - c0;
+  const KShare share = k_share(K);
+  const int c0 = share.c0, nc = share.nc;
   const kh_bf16* wt = w + (long long)n0 * K + (long long)c0 * kBK;
   const kh_bf16* xt = x + (long long)c0 * kBK;
   const int m_tiles = (M + 15) / 16;
-
-  // The weights of the first stages before the wait; each stage's commit group then holds its
-  // x tile (and, for stage 0, these weights).
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s)
-    if (s < nc)
-      kh_load_tile<BN, kBK, kThreads>(b_base + s * kBTile, wt + s * kBK, K, 0, N - n0, tid);
-  kh_pdl_wait();
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nc) kh_load_tile<kBM, kBK, kThreads>(a_base + s * kATile, xt + s * kBK, ldx, 0, M, tid);
-    kh_cp_async_commit();
-  }
+  auto load_w = [&](int s, int c) {
+    kh_load_tile<BN, kBK, kThreads>(b_base + s * kBTile, wt + c * kBK, K, 0, N - n0, tid);
+  };
+  auto load_x = [&](int s, int c) {
+    kh_load_tile<kBM, kBK, kThreads>(a_base + s * kATile, xt + c * kBK, ldx, 0, M, tid);
+  };
+  load_first_stages<STAGES>(nc, load_w, load_x);
 
   float acc[4][NT][4];
 #pragma unroll
@@ -109,9 +128,8 @@ KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_b
     __syncthreads();  // stage c landed for every thread; every warp is done with stage c - 1
     const int next = c + STAGES - 1;
     if (next < nc) {
-      const int slot = next % STAGES;
-      kh_load_tile<BN, kBK, kThreads>(b_base + slot * kBTile, wt + next * kBK, K, 0, N - n0, tid);
-      kh_load_tile<kBM, kBK, kThreads>(a_base + slot * kATile, xt + next * kBK, ldx, 0, M, tid);
+      load_w(next % STAGES, next);
+      load_x(next % STAGES, next);
     }
     kh_cp_async_commit();
     const int slot = c % STAGES;
@@ -208,11 +226,10 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
   extern __shared__ __align__(1024) unsigned char wg_smem[];
   const kh_u32 base = kh_smem_addr(wg_smem);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int tile = blockIdx.x, splits = gridDim.y;
   const int n0 = tile * BN;
-  const int chunks = K / kBK;
-  const int c0 = (int)((long long)chunks * split / splits);
-  const int nc = (int)((long long)chunks * (split + 1) / splits) - c0;
+  const KShare share = k_share(K);
+  const int c0 = share.c0, nc = share.nc;
   const kh_bf16* wt = w + (long long)n0 * K + (long long)c0 * kBK;
   const kh_bf16* xt = x + (long long)c0 * kBK;
   // Stage s: the x tile [64 rows, 64 k], then the W tile [BN rows, 64 k] (one panel each).
@@ -223,16 +240,7 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
     kh_load_tile<kBM, kBK, kThreads>(base + s * kStage, xt + c * kBK, ldx, 0, M, tid);
   };
 
-  // As the mma.sync kernel: the first stages' weights before the wait, x after it.
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s)
-    if (s < nc) load_w(s, s);
-  kh_pdl_wait();
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nc) load_x(s, s);
-    kh_cp_async_commit();
-  }
+  load_first_stages<STAGES>(nc, load_w, load_x);
 
   float acc[BN / 2];  // y[m, n0 + n]: the wgmma accumulator of the 64 x BN tile
 #pragma unroll
@@ -286,6 +294,9 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
       *reinterpret_cast<float2*>(part + (row + 8 * h) * kPitch + 8 * i + col) =
           make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
   kh_cluster_sync();
+  // The splits must be one cluster (the host launches them so): else each CTA would sum only
+  // its own partial tile.
+  if (kh_cluster_size() != (kh_u32)splits) __trap();
   const int rank = (int)kh_cluster_rank();
   const int m_lo = M * rank / splits, m_hi = M * (rank + 1) / splits;
   for (int i = tid; i < (m_hi - m_lo) * (BN / 4); i += kThreads) {
@@ -303,6 +314,7 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
     out[0] = kh_pack2<kh_bf16>(sum[0] + bias_at(bias, n), sum[1] + bias_at(bias, n + 1));
     out[1] = kh_pack2<kh_bf16>(sum[2] + bias_at(bias, n + 2), sum[3] + bias_at(bias, n + 3));
   }
+  __syncwarp();       // the .aligned barrier below: every lane of the warp together
   kh_cluster_sync();  // no CTA leaves while another still reads its shared memory
 }
 

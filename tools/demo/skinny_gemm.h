@@ -28,7 +28,7 @@ struct SkinnyPlan {
   int stages = 4;      // shared-memory stages of 64 k-values: 3, 4 or 6 (n_tile 32: 4 or 6;
                        // wgmma: 4 or 6)
   int splits = 1;      // CTAs that share one tile's K (1 .. K / 64; wgmma: a cluster, <= 8)
-  bool wgmma = false;  // the Hopper kernels (sm_90 only)
+  bool wgmma = false;  // the Hopper kernels (sm_90a code: compute capability 9.x)
   // The kernel's name and its dynamic shared memory.
   std::string kernel() const;
   uint32_t shared_bytes() const;
@@ -54,9 +54,10 @@ SkinnyPlan skinny_wgmma_plan(int64_t M, int64_t N, int64_t K, int multiprocessor
 
 // Whether the skinny GEMM should take M x N x K from cuBLASLt (DecodeGemm::kAuto): on Hopper
 // (wgmma), for weights wider than tall with at most kSkinnyPreferredMaxN rows (N < K, N <= 2048:
-// Qwen3-0.6B's o and down projections, 1.2-1.4x at 1-64 rows on an H200), where cuBLASLt's few
-// output tiles leave most SMs idle and the cluster split fills them. From N = 2880 up (gpt-oss's
-// o, Llama-3-8B's down) cuBLASLt is as fast or faster (tools/bench/RESULTS.md).
+// Qwen3-0.6B's o and down projections, 1.2-2.5x at 1-64 rows on an H200), where cuBLASLt's few
+// output tiles leave most SMs idle and the cluster split fills them. From N = 2880 up the skinny
+// GEMM wins little or loses (gpt-oss's o: 1.07x at one row, 0.87x at 64; Llama-3-8B's down:
+// 0.83-1.00x; tools/bench/RESULTS.md).
 inline constexpr int64_t kSkinnyPreferredMaxN = 2048;
 bool skinny_preferred(int64_t M, int64_t N, int64_t K, bool wgmma);
 
@@ -95,8 +96,9 @@ class SkinnyGemm {
   std::string refusal(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor& y) const;
 
   // y = x . w^T (+ bias [N], bf16), ordered on `stream`, launched with PDL. Throws kh::Error
-  // kInvalidInput when !fits() or the plan does not fit (a wgmma plan on a GPU without them). Allocates the stream's workspace the
-  // first time a split plan needs more than it has: run once outside a CUDA-graph capture first.
+  // kInvalidInput when !fits() or the plan does not fit (a wgmma plan on a GPU without them).
+  // An mma.sync split plan allocates the stream's workspace the first time it needs more than
+  // there is: run once outside a CUDA-graph capture first. (wgmma plans need none.)
   void run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
            const DeviceTensor* bias, DeviceTensor& y);
   void run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,

@@ -48,7 +48,7 @@ struct DemoArgs {
   int decode_batch = 0;        // 0: 64 for qwen3-0.6b and larger, 8 for tiny (demo::resolve_decode)
   int decode_context = 0;      // 0: 2048 capped by --seq
   std::string decode_overlap;  // empty: off
-  std::string decode_gemm;     // empty: cublaslt
+  std::string decode_gemm;     // empty: auto
 };
 
 bool cuda_present() {
@@ -382,8 +382,8 @@ void add_demo_command(CLI::App& app, Runner& run) {
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--decode-gemm", a->decode_gemm,
                   "CUDA only: the decode step's GEMMs: auto (the runtime's own skinny GEMM where "
-                  "it beats cuBLASLt: bf16, up to 64 rows, on Hopper, weights wider than tall), "
-                  "cublaslt, or skinny (the skinny GEMM wherever it takes the shapes) (default "
+                  "it beats cuBLASLt: bf16, up to 64 rows, on Hopper, weights wider than tall "
+                  "with at most 2048 rows), cublaslt, or skinny (the skinny GEMM wherever it takes the shapes) (default "
                   "auto)")
       ->check(CLI::IsMember({"auto", "cublaslt", "skinny"}));
   cmd->add_flag("--fallback", a->fallback,
