@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "kernel_hub/kernel_hub.hpp"
 #include "loader/cuda_arch.h"
@@ -16,6 +17,7 @@
 #include "tools/demo/demo.h"
 #include "tools/demo/device_decode.h"
 #include "tools/demo/model_config.h"
+#include "tools/demo/report.h"
 
 namespace kh::demo {
 namespace {
@@ -198,6 +200,23 @@ TEST(DemoDecodeOptions, ErrorsNameTheOptionAndTheLimit) {
   EXPECT_NE(e.find("--decode-batch 5000"), std::string::npos) << e;
   o.decode_batch = -2;
   EXPECT_NE(decode_error(o).find("1..4096"), std::string::npos);
+}
+
+// `--json`'s decode.gemm says where the step's GEMMs ran, from the runtime's counts.
+TEST(DemoDecodeJson, GemmSaysWhereTheStepsGemmsRan) {
+  DemoRun run;
+  run.on_device = true;
+  run.decoded = true;
+  run.decode_gemms = 113;  // Qwen3-0.6B: 4 a layer + the LM head
+  for (auto [skinny, label] : {std::pair{0, "cuBLASLt"}, std::pair{56, "skinny + cuBLASLt"},
+                               std::pair{113, "skinny"}}) {
+    run.decode_skinny_gemms = skinny;
+    const nlohmann::json d =
+        demo_json({}, DemoOptions{}, KernelizeReport{}, run)["device_run"]["decode"];
+    EXPECT_EQ(d["gemm"], label);
+    EXPECT_EQ(d["skinny_gemms"], skinny);
+    EXPECT_EQ(d["gemms"], 113);
+  }
 }
 
 }  // namespace
