@@ -1,6 +1,5 @@
 #include "loader/device_api.h"
 
-#include "loader/abi_request.h"
 #include "loader/device_info_service.h"
 
 #include <unordered_set>
@@ -91,21 +90,21 @@ int device_count() {
 }
 
 void get_info(int device, kh_device_info_t* info) {
-  // The struct first (as the package service checks it), then the ordinal and the driver, as
-  // every call here.
+  // The service checks the struct first; a device it cannot see is then refused as every call
+  // here refuses it (a negative ordinal, no driver, no such device).
   std::string error;
-  kh_device_info_t checked;
-  const int32_t request =
-      read_abi_request(info, checked, kDeviceInfoV1_4Size, "kh_device_info_t", "1.4", error);
-  if (request == KH_ERR_ABI) throw Error(ErrorKind::kUnsupported, error);
-  if (request != KH_OK) throw Error(ErrorKind::kInvalidInput, error);
-  device_info(device);
-  switch (query_device_info(CudaDeviceBackend::instance(), device, info, error)) {
-    case KH_OK: return;
-    case KH_ERR_NO_DEVICE: throw Error(ErrorKind::kNotFound, error);
-    case KH_ERR_ABI: throw Error(ErrorKind::kUnsupported, error);
-    case KH_ERR_INVALID_ARGUMENT: throw Error(ErrorKind::kInvalidInput, error);
-    default: throw std::runtime_error(error);  // KH_ERR_INTERNAL
+  switch (query_device_info(&CudaDeviceBackend::instance(), device, info, error)) {
+    case KH_OK:
+      return;
+    case KH_ERR_NO_DEVICE:
+      device_info(device);
+      throw Error(ErrorKind::kNotFound, error);
+    case KH_ERR_ABI:
+      throw Error(ErrorKind::kUnsupported, error);
+    case KH_ERR_INVALID_ARGUMENT:
+      throw Error(ErrorKind::kInvalidInput, error);
+    default:
+      throw std::runtime_error(error);  // KH_ERR_INTERNAL
   }
 }
 

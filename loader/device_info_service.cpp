@@ -13,7 +13,7 @@ namespace kh {
 static_assert(sizeof(kh_device_info_t) == kDeviceInfoV1_4Size,
               "kh_device_info_t of ABI 1.4 is 64 bytes");
 
-int32_t query_device_info(DeviceBackend& backend, int32_t device_id, kh_device_info_t* info,
+int32_t query_device_info(DeviceBackend* backend, int32_t device_id, kh_device_info_t* info,
                           std::string& error) noexcept {
   try {
     kh_device_info_t checked;
@@ -21,9 +21,16 @@ int32_t query_device_info(DeviceBackend& backend, int32_t device_id, kh_device_i
             read_abi_request(info, checked, kDeviceInfoV1_4Size, "kh_device_info_t", "1.4", error);
         status != KH_OK)
       return status;
+    if (!backend) {
+      error = fmt::format(
+          "no device backend yet: this loader build cannot see CUDA device {}; plan for cpu "
+          "tensors instead",
+          device_id);
+      return KH_ERR_NO_DEVICE;
+    }
     kh_device_info_t answer{};
     answer.h = KH_HEADER_INIT(kh_device_info_t);
-    if (int32_t status = backend.device_info(device_id, answer, error); status != KH_OK)
+    if (int32_t status = backend->device_info(device_id, answer, error); status != KH_OK)
       return status;
     // Past the header, as far as the caller's struct reaches.
     const size_t end = std::min<size_t>(info->h.struct_size, sizeof(kh_device_info_t));
@@ -38,21 +45,7 @@ int32_t query_device_info(DeviceBackend& backend, int32_t device_id, kh_device_i
 }
 
 int32_t query_device_info(int32_t device_id, kh_device_info_t* info, std::string& error) noexcept {
-  DeviceBackend* backend = device_backend();
-  if (!backend) {
-    // The struct is checked first all the same: a bad request is refused for what it is.
-    kh_device_info_t checked;
-    if (int32_t status =
-            read_abi_request(info, checked, kDeviceInfoV1_4Size, "kh_device_info_t", "1.4", error);
-        status != KH_OK)
-      return status;
-    error = fmt::format(
-        "no device backend yet: this loader build cannot see CUDA device {}; plan for cpu "
-        "tensors instead",
-        device_id);
-    return KH_ERR_NO_DEVICE;
-  }
-  return query_device_info(*backend, device_id, info, error);
+  return query_device_info(device_backend(), device_id, info, error);
 }
 
 }  // namespace kh

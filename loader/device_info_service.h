@@ -22,10 +22,10 @@ constexpr uint32_t kDeviceInfoV1_4Size = 64;
 // without that device. Never throws: `error` receives the message.
 int32_t query_device_info(int32_t device_id, kh_device_info_t* info, std::string& error) noexcept;
 
-// The same from `backend` (the embedder's kh_device_get_info asks the CUDA backend itself, which
-// needs no runtime first).
+// The same from `backend` (nullptr: none; the embedder's kh_device_get_info asks the CUDA
+// backend itself, which needs no runtime first).
 class DeviceBackend;
-int32_t query_device_info(DeviceBackend& backend, int32_t device_id, kh_device_info_t* info,
+int32_t query_device_info(DeviceBackend* backend, int32_t device_id, kh_device_info_t* info,
                           std::string& error) noexcept;
 
 }  // namespace kh

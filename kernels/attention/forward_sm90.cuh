@@ -15,8 +15,8 @@
 #ifndef KH_ATTENTION_FORWARD_SM90_CUH_
 #define KH_ATTENTION_FORWARD_SM90_CUH_
 
-#include "wgmma.cuh"
 #include "sm90_sync.cuh"
+#include "wgmma.cuh"
 
 namespace {
 

@@ -35,12 +35,6 @@ KH_DEV kh_u32 kh_cluster_map(kh_u32 local, kh_u32 rank) {
   return remote;
 }
 
-KH_DEV float kh_ld_cluster_f32(kh_u32 remote) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
-
 KH_DEV void kh_ld_cluster_f32x4(kh_u32 remote, float (&v)[4]) {
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])

@@ -208,8 +208,8 @@ TEST(DemoDecodeJson, GemmSaysWhereTheStepsGemmsRan) {
   run.on_device = true;
   run.decoded = true;
   run.decode_gemms = 113;  // Qwen3-0.6B: 4 a layer + the LM head
-  for (auto [skinny, label] : {std::pair{0, "cuBLASLt"}, std::pair{56, "skinny + cuBLASLt"},
-                               std::pair{113, "skinny"}}) {
+  for (auto [skinny, label] :
+       {std::pair{0, "cuBLASLt"}, std::pair{56, "skinny + cuBLASLt"}, std::pair{113, "skinny"}}) {
     run.decode_skinny_gemms = skinny;
     const nlohmann::json d =
         demo_json({}, DemoOptions{}, KernelizeReport{}, run)["device_run"]["decode"];

@@ -73,15 +73,15 @@ TEST(SkinnyGemm, WgmmaPlanFillsTwoCtasAnSm) {
 
 // DecodeGemm::kAuto: the skinny GEMM for Hopper's wide-not-tall weights only.
 TEST(SkinnyGemm, PreferredForWeightsWiderThanTallOnHopper) {
-  EXPECT_TRUE(skinny_preferred(64, 1024, 2048, true));    // Qwen3-0.6B o
-  EXPECT_TRUE(skinny_preferred(1, 1024, 3072, true));     // down
-  EXPECT_FALSE(skinny_preferred(64, 4096, 1024, true));   // q/k/v
-  EXPECT_FALSE(skinny_preferred(64, 6144, 1024, true));   // gate/up
-  EXPECT_FALSE(skinny_preferred(64, 151936, 1024, true)); // LM head
-  EXPECT_FALSE(skinny_preferred(64, 1024, 2048, false));  // no wgmma: cuBLASLt
-  EXPECT_FALSE(skinny_preferred(64, 2880, 4096, true));   // gpt-oss o: N past 2048
-  EXPECT_FALSE(skinny_preferred(64, 4096, 14336, true));  // Llama-3-8B down
-  EXPECT_FALSE(skinny_preferred(65, 1024, 2048, true));   // more rows than it takes
+  EXPECT_TRUE(skinny_preferred(64, 1024, 2048, true));     // Qwen3-0.6B o
+  EXPECT_TRUE(skinny_preferred(1, 1024, 3072, true));      // down
+  EXPECT_FALSE(skinny_preferred(64, 4096, 1024, true));    // q/k/v
+  EXPECT_FALSE(skinny_preferred(64, 6144, 1024, true));    // gate/up
+  EXPECT_FALSE(skinny_preferred(64, 151936, 1024, true));  // LM head
+  EXPECT_FALSE(skinny_preferred(64, 1024, 2048, false));   // no wgmma: cuBLASLt
+  EXPECT_FALSE(skinny_preferred(64, 2880, 4096, true));    // gpt-oss o: N past 2048
+  EXPECT_FALSE(skinny_preferred(64, 4096, 14336, true));   // Llama-3-8B down
+  EXPECT_FALSE(skinny_preferred(65, 1024, 2048, true));    // more rows than it takes
 }
 
 TEST(SkinnyGemm, RefusalsSayWhatIsTaken) {
@@ -103,9 +103,8 @@ TEST(SkinnyGemm, RefusalsSayWhatIsTaken) {
   EXPECT_NE(skinny_plan_refusal({128, 4, 1}, 1024).find("no mma.sync variant of 128"),
             std::string::npos);
   EXPECT_EQ(skinny_plan_refusal({128, 6, 8, true}, 1024), "");
-  EXPECT_NE(skinny_plan_refusal({128, 6, 9, true}, 1024).find("9 splits of K = 1024 (1..8: one "
-                                                              "cluster)"),
-            std::string::npos);
+  const std::string nine = skinny_plan_refusal({128, 6, 9, true}, 1024);
+  EXPECT_NE(nine.find("9 splits of K = 1024 (1..8: one cluster)"), std::string::npos) << nine;
   EXPECT_NE(skinny_plan_refusal({64, 4, 3, true}, 128).find("3 splits of K = 128 (1..2)"),
             std::string::npos);
   EXPECT_EQ((SkinnyPlan{128, 6, 1, true}).kernel(), "kh_skinny_wgmma_n2_s6");

@@ -20,9 +20,9 @@ struct Variant {
   bool wgmma;
   bool operator==(const Variant&) const = default;
 };
-constexpr Variant kVariants[] = {{32, 4, false},  {32, 6, false}, {64, 3, false},
-                                 {64, 4, false},  {64, 6, false}, {64, 4, true},
-                                 {64, 6, true},   {128, 4, true}, {128, 6, true}};
+constexpr Variant kVariants[] = {{32, 4, false}, {32, 6, false}, {64, 3, false},
+                                 {64, 4, false}, {64, 6, false}, {64, 4, true},
+                                 {64, 6, true},  {128, 4, true}, {128, 6, true}};
 
 [[noreturn]] void invalid(const std::string& why) {
   throw Error(ErrorKind::kInvalidInput, "skinny GEMM: " + why);

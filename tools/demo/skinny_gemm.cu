@@ -335,16 +335,15 @@ KH_SKINNY(2, 3)
 KH_SKINNY(2, 4)
 KH_SKINNY(2, 6)
 
-
 // The Hopper variants: BN = 64 * NB columns a CTA, STAGES stages; only in sm_90a code.
 #if defined(KH_SKINNY_WGMMA)
-#define KH_SKINNY_WGMMA_KERNEL(NB, STAGES)                                                  \
-  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_n##NB##_s##STAGES(          \
+#define KH_SKINNY_WGMMA_KERNEL(NB, STAGES)                                                \
+  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_n##NB##_s##STAGES(        \
       const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y, \
       long long ldy, int M, int N, int K, float* acc, int* counters) {                    \
     (void)acc;                                                                            \
     (void)counters;                                                                       \
-    skinny_wgmma<64 * NB, STAGES>(x, ldx, w, bias, y, ldy, M, N, K);                       \
+    skinny_wgmma<64 * NB, STAGES>(x, ldx, w, bias, y, ldy, M, N, K);                      \
   }
 KH_SKINNY_WGMMA_KERNEL(1, 4)
 KH_SKINNY_WGMMA_KERNEL(1, 6)

@@ -383,8 +383,8 @@ void add_demo_command(CLI::App& app, Runner& run) {
   cmd->add_option("--decode-gemm", a->decode_gemm,
                   "CUDA only: the decode step's GEMMs: auto (the runtime's own skinny GEMM where "
                   "it beats cuBLASLt: bf16, up to 64 rows, on Hopper, weights wider than tall "
-                  "with at most 2048 rows), cublaslt, or skinny (the skinny GEMM wherever it takes the shapes) (default "
-                  "auto)")
+                  "with at most 2048 rows), cublaslt, or skinny (the skinny GEMM wherever it takes "
+                  "the shapes) (default auto)")
       ->check(CLI::IsMember({"auto", "cublaslt", "skinny"}));
   cmd->add_flag("--fallback", a->fallback,
                 "Bind no package: every slot runs the runtime's own implementation (as "
