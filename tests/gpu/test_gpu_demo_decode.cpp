@@ -7,7 +7,7 @@
 // nothing bound); the attention package's PagedKVAppend / PagedAttention serving decode (bf16
 // cache at the fp32 model's boundary) within bf16 tolerance, graph equal to eager; a bf16 Qwen3's
 // one q/k/v projection and skinny GEMMs against its own prefill; two overlapped halves of the
-// batch; and the argument errors.
+// batch; the greedy argmax alone (ties, odd widths, misaligned rows); and the argument errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -331,6 +331,80 @@ TEST_F(GpuDemoDecode, OverlappedHalvesDecodeWhatOneBatchDoes) {
   const std::vector<int64_t> prompt = sequence_tokens(qwen3_d64(), 4, 4, 3);
   dev.prefill(prompt.data(), 4, 4);
   EXPECT_FALSE(dev.decode_overlaps());
+}
+
+// The greedy step's argmax on its own, at a real vocabulary's width and at odd ones, with rows
+// that start off the 16-byte grid (a column offset) and a maximum planted twice in every row:
+// the first index wins, as on the host, in fp32 and bf16; the sequences advance by one and
+// out_tokens gets the step's column.
+TEST_F(GpuDemoDecode, GreedyArgmaxTakesEachRowsFirstMaximum) {
+  DevicePool pool(0);
+  DeviceStream stream(0);
+  DecodeKernels kernels(0);
+  const int64_t B = 5;
+  for (const DLDataType dtype : {kF32, kBF16}) {
+    for (const int64_t vocab : {int64_t{151936}, int64_t{1003}, int64_t{7}}) {
+      for (const int64_t offset : {int64_t{0}, int64_t{3}}) {
+        SCOPED_TRACE(::testing::Message() << (same_dtype(dtype, kBF16) ? "bf16" : "fp32")
+                                          << " vocab " << vocab << " offset " << offset);
+        const int64_t stride = vocab + offset + 5;
+        // Random values in [-15.6, 15.6], below the two planted copies of the row's maximum (an
+        // integer: exact in bf16 too, where the others are truncated).
+        std::vector<float> host(static_cast<size_t>(B * stride));
+        uint64_t state = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(vocab * 31 + offset);
+        for (float& x : host) {
+          state = state * 6364136223846793005ull + 1442695040888963407ull;
+          x = static_cast<float>(static_cast<int>((state >> 33) % 2000) - 1000) / 64.f;
+        }
+        std::vector<int64_t> want(B);
+        for (int64_t b = 0; b < B; ++b) {
+          float* row = host.data() + b * stride + offset;
+          const int64_t first = (b * 7919 + 13) % vocab, second = (first + 1 + b) % vocab;
+          row[first] = row[second] = 64.f + static_cast<float>(b);
+          want[b] = std::min(first, second);
+          if (vocab > 2) row[(second + 1) % vocab] = -1e30f;  // a minimum does not matter
+        }
+        DeviceTensor logits(pool, {B, stride}, dtype);
+        if (same_dtype(dtype, kBF16)) {
+          std::vector<uint16_t> bits(host.size());
+          for (size_t i = 0; i < host.size(); ++i) {
+            uint32_t u;
+            std::memcpy(&u, &host[i], 4);
+            bits[i] = static_cast<uint16_t>(u >> 16);
+          }
+          logits.upload(stream, bits.data(), bits.size() * 2);
+        } else {
+          logits.upload(stream, host.data(), host.size() * 4);
+        }
+        DeviceTensor tokens(pool, {B}, kI64), positions(pool, {B}, kI64), seq_lens(pool, {B}, kI32),
+            out_tokens(pool, {B, 4}, kI64), step(pool, {1}, kI32);
+        const std::vector<int64_t> pos0 = {10, 20, 30, 40, 50}, none(B * 4, -1);
+        const std::vector<int32_t> len0 = {11, 21, 31, 41, 51}, step0 = {2};
+        positions.upload(stream, pos0.data(), B * 8);
+        seq_lens.upload(stream, len0.data(), B * 4);
+        out_tokens.upload(stream, none.data(), none.size() * 8);
+        step.upload(stream, step0.data(), 4);
+        kernels.argmax_advance(stream, logits, offset, stride, B, vocab, tokens, positions,
+                               seq_lens, out_tokens, step);
+        std::vector<int64_t> got(B), pos(B), out(B * 4);
+        std::vector<int32_t> len(B), st(1);
+        tokens.download(stream, got.data(), B * 8);
+        positions.download(stream, pos.data(), B * 8);
+        seq_lens.download(stream, len.data(), B * 4);
+        out_tokens.download(stream, out.data(), out.size() * 8);
+        step.download(stream, st.data(), 4);
+        stream.synchronize();
+        EXPECT_EQ(got, want);
+        for (int64_t b = 0; b < B; ++b) {
+          EXPECT_EQ(pos[b], pos0[b] + 1);
+          EXPECT_EQ(len[b], len0[b] + 1);
+          EXPECT_EQ(out[b * 4 + 2], want[b]) << "out_tokens[" << b << "][step]";
+          EXPECT_EQ(out[b * 4 + 1], -1) << "out_tokens[" << b << "][1]: not this step's column";
+        }
+        EXPECT_EQ(st[0], 3);
+      }
+    }
+  }
 }
 
 TEST_F(GpuDemoDecode, ArgumentErrorsSayWhatToDo) {

@@ -17,7 +17,8 @@ namespace kh::demo {
 
 namespace {
 
-constexpr uint32_t kThreads = 128;  // the decode kernels' block
+constexpr uint32_t kThreads = 128;         // the decode kernels' block
+constexpr uint32_t kArgmaxThreads = 1024;  // the greedy argmax's: one CTA a row of logits
 
 // paged_attention_decode splits the context over 32 parts at most when it gets an fp32
 // workspace of batch * q_tokens * q_heads * 32 * (head_dim + 2) elements (README, attention).
@@ -155,7 +156,8 @@ void DecodeKernels::argmax_advance(DeviceStream& s, const DeviceTensor& logits, 
   int cols = static_cast<int>(out_tokens.dim(1));
   void* args[] = {&lp, &stride, &v, &tp, &pp, &sp, &op, &st, &cols};
   launch(typed("kh_argmax_advance", logits),
-         launch_cfg(s.device(), {static_cast<uint32_t>(batch), 1, 1}, {256, 1, 1}), args, s);
+         launch_cfg(s.device(), {static_cast<uint32_t>(batch), 1, 1}, {kArgmaxThreads, 1, 1}), args,
+         s);
   void* step_args[] = {&st};
   launch(module_.function("kh_step_advance"), launch_cfg(s.device(), {1, 1, 1}, {32, 1, 1}),
          step_args, s);
