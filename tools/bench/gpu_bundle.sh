@@ -14,7 +14,7 @@ bdir=${KH_GPU_BUILD_DIR:-build-gpu}
 cmake --build "$bdir" -j "$(nproc)" --target test_gpu_device_code test_gpu_launch launch_probe_package test_kernels_gpu \
   test_kernels_gpu_rotary_softmax test_kernels_gpu_attention test_gpu_gemm test_kernels_gpu_linear_ce \
   test_gpu_device_api test_gpu_demo_device test_gpu_tensor_map test_gpu_demo_decode \
-  test_gpu_skinny_gemm test_gpu_device_info bench_skinny_gemm bench_device_load kernel_hub kernel_packages toy_packages \
+  test_gpu_skinny_gemm test_gpu_device_info bench_skinny_gemm bench_device_load kh_kernel_timeline kernel_hub kernel_packages toy_packages \
   kernel-hub default_hub test_demo bench_kernelize demo_logits \
   | grep -E "error|FAILED" || true
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
@@ -23,7 +23,7 @@ cp "$bdir"/tests/test_gpu_device_code "$bdir"/tests/test_gpu_launch "$bdir"/test
    "$bdir"/tests/test_gpu_gemm "$bdir"/tests/test_kernels_gpu_linear_ce \
    "$bdir"/tests/test_gpu_device_api "$bdir"/tests/test_gpu_demo_device "$bdir"/tests/test_gpu_tensor_map "$bdir"/tests/test_gpu_demo_decode \
    "$bdir"/tests/test_gpu_skinny_gemm "$bdir"/tests/test_gpu_device_info "$bdir"/tools/bench/bench_skinny_gemm \
-   "$bdir"/tools/bench/bench_device_load \
+   "$bdir"/tools/bench/bench_device_load "$bdir"/tools/bench/libkh_kernel_timeline.so \
    "$bdir"/libkernel_hub.so "$bdir"/kernel-hub "$bdir"/tests/test_demo \
    "$bdir"/tools/bench/bench_kernelize "$bdir"/tests/demo_logits "$out/bin/"
 strip "$out"/bin/*
@@ -40,9 +40,12 @@ for deb in "$tmp"/*.deb; do dpkg -x "$deb" "$tmp/x"; done
 cp -a "$tmp"/x/usr/lib/x86_64-linux-gnu/lib{archive.so.13*,icuuc.so.72*,icudata.so.72*,xml2.so.2*} \
   "$out/lib/"
 rm -rf "$tmp"
+# CUPTI, for the kernel timeline's injection library (the GPU machine's toolkit may lack it).
+cp -aL "$(ldd "$out/bin/libkh_kernel_timeline.so" | awk '/libcupti/ {print $3}')" "$out/lib/"
 # ICU's data is most of them (31 MB): gzipped, the bundle stays under the device tool's 64 MiB
 # carry limit; gpu_run.sh unpacks it there.
 tar -czf "$out/lib.tgz" -C "$out" lib && rm -rf "$out/lib"
-cp tools/bench/gpu_run.sh tools/bench/bench_kernels.py tools/bench/bench_attention.py tools/python/kernel_hub/kernel_hub_ctypes.py \
+cp tools/bench/gpu_run.sh tools/bench/bench_kernels.py tools/bench/bench_attention.py \
+   tools/bench/kernel_timeline.py tools/python/kernel_hub/kernel_hub_ctypes.py \
    tests/python/test_demo_transformers_gpu.py "$out/"
 du -sh "$out"

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""tools/bench/kernel_timeline.py on rows written as libkh_kernel_timeline.so writes them: the
+graph launched most often is the step (another graph and kernels outside graphs are left out),
+its median replay is the one reported, each kernel's added wall time is its end past every earlier
+end (an idle gap counts to the kernel after it, overlap under PDL counts once), the added times
+sum to the step, kernels are sorted into their kinds by name, and one layer is the period between
+two attentions. Usage: test_kernel_timeline.py (exit 0 = pass)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "bench",
+                    "kernel_timeline.py")
+HEADER = "start_ns\tend_ns\tstream\tcorrelation\tgraph\tgraph_node\tgrid\tblock\tname\n"
+
+# One layer's kernels (name, duration ns, gap ns after the previous kernel's end: negative =
+# overlapped), repeated three times per step; a replay's `stretch` lengthens its attentions.
+LAYER = [("norm_fwd_add_rms_bf16_vec_reg", 2000, 500),
+         ("nvjet_sm90_tst_64x64_64x13_4x1_v_bz_TNT", 5000, 100),
+         ("qk_norm_rope_neox_bf16_f32", 3000, -200),
+         ("paged_kv_append_bf16", 2000, -1500),
+         ("attn_decode_tc_bf16_d128", 100000, -800),
+         ("attn_decode_combine_bf16_d128", 30000, -27000),
+         ("kh_skinny_wgmma_n1_s4", 8000, -4000)]
+
+
+def step_rows(t0, correlation, graph, stretch):
+    rows, end = [], t0
+    for _ in range(3):
+        for name, dur, gap in LAYER:
+            start = end + gap
+            end = start + dur * (stretch if name.startswith("attn_decode_tc") else 1)
+            rows.append((start, end, 7, correlation, graph, name))
+    rows.append((end + 300, end + 300 + 20000, 7, correlation, graph, "kh_argmax_advance_bf16"))
+    return rows
+
+
+def main():
+    rows = []
+    # Three replays of the decode graph (42), the middle one in length the median; one replay of
+    # another graph (9) and a kernel outside any graph.
+    for i, stretch in enumerate((1, 3, 2)):
+        rows += step_rows(10_000_000 * (i + 1), 100 + i, 42, stretch)
+    rows += step_rows(90_000_000, 300, 9, 1)
+    rows.append((5, 10, 7, 400, 0, "kh_embedding_fwd_bf16"))
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.tsv")
+        with open(path, "w") as f:
+            f.write(HEADER)
+            for start, end, stream, corr, graph, name in rows:
+                f.write(f"{start}\t{end}\t{stream}\t{corr}\t{graph}\t0\t1,1,1\t32,1,1\t{name}\n")
+        out = json.loads(subprocess.run([sys.executable, TOOL, path, "--json"], check=True,
+                                        capture_output=True, text=True).stdout)
+        table = subprocess.run([sys.executable, TOOL, path], check=True, capture_output=True,
+                               text=True).stdout
+        empty = os.path.join(d, "empty.tsv")
+        with open(empty, "w") as f:
+            f.write(HEADER)
+        bad = subprocess.run([sys.executable, TOOL, empty], capture_output=True, text=True)
+    assert out["replays"] == 3, out
+    assert out["kernels_per_step"] == 3 * len(LAYER) + 1, out
+    median = step_rows(30_000_000, 102, 42, 2)
+    span_us = (median[-1][1] - median[0][0]) / 1e3
+    assert abs(out["step_us"] - span_us) < 1e-6, (out["step_us"], span_us)
+    kinds = out["by_kind"]
+    assert kinds["attention"]["kernels"] == 3 and kinds["attention combine"]["kernels"] == 3, kinds
+    assert kinds["GEMM (cuBLASLt)"]["kernels"] == 3 and kinds["GEMM (skinny)"]["kernels"] == 3
+    assert kinds["hub kernels"]["kernels"] == 9 and kinds["other"]["kernels"] == 1, kinds
+    added = sum(k["added_us"] for k in kinds.values())
+    assert abs(added - span_us) < 1e-6, (added, span_us)
+    # The combine ran beside the attention but for its last 3 us; the skinny GEMM overlapped the
+    # combine's last 4 us of its 8.
+    assert abs(kinds["attention combine"]["added_us"] - 3 * 3.0) < 1e-6, kinds
+    assert abs(kinds["GEMM (skinny)"]["added_us"] - 3 * 4.0) < 1e-6, kinds
+    layer = out["layer"]
+    assert [k["name"] for k in layer] == [n for n, _, _ in LAYER[5:]] + \
+        [n for n, _, _ in LAYER[:5]], [k["name"] for k in layer]
+    assert "| attention | 3 |" in table and "median step" in table, table
+    assert bad.returncode != 0 and "no CUDA-graph kernels" in bad.stderr, bad.stderr
+    print("kernel_timeline: ok")
+
+
+if __name__ == "__main__":
+    main()

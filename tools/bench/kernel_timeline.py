@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""A CUDA-graph step's breakdown from kernel_timeline's rows (libkh_kernel_timeline.so, a CUPTI
+injection library): the replays of the graph launched most often (a decode step), the median one
+taken, its kernels in GPU order with each one's duration, its gap after the kernel before (negative:
+it overlapped, as PDL lets it) and the wall time it added to the step (its end past every earlier
+kernel's end); then those added times summed by kind (GEMM, attention, hub kernels, other) and the
+kernels of one layer in the middle of the step.
+
+  CUDA_INJECTION64_PATH=$g/bin/libkh_kernel_timeline.so KH_TIMELINE_OUT=/tmp/t.tsv \\
+      kernel-hub demo --device cuda:0 --model qwen3-0.6b ...
+  python3 tools/bench/kernel_timeline.py /tmp/t.tsv [--json]
+"""
+import argparse
+import collections
+import csv
+import json
+import statistics
+import sys
+
+# Kind of a kernel by its name: first match wins.
+KINDS = [
+    ("attention combine", ("attn_decode_combine",)),
+    ("attention", ("attn_decode", "attn_fwd", "attn_")),
+    ("GEMM (skinny)", ("kh_skinny",)),
+    ("GEMM (cuBLASLt)", ("nvjet", "gemm", "xmma", "cutlass", "cublas", "splitKreduce")),
+    ("hub kernels", ("norm_", "rope_", "qk_norm_rope", "act_", "paged_kv_append")),
+]
+
+
+def kind_of(name):
+    for kind, keys in KINDS:
+        if any(k in name for k in keys):
+            return kind
+    return "other"
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    for r in rows:
+        for k in ("start_ns", "end_ns", "stream", "correlation", "graph"):
+            r[k] = int(r[k])
+    return rows
+
+
+def graph_steps(rows):
+    """The replays (one correlation id each) of the graph with the most of them."""
+    steps = collections.defaultdict(list)
+    for r in rows:
+        if r["graph"]:
+            steps[(r["graph"], r["correlation"])].append(r)
+    if not steps:
+        return []
+    per_graph = collections.Counter(g for g, _ in steps)
+    graph = per_graph.most_common(1)[0][0]
+    return [sorted(v, key=lambda r: r["start_ns"]) for (g, _), v in sorted(steps.items())
+            if g == graph]
+
+
+def annotate(step):
+    """Each kernel's duration, gap after the previous kernel's end and the wall time it added."""
+    t0 = step[0]["start_ns"]
+    frontier = t0
+    out = []
+    prev_end = t0
+    for r in step:
+        added = max(0, r["end_ns"] - frontier)  # an idle gap before it counts as its own
+        out.append({"name": r["name"], "kind": kind_of(r["name"]),
+                    "start_us": (r["start_ns"] - t0) / 1e3,
+                    "dur_us": (r["end_ns"] - r["start_ns"]) / 1e3,
+                    "gap_us": (r["start_ns"] - prev_end) / 1e3,
+                    "added_us": added / 1e3, "grid": r["grid"], "block": r["block"]})
+        frontier = max(frontier, r["end_ns"])
+        prev_end = r["end_ns"]
+    return out
+
+
+def breakdown(kernels):
+    by_kind = collections.OrderedDict()
+    for k in kernels:
+        b = by_kind.setdefault(k["kind"], {"kernels": 0, "busy_us": 0.0, "added_us": 0.0})
+        b["kernels"] += 1
+        b["busy_us"] += k["dur_us"]
+        b["added_us"] += k["added_us"]
+    return by_kind
+
+
+def one_layer(kernels):
+    """One period of the step in its middle: the kernels after one attention up to and with the
+    next (the combine, the MLP, the next layer's norm, projections, append and attention)."""
+    attn = [i for i, k in enumerate(kernels) if k["kind"] == "attention"]
+    if len(attn) < 3:
+        return kernels
+    mid = len(attn) // 2
+    return kernels[attn[mid - 1] + 1:attn[mid] + 1]
+
+
+def short(name, n=48):
+    return name if len(name) <= n else name[: n - 3] + "..."
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("tsv", help="kernel_timeline's output ($KH_TIMELINE_OUT)")
+    ap.add_argument("--json", action="store_true", help="print the breakdown as JSON")
+    a = ap.parse_args()
+    steps = graph_steps(read_rows(a.tsv))
+    if not steps:
+        sys.exit(f"{a.tsv}: no CUDA-graph kernels (was the step captured? CUDA_INJECTION64_PATH set?)")
+    spans = [(s[-1]["end_ns"] - s[0]["start_ns"], i) for i, s in enumerate(steps)]
+    spans_sorted = sorted(spans)
+    median_span, median_i = spans_sorted[len(spans_sorted) // 2]
+    kernels = annotate(steps[median_i])
+    total = sum(k["added_us"] for k in kernels)
+    kinds = breakdown(kernels)
+    layer = one_layer(kernels)
+    if a.json:
+        print(json.dumps({"replays": len(steps), "kernels_per_step": len(kernels),
+                          "step_us": median_span / 1e3,
+                          "step_us_min": spans_sorted[0][0] / 1e3,
+                          "by_kind": kinds, "layer": layer}, indent=1))
+        return
+    print(f"{len(steps)} replays of the graph, {len(kernels)} kernels each; median step "
+          f"{median_span / 1e3:.1f} us (min {spans_sorted[0][0] / 1e3:.1f}, max "
+          f"{spans_sorted[-1][0] / 1e3:.1f}; first kernel's start to last kernel's end)\n")
+    print("| kind | kernels | busy us (sum of durations) | wall us added | share of step |")
+    print("|---|---|---|---|---|")
+    for kind, b in kinds.items():
+        print(f"| {kind} | {b['kernels']} | {b['busy_us']:.1f} | {b['added_us']:.1f} | "
+              f"{100 * b['added_us'] / total:.1f}% |")
+    print(f"\nOne layer in the middle of the step ({len(layer)} kernels, "
+          f"{sum(k['added_us'] for k in layer):.1f} us added):\n")
+    print("| kernel | kind | grid | us | gap after previous us | wall us added |")
+    print("|---|---|---|---|---|---|")
+    for k in layer:
+        print(f"| {short(k['name'])} | {k['kind']} | {k['grid']} | {k['dur_us']:.2f} | "
+              f"{k['gap_us']:.2f} | {k['added_us']:.2f} |")
+    med = statistics.median(k["gap_us"] for k in kernels[1:]) if len(kernels) > 1 else 0
+    print(f"\nmedian gap between consecutive kernels: {med:.2f} us")
+
+
+if __name__ == "__main__":
+    main()
