@@ -2,13 +2,18 @@
 // and size for a model, and the errors for a cache that cannot be built; the decode slots added
 // to a runtime without a host fallback (the device model runs its own kernels when nothing is
 // bound); the decode kernels' source compiles with the loader's NVRTC for sm_80 and sm_90a (NVRTC
-// needs no GPU) with every entry point; the decode roofline's byte arithmetic
+// needs no GPU) with every entry point, the greedy argmax within the register file at its 1024
+// threads a CTA (the cubin's register counts); the decode roofline's byte arithmetic
 // (decode_roofline.h) and the demo's decode options (resolve_decode: defaults and errors). The
 // device parts are tests/gpu/test_gpu_demo_decode.cpp.
+#include <elf.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kernel_hub/kernel_hub.hpp"
 #include "loader/cuda_arch.h"
@@ -42,6 +47,86 @@ TEST(DemoDecode, KernelSourceCompilesForAmpereAndHopperWithEveryEntryPoint) {
     }
     for (const std::string& name : decode_kernel_names())
       EXPECT_NE(cubin.find(name + '\0'), std::string::npos) << target << " lacks " << name;
+  }
+}
+
+// Registers per thread of each kernel of a cubin (EIATTR_REGCOUNT records of its .nv.info
+// section, keyed by the .symtab symbols they name). The cubin is NVRTC's output: trusted, so
+// the walk only checks that it stays inside the bytes.
+std::map<std::string, uint32_t> cubin_registers(const std::string& cubin) {
+  std::map<std::string, uint32_t> regs;
+  const auto* base = reinterpret_cast<const unsigned char*>(cubin.data());
+  auto fits = [&](uint64_t off, uint64_t n) {
+    return off <= cubin.size() && n <= cubin.size() - off;
+  };
+  Elf64_Ehdr eh;
+  if (!fits(0, sizeof eh)) return regs;
+  std::memcpy(&eh, base, sizeof eh);
+  if (eh.e_shentsize != sizeof(Elf64_Shdr) ||
+      !fits(eh.e_shoff, uint64_t{eh.e_shnum} * sizeof(Elf64_Shdr)))
+    return regs;
+  std::vector<Elf64_Shdr> sh(eh.e_shnum);
+  std::memcpy(sh.data(), base + eh.e_shoff, sh.size() * sizeof(Elf64_Shdr));
+  if (eh.e_shstrndx >= sh.size()) return regs;
+  auto name_of = [&](const Elf64_Shdr& strtab, uint32_t off) -> std::string {
+    if (off >= strtab.sh_size || !fits(strtab.sh_offset, strtab.sh_size)) return {};
+    const char* p = reinterpret_cast<const char*>(base + strtab.sh_offset + off);
+    return std::string(p, strnlen(p, strtab.sh_size - off));
+  };
+  const Elf64_Shdr *symtab = nullptr, *info = nullptr;
+  for (const Elf64_Shdr& s : sh) {
+    const std::string n = name_of(sh[eh.e_shstrndx], s.sh_name);
+    if (n == ".symtab") symtab = &s;
+    if (n == ".nv.info") info = &s;
+  }
+  if (!symtab || !info || symtab->sh_link >= sh.size() ||
+      !fits(symtab->sh_offset, symtab->sh_size) || !fits(info->sh_offset, info->sh_size))
+    return regs;
+  constexpr uint8_t kSval = 0x04, kRegcount = 0x2f;  // EIFMT_SVAL, EIATTR_REGCOUNT
+  for (uint64_t at = 0; at + 4 <= info->sh_size;) {
+    const unsigned char* e = base + info->sh_offset + at;
+    uint16_t size = 0;
+    std::memcpy(&size, e + 2, 2);
+    const uint64_t payload = e[0] == kSval ? size : 0;
+    if (at + 4 + payload > info->sh_size) break;
+    if (e[0] == kSval && e[1] == kRegcount && size == 8) {
+      uint32_t sym = 0, count = 0;
+      std::memcpy(&sym, e + 4, 4);
+      std::memcpy(&count, e + 8, 4);
+      Elf64_Sym es;
+      if ((uint64_t{sym} + 1) * sizeof es <= symtab->sh_size) {
+        std::memcpy(&es, base + symtab->sh_offset + uint64_t{sym} * sizeof es, sizeof es);
+        regs[name_of(sh[symtab->sh_link], es.st_name)] = count;
+      }
+    }
+    at += 4 + payload;
+  }
+  return regs;
+}
+
+// The greedy argmax launches 1024 threads a CTA: its registers must fit an SM's 64K (at most 64
+// a thread) on every target, or the launch fails (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: what its
+// first version did on the H200, which no CPU test could see). NVRTC's cubins say how many it took.
+TEST(DemoDecode, TheArgmaxFitsItsThousandThreadsInTheRegisterFile) {
+  const NvrtcInfo* compiler = nullptr;
+  try {
+    compiler = &nvrtc();
+  } catch (const Error& e) {
+    GTEST_SKIP() << "no NVRTC: " << e.what();
+  }
+  const std::string source = device_decode_source();
+  for (const char* target : {"sm_80", "sm_90a"}) {
+    const CudaArch arch = *CudaArch::parse(target);
+    const std::string cubin =
+        nvrtc_compile_cubin(source, "demo_device_decode.cu", nvrtc_options(arch, compiler->version),
+                            "demo_device_decode.cu");
+    const std::map<std::string, uint32_t> regs = cubin_registers(cubin);
+    ASSERT_FALSE(regs.empty()) << target << ": no EIATTR_REGCOUNT in the cubin";
+    for (const char* kernel : {"kh_argmax_advance_bf16", "kh_argmax_advance_f32"}) {
+      ASSERT_TRUE(regs.count(kernel)) << target << " " << kernel;
+      EXPECT_LE(regs.at(kernel) * kArgmaxThreads, 65536u)
+          << target << " " << kernel << ": " << regs.at(kernel) << " registers a thread";
+    }
   }
 }
 

@@ -17,8 +17,7 @@ namespace kh::demo {
 
 namespace {
 
-constexpr uint32_t kThreads = 128;         // the decode kernels' block
-constexpr uint32_t kArgmaxThreads = 1024;  // the greedy argmax's: one CTA a row of logits
+constexpr uint32_t kThreads = 128;  // the decode kernels' block
 
 // paged_attention_decode splits the context over 32 parts at most when it gets an fp32
 // workspace of batch * q_tokens * q_heads * 32 * (head_dim + 2) elements (README, attention).

@@ -81,6 +81,8 @@ KvCacheShape kv_cache_shape(const ModelConfig& config, const DecodeConfig& decod
 const char* device_decode_source();
 // The extern "C" names of its entry points.
 std::vector<std::string> decode_kernel_names();
+// The greedy argmax's CTA (one a row of logits; its kernel is __launch_bounds__ for it).
+inline constexpr uint32_t kArgmaxThreads = 1024;
 
 class DecodeKernels {
  public:
