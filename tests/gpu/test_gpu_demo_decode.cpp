@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -333,20 +334,24 @@ TEST_F(GpuDemoDecode, OverlappedHalvesDecodeWhatOneBatchDoes) {
   EXPECT_FALSE(dev.decode_overlaps());
 }
 
-// The greedy step's argmax on its own, at a real vocabulary's width and at odd ones, with rows
-// that start off the 16-byte grid (a column offset) and a maximum planted twice in every row:
-// the first index wins, as on the host, in fp32 and bf16; the sequences advance by one and
-// out_tokens gets the step's column.
+// The greedy step's argmax on its own, at a real vocabulary's width and at odd ones (3: fewer
+// logits than the elements before the row's first 16-byte boundary), with rows that start off
+// the 16-byte grid (a column offset): a maximum planted twice in every row, the copies in one
+// thread, in neighbouring lanes, in different warps and far apart, and a row of -inf only; the
+// token is the host's std::max_element of the same values (the first index on ties), in fp32
+// and bf16; the sequences advance by one and out_tokens gets the step's column.
 TEST_F(GpuDemoDecode, GreedyArgmaxTakesEachRowsFirstMaximum) {
   DevicePool pool(0);
   DeviceStream stream(0);
   DecodeKernels kernels(0);
   const int64_t B = 5;
+  const int64_t apart[B] = {1, 9, 4096, 0, 40000};  // row 3: all -inf
   for (const DLDataType dtype : {kF32, kBF16}) {
-    for (const int64_t vocab : {int64_t{151936}, int64_t{1003}, int64_t{7}}) {
+    const bool bf16 = same_dtype(dtype, kBF16);
+    for (const int64_t vocab : {int64_t{151936}, int64_t{1003}, int64_t{7}, int64_t{3}}) {
       for (const int64_t offset : {int64_t{0}, int64_t{3}}) {
-        SCOPED_TRACE(::testing::Message() << (same_dtype(dtype, kBF16) ? "bf16" : "fp32")
-                                          << " vocab " << vocab << " offset " << offset);
+        SCOPED_TRACE(::testing::Message()
+                     << (bf16 ? "bf16" : "fp32") << " vocab " << vocab << " offset " << offset);
         const int64_t stride = vocab + offset + 5;
         // Random values in [-15.6, 15.6], below the two planted copies of the row's maximum (an
         // integer: exact in bf16 too, where the others are truncated).
@@ -356,16 +361,31 @@ TEST_F(GpuDemoDecode, GreedyArgmaxTakesEachRowsFirstMaximum) {
           state = state * 6364136223846793005ull + 1442695040888963407ull;
           x = static_cast<float>(static_cast<int>((state >> 33) % 2000) - 1000) / 64.f;
         }
-        std::vector<int64_t> want(B);
         for (int64_t b = 0; b < B; ++b) {
           float* row = host.data() + b * stride + offset;
-          const int64_t first = (b * 7919 + 13) % vocab, second = (first + 1 + b) % vocab;
+          if (apart[b] == 0) {
+            std::fill(row, row + vocab, -std::numeric_limits<float>::infinity());
+            continue;
+          }
+          const int64_t first = (b * 7919 + 13) % vocab;
+          int64_t second = (first + apart[b]) % vocab;
+          if (second == first) second = (first + 1) % vocab;
           row[first] = row[second] = 64.f + static_cast<float>(b);
-          want[b] = std::min(first, second);
-          if (vocab > 2) row[(second + 1) % vocab] = -1e30f;  // a minimum does not matter
+        }
+        if (bf16)  // what the kernel reads: the values truncated to bf16
+          for (float& x : host) {
+            uint32_t u;
+            std::memcpy(&u, &x, 4);
+            u &= 0xFFFF0000u;
+            std::memcpy(&x, &u, 4);
+          }
+        std::vector<int64_t> want(B);
+        for (int64_t b = 0; b < B; ++b) {
+          const float* row = host.data() + b * stride + offset;
+          want[b] = std::max_element(row, row + vocab) - row;
         }
         DeviceTensor logits(pool, {B, stride}, dtype);
-        if (same_dtype(dtype, kBF16)) {
+        if (bf16) {
           std::vector<uint16_t> bits(host.size());
           for (size_t i = 0; i < host.size(); ++i) {
             uint32_t u;

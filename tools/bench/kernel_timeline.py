@@ -107,7 +107,8 @@ def main():
     steps = graph_steps(read_rows(a.tsv))
     if not steps:
         sys.exit(f"{a.tsv}: no CUDA-graph kernels (was the step captured? CUDA_INJECTION64_PATH set?)")
-    spans = [(s[-1]["end_ns"] - s[0]["start_ns"], i) for i, s in enumerate(steps)]
+    # First start to last end (the kernel that starts last need not end last beside a branch).
+    spans = [(max(r["end_ns"] for r in s) - s[0]["start_ns"], i) for i, s in enumerate(steps)]
     spans_sorted = sorted(spans)
     median_span, median_i = spans_sorted[len(spans_sorted) // 2]
     kernels = annotate(steps[median_i])
