@@ -82,6 +82,13 @@ def main():
         [n for n, _, _ in LAYER[:5]], [k["name"] for k in layer]
     assert "| attention | 3 |" in table and "median step" in table, table
     assert bad.returncode != 0 and "no CUDA-graph kernels" in bad.stderr, bad.stderr
+    # The runtime's own kernels (a model no package serves) are attention or fallbacks, not other.
+    sys.path.insert(0, os.path.dirname(TOOL))
+    import kernel_timeline  # noqa: E402
+    assert kernel_timeline.kind_of("kh_paged_decode_bf16") == "attention"
+    assert kernel_timeline.kind_of("kh_rms_norm_bf16") == "runtime fallbacks"
+    assert kernel_timeline.kind_of("norm_fwd_add_rms_bf16_vec_reg") == "hub kernels"
+    assert kernel_timeline.kind_of("kh_argmax_advance_bf16") == "other"
     print("kernel_timeline: ok")
 
 

@@ -3,8 +3,8 @@
 injection library): the replays of the graph launched most often (a decode step), the median one
 taken, its kernels in GPU order with each one's duration, its gap after the kernel before (negative:
 it overlapped, as PDL lets it) and the wall time it added to the step (its end past every earlier
-kernel's end); then those added times summed by kind (GEMM, attention, hub kernels, other) and the
-kernels of one layer in the middle of the step.
+kernel's end); then those added times summed by kind (GEMM, attention, hub kernels, the runtime's
+fallbacks, other) and the kernels of one layer in the middle of the step.
 
   CUDA_INJECTION64_PATH=$g/bin/libkh_kernel_timeline.so KH_TIMELINE_OUT=/tmp/t.tsv \\
       kernel-hub demo --device cuda:0 --model qwen3-0.6b ...
@@ -20,9 +20,12 @@ import sys
 # Kind of a kernel by its name: first match wins.
 KINDS = [
     ("attention combine", ("attn_decode_combine",)),
-    ("attention", ("attn_decode", "attn_fwd", "attn_")),
+    ("attention", ("attn_decode", "attn_fwd", "attn_", "kh_paged_decode", "kh_attention_")),
     ("GEMM (skinny)", ("kh_skinny",)),
     ("GEMM (cuBLASLt)", ("nvjet", "gemm", "xmma", "cutlass", "cublas", "splitKreduce")),
+    # The runtime's own kernels for layers no package serves (tools/demo/device_*.cu).
+    ("runtime fallbacks", ("kh_rms_norm", "kh_rotary", "kh_silu_and_mul", "kh_paged_append",
+                           "kh_add_", "kh_bias_add", "kh_cast_")),
     ("hub kernels", ("norm_", "rope_", "qk_norm_rope", "act_", "paged_kv_append")),
 ]
 
