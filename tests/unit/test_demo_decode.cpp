@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,21 +28,31 @@
 namespace kh::demo {
 namespace {
 
-TEST(DemoDecode, KernelSourceCompilesForAmpereAndHopperWithEveryEntryPoint) {
-  const NvrtcInfo* compiler = nullptr;
+// Why the loader's NVRTC cannot be used here, or nothing (it needs no GPU).
+std::optional<std::string> nvrtc_missing() {
   try {
-    compiler = &nvrtc();
+    nvrtc();
   } catch (const Error& e) {
-    GTEST_SKIP() << "no NVRTC: " << e.what();
+    return std::string(e.what());
   }
-  const std::string source = device_decode_source();
-  EXPECT_EQ(source.find("#include"), std::string::npos) << "the prelude is inlined";
+  return std::nullopt;
+}
+
+// The decode kernels' cubin for `target` ("sm_80", "sm_90a"); throws kh::Error.
+std::string decode_cubin(const char* target) {
+  return nvrtc_compile_cubin(device_decode_source(), "demo_device_decode.cu",
+                             nvrtc_options(*CudaArch::parse(target), nvrtc().version),
+                             "demo_device_decode.cu");
+}
+
+TEST(DemoDecode, KernelSourceCompilesForAmpereAndHopperWithEveryEntryPoint) {
+  if (const auto why = nvrtc_missing()) GTEST_SKIP() << "no NVRTC: " << *why;
+  EXPECT_EQ(std::string(device_decode_source()).find("#include"), std::string::npos)
+      << "the prelude is inlined";
   for (const char* target : {"sm_80", "sm_90a"}) {
-    const CudaArch arch = *CudaArch::parse(target);
     std::string cubin;
     try {
-      cubin = nvrtc_compile_cubin(source, "demo_device_decode.cu",
-                                  nvrtc_options(arch, compiler->version), "demo_device_decode.cu");
+      cubin = decode_cubin(target);
     } catch (const Error& e) {
       FAIL() << target << ": " << e.what();
     }
@@ -108,19 +119,9 @@ std::map<std::string, uint32_t> cubin_registers(const std::string& cubin) {
 // a thread) on every target, or the launch fails (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: what its
 // first version did on the H200, which no CPU test could see). NVRTC's cubins say how many it took.
 TEST(DemoDecode, TheArgmaxFitsItsThousandThreadsInTheRegisterFile) {
-  const NvrtcInfo* compiler = nullptr;
-  try {
-    compiler = &nvrtc();
-  } catch (const Error& e) {
-    GTEST_SKIP() << "no NVRTC: " << e.what();
-  }
-  const std::string source = device_decode_source();
+  if (const auto why = nvrtc_missing()) GTEST_SKIP() << "no NVRTC: " << *why;
   for (const char* target : {"sm_80", "sm_90a"}) {
-    const CudaArch arch = *CudaArch::parse(target);
-    const std::string cubin =
-        nvrtc_compile_cubin(source, "demo_device_decode.cu", nvrtc_options(arch, compiler->version),
-                            "demo_device_decode.cu");
-    const std::map<std::string, uint32_t> regs = cubin_registers(cubin);
+    const std::map<std::string, uint32_t> regs = cubin_registers(decode_cubin(target));
     ASSERT_FALSE(regs.empty()) << target << ": no EIATTR_REGCOUNT in the cubin";
     for (const char* kernel : {"kh_argmax_advance_bf16", "kh_argmax_advance_f32"}) {
       ASSERT_TRUE(regs.count(kernel)) << target << " " << kernel;
