@@ -110,18 +110,6 @@ KH_DEV void argmax_take(float x, long long c, long long vocab, float& v, long lo
   }
 }
 
-// Element k of a 16-byte vector of T (k a constant once unrolled: no local-memory copy).
-KH_DEV kh_u32 argmax_word(const kh_u32x4& r, int w) {
-  return w == 0 ? r.x : w == 1 ? r.y : w == 2 ? r.z : r.w;
-}
-KH_DEV float argmax_elem(const kh_u32x4& r, int k, const float*) {
-  return __uint_as_float(argmax_word(r, k));
-}
-KH_DEV float argmax_elem(const kh_u32x4& r, int k, const kh_bf16*) {
-  const kh_u32 w = argmax_word(r, k / 2);
-  return kh_bf16_bits_to_float(static_cast<kh_u16>(k % 2 ? w >> 16 : w & 0xffffu));
-}
-
 // Whether candidate (ov, oi) beats (v, idx) (index vocab: no element seen).
 KH_DEV bool argmax_better(float ov, long long oi, float v, long long idx, long long vocab) {
   return oi != vocab && (idx == vocab || ov > v || (ov == v && oi < idx));
@@ -131,7 +119,7 @@ template <typename T>
 KH_DEV void argmax_advance(const T* logits, long long row_stride, long long vocab,
                            long long* tokens, long long* positions, int* seq_lens,
                            long long* out_tokens, const int* step, int out_cols) {
-  constexpr int VEC = 16 / sizeof(T), BATCH = 4;
+  constexpr int VEC = kh_vec16<T>::n, BATCH = 4;
   __shared__ float best_v[32];
   __shared__ long long best_i[32];
   const int b = blockIdx.x;
@@ -144,21 +132,22 @@ KH_DEV void argmax_advance(const T* logits, long long row_stride, long long voca
   if (head > vocab) head = vocab;
   const long long nvec = (vocab - head) / VEC, tail = head + nvec * VEC;
   if (threadIdx.x < head) argmax_take(kh_to_float(row[threadIdx.x]), threadIdx.x, vocab, v, idx);
-  const kh_u32x4* vrow = reinterpret_cast<const kh_u32x4*>(row + head);
+  const T* vrow = row + head;
   for (long long i0 = threadIdx.x; i0 < nvec; i0 += (long long)BATCH * blockDim.x) {
-    kh_u32x4 r[BATCH];
+    kh_raw<T, VEC> r[BATCH];
 #pragma unroll
     for (int j = 0; j < BATCH; ++j) {
       const long long i = i0 + (long long)j * blockDim.x;
-      if (i < nvec) r[j] = vrow[i];
+      if (i < nvec) r[j] = kh_load_raw<T, VEC, KH_LOAD_PLAIN>(vrow + i * VEC);
     }
 #pragma unroll
     for (int j = 0; j < BATCH; ++j) {
       const long long i = i0 + (long long)j * blockDim.x;
       if (i >= nvec) break;
+      float f[VEC];
+      kh_unpack<T, VEC>(r[j], f);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k)
-        argmax_take(argmax_elem(r[j], k, row), head + i * VEC + k, vocab, v, idx);
+      for (int k = 0; k < VEC; ++k) argmax_take(f[k], head + i * VEC + k, vocab, v, idx);
     }
   }
   for (long long c = tail + threadIdx.x; c < vocab; c += blockDim.x)
