@@ -633,16 +633,16 @@ __device__ __forceinline__ void attn_decode_combine(const kh_decode_params& p) {
 template <typename T>
 __device__ __forceinline__ void paged_kv_append(const kh_append_params& p) {
   const int i = blockIdx.x, hk = blockIdx.y;
-  const int b = i / p.n_new, j = i % p.n_new;
-  const int t = p.kv.seq_lens[b] - p.n_new + j;
+  const int b = i / p.nw.n, j = i % p.nw.n;
+  const int t = p.kv.seq_lens[b] - p.nw.n + j;
   if (t < 0) return;
   kh_i64 ko, vo;
   kh_paged_offsets(p.kv, b, t, hk, &ko, &vo);
   for (int c = threadIdx.x; c < p.head_dim / 8; c += blockDim.x) {
     kh_st((T*)p.kv.k + ko + c * 8,
-          kh_ld((const T*)p.k_new + (kh_i64)i * p.kn_row + (kh_i64)hk * p.kn_head + c * 8));
+          kh_ld((const T*)p.nw.k + (kh_i64)i * p.nw.k_row + (kh_i64)hk * p.nw.k_head + c * 8));
     kh_st((T*)p.kv.v + vo + c * 8,
-          kh_ld((const T*)p.v_new + (kh_i64)i * p.vn_row + (kh_i64)hk * p.vn_head + c * 8));
+          kh_ld((const T*)p.nw.v + (kh_i64)i * p.nw.v_row + (kh_i64)hk * p.nw.v_head + c * 8));
   }
 }
 
@@ -654,6 +654,7 @@ __device__ __forceinline__ void paged_kv_append(const kh_append_params& p) {
   extern "C" __global__ void __launch_bounds__(32 * kh_decode_tc_warps(),   \
                                                kh_decode_tc_ctas_per_sm(D)) \
       attn_decode_tc_##TNAME##_d##D(const kh_decode_params p) {             \
+    attn_decode_tc_prefetch<D, T>(p);                                       \
     kh_pdl_enter();                                                         \
     attn_decode_tc<T, D>(p);                                                \
   }

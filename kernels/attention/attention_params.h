@@ -208,6 +208,17 @@ struct kh_paged_kv {
   const int* seq_lens;
   kh_i64 k_page, k_row, k_head, v_page, v_row, v_head;
   int table_stride, page_size;
+  int pages;  // pages in K and in V (a bound for addresses formed from untrusted page numbers)
+};
+
+// New tokens' K and V, n a sequence (the last n of seq_lens[b]): token j of sequence b, KV head
+// hk at k + (b * n + j) * k_row + hk * k_head ([batch * n, kv_heads, head_dim] with these
+// strides), and likewise in v.
+struct kh_new_kv {
+  const void* k;
+  const void* v;
+  kh_i64 k_row, k_head, v_row, v_head;
+  int n;
 };
 
 // Element offsets of sequence b's token t, KV head hk, in K and in V.
@@ -235,6 +246,15 @@ struct kh_decode_params {
   int splits, split_tokens;
   int window_left;
   float scale_log2;
+  // paged_attention_decode_append (tensor-core kernels): each sequence's last nw.n tokens are
+  // new, their K and V in nw: the CTA whose split holds a new token reads it from there instead
+  // of the cache and (row group 0 of its KV head) writes it into its cache row. nw.n = 0: the
+  // cache holds every token.
+  kh_new_kv nw;
+  // The first prefetch_ctas CTAs (linear block index: the first wave, resident while the previous
+  // kernel of the stream still runs under PDL) ask L2 for the first prefetch_tokens tokens of
+  // their split before griddepcontrol.wait. 0: no prefetch.
+  int prefetch_ctas, prefetch_tokens;
 };
 
 // Rows (query head, query token) one decode CTA serves, out of a KV head's
@@ -273,14 +293,11 @@ KH_HD constexpr int kh_decode_tc_smem_bytes(int head_dim) {
   return (1 + 2 * kh_decode_tc_warps() * kh_decode_tc_stages()) * 16 * head_dim * 2;
 }
 
-// Appends new tokens' K and V into the pages: token i of sequence b (n_new per sequence, the last
-// ones of seq_lens[b]) from k_new/v_new [batch * n_new, kv_heads, head_dim].
+// Appends new tokens' K and V (nw) into the pages.
 struct kh_append_params {
-  const void* k_new;
-  const void* v_new;
   kh_paged_kv kv;
-  kh_i64 kn_row, kn_head, vn_row, vn_head;
-  int batch, n_new, kv_heads, head_dim;
+  kh_new_kv nw;
+  int batch, kv_heads, head_dim;
 };
 
 #endif  // KH_ATTENTION_PARAMS_H_

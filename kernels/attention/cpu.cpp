@@ -144,16 +144,16 @@ void decode_t(int head_dim, const kh_decode_params& p) {
 template <typename T>
 void append_t(const kh_append_params& p) {
   for (int b = 0; b < p.batch; ++b)
-    for (int j = 0; j < p.n_new; ++j) {
-      const int t = p.kv.seq_lens[b] - p.n_new + j;
+    for (int j = 0; j < p.nw.n; ++j) {
+      const int t = p.kv.seq_lens[b] - p.nw.n + j;
       if (t < 0) continue;
-      const kh_i64 i = (kh_i64)b * p.n_new + j;
+      const kh_i64 i = (kh_i64)b * p.nw.n + j;
       for (int hk = 0; hk < p.kv_heads; ++hk) {
         kh_i64 ko, vo;
         kh_paged_offsets(p.kv, b, t, hk, &ko, &vo);
         for (int d = 0; d < p.head_dim; ++d) {
-          ((T*)p.kv.k)[ko + d] = ((const T*)p.k_new)[i * p.kn_row + hk * p.kn_head + d];
-          ((T*)p.kv.v)[vo + d] = ((const T*)p.v_new)[i * p.vn_row + hk * p.vn_head + d];
+          ((T*)p.kv.k)[ko + d] = ((const T*)p.nw.k)[i * p.nw.k_row + hk * p.nw.k_head + d];
+          ((T*)p.kv.v)[vo + d] = ((const T*)p.nw.v)[i * p.nw.v_row + hk * p.nw.v_head + d];
         }
       }
     }

@@ -1,10 +1,12 @@
 // Host library of the kernel-hub/attention package: layers Attention (forward and backward,
 // FlashAttention-2 style on sm_80+ tensor cores, with wgmma on sm_90a for head_dim 64 and 128
-// (forward_sm90.cuh: FlashAttention-3's warp-specialized schedule; backward_sm90.cuh): packed varlen or padded batches,
-// MHA/GQA/MQA, causal and sliding-window masks, optional fp32 log-sum-exp), PagedAttention (decode of one or a few query
-// tokens per sequence against a paged KV cache, split over the context) and PagedKVAppend
-// (writes new tokens' K and V into the pages). Ops check their DLPack arguments, then run
-// cpu.cpp on kDLCPU tensors or launch attention.cu's kernels through the loader on kDLCUDA ones.
+// (forward_sm90.cuh: FlashAttention-3's warp-specialized schedule; backward_sm90.cuh): packed
+// varlen or padded batches, MHA/GQA/MQA, causal and sliding-window masks, optional fp32
+// log-sum-exp), PagedAttention (decode of one or a few query tokens per sequence against a paged KV
+// cache, split over the context), PagedKVAppend (writes new tokens' K and V into the pages) and
+// PagedAttentionWithKVAppend (both in one launch: the tensor-core decode reads the new tokens from
+// k_new / v_new and writes them). Ops check their DLPack arguments, then run cpu.cpp on kDLCPU
+// tensors or launch attention.cu's kernels through the loader on kDLCUDA ones.
 //
 // Attention's forward_train is the forward op with its lse output (backward recomputes the
 // probabilities from q, k and lse); its backward takes the caller's fp32 workspace on cuda.
@@ -24,7 +26,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/attention";
-constexpr const char* kPackageVersion = "1.2.2";
+constexpr const char* kPackageVersion = "1.3.0";
 constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
 // Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
 constexpr int kMinSplitTokens = 256;
@@ -596,35 +598,115 @@ int32_t paged_kv_args(const TensorArg& k_arg, const TensorArg& v_arg, const Tens
   c.kv.v_head = c.v.rows.head_stride;
   c.kv.table_stride = static_cast<int>(t->shape[1]);
   c.kv.page_size = static_cast<int>(c.k.page_size);
+  const int64_t pages = c.k.pages < c.v.pages ? c.k.pages : c.v.pages;
+  c.kv.pages = static_cast<int>(pages > 0x7FFFFFFF ? 0x7FFFFFFF : pages);
   return KH_OK;
 }
 
-constexpr OpSchema kDecode{
-    "paged_attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor "
-    "seq_lens, int window_left, float scale, Tensor(a!) out, Tensor(b!)? workspace) -> ()"};
+// k_new / v_new [batch, new_tokens, kv_heads, head_dim] checked against the cache: the append's
+// kernel parameters.
+int32_t append_args(const TensorArg& kn_arg, const TensorArg& vn_arg, const PagedKvArgs& c,
+                    kh_append_params* out) {
+  const char* op = kn_arg.op;
+  HeadsView kn, vn;
+  KH_TRY(heads_view(kn_arg, &kn, true));
+  KH_TRY(heads_view(vn_arg, &vn, true));
+  if (kn_arg.t->ndim != 4)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: k_new must be [batch, new_tokens, kv_heads, head_dim]", op);
+  KH_TRY(same_shape(vn_arg, vn, kn, "k_new"));
+  KH_TRY(same_kind(kn_arg, kn, c.k.rows, "k_cache"));
+  if (c.k.rows.heads != kn.heads)
+    return fail(KH_ERR_INVALID_ARGUMENT, "%s: k_cache has %lld kv heads, k_new %lld", op,
+                static_cast<long long>(c.k.rows.heads), static_cast<long long>(kn.heads));
+  if (!is_cpu(kn.device)) {
+    KH_TRY(cuda_layout_ok(kn_arg, kn));
+    KH_TRY(cuda_layout_ok(vn_arg, vn));
+  }
+  kh_append_params& p = *out;
+  p = kh_append_params{};
+  p.kv = c.kv;
+  p.nw = {kn.data,
+          vn.data,
+          kn.token_stride,
+          kn.head_stride,
+          vn.token_stride,
+          vn.head_stride,
+          static_cast<int>(kn.seqlen)};
+  p.batch = static_cast<int>(kn.batch);
+  p.kv_heads = static_cast<int>(kn.heads);
+  p.head_dim = static_cast<int>(kn.head_dim);
+  return KH_OK;
+}
 
-int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
-  const char* op = kDecode.name();
+// The append on cpu (checked pages) or its kernel: one CTA per (new token, KV head).
+int32_t run_append(const char* op, const kh_append_params& p, const PagedCache& k, int dtype,
+                   DLDevice device, void* stream) {
+  if (p.batch == 0 || p.nw.n == 0) return KH_OK;
+  if (is_cpu(device)) {
+    KH_TRY(cpu_pages_ok(op, p.kv, p.batch, k.pages, p.nw.n));
+    attention_cpu::append(dtype, p);
+    return KH_OK;
+  }
+  char name[48];
+  snprintf(name, sizeof name, "paged_kv_append_%s", dtype_tag(dtype));
+  LaunchDims dims;
+  dims.flags = kPdlEntry;
+  dims.grid[0] = static_cast<uint32_t>(p.batch * p.nw.n);
+  dims.grid[1] = static_cast<uint32_t>(p.kv_heads);
+  dims.block[0] = 32;
+  kh_append_params copy = p;
+  void* params[] = {&copy};
+  return launch_kernel(device.device_id, name, dims, params, stream);
+}
+
+// Decode CTAs of the first wave that prefetch their split's first tokens into L2 before
+// griddepcontrol.wait, and how many tokens (KERNEL_HUB_ATTENTION_DECODE_PREFETCH overrides the
+// token count; 0 turns the prefetch off): the first two 16-token chunks of each of the CTA's
+// warps, what its cp.async rings ask for first.
+int64_t decode_prefetch_tokens() {
+  if (const char* e = getenv("KERNEL_HUB_ATTENTION_DECODE_PREFETCH"); e && *e) {
+    const long v = strtol(e, nullptr, 10);
+    return v > 0 ? v : 0;
+  }
+  return 2 * 16 * kh_decode_tc_warps();
+}
+
+// paged_attention_decode and (with `append`, the fused op) paged_attention_decode_append: q and
+// out checked against the cache, the split plan, the launches.
+struct DecodeArgs {
+  TensorArg q, k_cache, v_cache, block_table, seq_lens, out, workspace;
+  const TensorArg* k_new = nullptr;  // the fused append's new K and V, or null
+  const TensorArg* v_new = nullptr;
+  int64_t window_left = -1;
+  double scale = 1;
+};
+
+int32_t run_decode(const char* op, const DecodeArgs& a, void* stream) {
   // q and out: [batch, q_tokens, q_heads, head_dim].
   HeadsView q, o;
-  KH_TRY(heads_view(a.tensor("q"), &q, true));
-  KH_TRY(heads_view(a.tensor("out"), &o, true));
-  if (a.tensor("q").t->ndim != 4)
+  KH_TRY(heads_view(a.q, &q, true));
+  KH_TRY(heads_view(a.out, &o, true));
+  if (a.q.t->ndim != 4)
     return fail(KH_ERR_INVALID_ARGUMENT,
                 "%s: q must be [batch, q_tokens, q_heads, head_dim] (q_tokens = 1 for plain "
                 "decode)",
                 op);
-  KH_TRY(same_shape(a.tensor("out"), o, q, "q"));
+  KH_TRY(same_shape(a.out, o, q, "q"));
   PagedKvArgs c;
-  KH_TRY(paged_kv_args(a.tensor("k_cache"), a.tensor("v_cache"), a.tensor("block_table"),
-                       a.tensor("seq_lens"), q.batch, q.device, &c));
+  KH_TRY(paged_kv_args(a.k_cache, a.v_cache, a.block_table, a.seq_lens, q.batch, q.device, &c));
   const HeadsView& kc = c.k.rows;
-  KH_TRY(same_kind(a.tensor("k_cache"), kc, q, "q"));
+  KH_TRY(same_kind(a.k_cache, kc, q, "q"));
   KH_TRY(heads_ratio(op, q.heads, kc.heads));
-  const int64_t window_left = a.integer("window_left");
-  KH_TRY(window_arg(op, window_left));
-  const double scale = a.real("scale");
-  KH_TRY(scale_arg(op, scale));
+  KH_TRY(window_arg(op, a.window_left));
+  KH_TRY(scale_arg(op, a.scale));
+  kh_append_params ap{};
+  if (a.k_new) {
+    KH_TRY(append_args(*a.k_new, *a.v_new, c, &ap));
+    if (ap.batch != q.batch)
+      return fail(KH_ERR_INVALID_ARGUMENT, "%s: k_new has %d sequences, q %lld", op, ap.batch,
+                  static_cast<long long>(q.batch));
+  }
 
   kh_decode_params p{};
   p.kv = c.kv;
@@ -638,47 +720,52 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
   p.q_tokens = static_cast<int>(q.seqlen);
   p.q_heads = static_cast<int>(q.heads);
   p.kv_heads = static_cast<int>(kc.heads);
-  p.window_left = static_cast<int>(window_left);
-  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.window_left = static_cast<int>(a.window_left);
+  p.scale_log2 = static_cast<float>(a.scale * 1.4426950408889634);
   p.splits = 1;
   // The longest context the table can address: the split plan depends on shapes and the device
   // only, so a captured CUDA graph replays correctly for any seq_lens.
   const int64_t max_ctx = static_cast<int64_t>(p.kv.table_stride) * p.kv.page_size;
   p.split_tokens = static_cast<int>(max_ctx > 0x7FFFFFFF ? 0x7FFFFFFF : max_ctx);
-  if (q.tokens == 0) return KH_OK;
 
   if (is_cpu(q.device)) {
+    KH_TRY(run_append(op, ap, c.k, q.dtype, q.device, stream));  // then the cache holds all
+    if (q.tokens == 0) return KH_OK;
     KH_TRY(cpu_pages_ok(op, p.kv, p.batch, c.k.pages, p.q_tokens));
     attention_cpu::decode(q.dtype, static_cast<int>(q.head_dim), p);
     return KH_OK;
   }
-  KH_TRY(cuda_layout_ok(a.tensor("q"), q));
-  KH_TRY(cuda_layout_ok(a.tensor("out"), o));
-  KH_TRY(cuda_layout_ok(a.tensor("k_cache"), c.k.rows));
-  KH_TRY(cuda_layout_ok(a.tensor("v_cache"), c.v.rows));
+  KH_TRY(cuda_layout_ok(a.q, q));
+  KH_TRY(cuda_layout_ok(a.out, o));
+  KH_TRY(cuda_layout_ok(a.k_cache, c.k.rows));
+  KH_TRY(cuda_layout_ok(a.v_cache, c.v.rows));
   const int d = static_cast<int>(q.head_dim);
-  const int rows = p.q_heads / p.kv_heads * p.q_tokens;
-  // Tensor cores (decode_tc.cuh: 16 rows per CTA) for head_dim 64 and 128; CUDA cores (4 or 8
-  // rows per CTA) for head_dim 256.
+  // Tensor cores (decode_tc.cuh: 16 rows per CTA) for head_dim 64 and 128, which also fuse the
+  // append; CUDA cores (4 or 8 rows per CTA) for head_dim 256, after the append's own kernel.
   const bool tc = d != 256;
+  if (a.k_new && tc && ap.nw.n > 0 && q.tokens > 0) {
+    p.nw = ap.nw;
+  } else if (a.k_new) {
+    KH_TRY(run_append(op, ap, c.k, q.dtype, q.device, stream));
+  }
+  if (q.tokens == 0) return KH_OK;
+  const int rows = p.q_heads / p.kv_heads * p.q_tokens;
   const int r = tc ? 16 : kh_decode_rows(rows), groups = (rows + r - 1) / r;
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.kv_heads * groups;
   int64_t max_splits = (max_ctx + kMinSplitTokens - 1) / kMinSplitTokens;
   if (max_splits > kMaxSplits) max_splits = kMaxSplits;
   const int64_t threads = 32 * (tc ? kh_decode_tc_warps() : kh_decode_warps());
   const DecodeGpu gpu = decode_gpu(q.device.device_id);
-  int64_t splits = decode_splits(gpu, ctas,
-                                 decode_ctas_per_sm(gpu, tc ? kh_decode_tc_smem_bytes(d) : 0,
-                                                    threads, tc ? kh_decode_tc_ctas_per_sm(d) : 0),
-                                 max_splits);
-  const TensorArg ws_arg = a.optional_tensor("workspace");
+  const int64_t per_sm = decode_ctas_per_sm(gpu, tc ? kh_decode_tc_smem_bytes(d) : 0, threads,
+                                            tc ? kh_decode_tc_ctas_per_sm(d) : 0);
+  int64_t splits = decode_splits(gpu, ctas, per_sm, max_splits);
   const int64_t per_split = q.tokens * q.heads * (q.head_dim + 2);
   if (splits > 1) {
-    if (!ws_arg.t) {
+    if (!a.workspace.t) {
       splits = 1;  // no workspace: one pass over the context per CTA
     } else {
       int64_t n = 0;
-      KH_TRY(workspace_arg(ws_arg, q, &p.partial, &n));
+      KH_TRY(workspace_arg(a.workspace, q, &p.partial, &n));
       if (n / per_split < splits) splits = n / per_split;
       if (splits < 1) splits = 1;
     }
@@ -687,6 +774,8 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
   // Whole 16-token chunks per split (decode_tc.cuh looks a chunk's page up once when the page
   // size is a multiple of 16 too).
   p.split_tokens = static_cast<int>(((max_ctx + splits - 1) / splits + 15) / 16 * 16);
+  p.prefetch_tokens = static_cast<int>(decode_prefetch_tokens());
+  p.prefetch_ctas = p.prefetch_tokens > 0 ? static_cast<int>(gpu.sms * per_sm) : 0;
 
   char name[48];
   if (tc)
@@ -711,6 +800,46 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
   return launch_kernel(q.device.device_id, name, combine, params, stream);
 }
 
+constexpr OpSchema kDecode{
+    "paged_attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor "
+    "seq_lens, int window_left, float scale, Tensor(a!) out, Tensor(b!)? workspace) -> ()"};
+
+int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
+  DecodeArgs d{a.tensor("q"),
+               a.tensor("k_cache"),
+               a.tensor("v_cache"),
+               a.tensor("block_table"),
+               a.tensor("seq_lens"),
+               a.tensor("out"),
+               a.optional_tensor("workspace")};
+  d.window_left = a.integer("window_left");
+  d.scale = a.real("scale");
+  return run_decode(kDecode.name(), d, stream);
+}
+
+// ---- PagedAttentionWithKVAppend: the append and the decode in one launch ----
+
+constexpr OpSchema kDecodeAppend{
+    "paged_attention_decode_append(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) k_cache, "
+    "Tensor(b!) v_cache, Tensor block_table, Tensor seq_lens, int window_left, float scale, "
+    "Tensor(c!) out, Tensor(d!)? workspace) -> ()"};
+
+int32_t paged_attention_decode_append(const Args<kDecodeAppend>& a, void* stream) {
+  const TensorArg k_new = a.tensor("k_new"), v_new = a.tensor("v_new");
+  DecodeArgs d{a.tensor("q"),
+               a.tensor("k_cache"),
+               a.tensor("v_cache"),
+               a.tensor("block_table"),
+               a.tensor("seq_lens"),
+               a.tensor("out"),
+               a.optional_tensor("workspace")};
+  d.k_new = &k_new;
+  d.v_new = &v_new;
+  d.window_left = a.integer("window_left");
+  d.scale = a.real("scale");
+  return run_decode(kDecodeAppend.name(), d, stream);
+}
+
 // ---- PagedKVAppend ----
 
 constexpr OpSchema kAppend{
@@ -719,51 +848,19 @@ constexpr OpSchema kAppend{
 
 int32_t paged_kv_append(const Args<kAppend>& a, void* stream) {
   const char* op = kAppend.name();
-  HeadsView kn, vn;
-  KH_TRY(heads_view(a.tensor("k_new"), &kn, true));
-  KH_TRY(heads_view(a.tensor("v_new"), &vn, true));
-  if (a.tensor("k_new").t->ndim != 4)
-    return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: k_new must be [batch, new_tokens, kv_heads, head_dim]", op);
-  KH_TRY(same_shape(a.tensor("v_new"), vn, kn, "k_new"));
+  const TensorArg kn = a.tensor("k_new");
+  HeadsView kv;
+  KH_TRY(heads_view(kn, &kv, true));
   PagedKvArgs c;
   KH_TRY(paged_kv_args(a.tensor("k_cache"), a.tensor("v_cache"), a.tensor("block_table"),
-                       a.tensor("seq_lens"), kn.batch, kn.device, &c));
-  KH_TRY(same_kind(a.tensor("k_cache"), c.k.rows, kn, "k_new"));
-  if (c.k.rows.heads != kn.heads)
-    return fail(KH_ERR_INVALID_ARGUMENT, "%s: k_cache has %lld kv heads, k_new %lld", op,
-                static_cast<long long>(c.k.rows.heads), static_cast<long long>(kn.heads));
-  kh_append_params p{};
-  p.kv = c.kv;
-  p.k_new = kn.data;
-  p.v_new = vn.data;
-  p.kn_row = kn.token_stride;
-  p.kn_head = kn.head_stride;
-  p.vn_row = vn.token_stride;
-  p.vn_head = vn.head_stride;
-  p.batch = static_cast<int>(kn.batch);
-  p.n_new = static_cast<int>(kn.seqlen);
-  p.kv_heads = static_cast<int>(kn.heads);
-  p.head_dim = static_cast<int>(kn.head_dim);
-  if (kn.tokens == 0) return KH_OK;
-  if (is_cpu(kn.device)) {
-    KH_TRY(cpu_pages_ok(op, p.kv, p.batch, c.k.pages, p.n_new));
-    attention_cpu::append(kn.dtype, p);
-    return KH_OK;
+                       a.tensor("seq_lens"), kv.batch, kv.device, &c));
+  kh_append_params p;
+  KH_TRY(append_args(kn, a.tensor("v_new"), c, &p));
+  if (!is_cpu(kv.device)) {
+    KH_TRY(cuda_layout_ok(a.tensor("k_cache"), c.k.rows));
+    KH_TRY(cuda_layout_ok(a.tensor("v_cache"), c.v.rows));
   }
-  KH_TRY(cuda_layout_ok(a.tensor("k_new"), kn));
-  KH_TRY(cuda_layout_ok(a.tensor("v_new"), vn));
-  KH_TRY(cuda_layout_ok(a.tensor("k_cache"), c.k.rows));
-  KH_TRY(cuda_layout_ok(a.tensor("v_cache"), c.v.rows));
-  char name[48];
-  snprintf(name, sizeof name, "paged_kv_append_%s", dtype_tag(kn.dtype));
-  LaunchDims dims;
-  dims.flags = kPdlEntry;
-  dims.grid[0] = static_cast<uint32_t>(kn.tokens);
-  dims.grid[1] = static_cast<uint32_t>(p.kv_heads);
-  dims.block[0] = 32;
-  void* params[] = {&p};
-  return launch_kernel(kn.device.device_id, name, dims, params, stream);
+  return run_append(op, p, c.k, kv.dtype, kv.device, stream);
 }
 
 constexpr kh_op_v1_t kOps[] = {
@@ -771,6 +868,8 @@ constexpr kh_op_v1_t kOps[] = {
     op<attention_backward>(KH_FLAG_GRAPH_SAFE),  // dQ sums with atomics: not deterministic
     op<paged_attention_decode>(KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC | KH_FLAG_INFERENCE_ONLY),
     op<paged_kv_append>(KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC | KH_FLAG_INFERENCE_ONLY),
+    op<paged_attention_decode_append>(KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC |
+                                      KH_FLAG_INFERENCE_ONLY),
 };
 
 constexpr uint32_t kLayerFlagsNoBackward = KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
@@ -779,6 +878,8 @@ constexpr kh_layer_v1_t kLayers[] = {
           kAttnDtypes),
     layer("PagedAttention", kDecode, kDecode, kLayerFlagsNoBackward, kAttnDtypes),
     layer("PagedKVAppend", kAppend, kAppend, kLayerFlagsNoBackward, kAttnDtypes),
+    layer("PagedAttentionWithKVAppend", kDecodeAppend, kDecodeAppend, kLayerFlagsNoBackward,
+          kAttnDtypes),
 };
 
 constexpr kh_module_v1_t kModule =

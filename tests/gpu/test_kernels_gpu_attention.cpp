@@ -2,10 +2,10 @@
 // device): the cuda ops through the real loader and its CUDA device backend (NVRTC from the
 // package's .cu) on device copies of the cpu tests' cases plus GPU-sized ones, against float64
 // references: attention_forward for head_dim 64/128/256 (the 128 and 256 kernels need 64 KiB of
-// dynamic shared memory: the loader's opt-in above 48 KiB), causal and not, GQA, packed varlen
-// with odd lengths, sliding windows; attention_backward (dq, dk, dv) for head_dim 64/128;
-// paged_kv_append + paged_attention_decode with split-KV
-// (workspace) and without, GQA groups of 4 and 8, several query tokens.
+// dynamic shared memory: the loader's opt-in above 48 KiB), causal and not, GQA, packed varlen with
+// odd lengths, sliding windows; attention_backward (dq, dk, dv) for head_dim 64/128;
+// paged_kv_append + paged_attention_decode with split-KV (workspace) and without, GQA groups of 4
+// and 8, several query tokens, and paged_attention_decode_append against them bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -188,11 +188,12 @@ class DeviceCopy {
   DLTensor dl_{};
 };
 
-// PagedAttention's ops are graph-safe: paged_kv_append then paged_attention_decode (split-KV
-// with workspace), captured once in a CUDA graph, replayed on fresh inputs (a new cache, new
-// keys and queries, new sequence lengths) written into the same buffers between replays; each
-// replay equals an eager run of the same inputs bit for bit (both ops are deterministic), and
-// differs from the replay before (the graph reads the buffers, not what they held at capture).
+// PagedAttention's ops are graph-safe: paged_kv_append then paged_attention_decode (split-KV with
+// workspace), and paged_attention_decode_append alone, each captured once in a CUDA graph, replayed
+// on fresh inputs (a new cache, new keys and queries, new sequence lengths) written into the same
+// buffers between replays; each replay equals an eager run of the same inputs bit for bit (both ops
+// are deterministic), and differs from the replay before (the graph reads the buffers, not what
+// they held at capture).
 TEST_F(KernelsGpuAttention, PagedAppendAndDecodeReplayInACudaGraph) {
   Cuda& cu = Cuda::get();
   Package pkg("attention");
@@ -229,7 +230,14 @@ TEST_F(KernelsGpuAttention, PagedAppendAndDecodeReplayInACudaGraph) {
   void* stream = nullptr;
   ASSERT_EQ(cu.stream_create(&stream, 1 /* CU_STREAM_NON_BLOCKING */), 0);
   std::string err;
+  bool fused = false;  // paged_attention_decode_append instead of the two ops
   auto run_ops = [&]() -> int32_t {
+    if (fused)
+      return pkg.call("paged_attention_decode_append",
+                      {targ(&qv.t), targ(&knv.t), targ(&vnv.t), targ(&kcv.t), targ(&vcv.t),
+                       targ(&tv.t), targ(&lv.t), iarg(-1),
+                       farg(1.0 / std::sqrt(static_cast<double>(D))), targ(&ov.t), targ(&wv.t)},
+                      &err, stream);
     int32_t s =
         pkg.call("paged_kv_append",
                  {targ(&knv.t), targ(&vnv.t), targ(&tv.t), targ(&lv.t), targ(&kcv.t), targ(&vcv.t)},
@@ -260,39 +268,44 @@ TEST_F(KernelsGpuAttention, PagedAppendAndDecodeReplayInACudaGraph) {
     ASSERT_EQ(cu.ctx_synchronize(), 0);
   };
 
-  // Eager first: the kernels are compiled and loaded before the capture (nothing may load
-  // device code while a stream captures).
-  upload_round(0, true);
-  KH_EXPECT_OK(run_ops(), err);
-  ASSERT_EQ(cu.stream_sync(stream), 0);
-
-  ASSERT_EQ(cu.begin_capture(stream, 1 /* CU_STREAM_CAPTURE_MODE_THREAD_LOCAL */), 0);
-  const int32_t captured = run_ops();
-  void* graph = nullptr;
-  ASSERT_EQ(cu.end_capture(stream, &graph), 0);
-  KH_EXPECT_OK(captured, err);
-  void* exec = nullptr;
-  ASSERT_EQ(cu.graph_instantiate(&exec, graph, 0), 0);
-
-  std::vector<unsigned char> previous;
-  for (size_t round = 0; round < lens_per_round.size(); ++round) {
-    SCOPED_TRACE(testing::Message() << "replay " << round);
-    upload_round(round, round > 0);
-    ASSERT_EQ(cu.graph_launch(exec, stream), 0);
-    ASSERT_EQ(cu.stream_sync(stream), 0);
-    const std::vector<unsigned char> replay_out = dout.download(), replay_k = dkc.download(),
-                                     replay_v = dvc.download();
-    upload_round(round, false);  // the same inputs again (the append wrote into the cache)
+  for (const bool f : {false, true}) {
+    fused = f;
+    SCOPED_TRACE(fused ? "paged_attention_decode_append"
+                       : "paged_kv_append + paged_attention_decode");
+    // Eager first: the kernels are compiled and loaded before the capture (nothing may load
+    // device code while a stream captures).
+    upload_round(0, true);
     KH_EXPECT_OK(run_ops(), err);
     ASSERT_EQ(cu.stream_sync(stream), 0);
-    EXPECT_TRUE(replay_out == dout.download()) << "decode output: replay != eager";
-    EXPECT_TRUE(replay_k == dkc.download()) << "k_cache after the append: replay != eager";
-    EXPECT_TRUE(replay_v == dvc.download()) << "v_cache after the append: replay != eager";
-    EXPECT_FALSE(replay_out == previous) << "the replay repeated the previous round's output";
-    previous = replay_out;
+
+    ASSERT_EQ(cu.begin_capture(stream, 1 /* CU_STREAM_CAPTURE_MODE_THREAD_LOCAL */), 0);
+    const int32_t captured = run_ops();
+    void* graph = nullptr;
+    ASSERT_EQ(cu.end_capture(stream, &graph), 0);
+    KH_EXPECT_OK(captured, err);
+    void* exec = nullptr;
+    ASSERT_EQ(cu.graph_instantiate(&exec, graph, 0), 0);
+
+    std::vector<unsigned char> previous;
+    for (size_t round = 0; round < lens_per_round.size(); ++round) {
+      SCOPED_TRACE(testing::Message() << "replay " << round);
+      upload_round(round, round > 0);
+      ASSERT_EQ(cu.graph_launch(exec, stream), 0);
+      ASSERT_EQ(cu.stream_sync(stream), 0);
+      const std::vector<unsigned char> replay_out = dout.download(), replay_k = dkc.download(),
+                                       replay_v = dvc.download();
+      upload_round(round, false);  // the same inputs again (the append wrote into the cache)
+      KH_EXPECT_OK(run_ops(), err);
+      ASSERT_EQ(cu.stream_sync(stream), 0);
+      EXPECT_TRUE(replay_out == dout.download()) << "decode output: replay != eager";
+      EXPECT_TRUE(replay_k == dkc.download()) << "k_cache after the append: replay != eager";
+      EXPECT_TRUE(replay_v == dvc.download()) << "v_cache after the append: replay != eager";
+      EXPECT_FALSE(replay_out == previous) << "the replay repeated the previous round's output";
+      previous = replay_out;
+    }
+    cu.graph_exec_destroy(exec);
+    cu.graph_destroy(graph);
   }
-  cu.graph_exec_destroy(exec);
-  cu.graph_destroy(graph);
   cu.stream_destroy(stream);
 }
 

@@ -1,9 +1,9 @@
 // The attention package's cpu ops through the real loader against float64 references on fresh
 // random inputs: attention_forward (padded and packed varlen batches, MHA/GQA/MQA, causal and
 // non-causal, sliding window, more keys than queries and the reverse, rows that see no key, the
-// log-sum-exp), attention_backward (dq, dk, dv) and paged_kv_append + paged_attention_decode (scrambled block tables, page sizes
-// 1..64, several query tokens, a window); bf16/fp16/fp32. Then the argument checks: each refusal
-// names the op and the argument.
+// log-sum-exp), attention_backward (dq, dk, dv) and paged_kv_append + paged_attention_decode and
+// paged_attention_decode_append (scrambled block tables, page sizes 1..64, several query tokens, a
+// window); bf16/fp16/fp32. Then the argument checks: each refusal names the op and the argument.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -135,7 +135,34 @@ TEST_F(AttentionCpu, IndexTensorsAreCheckedBeforeTheyAreUsed) {
                          &err),
               KH_ERR_INVALID_ARGUMENT);
     EXPECT_NE(err.find(b.needle), std::string::npos) << err;
+    // The fused append refuses the same indices before it writes a row of the cache.
+    std::mt19937_64 rng(fresh_seed());
+    HostTensor kn = attention_cases::random_tensor(kFP32, 1, 64, rng);
+    NdView knv(kn.dl(), {1, 1, 1, 64});
+    HostTensor before = kc;
+    EXPECT_EQ(
+        pkg_->call("paged_attention_decode_append",
+                   {targ(&qd.t), targ(&knv.t), targ(&knv.t), targ(&kcv.t), targ(&kcv.t),
+                    targ(&tv.t), targ(&lv.t), iarg(-1), farg(0.125), targ(&od.t), targ(nullptr)},
+                   &err),
+        KH_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(err.find(b.needle), std::string::npos) << err;
+    for (int64_t i = 0; i < 8 * 64; ++i)
+      ASSERT_EQ(kc.bits_at(i), before.bits_at(i)) << "cache row written";
   }
+  // New tokens for two sequences, queries for one.
+  HostTensor tab = attention_cases::int32_tensor({0, 1}), lens = attention_cases::int32_tensor({3});
+  NdView tv(tab.dl(), {1, 2}, attention_cases::kInt32), lv(lens.dl(), {1}, attention_cases::kInt32);
+  HostTensor kn2(kFP32, 2, 64);
+  NdView kn2v(kn2.dl(), {2, 1, 1, 64});
+  std::string err;
+  EXPECT_EQ(
+      pkg_->call("paged_attention_decode_append",
+                 {targ(&qd.t), targ(&kn2v.t), targ(&kn2v.t), targ(&kcv.t), targ(&kcv.t),
+                  targ(&tv.t), targ(&lv.t), iarg(-1), farg(0.125), targ(&od.t), targ(nullptr)},
+                 &err),
+      KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("k_new has 2 sequences, q 1"), std::string::npos) << err;
 }
 
 }  // namespace

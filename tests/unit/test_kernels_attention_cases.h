@@ -294,7 +294,10 @@ struct DecodeCase {
 
 // Fills a paged cache (pages in a scrambled order) with the first len - new_tokens tokens,
 // appends the last new_tokens with paged_kv_append, decodes q_tokens queries with
-// paged_attention_decode, and checks the cache contents and the output against float64.
+// paged_attention_decode, and checks the cache contents and the output against float64; then
+// paged_attention_decode_append on the cache as it was before the append: the same cache and
+// the same output, bit for bit (on cuda the tensor-core decode reads the new tokens from k_new /
+// v_new and writes them itself; elsewhere the op appends first).
 inline void run_decode(Executor& ex, const Package& pkg, int dtype, const DecodeCase& c,
                        std::mt19937_64& rng) {
   const int64_t B = static_cast<int64_t>(c.lens.size()), H = c.q_heads, HK = c.kv_heads,
@@ -337,6 +340,7 @@ inline void run_decode(Executor& ex, const Package& pkg, int dtype, const Decode
   const int64_t ws_elems = B * NQ * H * 32 * (D + 2);
   HostTensor ws(kFP32, 1, ws_elems);
   std::string err;
+  HostTensor kc_before = kc, vc_before = vc;
   {  // Views are taken per call: an Executor's device copies last one call.
     NdView kcv(ex.arg(kc), {pages, P, HK, D}), vcv(ex.arg(vc), {pages, P, HK, D}),
         knv(ex.arg(kn), {B, NN, HK, D}), vnv(ex.arg(vn), {B, NN, HK, D}),
@@ -388,6 +392,29 @@ inline void run_decode(Executor& ex, const Package& pkg, int dtype, const Decode
       }
     }
   KH_EXPECT_CLOSE(got, want, tolerance(dtype), "paged_attention_decode out");
+
+  HostTensor& kf = kc_before;
+  HostTensor& vf = vc_before;
+  HostTensor out_fused(dtype, B * NQ, H * D);
+  {
+    NdView kcv(ex.arg(kf), {pages, P, HK, D}), vcv(ex.arg(vf), {pages, P, HK, D}),
+        knv(ex.arg(kn), {B, NN, HK, D}), vnv(ex.arg(vn), {B, NN, HK, D}),
+        tv(ex.arg(tab), {B, per_seq}, kInt32), lv(ex.arg(lens), {B}, kInt32),
+        qv(ex.arg(q), {B, NQ, H, D}), ov(ex.arg(out_fused), {B, NQ, H, D}),
+        wv(ex.arg(ws), {ws_elems});
+    KH_EXPECT_OK(ex.call(pkg, "paged_attention_decode_append",
+                         {targ(&qv.t), targ(&knv.t), targ(&vnv.t), targ(&kcv.t), targ(&vcv.t),
+                          targ(&tv.t), targ(&lv.t), iarg(c.window), farg(scale), targ(&ov.t),
+                          targ(c.workspace ? &wv.t : nullptr)},
+                         &err),
+                 err);
+  }
+  int64_t cache_diff = 0, out_diff = 0;
+  for (int64_t i = 0; i < pages * P * HK * D; ++i)
+    cache_diff += kf.bits_at(i) != kc.bits_at(i) || vf.bits_at(i) != vc.bits_at(i);
+  for (int64_t i = 0; i < B * NQ * H * D; ++i) out_diff += out_fused.bits_at(i) != out.bits_at(i);
+  EXPECT_EQ(cache_diff, 0) << "paged_attention_decode_append's cache != paged_kv_append's";
+  EXPECT_EQ(out_diff, 0) << "paged_attention_decode_append's out != paged_attention_decode's";
 }
 
 // Runs run(ex, pkg, dtype, case, rng) for every dtype and case from one fresh seed (named by any
