@@ -3,11 +3,12 @@
 // prefill and one decode step per token, against the same model's prefill logits of the whole
 // sequence at each position (Llama and Qwen3 shapes, pages smaller than the context so that
 // sequences span pages); the CUDA-graph step replayed against eager steps, bit for bit; greedy
-// generate() against the host model's greedy continuation (the runtime's own fp32 kernels:
-// nothing bound); the attention package's PagedKVAppend / PagedAttention serving decode (bf16
-// cache at the fp32 model's boundary) within bf16 tolerance, graph equal to eager; a bf16 Qwen3's
-// one q/k/v projection and skinny GEMMs against its own prefill; two overlapped halves of the
-// batch; the greedy argmax alone (ties, odd widths, misaligned rows); and the argument errors.
+// generate() against the host model's greedy continuation (the runtime's own fp32 kernels: nothing
+// bound); the attention package's PagedKVAppend / PagedAttention serving decode (bf16 cache at the
+// fp32 model's boundary) within bf16 tolerance, graph equal to eager; a bf16 Qwen3's one q/k/v
+// projection and skinny GEMMs against its own prefill; the attention's fused append against the
+// separate one, bit for bit; two overlapped halves of the batch; the greedy argmax alone (ties, odd
+// widths, misaligned rows); and the argument errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernel_hub/kernel_hub.hpp"
@@ -76,6 +78,23 @@ std::vector<int64_t> prefix(const std::vector<int64_t>& all, int batch, int tota
   for (int b = 0; b < batch; ++b)
     p.insert(p.end(), all.begin() + b * total, all.begin() + b * total + len);
   return p;
+}
+
+// Prefill the first P tokens of each of B sequences of `all` ([B, T]), then decode the next K
+// with teacher forcing (eager steps, or the captured graph's replays): each step's logits.
+std::vector<std::vector<float>> teacher_forced_logits(DeviceCausalLM& dev,
+                                                      const std::vector<int64_t>& all, int B, int T,
+                                                      int P, int K, bool graph) {
+  const std::vector<int64_t> prompts = prefix(all, B, T, P);
+  dev.prefill(prompts.data(), B, P);
+  std::vector<std::vector<float>> logits;
+  for (int j = 0; j < K; ++j) {
+    std::vector<int64_t> step(B);
+    for (int b = 0; b < B; ++b) step[b] = all[static_cast<size_t>(b) * T + P + j];
+    dev.decode_step(step.data(), graph);
+    logits.push_back(dev.download_decode_logits());
+  }
+  return logits;
 }
 
 class GpuDemoDecode : public ::testing::Test {
@@ -144,15 +163,8 @@ class GpuDemoDecode : public ::testing::Test {
     decode.page_size = page_size;
     dev.init_decode(rt, decode);
     std::vector<std::vector<float>> runs[2];
-    for (int graph = 0; graph < 2; ++graph) {
-      dev.prefill(prompts.data(), B, P);
-      for (int j = 0; j < K; ++j) {
-        std::vector<int64_t> step(B);
-        for (int b = 0; b < B; ++b) step[b] = all[static_cast<size_t>(b) * T + P + j];
-        dev.decode_step(step.data(), graph == 1);
-        runs[graph].push_back(dev.download_decode_logits());
-      }
-    }
+    for (int graph = 0; graph < 2; ++graph)
+      runs[graph] = teacher_forced_logits(dev, all, B, T, P, K, graph == 1);
     EXPECT_TRUE(dev.decode_graph_captured());
     EXPECT_EQ(dev.decode_overlaps(), decode.overlap == DecodeOverlap::kOn);
     if (!same_dtype(options.dtype, kBF16) || decode.gemm == DecodeGemm::kCublasLt) {
@@ -225,16 +237,17 @@ TEST_F(GpuDemoDecode, GenerateMatchesTheHostModelsGreedyContinuation) {
 }
 
 // The packages a Qwen3 decode step binds: the attention package's PagedKVAppend and
-// PagedAttention, the norm package's pre-norms (the decode step adds the residual in
-// FusedAddRMSNorm, in place, inside the captured graph) and the rotary package's
-// QKNormRotaryEmbedding (q/k norms and RoPE in one pass, where the prefill runs the RMSNorm slot
-// and the runtime's rotary: their logits agree).
-DemoSlots bind_decode_packages(Runtime& rt) {
+// PagedAttention (and, with fused_append, PagedAttentionWithKVAppend), the norm package's
+// pre-norms (the decode step adds the residual in FusedAddRMSNorm, in place, inside the captured
+// graph) and the rotary package's QKNormRotaryEmbedding (q/k norms and RoPE in one pass, where
+// the prefill runs the RMSNorm slot and the runtime's rotary: their logits agree).
+DemoSlots bind_decode_packages(Runtime& rt, bool fused_append = true) {
   const std::string dir = KH_KERNEL_PACKAGES_DIR;
   const DemoSlots slots = add_device_demo_slots(rt);
   add_decode_slots(rt);
   rt.bind(kPagedKVAppend, dir + "/attention", Mode::kEval, 0);
   rt.bind(kPagedAttention, dir + "/attention", Mode::kEval, 0);
+  if (fused_append) rt.bind(kPagedAttentionWithKVAppend, dir + "/attention", Mode::kEval, 0);
   rt.bind(kRMSNorm, dir + "/norm", Mode::kEval, 0);
   rt.bind(kFusedAddRMSNorm, dir + "/norm", Mode::kEval, 0);
   rt.bind(kQKNormRotaryEmbedding, dir + "/rotary", Mode::kEval, 0);
@@ -282,6 +295,9 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
     dev.prefill(prompt.data(), 2, 4);
     dev.decode_step(nullptr, false);
     EXPECT_TRUE(dev.decode_fuses_qkv());
+    EXPECT_TRUE(dev.decode_fuses_append());
+    const std::vector<std::string> served = dev.package_slots();
+    EXPECT_NE(std::find(served.begin(), served.end(), kPagedAttentionWithKVAppend), served.end());
     // kAuto: on Hopper the skinny GEMM takes the wider-than-tall weights (here o: hidden 128 x
     // q_dim 256), cuBLASLt the rest; elsewhere cuBLASLt all.
     const bool hopper = kh::device_info(0).sm_major == 9;
@@ -294,6 +310,50 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
   }
   decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16);
   graph_equals_eager(cfg, rt, slots, 64, 70, 8, bf16);
+}
+
+// PagedAttentionWithKVAppend (the attention reads the step's K and V from the q/k/v row and
+// writes them into the cache) against PagedKVAppend then PagedAttention: the same bf16 values
+// reach the same tensor-core math, so every step's logits and the cache's next use agree bit for
+// bit, eager and replayed from the graph, with pages of 64 (the new token starts a page at 64)
+// and of 16.
+TEST_F(GpuDemoDecode, FusedAppendDecodesBitForBitWhatTheSeparateAppendDoes) {
+  Runtime fused_rt, apart_rt;
+  const DemoSlots fused_slots = bind_decode_packages(fused_rt, true);
+  const DemoSlots apart_slots = bind_decode_packages(apart_rt, false);
+  const ModelConfig cfg = qwen3_d64();
+  DeviceModelOptions bf16;
+  bf16.dtype = kBF16;
+  for (const int page_size : {64, 16}) {
+    SCOPED_TRACE(::testing::Message() << "page_size " << page_size);
+    const int B = 3, P = 63, K = 9, T = P + K;
+    const std::vector<int64_t> all = sequence_tokens(cfg, B, T, 4);
+    const std::vector<int64_t> prompts = prefix(all, B, T, P);
+    std::vector<std::vector<float>> logits[2];
+    std::vector<int64_t> generated[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Runtime& rt = fused ? fused_rt : apart_rt;
+      const DemoSlots& slots = fused ? fused_slots : apart_slots;
+      CausalLM host(cfg, slots, 13);
+      DeviceCausalLM dev(host, slots, rt, 0, bf16);
+      dev.init_decode(rt, {B, T, page_size});
+      for (int graph = 0; graph < 2; ++graph)
+        for (std::vector<float>& step : teacher_forced_logits(dev, all, B, T, P, K, graph == 1))
+          logits[fused].push_back(std::move(step));
+      EXPECT_EQ(dev.decode_fuses_append(), fused == 1);
+      EXPECT_TRUE(dev.decode_fuses_qkv());
+      EXPECT_TRUE(dev.refusals().empty());
+      generated[fused] = dev.generate(prompts.data(), B, P, K, true);
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    for (size_t j = 0; j < logits[0].size(); ++j) {
+      ASSERT_EQ(logits[0][j].size(), logits[1][j].size());
+      EXPECT_EQ(std::memcmp(logits[0][j].data(), logits[1][j].data(), logits[0][j].size() * 4), 0)
+          << (j < K ? "eager" : "graph") << " step " << j % K
+          << ": the fused append's logits differ from the separate append's";
+    }
+    EXPECT_EQ(generated[0], generated[1]);
+  }
 }
 
 // DecodeGemm::kSkinny: the decode steps' GEMMs (2 and 3 rows of bf16) on the runtime's skinny
@@ -335,11 +395,12 @@ TEST_F(GpuDemoDecode, OverlappedHalvesDecodeWhatOneBatchDoes) {
 }
 
 // The greedy step's argmax on its own, at a real vocabulary's width and at odd ones (3: fewer
-// logits than the elements before the row's first 16-byte boundary), with rows that start off
-// the 16-byte grid (a column offset): a maximum planted twice in every row, the copies in one
-// thread, in neighbouring lanes, in different warps and far apart, and a row of -inf only; the
-// token is the host's std::max_element of the same values (the first index on ties), in fp32
-// and bf16; the sequences advance by one and out_tokens gets the step's column.
+// logits than the elements before the row's first 16-byte boundary), with rows that start off the
+// 16-byte grid (a column offset): a maximum planted twice in every row, the copies in one thread,
+// in neighbouring lanes, in different warps and far apart, and a row of -inf only; the token is the
+// host's std::max_element of the same values (the first index on ties), in fp32 and bf16, whether a
+// row's CTAs meet in scratch (151936 logits: 19-26 CTAs a row on an H200) or one CTA reads it; the
+// sequences advance by one and out_tokens gets the step's column, twice.
 TEST_F(GpuDemoDecode, GreedyArgmaxTakesEachRowsFirstMaximum) {
   DevicePool pool(0);
   DeviceStream stream(0);
@@ -397,31 +458,41 @@ TEST_F(GpuDemoDecode, GreedyArgmaxTakesEachRowsFirstMaximum) {
           logits.upload(stream, host.data(), host.size() * 4);
         }
         DeviceTensor tokens(pool, {B}, kI64), positions(pool, {B}, kI64), seq_lens(pool, {B}, kI32),
-            out_tokens(pool, {B, 4}, kI64), step(pool, {1}, kI32);
+            out_tokens(pool, {B, 4}, kI64), step(pool, {1}, kI32),
+            scratch(pool, {DecodeKernels::argmax_scratch_elems(B)}, kI64);
         const std::vector<int64_t> pos0 = {10, 20, 30, 40, 50}, none(B * 4, -1);
         const std::vector<int32_t> len0 = {11, 21, 31, 41, 51}, step0 = {2};
         positions.upload(stream, pos0.data(), B * 8);
         seq_lens.upload(stream, len0.data(), B * 4);
         out_tokens.upload(stream, none.data(), none.size() * 8);
         step.upload(stream, step0.data(), 4);
-        kernels.argmax_advance(stream, logits, offset, stride, B, vocab, tokens, positions,
-                               seq_lens, out_tokens, step);
-        std::vector<int64_t> got(B), pos(B), out(B * 4);
-        std::vector<int32_t> len(B), st(1);
-        tokens.download(stream, got.data(), B * 8);
-        positions.download(stream, pos.data(), B * 8);
-        seq_lens.download(stream, len.data(), B * 4);
-        out_tokens.download(stream, out.data(), out.size() * 8);
-        step.download(stream, st.data(), 4);
-        stream.synchronize();
-        EXPECT_EQ(got, want);
-        for (int64_t b = 0; b < B; ++b) {
-          EXPECT_EQ(pos[b], pos0[b] + 1);
-          EXPECT_EQ(len[b], len0[b] + 1);
-          EXPECT_EQ(out[b * 4 + 2], want[b]) << "out_tokens[" << b << "][step]";
-          EXPECT_EQ(out[b * 4 + 1], -1) << "out_tokens[" << b << "][1]: not this step's column";
+        scratch.zero(stream);
+        // Twice on the same logits: the CTAs of a row meet in scratch, which each launch must
+        // leave zeroed for the next (a graph replays it), and the step column moves on.
+        for (int call = 0; call < 2; ++call) {
+          SCOPED_TRACE(::testing::Message() << "call " << call);
+          kernels.argmax_advance(stream, logits, offset, stride, B, vocab, tokens, positions,
+                                 seq_lens, out_tokens, step, scratch);
+          std::vector<int64_t> got(B), pos(B), out(B * 4),
+              left(static_cast<size_t>(scratch.numel()));
+          std::vector<int32_t> len(B), st(1);
+          tokens.download(stream, got.data(), B * 8);
+          positions.download(stream, pos.data(), B * 8);
+          seq_lens.download(stream, len.data(), B * 4);
+          out_tokens.download(stream, out.data(), out.size() * 8);
+          step.download(stream, st.data(), 4);
+          scratch.download(stream, left.data(), left.size() * 8);
+          stream.synchronize();
+          EXPECT_EQ(got, want);
+          for (int64_t b = 0; b < B; ++b) {
+            EXPECT_EQ(pos[b], pos0[b] + 1 + call);
+            EXPECT_EQ(len[b], len0[b] + 1 + call);
+            EXPECT_EQ(out[b * 4 + 2 + call], want[b]) << "out_tokens[" << b << "][step]";
+            EXPECT_EQ(out[b * 4 + 1], -1) << "out_tokens[" << b << "][1]: not a step's column";
+          }
+          EXPECT_EQ(st[0], 3 + call);
+          EXPECT_EQ(left, std::vector<int64_t>(left.size(), 0)) << "scratch not left zeroed";
         }
-        EXPECT_EQ(st[0], 3);
       }
     }
   }

@@ -400,12 +400,13 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["device"], "cuda:0");
   EXPECT_FALSE(j.contains("staging")) << "nothing is staged through the host";
-  // Ten slots (the five, FusedLinearCrossEntropy, FusedAddRMSNorm, QKNormRotaryEmbedding,
-  // PagedKVAppend and PagedAttention), every one from a package in both modes but the three
-  // inference-only slots, which the config maps for eval only.
-  ASSERT_EQ(j["bindings"].size(), kBindings + 10) << j["bindings"].dump(2);
+  // Eleven slots (the five, FusedLinearCrossEntropy, FusedAddRMSNorm, QKNormRotaryEmbedding,
+  // PagedKVAppend, PagedAttention and PagedAttentionWithKVAppend), every one from a package in
+  // both modes but the four inference-only slots, which the config maps for eval only.
+  ASSERT_EQ(j["bindings"].size(), kBindings + 12) << j["bindings"].dump(2);
   for (auto& b : j["bindings"]) {
     const bool decode_slot = b["layer"] == "PagedKVAppend" || b["layer"] == "PagedAttention" ||
+                             b["layer"] == "PagedAttentionWithKVAppend" ||
                              b["layer"] == "QKNormRotaryEmbedding";
     EXPECT_EQ(b["source"] == "fallback", decode_slot && b["mode"] == "train") << b.dump(2);
   }
@@ -506,7 +507,8 @@ TEST(DemoCli, DtypeAndProfileNeedACudaDevice) {
         std::vector<std::string>{"--decode-batch", "4"},
         std::vector<std::string>{"--decode-context", "16"},
         std::vector<std::string>{"--decode-overlap", "on"},
-        std::vector<std::string>{"--decode-gemm", "skinny"}}) {
+        std::vector<std::string>{"--decode-gemm", "skinny"},
+        std::vector<std::string>{"--decode-prefetch", "off"}}) {
     std::vector<std::string> args = {cli_path(), "demo", "--device", "cpu", "--steps", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
     ProcessResult r = run_process(args, cli_env(cache.path()), 120);

@@ -50,6 +50,7 @@ struct DemoOptions {
   DecodeOverlap decode_overlap = DecodeOverlap::kOff;
   // The decode step's GEMMs (DecodeGemm): auto, cuBLASLt, or the runtime's skinny GEMM.
   DecodeGemm decode_gemm = DecodeGemm::kAuto;
+  bool decode_l2_prefetch = true;  // DecodeConfig::l2_prefetch
   // The device's peak memory bandwidth (bytes/s) for the decode roofline and where it came from
   // ("driver: ..." or the H200 figure the CLI assumes when the driver cannot be asked).
   double peak_bandwidth = 0;
@@ -102,16 +103,18 @@ struct DemoRun {
   // share of it.
   double read_bandwidth = 0, read_roofline_fraction = 0;
   std::string peak_bandwidth_source;
-  bool decode_graph = false;        // the timed steps replayed a captured CUDA graph
-  bool decode_package = false;      // PagedKVAppend / PagedAttention bound to a package
-  bool decode_overlapped = false;   // the steps ran the batch as two overlapped halves
-  bool decode_fused_qkv = false;    // every layer projected q, k and v with one GEMM
-  int decode_skinny_gemms = 0;      // the step's GEMMs on the runtime's skinny GEMM
-  int decode_gemms = 0;             // the step's GEMMs
-  std::string decode_cache_dtype;   // "bf16" or "fp32"
-  double decode_pattern_match = 0;  // generated tokens that follow the learned pattern
-  uint64_t decode_peak_bytes = 0;   // the pool's peak with the KV cache (peak_bytes: before)
-  Breakdown decode_profile;         // one more decode step, eager (profiled: --profile)
+  bool decode_graph = false;         // the timed steps replayed a captured CUDA graph
+  bool decode_package = false;       // PagedKVAppend / PagedAttention bound to a package
+  bool decode_overlapped = false;    // the steps ran the batch as two overlapped halves
+  bool decode_fused_qkv = false;     // every layer projected q, k and v with one GEMM
+  bool decode_fused_append = false;  // ... and appended K/V in its attention's launch
+  bool decode_l2_prefetch = false;   // skinny GEMMs asked L2 for the next GEMM's weights
+  int decode_skinny_gemms = 0;       // the step's GEMMs on the runtime's skinny GEMM
+  int decode_gemms = 0;              // the step's GEMMs
+  std::string decode_cache_dtype;    // "bf16" or "fp32"
+  double decode_pattern_match = 0;   // generated tokens that follow the learned pattern
+  uint64_t decode_peak_bytes = 0;    // the pool's peak with the KV cache (peak_bytes: before)
+  Breakdown decode_profile;          // one more decode step, eager (profiled: --profile)
 };
 
 DemoRun run_demo(Runtime& runtime, const DemoSlots& slots, const DemoOptions& options);

@@ -33,6 +33,7 @@ DecodeSlots add_decode_slots(Runtime& runtime) {
   DecodeSlots s;
   s.paged_attention = runtime.add_slot(kPagedAttention);
   s.paged_kv_append = runtime.add_slot(kPagedKVAppend);
+  s.attention_with_append = runtime.add_slot(kPagedAttentionWithKVAppend);
   return s;
 }
 
@@ -65,12 +66,12 @@ std::vector<std::string> decode_kernel_names() {
   std::vector<std::string> names;
   for (const char* base : {"kh_paged_append", "kh_paged_decode", "kh_argmax_advance"})
     for (const char* suffix : {"_f32", "_bf16"}) names.push_back(std::string(base) + suffix);
-  names.push_back("kh_step_advance");
   return names;
 }
 
 DecodeKernels::DecodeKernels(int device)
-    : module_(device, "demo_device_decode", device_decode_source()) {
+    : module_(device, "demo_device_decode", device_decode_source()),
+      multiprocessors_(std::max(1, device_info(device).multiprocessors)) {
   for (const std::string& name : decode_kernel_names()) module_.function(name);  // fail early
 }
 
@@ -143,23 +144,34 @@ void DecodeKernels::argmax_advance(DeviceStream& s, const DeviceTensor& logits, 
                                    int64_t row_stride, int64_t batch, int64_t vocab,
                                    DeviceTensor& tokens, DeviceTensor& positions,
                                    DeviceTensor& seq_lens, DeviceTensor& out_tokens,
-                                   DeviceTensor& step) {
+                                   DeviceTensor& step, DeviceTensor& scratch) {
+  if (batch < 1 || vocab < 1 || vocab >= 0xFFFFFFFFll)
+    invalid(
+        fmt::format("argmax: {} rows of {} logits; need at least one of each, and fewer than "
+                    "2^32 - 1 logits a row",
+                    batch, vocab));
   if (offset + (batch - 1) * row_stride + vocab > logits.numel())
     invalid(fmt::format("argmax: {} rows of {} at stride {} from {} exceed the logits {}", batch,
                         vocab, row_stride, offset, logits.describe()));
+  if (!same_dtype(scratch.dtype(), kI64) || scratch.numel() < argmax_scratch_elems(batch))
+    invalid(fmt::format("argmax: scratch {} must be int64 of at least {} elements (zeroed)",
+                        scratch.describe(), argmax_scratch_elems(batch)));
   const size_t elem = same_dtype(logits.dtype(), kBF16) ? 2 : 4;
   const void* lp = static_cast<const char*>(logits.data()) + offset * static_cast<int64_t>(elem);
   long long stride = row_stride, v = vocab;
   void *tp = tokens.data(), *pp = positions.data(), *sp = seq_lens.data(), *op = out_tokens.data(),
-       *st = step.data();
+       *st = step.data(), *sc = scratch.data();
   int cols = static_cast<int>(out_tokens.dim(1));
-  void* args[] = {&lp, &stride, &v, &tp, &pp, &sp, &op, &st, &cols};
+  void* args[] = {&lp, &stride, &v, &tp, &pp, &sp, &op, &st, &cols, &sc};
+  // One wave: a CTA of 1024 threads an SM (its registers fill the SM's file) over all rows,
+  // each CTA at least one 16-byte vector a thread.
+  const int64_t vectors = vocab * static_cast<int64_t>(elem) / 16 + 1;
+  const int64_t splits = std::clamp<int64_t>(
+      std::min(multiprocessors_ / batch, (vectors + kArgmaxThreads - 1) / kArgmaxThreads), 1, 1024);
   launch(typed("kh_argmax_advance", logits),
-         launch_cfg(s.device(), {static_cast<uint32_t>(batch), 1, 1}, {kArgmaxThreads, 1, 1}), args,
-         s);
-  void* step_args[] = {&st};
-  launch(module_.function("kh_step_advance"), launch_cfg(s.device(), {1, 1, 1}, {32, 1, 1}),
-         step_args, s);
+         launch_cfg(s.device(), {static_cast<uint32_t>(splits), static_cast<uint32_t>(batch), 1},
+                    {kArgmaxThreads, 1, 1}),
+         args, s);
 }
 
 // ---- DeviceCausalLM's decode ------------------------------------------------------------------
@@ -204,15 +216,18 @@ struct DeviceCausalLM::DecodeState {
   // allocated while a step is captured.
   int batch = 0, len = 0, buffers_batch = 0;
   DeviceTensor block_table, seq_lens, positions, tokens, out_tokens, step;
+  DeviceTensor argmax_scratch;  // DecodeKernels::argmax_advance's, zeroed
   DeviceTensor h, a, q, k, v, q_pre, k_pre, attn, branch, m, gu, s, f, logits, workspace;
   DeviceTensor q16, k16, v16, o16;  // bf16 copies at the package boundary (fp32 activations)
   DeviceTensor qkv;  // [batch, q_dim + 2 kv_dim]: the fused projection's rows (Layer::qkv)
   std::optional<DeviceGraph> graph;  // the step captured for buffers_batch
   DecodeGemm gemm = DecodeGemm::kAuto;
+  bool l2_prefetch = true;           // DecodeConfig::l2_prefetch
   std::optional<SkinnyGemm> skinny;  // kSkinny, or kAuto on Hopper, on a bf16 model
   int skinny_gemms = 0;              // the last step's GEMMs on it
   int gemms = 0;                     // the last step's GEMMs
   bool fused_qkv = false;            // the last step's layers all took decode_fused_qkv
+  bool fused_append = false;  // ... and appended K/V in their attention's launch (decode_fused_qkv)
   double decode_ms = 0;
   int decode_steps = 0;
 
@@ -295,13 +310,15 @@ void DeviceCausalLM::init_decode(Runtime& runtime, const DecodeConfig& config) {
   d->runtime = &runtime;
   d->overlap_mode = config.overlap;
   d->gemm = config.gemm;
+  d->l2_prefetch = config.l2_prefetch;
   // kAuto builds the skinny GEMM only where skinny_preferred() can pick it (wgmma: sm_90).
   if (bf16_ && (config.gemm == DecodeGemm::kSkinny ||
                 (config.gemm == DecodeGemm::kAuto && device_info(device_).sm_major == 9)))
     d->skinny.emplace(device_, pool_);
   const auto attn = runtime.find_slot(kPagedAttention);
   const auto append = runtime.find_slot(kPagedKVAppend);
-  if (attn && append) d->slots = DecodeSlots{*attn, *append};
+  if (attn && append)
+    d->slots = DecodeSlots{*attn, *append, runtime.find_slot(kPagedAttentionWithKVAppend)};
   d->act = act_;  // the model's activations (bf16 with fp32 master weights, or fp32)
   // Package or the runtime's kernels, decided once: the cache's dtype depends on it.
   d->package = d->slots &&
@@ -331,6 +348,10 @@ int DeviceCausalLM::last_decode_steps() const {
 
 bool DeviceCausalLM::decode_fuses_qkv() const {
   return decode_ && decode_->fused_qkv;
+}
+
+bool DeviceCausalLM::decode_fuses_append() const {
+  return decode_ && decode_->fused_qkv && decode_->fused_append;
 }
 
 int DeviceCausalLM::decode_skinny_gemms() const {
@@ -374,6 +395,7 @@ void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits 
     d.tokens = empty({B}, kI64);
     d.out_tokens = empty({B, d.shape.max_context}, kI64);
     d.step = empty({1}, kI32);
+    d.argmax_scratch = empty({DecodeKernels::argmax_scratch_elems(B)}, kI64);
     const DLDataType t = d.act;
     d.h = empty({B, H}, t);
     d.a = empty({B, H}, t);
@@ -413,6 +435,7 @@ void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits 
   d.seq_lens.upload(stream_, lens.data(), lens.size() * sizeof(int32_t));
   d.positions.upload(stream_, last.data(), last.size() * sizeof(int64_t));
   d.step.upload(stream_, &zero, sizeof zero);
+  d.argmax_scratch.zero(stream_);  // each argmax leaves it zeroed; a new batch starts so too
   d.batch = batch;
   d.len = len;
   prefilling_kv_ = true;
@@ -425,7 +448,8 @@ void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits 
   prefilling_kv_ = false;
   const bool all = logits == Logits::kAll;  // each sequence's last row: its first token
   d.kernels.argmax_advance(stream_, logits_, all ? (len - 1) * V : 0, all ? len * V : V, B, V,
-                           d.tokens, d.positions, d.seq_lens, d.out_tokens, d.step);
+                           d.tokens, d.positions, d.seq_lens, d.out_tokens, d.step,
+                           d.argmax_scratch);
   stream_.synchronize();
 }
 
@@ -509,9 +533,11 @@ void DeviceCausalLM::on_branch(DeviceStream& branch, DeviceEvent& joined, F&& bo
 
 // Qwen3 in bf16 with the attention package (Layer::qkv): q, k and v of one GEMM, normed and
 // rotated in place in r.qkv's rows, which the append and the attention read with their row
-// stride: one launch and one pass over the weights instead of three projections. False when the
-// path does not apply or a package refused a strided view (r.a is untouched and a repeated
-// append writes the same cache rows): the caller then runs the separate projections.
+// stride: one launch and one pass over the weights instead of three projections; then the
+// append and the attention in one launch where PagedAttentionWithKVAppend is bound (it refuses
+// before writing anything: the two slots then serve). False when the path does not apply or a
+// package refused a strided view (r.a is untouched and a repeated append writes the same cache
+// rows): the caller then runs the separate projections.
 bool DeviceCausalLM::decode_fused_qkv(size_t layer, DecodeRows& r) {
   DecodeState& d = *decode_;
   const Layer& L = layers_[layer];
@@ -533,12 +559,22 @@ bool DeviceCausalLM::decode_fused_qkv(size_t layer, DecodeRows& r) {
   const StridedArg v4(r.qkv, Q + KV, {B, 1, NKV, HD}, {row, row, HD, 1});
   DeviceTensor& kc = d.k_cache[layer];
   DeviceTensor& vc = d.v_cache[layer];
+  DeviceTensor o4 = r.attn.view({B, 1, NH, HD});
+  if (r.after) stream_.wait(*r.after);
+  const auto fused = d.slots->attention_with_append;
+  if (fused && bound(*fused) &&
+      call_slot(*fused, kPagedAttentionWithKVAppend, false,
+                {tensor_arg(&q4), tensor_arg(&k4), tensor_arg(&v4), tensor_arg(&kc),
+                 tensor_arg(&vc), tensor_arg(&r.block_table), tensor_arg(&r.seq_lens), int_arg(-1),
+                 float_arg(attention_scale()), tensor_arg(&o4), tensor_arg(&r.workspace)})) {
+    if (r.done) r.done->record(stream_);
+    return true;
+  }
+  d.fused_append = false;
   if (!call_slot(d.slots->paged_kv_append, kPagedKVAppend, false,
                  {tensor_arg(&k4), tensor_arg(&v4), tensor_arg(&r.block_table),
                   tensor_arg(&r.seq_lens), tensor_arg(&kc), tensor_arg(&vc)}))
     return false;
-  DeviceTensor o4 = r.attn.view({B, 1, NH, HD});
-  if (r.after) stream_.wait(*r.after);
   if (!call_slot(d.slots->paged_attention, kPagedAttention, false,
                  {tensor_arg(&q4), tensor_arg(&kc), tensor_arg(&vc), tensor_arg(&r.block_table),
                   tensor_arg(&r.seq_lens), int_arg(-1), float_arg(attention_scale()),
@@ -601,22 +637,26 @@ void DeviceCausalLM::decode_projections(size_t layer, DecodeRows& r) {
 }
 
 // A decode layer after its attention (in r.attn): the output projection, the residual add and
-// norm, the MLP; its output is r.branch.
+// norm, the MLP; its output is r.branch. The o and down projections (the skinny GEMM's, kAuto on
+// Hopper) prefetch the weights of the GEMM after them into L2: gate/up, and the next layer's
+// q/k/v.
 void DeviceCausalLM::decode_mlp(const Layer& L, DecodeRows& r) {
-  decode_linear(r.attn, *L.wo, L.bo, r.branch);
+  const Layer* next = &L + 1 < layers_.data() + layers_.size() ? &L + 1 : nullptr;
+  decode_linear(r.attn, *L.wo, L.bo, r.branch, L.gate_up);
   add_norm(r.branch, r.h.view(r.h.shape()), *L.mlp_norm, r.m, nullptr);
   decode_linear(r.m, *L.gate_up, nullptr, r.gu);
   if (bound(slots_.silu_and_mul))
     call_slot(slots_.silu_and_mul, kSiluAndMul, false, {tensor_arg(&r.gu), tensor_arg(&r.s)});
   else
     kernels_.silu_and_mul(stream_, r.gu, r.s);
-  decode_linear(r.s, *L.wdown, nullptr, r.branch);
+  decode_linear(r.s, *L.wdown, nullptr, r.branch, next ? next->qkv : nullptr);
 }
 
 // A decode step's projection: the skinny GEMM where it takes the shapes (and, kAuto, where it is
-// preferred), else linear()'s cuBLASLt.
+// preferred), else linear()'s cuBLASLt. The skinny GEMM also asks L2 for l2_next's weights (the
+// GEMM after it, on cuBLASLt: DecodeConfig::l2_prefetch).
 void DeviceCausalLM::decode_linear(const DeviceTensor& x, const Param& w, const Param* bias,
-                                   DeviceTensor& y) {
+                                   DeviceTensor& y, const Param* l2_next) {
   DecodeState& d = *decode_;
   const DeviceTensor& W = run(w);
   ++d.gemms;
@@ -628,7 +668,10 @@ void DeviceCausalLM::decode_linear(const DeviceTensor& x, const Param& w, const 
     linear(x, w, bias, y);
     return;
   }
-  timed(Phase::kGemm, [&] { d.skinny->run(stream_, x, W, bias ? &run(*bias) : nullptr, y); });
+  L2Prefetch next;
+  if (l2_next && d.l2_prefetch)
+    next = {run(*l2_next).data(), static_cast<int64_t>(run(*l2_next).bytes())};
+  timed(Phase::kGemm, [&] { d.skinny->run(stream_, x, W, bias ? &run(*bias) : nullptr, y, next); });
   ++d.skinny_gemms;
 }
 
@@ -639,7 +682,7 @@ void DeviceCausalLM::decode_layer(size_t layer, DecodeRows& r) {
   const DeviceTensor none;
   add_norm(layer == 0 ? none : r.branch, r.h.view(r.h.shape()), *L.attn_norm, r.a, nullptr);
   if (!decode_fused_qkv(layer, r)) {
-    decode_->fused_qkv = false;
+    decode_->fused_qkv = decode_->fused_append = false;
     decode_projections(layer, r);
   }
   decode_mlp(L, r);
@@ -657,6 +700,7 @@ void DeviceCausalLM::decode_launch() {
   const int64_t B = d.batch, V = cfg_.vocab;
   kernels_.embedding_forward(stream_, run(*emb_), d.tokens, d.h);
   d.fused_qkv = true;
+  d.fused_append = true;
   d.skinny_gemms = d.gemms = 0;
   if (d.overlapped()) {
     DecodeRows first = d.rows(0, B / 2), second = d.rows(B / 2, B - B / 2);
@@ -678,7 +722,7 @@ void DeviceCausalLM::decode_launch() {
   add_norm(d.branch, d.h.view(d.h.shape()), *final_norm_, d.f, nullptr);
   decode_linear(d.f, *head_, nullptr, d.logits);
   d.kernels.argmax_advance(stream_, d.logits, 0, V, B, V, d.tokens, d.positions, d.seq_lens,
-                           d.out_tokens, d.step);
+                           d.out_tokens, d.step, d.argmax_scratch);
 }
 
 void DeviceCausalLM::decode_step(const int64_t* tokens, bool graph) {

@@ -100,9 +100,15 @@ KH_DEV void paged_decode(const T* q, const T* k_cache, const T* v_cache, const i
 
 // The greedy step: token = argmax of row b of logits (the first index on ties, as the host's
 // std::max_element), written as the next step's input and to out_tokens[b][*step] (when
-// *step < out_cols); the sequence advances by one (positions and seq_lens). grid (batch), up to
-// 1024 threads: a row is 150k-260k logits, read as 16-byte vectors, four in flight a thread (the
-// one-element-per-load loop of 256 threads took 204 us of a 4.9 ms decode step on an H200).
+// *step < out_cols); the sequence advances by one (positions and seq_lens), and after the last
+// row *step does. grid (splits, batch), up to 1024 threads: a row of 150k-260k logits is read by
+// `splits` CTAs (one CTA a row left most SMs idle: 20 us of a 4.7 ms step on an H200), each a
+// contiguous range of 16-byte vectors, four in flight a thread. The CTAs of a row meet in
+// scratch: an atomicMax of (the value's bits ordered as unsigned, the complement of the index)
+// per row, then a counter whose last arrival writes the token, and a counter of rows whose last
+// arrival advances *step; the last arrivals reset what they used, so the next launch (a graph
+// replay) finds zeros. scratch: batch keys, batch row counters, one row-done counter (zeroed
+// once by the caller).
 KH_DEV void argmax_take(float x, long long c, long long vocab, float& v, long long& idx) {
   if (x > v || idx == vocab) {  // indices grow along a thread's walk: the first maximum stays
     v = x;
@@ -115,43 +121,58 @@ KH_DEV bool argmax_better(float ov, long long oi, float v, long long idx, long l
   return oi != vocab && (idx == vocab || ov > v || (ov == v && oi < idx));
 }
 
+// (v, idx) as one unsigned key whose order is the argmax's: the float's bits made monotonic as
+// an unsigned integer above, the complement of the index below (the lower index wins a tie).
+// Never 0, the empty key, for an index below 2^32 - 1.
+KH_DEV unsigned long long argmax_key(float v, long long idx) {
+  const unsigned int u = __float_as_uint(v);
+  const unsigned int ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ((unsigned long long)ordered << 32) | (0xFFFFFFFFu - (unsigned int)idx);
+}
+
 template <typename T>
 KH_DEV void argmax_advance(const T* logits, long long row_stride, long long vocab,
                            long long* tokens, long long* positions, int* seq_lens,
-                           long long* out_tokens, const int* step, int out_cols) {
+                           long long* out_tokens, int* step, int out_cols,
+                           unsigned long long* scratch) {
   constexpr int VEC = kh_vec16<T>::n, BATCH = 4;
   __shared__ float best_v[32];
   __shared__ long long best_i[32];
-  const int b = blockIdx.x;
+  const int b = blockIdx.y, split = blockIdx.x, splits = gridDim.x;
   const T* row = logits + (long long)b * row_stride;
   float v = -3.402823466e38f;
   long long idx = vocab;
-  // Elements before the first 16-byte boundary, then whole vectors, then the rest.
+  // Elements before the first 16-byte boundary (split 0), then whole vectors (each split its
+  // share), then the rest (the last split).
   const long long mis = (long long)(((unsigned long long)row / sizeof(T)) % VEC);
   long long head = mis ? VEC - mis : 0;
   if (head > vocab) head = vocab;
   const long long nvec = (vocab - head) / VEC, tail = head + nvec * VEC;
-  if (threadIdx.x < head) argmax_take(kh_to_float(row[threadIdx.x]), threadIdx.x, vocab, v, idx);
+  const long long per = (nvec + splits - 1) / splits, v0 = split * per,
+                  v1 = v0 + per < nvec ? v0 + per : nvec;
+  if (split == 0 && threadIdx.x < head)
+    argmax_take(kh_to_float(row[threadIdx.x]), threadIdx.x, vocab, v, idx);
   const T* vrow = row + head;
-  for (long long i0 = threadIdx.x; i0 < nvec; i0 += (long long)BATCH * blockDim.x) {
+  for (long long i0 = v0 + threadIdx.x; i0 < v1; i0 += (long long)BATCH * blockDim.x) {
     kh_raw<T, VEC> r[BATCH];
 #pragma unroll
     for (int j = 0; j < BATCH; ++j) {
       const long long i = i0 + (long long)j * blockDim.x;
-      if (i < nvec) r[j] = kh_load_raw<T, VEC, KH_LOAD_PLAIN>(vrow + i * VEC);
+      if (i < v1) r[j] = kh_load_raw<T, VEC, KH_LOAD_PLAIN>(vrow + i * VEC);
     }
 #pragma unroll
     for (int j = 0; j < BATCH; ++j) {
       const long long i = i0 + (long long)j * blockDim.x;
-      if (i >= nvec) break;
+      if (i >= v1) break;
       float f[VEC];
       kh_unpack<T, VEC>(r[j], f);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) argmax_take(f[k], head + i * VEC + k, vocab, v, idx);
     }
   }
-  for (long long c = tail + threadIdx.x; c < vocab; c += blockDim.x)
-    argmax_take(kh_to_float(row[c]), c, vocab, v, idx);
+  if (split == splits - 1)
+    for (long long c = tail + threadIdx.x; c < vocab; c += blockDim.x)
+      argmax_take(kh_to_float(row[c]), c, vocab, v, idx);
   for (int off = 16; off > 0; off >>= 1) {
     const float ov = __shfl_xor_sync(0xFFFFFFFFu, v, off);
     const long long oi = __shfl_xor_sync(0xFFFFFFFFu, idx, off);
@@ -171,40 +192,53 @@ KH_DEV void argmax_advance(const T* logits, long long row_stride, long long voca
       v = best_v[w];
       idx = best_i[w];
     }
+  unsigned long long* key = scratch + b;
+  unsigned int* row_count = reinterpret_cast<unsigned int*>(scratch + gridDim.y) + b;
+  unsigned int* rows_done = reinterpret_cast<unsigned int*>(scratch + 2 * gridDim.y);
+  if (splits > 1) {
+    if (idx != vocab) atomicMax(key, argmax_key(v, idx));
+    __threadfence();  // the key before the count: the last arrival sees every split's
+    if (atomicAdd(row_count, 1u) != (unsigned int)splits - 1) return;
+    __threadfence();
+    const unsigned long long k = atomicExch(key, 0ull);
+    *row_count = 0;
+    idx = 0xFFFFFFFFu - (unsigned int)(k & 0xFFFFFFFFu);
+    if (k == 0) idx = 0;  // no split saw an element (vocab 0 is refused on the host)
+  }
   tokens[b] = idx;
   positions[b] += 1;
   seq_lens[b] += 1;
   const int s = *step;
   if (s < out_cols) out_tokens[(long long)b * out_cols + s] = idx;
+  __threadfence();  // this row's read of *step before the count that lets the last row advance it
+  if (atomicAdd(rows_done, 1u) != gridDim.y - 1) return;
+  *rows_done = 0;
+  *step = s + 1;
 }
 
 }  // namespace
 
-#define KH_DECODE_TYPED(T, SUFFIX)                                                                 \
-  KH_GLOBAL void kh_paged_append_##SUFFIX(                                                         \
-      const T* k_new, const T* v_new, const int* block_table, const int* seq_lens, T* k_cache,     \
-      T* v_cache, int n_new, int kv_heads, int head_dim, int table_stride, int page_size) {        \
-    paged_append<T>(k_new, v_new, block_table, seq_lens, k_cache, v_cache, n_new, kv_heads,        \
-                    head_dim, table_stride, page_size);                                            \
-  }                                                                                                \
-  KH_GLOBAL void kh_paged_decode_##SUFFIX(const T* q, const T* k_cache, const T* v_cache,          \
-                                          const int* block_table, const int* seq_lens, T* out,     \
-                                          int q_heads, int kv_heads, int head_dim,                 \
-                                          int table_stride, int page_size, float scale) {          \
-    paged_decode<T>(q, k_cache, v_cache, block_table, seq_lens, out, q_heads, kv_heads, head_dim,  \
-                    table_stride, page_size, scale);                                               \
-  }                                                                                                \
-  KH_GLOBAL void __launch_bounds__(1024) kh_argmax_advance_##SUFFIX(                               \
-      const T* logits, long long row_stride, long long vocab, long long* tokens,                   \
-      long long* positions, int* seq_lens, long long* out_tokens, const int* step, int out_cols) { \
-    argmax_advance<T>(logits, row_stride, vocab, tokens, positions, seq_lens, out_tokens, step,    \
-                      out_cols);                                                                   \
+#define KH_DECODE_TYPED(T, SUFFIX)                                                                \
+  KH_GLOBAL void kh_paged_append_##SUFFIX(                                                        \
+      const T* k_new, const T* v_new, const int* block_table, const int* seq_lens, T* k_cache,    \
+      T* v_cache, int n_new, int kv_heads, int head_dim, int table_stride, int page_size) {       \
+    paged_append<T>(k_new, v_new, block_table, seq_lens, k_cache, v_cache, n_new, kv_heads,       \
+                    head_dim, table_stride, page_size);                                           \
+  }                                                                                               \
+  KH_GLOBAL void kh_paged_decode_##SUFFIX(const T* q, const T* k_cache, const T* v_cache,         \
+                                          const int* block_table, const int* seq_lens, T* out,    \
+                                          int q_heads, int kv_heads, int head_dim,                \
+                                          int table_stride, int page_size, float scale) {         \
+    paged_decode<T>(q, k_cache, v_cache, block_table, seq_lens, out, q_heads, kv_heads, head_dim, \
+                    table_stride, page_size, scale);                                              \
+  }                                                                                               \
+  KH_GLOBAL void __launch_bounds__(1024) kh_argmax_advance_##SUFFIX(                              \
+      const T* logits, long long row_stride, long long vocab, long long* tokens,                  \
+      long long* positions, int* seq_lens, long long* out_tokens, int* step, int out_cols,        \
+      unsigned long long* scratch) {                                                              \
+    argmax_advance<T>(logits, row_stride, vocab, tokens, positions, seq_lens, out_tokens, step,   \
+                      out_cols, scratch);                                                         \
   }
 
 KH_DECODE_TYPED(float, f32)
 KH_DECODE_TYPED(kh_bf16, bf16)
-
-// The step counter of out_tokens, advanced after every sequence's argmax of the step.
-KH_GLOBAL void kh_step_advance(int* step) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) ++*step;
-}

@@ -7,7 +7,8 @@
 // V of [pages, page_size, kv_heads, head_dim], an int32 block table [batch, pages per sequence]
 // (sequence b owns pages b * pages_per_sequence ...) and int32 seq_lens [batch]. The slots
 // PagedKVAppend (paged_kv_append) and PagedAttention (paged_attention_decode) serve when a
-// package is bound to them on the device (the cache is then bfloat16: the package refuses fp32 on
+// package is bound to them on the device (and PagedAttentionWithKVAppend, both in one launch,
+// where it is bound too) (the cache is then bfloat16: the package refuses fp32 on
 // cuda, so fp32 activations are cast at that boundary); otherwise the runtime's own device
 // kernels (device_decode.cu) serve, on a cache of the activations' dtype.
 //
@@ -30,13 +31,17 @@ namespace kh::demo {
 
 inline constexpr const char* kPagedAttention = "PagedAttention";
 inline constexpr const char* kPagedKVAppend = "PagedKVAppend";
+inline constexpr const char* kPagedAttentionWithKVAppend = "PagedAttentionWithKVAppend";
 
 // The decode slots (no host fallback: the device model runs its own kernels when nothing is
 // bound). add_decode_slots adds them to a runtime once (kernelize then binds them like the
-// others); DeviceCausalLM finds them by name.
+// others); DeviceCausalLM finds them by name. The fused append + attention is optional (a
+// runtime that added only the first two, or a package older than attention 1.3, still decodes
+// with them).
 struct DecodeSlots {
   uint32_t paged_attention = 0;
   uint32_t paged_kv_append = 0;
+  std::optional<uint32_t> attention_with_append;
 };
 DecodeSlots add_decode_slots(Runtime& runtime);
 
@@ -60,6 +65,9 @@ struct DecodeConfig {
   int page_size = 64;   // tokens per page
   DecodeOverlap overlap = DecodeOverlap::kOff;
   DecodeGemm gemm = DecodeGemm::kAuto;
+  // The skinny GEMMs of the o and down projections ask L2 for the next GEMM's weights (gate/up,
+  // the next layer's q/k/v), which cuBLASLt then reads from there.
+  bool l2_prefetch = true;
 };
 
 // The cache's shape for a model, checked (kh::Error kInvalidInput naming the field): batch and
@@ -97,15 +105,18 @@ class DecodeKernels {
               const DeviceTensor& seq_lens, float scale, DeviceTensor& out);
   // For each of `batch` rows of `logits` (row r at element r * row_stride, after `offset`
   // elements): tokens[r] = argmax, positions[r] += 1, seq_lens[r] += 1, out_tokens[r][*step] =
-  // argmax; then ++*step.
+  // argmax; then ++*step. One launch, several CTAs a row that meet in `scratch` (int64, at least
+  // argmax_scratch_elems(batch), zeroed once: each launch leaves it zeroed again).
   void argmax_advance(DeviceStream& s, const DeviceTensor& logits, int64_t offset,
                       int64_t row_stride, int64_t batch, int64_t vocab, DeviceTensor& tokens,
                       DeviceTensor& positions, DeviceTensor& seq_lens, DeviceTensor& out_tokens,
-                      DeviceTensor& step);
+                      DeviceTensor& step, DeviceTensor& scratch);
+  static int64_t argmax_scratch_elems(int64_t batch) { return 2 * batch + 1; }
 
  private:
   kh_device_function_t* typed(const std::string& base, const DeviceTensor& t);
   DeviceModule module_;
+  int64_t multiprocessors_ = 1;
 };
 
 }  // namespace kh::demo

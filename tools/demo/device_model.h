@@ -141,6 +141,9 @@ class DeviceCausalLM {
   // Whether the last decode step projected q, k and v with one GEMM in every layer (a bf16
   // Qwen3 whose attention and QKNormRotaryEmbedding packages are bound).
   bool decode_fuses_qkv() const;
+  // ... and, in every layer too, appended the step's K and V in the attention's launch
+  // (PagedAttentionWithKVAppend bound).
+  bool decode_fuses_append() const;
   // How many of the last decode step's GEMMs ran on the runtime's skinny GEMM (DecodeGemm).
   int decode_skinny_gemms() const;
   int decode_gemms() const;  // all of the last decode step's GEMMs
@@ -259,7 +262,8 @@ class DeviceCausalLM {
   void decode_projections(size_t layer, DecodeRows& r);  // q, k, v apart, then the attention
   bool decode_fused_qkv(size_t layer, DecodeRows& r);    // with Layer::qkv, or false (see .cpp)
   void decode_mlp(const Layer& L, DecodeRows& r);        // from the attention output on
-  void decode_linear(const DeviceTensor& x, const Param& w, const Param* bias, DeviceTensor& y);
+  void decode_linear(const DeviceTensor& x, const Param& w, const Param* bias, DeviceTensor& y,
+                     const Param* l2_next = nullptr);
   void decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4,
                      const DecodeRows& r);
   void decode_attend(size_t layer, const DeviceTensor& q4, DeviceTensor& out4, DecodeRows& r);
