@@ -654,7 +654,6 @@ __device__ __forceinline__ void paged_kv_append(const kh_append_params& p) {
   extern "C" __global__ void __launch_bounds__(32 * kh_decode_tc_warps(),   \
                                                kh_decode_tc_ctas_per_sm(D)) \
       attn_decode_tc_##TNAME##_d##D(const kh_decode_params p) {             \
-    attn_decode_tc_prefetch<D, T>(p);                                       \
     kh_pdl_enter();                                                         \
     attn_decode_tc<T, D>(p);                                                \
   }

@@ -208,7 +208,6 @@ struct kh_paged_kv {
   const int* seq_lens;
   kh_i64 k_page, k_row, k_head, v_page, v_row, v_head;
   int table_stride, page_size;
-  int pages;  // pages in K and in V (a bound for addresses formed from untrusted page numbers)
 };
 
 // New tokens' K and V, n a sequence (the last n of seq_lens[b]): token j of sequence b, KV head
@@ -251,10 +250,6 @@ struct kh_decode_params {
   // of the cache and (row group 0 of its KV head) writes it into its cache row. nw.n = 0: the
   // cache holds every token.
   kh_new_kv nw;
-  // The first prefetch_ctas CTAs (linear block index: the first wave, resident while the previous
-  // kernel of the stream still runs under PDL) ask L2 for the first prefetch_tokens tokens of
-  // their split before griddepcontrol.wait. 0: no prefetch.
-  int prefetch_ctas, prefetch_tokens;
 };
 
 // Rows (query head, query token) one decode CTA serves, out of a KV head's

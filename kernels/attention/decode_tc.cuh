@@ -17,10 +17,9 @@
 // or slower (tools/bench/RESULTS.md). The merge is a fixed cost of every CTA: it writes only the
 // real rows, conflict-free, which took a decode step from 5.01 to 4.90 ms.
 //
-// Two additions for the decode step of a model: with nw.n > 0 (paged_attention_decode_append)
-// the last tokens come from the step's own K and V, and the CTA that reads one also writes it
-// into its page, so the append costs no launch of its own; and the first wave of CTAs asks L2
-// for the start of its split before griddepcontrol.wait, while the previous kernel finishes.
+// With nw.n > 0 (paged_attention_decode_append) the last tokens come from the step's own K and
+// V, and the CTA that reads one also writes it into its page, so the append costs no launch of
+// its own.
 #ifndef KH_ATTENTION_DECODE_TC_CUH_
 #define KH_ATTENTION_DECODE_TC_CUH_
 
@@ -51,10 +50,11 @@ KH_DEV kh_new_rows<T> kh_decode_new_rows(const kh_decode_params& p, int b, int h
 }
 
 // Rows `tok0 ..` of a 16-row tile from the paged cache (token t of sequence b, KV head hk; rows
-// at or past t_hi zero-filled; new rows from `nw`): one warp, CH 16-byte chunks per row, swizzled
-// as kh_load_tile. `page` >= 0: the 16 rows lie in that page (the caller looked it up), so no row
-// needs the block table or a division by the page size; -1: each row looks its page up.
-template <int D, typename T>
+// at or past t_hi zero-filled; with NEW, new rows from `nw`): one warp, CH 16-byte chunks per
+// row, swizzled as kh_load_tile. `page` >= 0: the 16 rows lie in that page (the caller looked it
+// up), so no row needs the block table or a division by the page size; -1: each row looks its
+// page up.
+template <int D, typename T, bool NEW>
 KH_DEV void kh_load_paged_rows(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& kv,
                                const kh_new_rows<T>& nw, int b, int hk, int tok0, int t_hi,
                                int lane, int page) {
@@ -81,7 +81,7 @@ KH_DEV void kh_load_paged_rows(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& 
     }
     const T* ks = (const T*)kv.k + ko + c * 8;
     const T* vs = (const T*)kv.v + vo + c * 8;
-    if (valid && t >= nw.t_new) {  // a new token: from k_new / v_new, and into its cache row
+    if (NEW && valid && t >= nw.t_new) {  // a new token: from nw, and into its cache row
       ks = nw.k + (kh_i64)(t - nw.t_new) * nw.k_row + c * 8;
       vs = nw.v + (kh_i64)(t - nw.t_new) * nw.v_row + c * 8;
       if (nw.write) {
@@ -94,32 +94,16 @@ KH_DEV void kh_load_paged_rows(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& 
   }
 }
 
-// Before griddepcontrol.wait: the first wave of CTAs (resident while the previous kernel of the
-// stream still runs) asks L2 for the first prefetch_tokens K and V rows of its split, so that
-// HBM works during the previous kernel's tail instead of idling until the loads below. Nothing
-// read here is trusted: a length or page number the previous kernel is still writing only makes
-// the prefetch useless, and every address is clamped into the cache.
+// A chunk's rows: NEW is a template argument so that the chunks without a new token (all but a
+// sequence's last) run the plain loader (the per-row test in every chunk cost 3 us a layer).
 template <int D, typename T>
-KH_DEV void attn_decode_tc_prefetch(const kh_decode_params& p) {
-  const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const int groups = (p.q_heads / p.kv_heads * p.q_tokens + 15) / 16;
-  if (cta >= p.prefetch_ctas || blockIdx.y % groups != 0) return;  // row groups share the rows
-  const kh_paged_kv& kv = p.kv;
-  const int b = blockIdx.z, hk = blockIdx.y / groups;
-  const int t_lo = blockIdx.x * p.split_tokens;
-  const int t_end = min(min(kv.seq_lens[b], t_lo + p.prefetch_tokens),
-                        min(t_lo + p.split_tokens, kv.table_stride * kv.page_size));
-  constexpr int kLines = D * (int)sizeof(T) / 128;  // 128-byte lines in a row of one head
-  for (int i = threadIdx.x; i < (t_end - t_lo) * kLines; i += blockDim.x) {
-    const int t = t_lo + i / kLines, line = i % kLines;
-    kh_i64 page = kv.block_table[(kh_i64)b * kv.table_stride + t / kv.page_size];
-    page = page < 0 ? 0 : page >= kv.pages ? kv.pages - 1 : page;
-    const kh_i64 row = t % kv.page_size;
-    kh_prefetch_l2((const T*)kv.k + page * kv.k_page + row * kv.k_row + (kh_i64)hk * kv.k_head +
-                   line * (128 / (int)sizeof(T)));
-    kh_prefetch_l2((const T*)kv.v + page * kv.v_page + row * kv.v_row + (kh_i64)hk * kv.v_head +
-                   line * (128 / (int)sizeof(T)));
-  }
+KH_DEV void kh_load_chunk(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& kv,
+                          const kh_new_rows<T>& nw, int b, int hk, int tok0, int t_hi, int lane,
+                          int page) {
+  if (tok0 + 16 > nw.t_new)
+    kh_load_paged_rows<D, T, true>(k_tile, v_tile, kv, nw, b, hk, tok0, t_hi, lane, page);
+  else
+    kh_load_paged_rows<D, T, false>(k_tile, v_tile, kv, nw, b, hk, tok0, t_hi, lane, page);
 }
 
 // Two floats into shared memory at `addr` (8-byte aligned), one 8-byte store.
@@ -170,8 +154,8 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
   for (int i = 0; i < ST - 1; ++i) {
     const int c = warp + i * NW;
     if (c < nchunks)
-      kh_load_paged_rows<D, T>(sW + i * 2 * TILE, sW + i * 2 * TILE + TILE, p.kv, nw, b, hk,
-                               t_lo + c * 16, t_hi, lane, page_of(c));
+      kh_load_chunk<D, T>(sW + i * 2 * TILE, sW + i * 2 * TILE + TILE, p.kv, nw, b, hk,
+                          t_lo + c * 16, t_hi, lane, page_of(c));
     kh_cp_async_commit();
   }
   int next_page = page_of(warp + (ST - 1) * NW);
@@ -203,8 +187,8 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
     const int ahead = c + (ST - 1) * NW;
     const int load_stage = stage == 0 ? ST - 1 : stage - 1;
     if (ahead < nchunks)
-      kh_load_paged_rows<D, T>(sW + load_stage * 2 * TILE, sW + load_stage * 2 * TILE + TILE, p.kv,
-                               nw, b, hk, t_lo + ahead * 16, t_hi, lane, next_page);
+      kh_load_chunk<D, T>(sW + load_stage * 2 * TILE, sW + load_stage * 2 * TILE + TILE, p.kv, nw,
+                          b, hk, t_lo + ahead * 16, t_hi, lane, next_page);
     kh_cp_async_commit();
     next_page = page_of(ahead + NW);
     kh_cp_async_wait<ST - 1>();

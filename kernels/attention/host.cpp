@@ -598,8 +598,6 @@ int32_t paged_kv_args(const TensorArg& k_arg, const TensorArg& v_arg, const Tens
   c.kv.v_head = c.v.rows.head_stride;
   c.kv.table_stride = static_cast<int>(t->shape[1]);
   c.kv.page_size = static_cast<int>(c.k.page_size);
-  const int64_t pages = c.k.pages < c.v.pages ? c.k.pages : c.v.pages;
-  c.kv.pages = static_cast<int>(pages > 0x7FFFFFFF ? 0x7FFFFFFF : pages);
   return KH_OK;
 }
 
@@ -658,18 +656,6 @@ int32_t run_append(const char* op, const kh_append_params& p, const PagedCache& 
   kh_append_params copy = p;
   void* params[] = {&copy};
   return launch_kernel(device.device_id, name, dims, params, stream);
-}
-
-// Decode CTAs of the first wave that prefetch their split's first tokens into L2 before
-// griddepcontrol.wait, and how many tokens (KERNEL_HUB_ATTENTION_DECODE_PREFETCH overrides the
-// token count; 0 turns the prefetch off): the first two 16-token chunks of each of the CTA's
-// warps, what its cp.async rings ask for first.
-int64_t decode_prefetch_tokens() {
-  if (const char* e = getenv("KERNEL_HUB_ATTENTION_DECODE_PREFETCH"); e && *e) {
-    const long v = strtol(e, nullptr, 10);
-    return v > 0 ? v : 0;
-  }
-  return 2 * 16 * kh_decode_tc_warps();
 }
 
 // paged_attention_decode and (with `append`, the fused op) paged_attention_decode_append: q and
@@ -774,8 +760,6 @@ int32_t run_decode(const char* op, const DecodeArgs& a, void* stream) {
   // Whole 16-token chunks per split (decode_tc.cuh looks a chunk's page up once when the page
   // size is a multiple of 16 too).
   p.split_tokens = static_cast<int>(((max_ctx + splits - 1) / splits + 15) / 16 * 16);
-  p.prefetch_tokens = static_cast<int>(decode_prefetch_tokens());
-  p.prefetch_ctas = p.prefetch_tokens > 0 ? static_cast<int>(gpu.sms * per_sm) : 0;
 
   char name[48];
   if (tc)

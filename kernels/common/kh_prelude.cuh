@@ -223,12 +223,6 @@ KH_DEV void kh_st(void* p, const kh_u32x4& v) {
   *reinterpret_cast<kh_u32x4*>(p) = v;
 }
 
-// Asks L2 for the 128-byte line that holds p: a hint with no result, so that a later load of it
-// (by any SM) finds it there.
-KH_DEV void kh_prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // Raw storage of VEC elements of T: one T (scalar path) or one 16-byte vector.
 template <typename T, int VEC>
 struct kh_raw {

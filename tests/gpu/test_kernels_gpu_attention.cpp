@@ -45,6 +45,7 @@ const DecodeCase kGpuDecodeCases[] = {
     {64, 8, 128, {2048, 1000}, 1, 1, 16, -1, true},          // GQA group of 8
     {16, 2, 64, {1000, 3}, 3, 3, 16, -1, true},              // 3 query tokens
     {4, 4, 256, {777, 40}, 2, 2, 32, 100, true},             // window
+    {16, 2, 64, {300, 50}, 1, 20, 16, 5, true},  // new tokens past the window: still appended
 };
 
 // Context lengths min .. max over n sequences, most of them different: short ones leave splits

@@ -507,8 +507,7 @@ TEST(DemoCli, DtypeAndProfileNeedACudaDevice) {
         std::vector<std::string>{"--decode-batch", "4"},
         std::vector<std::string>{"--decode-context", "16"},
         std::vector<std::string>{"--decode-overlap", "on"},
-        std::vector<std::string>{"--decode-gemm", "skinny"},
-        std::vector<std::string>{"--decode-prefetch", "off"}}) {
+        std::vector<std::string>{"--decode-gemm", "skinny"}}) {
     std::vector<std::string> args = {cli_path(), "demo", "--device", "cpu", "--steps", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
     ProcessResult r = run_process(args, cli_env(cache.path()), 120);

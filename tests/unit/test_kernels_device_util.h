@@ -87,16 +87,12 @@ inline bool pdl_kernel(const std::string& kernel) {
 
 // Every extern "C" kernel of `package`.cu begins with kh_pdl_enter(): launched with
 // KH_LAUNCH_PDL, a kernel that read or wrote anything before waiting would race the kernel
-// before it on the stream. The one exception is a call of a function named *_prefetch first
-// (attention's attn_decode_tc_prefetch): by that name's contract it only asks L2 for lines
-// (prefetch.global.L2, no result, nothing stored), so what it reads early can at worst make the
-// hint useless, and it clamps every address it forms into its tensors.
+// before it on the stream.
 inline void expect_kernels_enter_with_pdl(const std::string& package) {
   const std::string src = shipped_source(package);
   const std::regex kernel(R"re(extern "C" __global__[^{;]*\{)re");
   // (In a macro, line continuations may separate the brace from the call.)
-  const std::regex entered(
-      R"re(extern "C" __global__[^{;]*\{[\s\\]*(\w+_prefetch(<[^;]*>)?\([^;]*\);[\s\\]*)?kh_pdl_enter\(\);)re");
+  const std::regex entered(R"re(extern "C" __global__[^{;]*\{[\s\\]*kh_pdl_enter\(\);)re");
   const auto count = [&](const std::regex& re) {
     return std::distance(std::sregex_iterator(src.begin(), src.end(), re), std::sregex_iterator());
   };

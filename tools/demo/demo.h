@@ -50,7 +50,6 @@ struct DemoOptions {
   DecodeOverlap decode_overlap = DecodeOverlap::kOff;
   // The decode step's GEMMs (DecodeGemm): auto, cuBLASLt, or the runtime's skinny GEMM.
   DecodeGemm decode_gemm = DecodeGemm::kAuto;
-  bool decode_l2_prefetch = true;  // DecodeConfig::l2_prefetch
   // The device's peak memory bandwidth (bytes/s) for the decode roofline and where it came from
   // ("driver: ..." or the H200 figure the CLI assumes when the driver cannot be asked).
   double peak_bandwidth = 0;
@@ -108,7 +107,6 @@ struct DemoRun {
   bool decode_overlapped = false;    // the steps ran the batch as two overlapped halves
   bool decode_fused_qkv = false;     // every layer projected q, k and v with one GEMM
   bool decode_fused_append = false;  // ... and appended K/V in its attention's launch
-  bool decode_l2_prefetch = false;   // skinny GEMMs asked L2 for the next GEMM's weights
   int decode_skinny_gemms = 0;       // the step's GEMMs on the runtime's skinny GEMM
   int decode_gemms = 0;              // the step's GEMMs
   std::string decode_cache_dtype;    // "bf16" or "fp32"

@@ -222,7 +222,6 @@ struct DeviceCausalLM::DecodeState {
   DeviceTensor qkv;  // [batch, q_dim + 2 kv_dim]: the fused projection's rows (Layer::qkv)
   std::optional<DeviceGraph> graph;  // the step captured for buffers_batch
   DecodeGemm gemm = DecodeGemm::kAuto;
-  bool l2_prefetch = true;           // DecodeConfig::l2_prefetch
   std::optional<SkinnyGemm> skinny;  // kSkinny, or kAuto on Hopper, on a bf16 model
   int skinny_gemms = 0;              // the last step's GEMMs on it
   int gemms = 0;                     // the last step's GEMMs
@@ -310,7 +309,6 @@ void DeviceCausalLM::init_decode(Runtime& runtime, const DecodeConfig& config) {
   d->runtime = &runtime;
   d->overlap_mode = config.overlap;
   d->gemm = config.gemm;
-  d->l2_prefetch = config.l2_prefetch;
   // kAuto builds the skinny GEMM only where skinny_preferred() can pick it (wgmma: sm_90).
   if (bf16_ && (config.gemm == DecodeGemm::kSkinny ||
                 (config.gemm == DecodeGemm::kAuto && device_info(device_).sm_major == 9)))
@@ -637,26 +635,22 @@ void DeviceCausalLM::decode_projections(size_t layer, DecodeRows& r) {
 }
 
 // A decode layer after its attention (in r.attn): the output projection, the residual add and
-// norm, the MLP; its output is r.branch. The o and down projections (the skinny GEMM's, kAuto on
-// Hopper) prefetch the weights of the GEMM after them into L2: gate/up, and the next layer's
-// q/k/v.
+// norm, the MLP; its output is r.branch.
 void DeviceCausalLM::decode_mlp(const Layer& L, DecodeRows& r) {
-  const Layer* next = &L + 1 < layers_.data() + layers_.size() ? &L + 1 : nullptr;
-  decode_linear(r.attn, *L.wo, L.bo, r.branch, L.gate_up);
+  decode_linear(r.attn, *L.wo, L.bo, r.branch);
   add_norm(r.branch, r.h.view(r.h.shape()), *L.mlp_norm, r.m, nullptr);
   decode_linear(r.m, *L.gate_up, nullptr, r.gu);
   if (bound(slots_.silu_and_mul))
     call_slot(slots_.silu_and_mul, kSiluAndMul, false, {tensor_arg(&r.gu), tensor_arg(&r.s)});
   else
     kernels_.silu_and_mul(stream_, r.gu, r.s);
-  decode_linear(r.s, *L.wdown, nullptr, r.branch, next ? next->qkv : nullptr);
+  decode_linear(r.s, *L.wdown, nullptr, r.branch);
 }
 
 // A decode step's projection: the skinny GEMM where it takes the shapes (and, kAuto, where it is
-// preferred), else linear()'s cuBLASLt. The skinny GEMM also asks L2 for l2_next's weights (the
-// GEMM after it, on cuBLASLt: DecodeConfig::l2_prefetch).
+// preferred), else linear()'s cuBLASLt.
 void DeviceCausalLM::decode_linear(const DeviceTensor& x, const Param& w, const Param* bias,
-                                   DeviceTensor& y, const Param* l2_next) {
+                                   DeviceTensor& y) {
   DecodeState& d = *decode_;
   const DeviceTensor& W = run(w);
   ++d.gemms;
@@ -668,10 +662,7 @@ void DeviceCausalLM::decode_linear(const DeviceTensor& x, const Param& w, const 
     linear(x, w, bias, y);
     return;
   }
-  L2Prefetch next;
-  if (l2_next && d.l2_prefetch)
-    next = {run(*l2_next).data(), static_cast<int64_t>(run(*l2_next).bytes())};
-  timed(Phase::kGemm, [&] { d.skinny->run(stream_, x, W, bias ? &run(*bias) : nullptr, y, next); });
+  timed(Phase::kGemm, [&] { d.skinny->run(stream_, x, W, bias ? &run(*bias) : nullptr, y); });
   ++d.skinny_gemms;
 }
 

@@ -65,9 +65,6 @@ struct DecodeConfig {
   int page_size = 64;   // tokens per page
   DecodeOverlap overlap = DecodeOverlap::kOff;
   DecodeGemm gemm = DecodeGemm::kAuto;
-  // The skinny GEMMs of the o and down projections ask L2 for the next GEMM's weights (gate/up,
-  // the next layer's q/k/v), which cuBLASLt then reads from there.
-  bool l2_prefetch = true;
 };
 
 // The cache's shape for a model, checked (kh::Error kInvalidInput naming the field): batch and

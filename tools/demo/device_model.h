@@ -262,8 +262,7 @@ class DeviceCausalLM {
   void decode_projections(size_t layer, DecodeRows& r);  // q, k, v apart, then the attention
   bool decode_fused_qkv(size_t layer, DecodeRows& r);    // with Layer::qkv, or false (see .cpp)
   void decode_mlp(const Layer& L, DecodeRows& r);        // from the attention output on
-  void decode_linear(const DeviceTensor& x, const Param& w, const Param* bias, DeviceTensor& y,
-                     const Param* l2_next = nullptr);
+  void decode_linear(const DeviceTensor& x, const Param& w, const Param* bias, DeviceTensor& y);
   void decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4,
                      const DecodeRows& r);
   void decode_attend(size_t layer, const DeviceTensor& q4, DeviceTensor& out4, DecodeRows& r);

@@ -138,14 +138,13 @@ SkinnyGemm::Workspace& SkinnyGemm::workspace(DeviceStream& stream, int64_t acc_f
 }
 
 void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
-                     const DeviceTensor* bias, DeviceTensor& y, L2Prefetch next) {
+                     const DeviceTensor* bias, DeviceTensor& y) {
   if (std::string why = refusal(x, w, y); !why.empty()) invalid(why);
-  run(stream, x, w, bias, y, default_plan(x.numel() / w.dim(1), w.dim(0), w.dim(1)), next);
+  run(stream, x, w, bias, y, default_plan(x.numel() / w.dim(1), w.dim(0), w.dim(1)));
 }
 
 void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
-                     const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan,
-                     L2Prefetch next) {
+                     const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan) {
   if (std::string why = refusal(x, w, y); !why.empty()) invalid(why);
   int N = static_cast<int>(w.dim(0)), K = static_cast<int>(w.dim(1));
   int M = static_cast<int>(x.numel() / K);
@@ -167,9 +166,7 @@ void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTe
   const void *xp = x.data(), *wp = w.data(), *bp = bias ? bias->data() : nullptr;
   void* yp = y.data();
   long long ldx = K, ldy = N;
-  const void* l2_next = next.bytes > 0 ? next.data : nullptr;
-  long long l2_bytes = l2_next ? next.bytes : 0;
-  void* args[] = {&xp, &ldx, &wp, &bp, &yp, &ldy, &M, &N, &K, &acc, &counters, &l2_next, &l2_bytes};
+  void* args[] = {&xp, &ldx, &wp, &bp, &yp, &ldy, &M, &N, &K, &acc, &counters};
   kh_launch_cfg_t cfg = launch_cfg(
       module_.device(), {static_cast<uint32_t>(tiles), static_cast<uint32_t>(plan.splits), 1},
       {kThreads, 1, 1}, plan.shared_bytes());

@@ -11,8 +11,7 @@
 //
 // Launched with programmatic dependent launch: the weights (which no earlier kernel of the step
 // writes) of the first stages are requested before griddepcontrol.wait, so their latency hides
-// under the previous kernel's tail; x, the workspace and y only after it. Optionally the CTAs
-// then ask L2 for the next GEMM's weights (l2_next, l2_bytes; prefetch_next_l2).
+// under the previous kernel's tail; x, the workspace and y only after it.
 //
 // Split K (gridDim.y > 1): every split adds its fp32 tile into the tile's [64, BN] slab of
 // `acc` with vector reductions; the split that arrives last (a counter per tile) adds the bias,
@@ -89,24 +88,11 @@ KH_DEV void load_first_stages(int nc, LoadW&& load_w, LoadX&& load_x) {
   }
 }
 
-// Asks L2 for this CTA's share of [next, next + bytes) (the next GEMM's weights: cuBLASLt then
-// reads them from L2 instead of HBM), one 128-byte line a thread at a time. A decode step's
-// skinny GEMMs read a few MB at a fraction of the HBM bandwidth (they are bound by latency), so
-// the prefetch fills bandwidth they leave idle. Called once this CTA's first stages are in
-// flight; nothing waits for it.
-KH_DEV void prefetch_next_l2(const char* next, long long bytes) {
-  if (!next || bytes <= 0) return;
-  const long long lines = (bytes + 127) / 128, ctas = (long long)gridDim.x * gridDim.y;
-  const long long cta = blockIdx.x + (long long)gridDim.x * blockIdx.y;
-  const long long lo = lines * cta / ctas, hi = lines * (cta + 1) / ctas;
-  for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) kh_prefetch_l2(next + i * 128);
-}
-
 template <int NT, int STAGES>
 KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_bf16* __restrict__ w,
                         const kh_bf16* __restrict__ bias, kh_bf16* __restrict__ y, long long ldy,
-                        int M, int N, int K, float* __restrict__ acc_ws, int* __restrict__ counters,
-                        const char* l2_next, long long l2_bytes) {
+                        int M, int N, int K, float* __restrict__ acc_ws,
+                        int* __restrict__ counters) {
   constexpr int BN = 4 * 8 * NT;
   constexpr kh_u32 kATile = kBM * kBK * 2, kBTile = BN * kBK * 2;
   // Dynamic shared memory only: a static variable beside it would push a 48 KiB plan past the
@@ -128,7 +114,6 @@ KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_b
     kh_load_tile<kBM, kBK, kThreads>(a_base + s * kATile, xt + c * kBK, ldx, 0, M, tid);
   };
   load_first_stages<STAGES>(nc, load_w, load_x);
-  prefetch_next_l2(l2_next, l2_bytes);
 
   float acc[4][NT][4];
 #pragma unroll
@@ -235,8 +220,7 @@ KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_b
 template <int BN, int STAGES>
 KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
                          const kh_bf16* __restrict__ w, const kh_bf16* __restrict__ bias,
-                         kh_bf16* __restrict__ y, long long ldy, int M, int N, int K,
-                         const char* l2_next, long long l2_bytes) {
+                         kh_bf16* __restrict__ y, long long ldy, int M, int N, int K) {
   constexpr kh_u32 kXTile = kBM * kBK * 2, kStage = kXTile + BN * kBK * 2;
   // The swizzle's 1024-byte atoms (a name of its own: the mma.sync kernels declare 128).
   extern __shared__ __align__(1024) unsigned char wg_smem[];
@@ -257,7 +241,6 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
   };
 
   load_first_stages<STAGES>(nc, load_w, load_x);
-  prefetch_next_l2(l2_next, l2_bytes);
 
   float acc[BN / 2];  // y[m, n0 + n]: the wgmma accumulator of the 64 x BN tile
 #pragma unroll
@@ -340,12 +323,11 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
 }  // namespace
 
 // The variants (skinny_gemm.h names them): 32 * NT columns a CTA, STAGES stages.
-#define KH_SKINNY(NT, STAGES)                                                                    \
-  KH_GLOBAL void __launch_bounds__(kThreads) kh_skinny_gemm_n##NT##_s##STAGES(                   \
-      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y,        \
-      long long ldy, int M, int N, int K, float* acc, int* counters, const char* l2_next,        \
-      long long l2_bytes) {                                                                      \
-    skinny_gemm<NT, STAGES>(x, ldx, w, bias, y, ldy, M, N, K, acc, counters, l2_next, l2_bytes); \
+#define KH_SKINNY(NT, STAGES)                                                             \
+  KH_GLOBAL void __launch_bounds__(kThreads) kh_skinny_gemm_n##NT##_s##STAGES(            \
+      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y, \
+      long long ldy, int M, int N, int K, float* acc, int* counters) {                    \
+    skinny_gemm<NT, STAGES>(x, ldx, w, bias, y, ldy, M, N, K, acc, counters);             \
   }
 KH_SKINNY(1, 4)
 KH_SKINNY(1, 6)
@@ -358,11 +340,10 @@ KH_SKINNY(2, 6)
 #define KH_SKINNY_WGMMA_KERNEL(NB, STAGES)                                                \
   KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_n##NB##_s##STAGES(        \
       const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y, \
-      long long ldy, int M, int N, int K, float* acc, int* counters, const char* l2_next, \
-      long long l2_bytes) {                                                               \
+      long long ldy, int M, int N, int K, float* acc, int* counters) {                    \
     (void)acc;                                                                            \
     (void)counters;                                                                       \
-    skinny_wgmma<64 * NB, STAGES>(x, ldx, w, bias, y, ldy, M, N, K, l2_next, l2_bytes);   \
+    skinny_wgmma<64 * NB, STAGES>(x, ldx, w, bias, y, ldy, M, N, K);                      \
   }
 KH_SKINNY_WGMMA_KERNEL(1, 4)
 KH_SKINNY_WGMMA_KERNEL(1, 6)

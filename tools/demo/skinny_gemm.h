@@ -74,13 +74,6 @@ std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K);
 const char* skinny_gemm_source();
 std::vector<SkinnyPlan> skinny_variants();
 
-// Bytes the GEMM's CTAs ask L2 for once their own first weights are in flight (the next GEMM's
-// weights: see SkinnyGemm::run). Empty: none.
-struct L2Prefetch {
-  const void* data = nullptr;
-  int64_t bytes = 0;
-};
-
 class SkinnyGemm {
  public:
   // Compiles (or finds in the JIT cache) the kernels for `device`; the split-K workspace comes
@@ -105,13 +98,11 @@ class SkinnyGemm {
   // y = x . w^T (+ bias [N], bf16), ordered on `stream`, launched with PDL. Throws kh::Error
   // kInvalidInput when !fits() or the plan does not fit (a wgmma plan on a GPU without them).
   // An mma.sync split plan allocates the stream's workspace the first time it needs more than
-  // there is: run once outside a CUDA-graph capture first. (wgmma plans need none.) `next`:
-  // device memory (the weights of the GEMM that follows, which a decode step's latency-bound
-  // GEMMs leave HBM idle enough to fetch) that the CTAs ask L2 for, split among them.
+  // there is: run once outside a CUDA-graph capture first. (wgmma plans need none.)
   void run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
-           const DeviceTensor* bias, DeviceTensor& y, L2Prefetch next = {});
+           const DeviceTensor* bias, DeviceTensor& y);
   void run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
-           const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan, L2Prefetch next = {});
+           const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan);
 
  private:
   struct Workspace {

@@ -49,7 +49,6 @@ struct DemoArgs {
   int decode_context = 0;      // 0: 2048 capped by --seq
   std::string decode_overlap;  // empty: off
   std::string decode_gemm;     // empty: auto
-  std::string decode_prefetch;  // empty: on
 };
 
 bool cuda_present() {
@@ -176,19 +175,17 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   o.adam.lr = a.lr > 0 ? a.lr : (o.model.hidden >= 1024 ? 3e-4f : 1e-2f);
   o.cuda_ordinal = ordinal;
   const std::string dtype = a.dtype.empty() ? (ordinal >= 0 ? "bf16" : "fp32") : a.dtype;
-  if (ordinal < 0 &&
-      (dtype != "fp32" || a.profile || a.decode_batch || a.decode_context ||
-       !a.decode_overlap.empty() || !a.decode_gemm.empty() || !a.decode_prefetch.empty()))
+  if (ordinal < 0 && (dtype != "fp32" || a.profile || a.decode_batch || a.decode_context ||
+                      !a.decode_overlap.empty() || !a.decode_gemm.empty()))
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("demo: {} needs a CUDA device (the CPU model is fp32, unprofiled and "
                             "generates without a KV cache); use --device cuda:N",
-                            a.profile                    ? "--profile"
-                            : a.decode_batch             ? "--decode-batch"
-                            : a.decode_context           ? "--decode-context"
-                            : !a.decode_overlap.empty()  ? "--decode-overlap"
-                            : !a.decode_gemm.empty()     ? "--decode-gemm"
-                            : !a.decode_prefetch.empty() ? "--decode-prefetch"
-                                                         : "--dtype " + dtype));
+                            a.profile                   ? "--profile"
+                            : a.decode_batch            ? "--decode-batch"
+                            : a.decode_context          ? "--decode-context"
+                            : !a.decode_overlap.empty() ? "--decode-overlap"
+                            : !a.decode_gemm.empty()    ? "--decode-gemm"
+                                                        : "--dtype " + dtype));
   o.bf16 = dtype == "bf16";
   o.profile = a.profile;
   o.decode_batch = a.decode_batch;
@@ -198,7 +195,6 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   o.decode_gemm = a.decode_gemm == "skinny"     ? demo::DecodeGemm::kSkinny
                   : a.decode_gemm == "cublaslt" ? demo::DecodeGemm::kCublasLt
                                                 : demo::DecodeGemm::kAuto;
-  o.decode_l2_prefetch = a.decode_prefetch != "off";
   if (ordinal >= 0) {
     demo::resolve_decode(o);  // refuses a bad --decode-* before anything is fetched
     std::tie(o.peak_bandwidth, o.peak_bandwidth_source) = peak_bandwidth(ordinal);
@@ -392,11 +388,6 @@ void add_demo_command(CLI::App& app, Runner& run) {
                   "with at most 2048 rows), cublaslt, or skinny (the skinny GEMM wherever it takes "
                   "the shapes) (default auto)")
       ->check(CLI::IsMember({"auto", "cublaslt", "skinny"}));
-  cmd->add_option("--decode-prefetch", a->decode_prefetch,
-                  "CUDA only: on has the skinny GEMMs of the o and down projections ask L2 for "
-                  "the next GEMM's weights (gate/up, the next layer's q/k/v), which cuBLASLt then "
-                  "reads from L2; off leaves them to HBM (default on)")
-      ->check(CLI::IsMember({"on", "off"}));
   cmd->add_flag("--fallback", a->fallback,
                 "Bind no package: every slot runs the runtime's own implementation (as "
                 "KERNEL_HUB_DISABLE=1)");
