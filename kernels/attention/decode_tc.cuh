@@ -81,13 +81,9 @@ KH_DEV void kh_load_paged_rows(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& 
     }
     const T* ks = (const T*)kv.k + ko + c * 8;
     const T* vs = (const T*)kv.v + vo + c * 8;
-    if (NEW && valid && t >= nw.t_new) {  // a new token: from nw, and into its cache row
+    if (NEW && valid && t >= nw.t_new) {  // a new token: from nw (kh_store_new_rows writes it)
       ks = nw.k + (kh_i64)(t - nw.t_new) * nw.k_row + c * 8;
       vs = nw.v + (kh_i64)(t - nw.t_new) * nw.v_row + c * 8;
-      if (nw.write) {
-        kh_st((T*)kv.k + ko + c * 8, kh_ld(ks));
-        kh_st((T*)kv.v + vo + c * 8, kh_ld(vs));
-      }
     }
     kh_cp_async16(k_tile + kh_swz<CH>(r, c), ks, valid);
     kh_cp_async16(v_tile + kh_swz<CH>(r, c), vs, valid);
@@ -104,6 +100,31 @@ KH_DEV void kh_load_chunk(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& kv,
     kh_load_paged_rows<D, T, true>(k_tile, v_tile, kv, nw, b, hk, tok0, t_hi, lane, page);
   else
     kh_load_paged_rows<D, T, false>(k_tile, v_tile, kv, nw, b, hk, tok0, t_hi, lane, page);
+}
+
+// The new tokens of the 16-row chunk at tok0 (rows below t_hi), now in this warp's K and V
+// tiles, into their cache rows: the lanes' 16-byte pieces from shared memory to global stores,
+// which nothing waits for (the chunk's loads had read them from nw, not the cache).
+template <int D, typename T>
+KH_DEV void kh_store_new_rows(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& kv,
+                              const kh_new_rows<T>& nw, int b, int hk, int tok0, int t_hi,
+                              int lane) {
+  constexpr int CH = D / 8;
+  for (int i = lane; i < 16 * CH; i += 32) {
+    const int r = i / CH, c = i % CH, t = tok0 + r;
+    if (t < nw.t_new || t >= t_hi) continue;
+    kh_i64 ko, vo;
+    kh_paged_offsets(kv, b, t, hk, &ko, &vo);
+    kh_u32x4 x;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                 : "r"(k_tile + kh_swz<CH>(r, c)));
+    kh_st((T*)kv.k + ko + c * 8, x);
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+                 : "r"(v_tile + kh_swz<CH>(r, c)));
+    kh_st((T*)kv.v + vo + c * 8, x);
+  }
 }
 
 // Two floats into shared memory at `addr` (8-byte aligned), one 8-byte store.
@@ -194,6 +215,8 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
     kh_cp_async_wait<ST - 1>();
     __syncwarp();  // this warp's chunk, loaded by its lanes, is in shared memory
     const kh_u32 sK = sW + stage * 2 * TILE, sV = sK + TILE;
+    if (nw.write && t_lo + c * 16 + 16 > nw.t_new)
+      kh_store_new_rows<D, T>(sK, sV, p.kv, nw, b, hk, t_lo + c * 16, t_hi, lane);
 
     float s[2][4];
 #pragma unroll
