@@ -788,7 +788,9 @@ constexpr OpSchema kDecode{
     "paged_attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor "
     "seq_lens, int window_left, float scale, Tensor(a!) out, Tensor(b!)? workspace) -> ()"};
 
-int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
+// The arguments both decode ops have, by name.
+template <const OpSchema& S>
+DecodeArgs decode_args(const Args<S>& a) {
   DecodeArgs d{a.tensor("q"),
                a.tensor("k_cache"),
                a.tensor("v_cache"),
@@ -798,7 +800,11 @@ int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
                a.optional_tensor("workspace")};
   d.window_left = a.integer("window_left");
   d.scale = a.real("scale");
-  return run_decode(kDecode.name(), d, stream);
+  return d;
+}
+
+int32_t paged_attention_decode(const Args<kDecode>& a, void* stream) {
+  return run_decode(kDecode.name(), decode_args(a), stream);
 }
 
 // ---- PagedAttentionWithKVAppend: the append and the decode in one launch ----
@@ -810,17 +816,9 @@ constexpr OpSchema kDecodeAppend{
 
 int32_t paged_attention_decode_append(const Args<kDecodeAppend>& a, void* stream) {
   const TensorArg k_new = a.tensor("k_new"), v_new = a.tensor("v_new");
-  DecodeArgs d{a.tensor("q"),
-               a.tensor("k_cache"),
-               a.tensor("v_cache"),
-               a.tensor("block_table"),
-               a.tensor("seq_lens"),
-               a.tensor("out"),
-               a.optional_tensor("workspace")};
+  DecodeArgs d = decode_args(a);
   d.k_new = &k_new;
   d.v_new = &v_new;
-  d.window_left = a.integer("window_left");
-  d.scale = a.real("scale");
   return run_decode(kDecodeAppend.name(), d, stream);
 }
 
