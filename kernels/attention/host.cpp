@@ -658,8 +658,8 @@ int32_t run_append(const char* op, const kh_append_params& p, const PagedCache& 
   return launch_kernel(device.device_id, name, dims, params, stream);
 }
 
-// paged_attention_decode and (with `append`, the fused op) paged_attention_decode_append: q and
-// out checked against the cache, the split plan, the launches.
+// paged_attention_decode and (with k_new / v_new) paged_attention_decode_append: q and out
+// checked against the cache, the split plan, the launches.
 struct DecodeArgs {
   TensorArg q, k_cache, v_cache, block_table, seq_lens, out, workspace;
   const TensorArg* k_new = nullptr;  // the fused append's new K and V, or null
@@ -715,10 +715,10 @@ int32_t run_decode(const char* op, const DecodeArgs& a, void* stream) {
   p.split_tokens = static_cast<int>(max_ctx > 0x7FFFFFFF ? 0x7FFFFFFF : max_ctx);
 
   if (is_cpu(q.device)) {
+    // Both ops' checks before the append writes: a refused decode leaves the cache as it was.
+    if (q.tokens > 0) KH_TRY(cpu_pages_ok(op, p.kv, p.batch, c.k.pages, p.q_tokens));
     KH_TRY(run_append(op, ap, c.k, q.dtype, q.device, stream));  // then the cache holds all
-    if (q.tokens == 0) return KH_OK;
-    KH_TRY(cpu_pages_ok(op, p.kv, p.batch, c.k.pages, p.q_tokens));
-    attention_cpu::decode(q.dtype, static_cast<int>(q.head_dim), p);
+    if (q.tokens > 0) attention_cpu::decode(q.dtype, static_cast<int>(q.head_dim), p);
     return KH_OK;
   }
   KH_TRY(cuda_layout_ok(a.q, q));
@@ -729,12 +729,11 @@ int32_t run_decode(const char* op, const DecodeArgs& a, void* stream) {
   // Tensor cores (decode_tc.cuh: 16 rows per CTA) for head_dim 64 and 128, which also fuse the
   // append; CUDA cores (4 or 8 rows per CTA) for head_dim 256, after the append's own kernel.
   const bool tc = d != 256;
-  if (a.k_new && tc && ap.nw.n > 0 && q.tokens > 0) {
-    p.nw = ap.nw;
-  } else if (a.k_new) {
-    KH_TRY(run_append(op, ap, c.k, q.dtype, q.device, stream));
-  }
-  if (q.tokens == 0) return KH_OK;
+  // The append's own kernel, where the decode does not fuse it, goes right before the decode's
+  // launch: after every check, so that a refusal writes nothing.
+  const bool fused = a.k_new && tc && ap.nw.n > 0 && q.tokens > 0;
+  if (fused) p.nw = ap.nw;
+  if (q.tokens == 0) return a.k_new ? run_append(op, ap, c.k, q.dtype, q.device, stream) : KH_OK;
   const int rows = p.q_heads / p.kv_heads * p.q_tokens;
   const int r = tc ? 16 : kh_decode_rows(rows), groups = (rows + r - 1) / r;
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.kv_heads * groups;
@@ -774,6 +773,7 @@ int32_t run_decode(const char* op, const DecodeArgs& a, void* stream) {
   dims.grid[2] = static_cast<uint32_t>(p.batch);
   dims.block[0] = static_cast<uint32_t>(threads);
   void* params[] = {&p};
+  if (a.k_new && !fused) KH_TRY(run_append(op, ap, c.k, q.dtype, q.device, stream));
   KH_TRY(launch_kernel(q.device.device_id, name, dims, params, stream));
   if (p.splits == 1) return KH_OK;
   snprintf(name, sizeof name, "attn_decode_combine_%s_d%d", dtype_tag(q.dtype), d);

@@ -163,6 +163,23 @@ TEST_F(AttentionCpu, IndexTensorsAreCheckedBeforeTheyAreUsed) {
                  &err),
       KH_ERR_INVALID_ARGUMENT);
   EXPECT_NE(err.find("k_new has 2 sequences, q 1"), std::string::npos) << err;
+  // A length the append takes (1 new token) but the decode does not (3 query tokens): refused
+  // before the append writes its row.
+  HostTensor q3(kFP32, 3, 64), out3(kFP32, 3, 64), kn1(kFP32, 1, 64),
+      short_len = attention_cases::int32_tensor({2});
+  NdView q3v(q3.dl(), {1, 3, 1, 64}), o3v(out3.dl(), {1, 3, 1, 64}), kn1v(kn1.dl(), {1, 1, 1, 64}),
+      slv(short_len.dl(), {1}, attention_cases::kInt32);
+  kn1.fill([](int64_t, int64_t c) { return 1.0 + c; });
+  HostTensor before = kc;
+  EXPECT_EQ(
+      pkg_->call("paged_attention_decode_append",
+                 {targ(&q3v.t), targ(&kn1v.t), targ(&kn1v.t), targ(&kcv.t), targ(&kcv.t),
+                  targ(&tv.t), targ(&slv.t), iarg(-1), farg(0.125), targ(&o3v.t), targ(nullptr)},
+                 &err),
+      KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("seq_lens[0] = 2"), std::string::npos) << err;
+  for (int64_t i = 0; i < 8 * 64; ++i)
+    ASSERT_EQ(kc.bits_at(i), before.bits_at(i)) << "cache row written before the refusal";
 }
 
 }  // namespace
