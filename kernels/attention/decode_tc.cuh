@@ -35,6 +35,8 @@ struct kh_new_rows {
   kh_i64 k_row, v_row;
   int t_new;
   bool write;
+  // Whether the 16-row chunk at tok0 holds a new token.
+  KH_DEV bool in_chunk(int tok0) const { return tok0 + 16 > t_new; }
 };
 
 template <typename T>
@@ -96,10 +98,19 @@ template <int D, typename T>
 KH_DEV void kh_load_chunk(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& kv,
                           const kh_new_rows<T>& nw, int b, int hk, int tok0, int t_hi, int lane,
                           int page) {
-  if (tok0 + 16 > nw.t_new)
+  if (nw.in_chunk(tok0))
     kh_load_paged_rows<D, T, true>(k_tile, v_tile, kv, nw, b, hk, tok0, t_hi, lane, page);
   else
     kh_load_paged_rows<D, T, false>(k_tile, v_tile, kv, nw, b, hk, tok0, t_hi, lane, page);
+}
+
+// 16 bytes of shared memory at `addr` (16-byte aligned).
+KH_DEV kh_u32x4 kh_ld_shared16(kh_u32 addr) {
+  kh_u32x4 x;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+               : "r"(addr));
+  return x;
 }
 
 // The new tokens of the 16-row chunk at tok0 (rows below t_hi), now in this warp's K and V
@@ -115,15 +126,8 @@ KH_DEV void kh_store_new_rows(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& k
     if (t < nw.t_new || t >= t_hi) continue;
     kh_i64 ko, vo;
     kh_paged_offsets(kv, b, t, hk, &ko, &vo);
-    kh_u32x4 x;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-                 : "r"(k_tile + kh_swz<CH>(r, c)));
-    kh_st((T*)kv.k + ko + c * 8, x);
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-                 : "r"(v_tile + kh_swz<CH>(r, c)));
-    kh_st((T*)kv.v + vo + c * 8, x);
+    kh_st((T*)kv.k + ko + c * 8, kh_ld_shared16(k_tile + kh_swz<CH>(r, c)));
+    kh_st((T*)kv.v + vo + c * 8, kh_ld_shared16(v_tile + kh_swz<CH>(r, c)));
   }
 }
 
@@ -215,7 +219,7 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
     kh_cp_async_wait<ST - 1>();
     __syncwarp();  // this warp's chunk, loaded by its lanes, is in shared memory
     const kh_u32 sK = sW + stage * 2 * TILE, sV = sK + TILE;
-    if (nw.write && t_lo + c * 16 + 16 > nw.t_new)
+    if (nw.write && nw.in_chunk(t_lo + c * 16))
       kh_store_new_rows<D, T>(sK, sV, p.kv, nw, b, hk, t_lo + c * 16, t_hi, lane);
 
     float s[2][4];

@@ -202,8 +202,7 @@ KH_DEV void argmax_advance(const T* logits, long long row_stride, long long voca
     __threadfence();
     const unsigned long long k = atomicExch(key, 0ull);
     *row_count = 0;
-    idx = 0xFFFFFFFFu - (unsigned int)(k & 0xFFFFFFFFu);
-    if (k == 0) idx = 0;  // no split saw an element (vocab 0 is refused on the host)
+    idx = 0xFFFFFFFFu - (unsigned int)(k & 0xFFFFFFFFu);  // some split saw one: vocab >= 1
   }
   tokens[b] = idx;
   positions[b] += 1;
