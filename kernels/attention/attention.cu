@@ -609,21 +609,55 @@ __device__ __forceinline__ void attn_decode(const kh_decode_params& p) {
   }
 }
 
-// Merges the splits' partial states of one (token, head) per CTA; thread d owns column d.
+// Merges the splits' partial states of one (token, head) per CTA; thread d owns column d. Up to
+// kDecodeCombineRegs splits (every decode plan on an H100/H200) read their (max, sum, column) in
+// one round of loads into registers, before any arithmetic, instead of the maxima first and the
+// rest after them: the combine runs on the decode step's critical path, where a second round trip
+// to L2 is most of its time. The same arithmetic in the same order either way (the same bits).
+constexpr int kDecodeCombineRegs = 8;
 template <typename T, int D>
 __device__ __forceinline__ void attn_decode_combine(const kh_decode_params& p) {
   const kh_i64 row = blockIdx.x;  // tok * q_heads + h
   const kh_i64 tok = row / p.q_heads;
   const int h = (int)(row % p.q_heads), d = threadIdx.x;
   const float* part = p.partial + row * p.splits * (D + 2);
-  float M = KH_NEG_INF;
-  for (int s = 0; s < p.splits; ++s) M = fmaxf(M, part[s * (D + 2) + D]);
-  const float M_use = M == KH_NEG_INF ? 0.f : M;
-  float L = 0.f, O = 0.f;
-  for (int s = 0; s < p.splits; ++s) {
-    const float w = kh_exp2(part[s * (D + 2) + D] - M_use);
-    L += part[s * (D + 2) + D + 1] * w;
-    O += part[s * (D + 2) + d] * w;
+  float M = KH_NEG_INF, L = 0.f, O = 0.f;
+  if (p.splits <= kDecodeCombineRegs) {
+    // Loads in asm volatile: the compiler keeps them in this order, ahead of the arithmetic
+    // (plain loads it sank the first splits' sums and columns below the maxima: a second round
+    // trip; volatile pointers made them system-scope strong loads).
+    auto ld = [](const float* a) {
+      float v;
+      asm volatile("ld.global.f32 %0, [%1];\n" : "=f"(v) : "l"(a));
+      return v;
+    };
+    float m[kDecodeCombineRegs], l[kDecodeCombineRegs], o[kDecodeCombineRegs];
+#pragma unroll
+    for (int s = 0; s < kDecodeCombineRegs; ++s)
+      if (s < p.splits) {
+        m[s] = ld(part + s * (D + 2) + D);
+        l[s] = ld(part + s * (D + 2) + D + 1);
+        o[s] = ld(part + s * (D + 2) + d);
+      }
+#pragma unroll
+    for (int s = 0; s < kDecodeCombineRegs; ++s)
+      if (s < p.splits) M = fmaxf(M, m[s]);
+    const float M_use = M == KH_NEG_INF ? 0.f : M;
+#pragma unroll
+    for (int s = 0; s < kDecodeCombineRegs; ++s)
+      if (s < p.splits) {
+        const float w = kh_exp2(m[s] - M_use);
+        L += l[s] * w;
+        O += o[s] * w;
+      }
+  } else {
+    for (int s = 0; s < p.splits; ++s) M = fmaxf(M, part[s * (D + 2) + D]);
+    const float M_use = M == KH_NEG_INF ? 0.f : M;
+    for (int s = 0; s < p.splits; ++s) {
+      const float w = kh_exp2(part[s * (D + 2) + D] - M_use);
+      L += part[s * (D + 2) + D + 1] * w;
+      O += part[s * (D + 2) + d] * w;
+    }
   }
   T* op = (T*)p.o + tok * p.o_row + (kh_i64)h * p.o_head;
   op[d] = kh_convert<T>::from_float(L > 0.f ? O / L : 0.f);
@@ -649,13 +683,20 @@ __device__ __forceinline__ void paged_kv_append(const kh_append_params& p) {
 }  // namespace
 
 #include "decode_tc.cuh"
-// The register cap that keeps kh_decode_tc_ctas_per_sm(D) CTAs resident.
+// The register cap that keeps kh_decode_tc_ctas_per_sm(D) (_rope: kh_decode_tc_rope_ctas_per_sm)
+// CTAs resident.
 #define KH_ATTN_DECODE_TC(TNAME, T, D)                                      \
   extern "C" __global__ void __launch_bounds__(32 * kh_decode_tc_warps(),   \
                                                kh_decode_tc_ctas_per_sm(D)) \
       attn_decode_tc_##TNAME##_d##D(const kh_decode_params p) {             \
     kh_pdl_enter();                                                         \
-    attn_decode_tc<T, D>(p);                                                \
+    attn_decode_tc<T, D, false>(p);                                         \
+  }                                                                         \
+  extern "C" __global__ void __launch_bounds__(32 * kh_decode_tc_warps(),        \
+                                               kh_decode_tc_rope_ctas_per_sm(D)) \
+      attn_decode_tc_rope_##TNAME##_d##D(const kh_decode_params p) {        \
+    kh_pdl_enter();                                                         \
+    attn_decode_tc<T, D, true>(p);                                          \
   }
 KH_ATTN_DECODE_TC(bf16, kh_bf16, 64)
 KH_ATTN_DECODE_TC(bf16, kh_bf16, 128)
