@@ -229,23 +229,6 @@ KH_HD void kh_paged_offsets(const kh_paged_kv& c, int b, int t, int hk, kh_i64* 
   *v_off = page * c.v_page + row * c.v_row + (kh_i64)hk * c.v_head;
 }
 
-// paged_attention_decode_rotary_append (tensor-core kernels attn_decode_tc_rope_*): q and the new
-// tokens' K are raw projections; each CTA RMS-norms them over head_dim (weights q_w / k_w of the
-// q dtype, eps; no norm where null) and rotates their first 2 * half elements (NeoX or GPT-J pairs)
-// by the angle of their cache position (query i of sequence b at seq_lens[b] - q_tokens + i, new
-// token j at seq_lens[b] - nw.n + j; a position outside [0, max_pos) is not rotated) in its
-// shared-memory tiles, through qk_norm_rope.cuh as QKNormRotaryEmbedding does. cos and sin:
-// [max_pos, half] with row strides, fp32 (cos_f32) or the q dtype.
-struct kh_decode_rope {
-  const void* q_w;
-  const void* k_w;
-  const void* cos;
-  const void* sin;
-  kh_i64 cos_stride, sin_stride, max_pos;
-  float eps;
-  int half, neox, cos_f32;
-};
-
 // Decode against a paged KV cache (append the new tokens first). Sequence b's q_tokens queries
 // are its last tokens: query i is at position seq_lens[b] - q_tokens + i and sees keys up to it
 // (and back window_left). q and o: [batch * q_tokens, q_heads, head_dim] with token and head
@@ -267,7 +250,6 @@ struct kh_decode_params {
   // of the cache and (row group 0 of its KV head) writes it into its cache row. nw.n = 0: the
   // cache holds every token.
   kh_new_kv nw;
-  kh_decode_rope rope;  // the _rope kernels only
 };
 
 // Rows (query head, query token) one decode CTA serves, out of a KV head's
@@ -302,19 +284,8 @@ KH_HD constexpr int kh_decode_tc_ctas_per_sm(int head_dim) {
   return (head_dim <= 64 ? 16 : 12) / kh_decode_tc_warps();
 }
 static_assert(kh_decode_tc_ctas_per_sm(128) >= 1, "at most 12 decode warps a CTA");
-// The _rope kernels (paged_attention_decode_rotary_append): 12 warps an SM at either head_dim.
-// The head_dim-64 kernel's 128 registers leave nothing for the rotation's call in the chunk
-// loop (NVRTC spilled two values read back in every chunk); head_dim 128 is capped there anyway.
-KH_HD constexpr int kh_decode_tc_rope_ctas_per_sm(int head_dim) {
-  return kh_decode_tc_ctas_per_sm(head_dim > 128 ? head_dim : 128);
-}
 KH_HD constexpr int kh_decode_tc_smem_bytes(int head_dim) {
   return (1 + 2 * kh_decode_tc_warps() * kh_decode_tc_stages()) * 16 * head_dim * 2;
-}
-// The _rope kernels' shared memory: the same, then a row of head_dim floats per warp, where a warp
-// stages the row it norms and rotates (qk_norm_rope.cuh).
-KH_HD constexpr int kh_decode_tc_rope_smem_bytes(int head_dim) {
-  return kh_decode_tc_smem_bytes(head_dim) + kh_decode_tc_warps() * head_dim * 4;
 }
 
 // Appends new tokens' K and V (nw) into the pages.

@@ -19,15 +19,9 @@
 //
 // With nw.n > 0 (paged_attention_decode_append) the last tokens come from the step's own K and
 // V, and the CTA that reads one also writes it into its page, so the append costs no launch of
-// its own. With ROPE (paged_attention_decode_rotary_append) q and those new K rows are raw
-// projections: the CTA norms and rotates its Q rows once they land and each new K row in the
-// chunk that holds it, in shared memory (qk_norm_rope.cuh, the bits QKNormRotaryEmbedding writes),
-// before any product reads them and before the new row goes into its page, so the q/k norm and
-// RoPE cost no launch of their own either.
+// its own.
 #ifndef KH_ATTENTION_DECODE_TC_CUH_
 #define KH_ATTENTION_DECODE_TC_CUH_
-
-#include "qk_norm_rope.cuh"
 
 namespace {
 
@@ -137,57 +131,12 @@ KH_DEV void kh_store_new_rows(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& k
   }
 }
 
-// The ROPE kernels' shared memory past the Q tile and the warps' stages: a row of D floats per
-// warp (kh_decode_tc_rope_smem_bytes), where the warp stages the row it norms and rotates.
-template <int D>
-KH_DEV float* kh_decode_rope_scratch() {
-  extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int NW = kh_decode_tc_warps(), ST = kh_decode_tc_stages();
-  return reinterpret_cast<float*>(smem + (1 + 2 * NW * ST) * 16 * D * 2) + (threadIdx.x >> 5) * D;
-}
-
-// Row r of the swizzled 16-row tile `tile` bytes into the kernel's shared memory, normed with `w`
-// (none where null) and rotated by the angle of `pos`, in place, by one warp.
-template <typename T, int D>
-KH_DEV void kh_decode_rope_row(kh_u32 tile, int r, const kh_decode_rope& rp, const void* w,
-                               int pos) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int CH = D / 8;
-  auto at = [&](int e) { return reinterpret_cast<T*>(smem + tile + kh_swz<CH>(r, e / 8)) + e % 8; };
-  auto load = [&](int e) { return kh_to_float(*at(e)); };
-  auto store = [&](int e, float v) { *at(e) = kh_convert<T>::from_float(v); };
-  const bool rotate = pos >= 0 && pos < rp.max_pos;
-  const kh_i64 row = rotate ? pos : 0;
-  float* y = kh_decode_rope_scratch<D>();
-  const int lane = threadIdx.x & 31;
-  if (rp.cos_f32)
-    kh_warp_norm_rope<T, float>(load, store, y, (const T*)w, rp.eps, D, rp.neox, rp.half,
-                                (const float*)rp.cos + row * rp.cos_stride,
-                                (const float*)rp.sin + row * rp.sin_stride, rotate, lane);
-  else
-    kh_warp_norm_rope<T, T>(load, store, y, (const T*)w, rp.eps, D, rp.neox, rp.half,
-                            (const T*)rp.cos + row * rp.cos_stride,
-                            (const T*)rp.sin + row * rp.sin_stride, rotate, lane);
-}
-
-// The new K rows t_new .. (below t_hi) of the 16-row chunk at tok0, normed and rotated in the
-// warp's K tile `tile` (a ROPE decode). Not inlined: it runs in one chunk of a sequence, and
-// inlined into the chunk loop its registers made ptxas spill there, in every chunk. rp by value: a
-// reference into the kernel's parameters would make the compiler copy them all to local memory (a
-// parameter has no generic address), and every chunk would read them from there.
-template <typename T, int D>
-__device__ __noinline__ void kh_decode_rope_new_rows(kh_u32 tile, const kh_decode_rope rp,
-                                                     int t_new, int tok0, int t_hi) {
-  for (int t = max(t_new, tok0); t < min(tok0 + 16, t_hi); ++t)
-    kh_decode_rope_row<T, D>(tile, t - tok0, rp, rp.k_w, t);
-}
-
 // Two floats into shared memory at `addr` (8-byte aligned), one 8-byte store.
 KH_DEV void kh_st_shared_f32x2(kh_u32 addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
 
-template <typename T, int D, bool ROPE>
+template <typename T, int D>
 __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
   constexpr int NW = kh_decode_tc_warps(), ST = kh_decode_tc_stages(), CH = D / 8;
   constexpr kh_u32 TILE = 16 * D * 2;
@@ -237,12 +186,6 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
   int next_page = page_of(warp + (ST - 1) * NW);
   kh_cp_async_wait<ST - 1>();
   __syncthreads();  // Q, loaded by every thread, is in shared memory (warps part ways below)
-  if constexpr (ROPE) {
-    // Warp w norms and rotates Q rows w, w + NW, ... (rows past rows_total are padding).
-    for (int r = warp; r < 16 && rg * 16 + r < rows_total; r += NW)
-      kh_decode_rope_row<T, D>(0, r, p.rope, p.rope.q_w, len - p.q_tokens + (rg * 16 + r) / G);
-    __syncthreads();  // every Q row is final before any warp's products read it
-  }
 
   // This thread's rows (r0 and r0 + 8 of the 16) and their query positions (-1: padding).
   int pos[2];
@@ -276,12 +219,8 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
     kh_cp_async_wait<ST - 1>();
     __syncwarp();  // this warp's chunk, loaded by its lanes, is in shared memory
     const kh_u32 sK = sW + stage * 2 * TILE, sV = sK + TILE;
-    if (nw.in_chunk(t_lo + c * 16)) {
-      const int tok0 = t_lo + c * 16;
-      if constexpr (ROPE)  // the new K rows of this chunk, raw until now
-        kh_decode_rope_new_rows<T, D>(sK - sQ, p.rope, nw.t_new, tok0, t_hi);
-      if (nw.write) kh_store_new_rows<D, T>(sK, sV, p.kv, nw, b, hk, tok0, t_hi, lane);
-    }
+    if (nw.write && nw.in_chunk(t_lo + c * 16))
+      kh_store_new_rows<D, T>(sK, sV, p.kv, nw, b, hk, t_lo + c * 16, t_hi, lane);
 
     float s[2][4];
 #pragma unroll

@@ -3,12 +3,10 @@
 // (forward_sm90.cuh: FlashAttention-3's warp-specialized schedule; backward_sm90.cuh): packed
 // varlen or padded batches, MHA/GQA/MQA, causal and sliding-window masks, optional fp32
 // log-sum-exp), PagedAttention (decode of one or a few query tokens per sequence against a paged KV
-// cache, split over the context), PagedKVAppend (writes new tokens' K and V into the pages),
+// cache, split over the context), PagedKVAppend (writes new tokens' K and V into the pages) and
 // PagedAttentionWithKVAppend (both in one launch: the tensor-core decode reads the new tokens from
-// k_new / v_new and writes them) and PagedAttentionWithRotaryAppend (the same from raw q and k_new
-// projections, which the decode RMS-norms (optional q/k norms) and rotates (RoPE) in its own
-// shared memory first). Ops check their DLPack arguments, then run cpu.cpp on kDLCPU tensors or
-// launch attention.cu's kernels through the loader on kDLCUDA ones.
+// k_new / v_new and writes them). Ops check their DLPack arguments, then run cpu.cpp on kDLCPU
+// tensors or launch attention.cu's kernels through the loader on kDLCUDA ones.
 //
 // Attention's forward_train is the forward op with its lse output (backward recomputes the
 // probabilities from q, k and lse); its backward takes the caller's fp32 workspace on cuda.
@@ -17,21 +15,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <atomic>
-#include <vector>
 
 #include "kernels/attention/attention_params.h"
 #include "kernels/attention/cpu.h"
 #include "kernels/common/op_schema.h"
 #include "kernels/common/package_host.h"
-#include "kernels/common/rope_args.h"
-#include "kernels/common/rope_cpu.h"
 #include "kernels/common/tensor_args.h"
 
 namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/attention";
-constexpr const char* kPackageVersion = "1.4.0";
+constexpr const char* kPackageVersion = "1.3.1";
 constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
 // Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
 constexpr int kMinSplitTokens = 256;
@@ -663,105 +658,12 @@ int32_t run_append(const char* op, const kh_append_params& p, const PagedCache& 
   return launch_kernel(device.device_id, name, dims, params, stream);
 }
 
-// paged_attention_decode_rotary_append's own arguments: the q/k norms' weights (both or neither)
-// and eps, the rotation's cos/sin caches and pair layout.
-struct RopeArgs {
-  TensorArg q_norm_weight, k_norm_weight, cos, sin;
-  double eps = 0;
-  int64_t is_neox = 1;
-};
-
-// RopeArgs checked against q (k_new has q's dtype, device and head_dim: the decode checks it): the
-// kernels' kh_decode_rope (pointers, strides, layout) and the cpu code's views.
-struct RopeViews {
-  kh_decode_rope kernel{};
-  RowsView cos, sin;
-  VectorView qw, kw;  // data null: no norm
-};
-
-int32_t rope_views(const char* op, const RopeArgs& r, const HeadsView& q, RopeViews* out) {
-  RopeViews& v = *out;
-  KH_TRY(rope_layout_arg(op, r.is_neox));
-  KH_TRY(rope_cache_args(r.cos, r.sin, q.dtype, q.device, "q", &v.cos, &v.sin));
-  KH_TRY(rope_fits_arg(r.cos, v.cos, "q", q.head_dim));
-  if (!r.q_norm_weight.t != !r.k_norm_weight.t)
-    return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: pass q_norm_weight and k_norm_weight together (q/k norms before the "
-                "rotation, as Qwen3's) or neither (the rotation alone)",
-                op);
-  if (r.q_norm_weight.t) {
-    KH_TRY(norm_eps_arg(op, r.eps));
-    KH_TRY(norm_weight_arg(r.q_norm_weight, "q", q.head_dim, q.dtype, q.device, &v.qw));
-    KH_TRY(norm_weight_arg(r.k_norm_weight, "k_new", q.head_dim, q.dtype, q.device, &v.kw));
-  }
-  kh_decode_rope& k = v.kernel;
-  k.q_w = v.qw.data;
-  k.k_w = v.kw.data;
-  k.cos = v.cos.data;
-  k.sin = v.sin.data;
-  k.cos_stride = v.cos.stride;
-  k.sin_stride = v.sin.stride;
-  k.max_pos = v.cos.rows;
-  k.eps = static_cast<float>(r.eps);
-  k.half = static_cast<int>(v.cos.cols);
-  k.neox = static_cast<int>(r.is_neox);
-  k.cos_f32 = v.cos.dtype == kFP32;
-  return KH_OK;
-}
-
-// A [tokens, heads, head_dim] tensor copied to contiguous host memory, where the cpu code norms
-// and rotates it (the op's q and k_new are inputs: they stay as they were).
-class HeadsCopy {
- public:
-  explicit HeadsCopy(const HeadsView& v)
-      : bytes_(dtype_bytes(v.dtype)),
-        row_(v.head_dim * bytes_),
-        data_(static_cast<size_t>(v.tokens * v.heads * row_)) {
-    for (int64_t t = 0; t < v.tokens; ++t)
-      for (int64_t h = 0; h < v.heads; ++h)
-        memcpy(data_.data() + (t * v.heads + h) * row_,
-               v.data + (t * v.token_stride + h * v.head_stride) * bytes_,
-               static_cast<size_t>(row_));
-    heads_ = {data_.data(), v.heads * v.head_dim, v.head_dim, v.heads};
-  }
-  HeadsCopy(const HeadsCopy&) = delete;
-  HeadsCopy& operator=(const HeadsCopy&) = delete;
-  const rope_cpu::Heads& heads() const { return heads_; }
-  unsigned char* data() { return data_.data(); }
-
- private:
-  int64_t bytes_, row_;
-  std::vector<unsigned char> data_;
-  rope_cpu::Heads heads_;
-};
-
-// Norms (with weights) and rotates `x`'s rows in place, token t of sequence b (tokens_per_seq a
-// sequence) at position seq_lens[b] - tokens_per_seq + t: as the rotary package's
-// QKNormRotaryEmbedding does on cpu.
-void rope_rows_cpu(int dtype, const RopeViews& r, const VectorView& w, const HeadsCopy& x,
-                   int64_t tokens, int64_t head_dim, int batch, int tokens_per_seq,
-                   const int32_t* seq_lens) {
-  const rope_cpu::Heads none{};
-  if (w.data) rope_cpu::qk_norm(dtype, tokens, head_dim, x.heads(), w.data, none, nullptr, r.kernel.eps);
-  std::vector<int64_t> positions(static_cast<size_t>(tokens));
-  for (int b = 0; b < batch; ++b)
-    for (int t = 0; t < tokens_per_seq; ++t)
-      positions[static_cast<size_t>(b * tokens_per_seq + t)] = seq_lens[b] - tokens_per_seq + t;
-  if (r.cos.cols > 0 && r.cos.rows > 0)
-    rope_cpu::apply(dtype, r.cos.dtype, r.kernel.neox == 1, positions.data(), tokens, x.heads(),
-                    none, rope_cpu::Cache{r.cos.data, r.cos.stride},
-                    rope_cpu::Cache{r.sin.data, r.sin.stride}, r.cos.rows,
-                    static_cast<int>(r.cos.cols), 1.0f);
-}
-
-// paged_attention_decode, (with k_new / v_new) paged_attention_decode_append and (with rope too)
-// paged_attention_decode_rotary_append: q and out checked against the cache, the split plan, the
-// launches.
+// paged_attention_decode and (with k_new / v_new) paged_attention_decode_append: q and out
+// checked against the cache, the split plan, the launches.
 struct DecodeArgs {
   TensorArg q, k_cache, v_cache, block_table, seq_lens, out, workspace;
   const TensorArg* k_new = nullptr;  // the fused append's new K and V, or null
   const TensorArg* v_new = nullptr;
-  const RopeArgs* rope = nullptr;  // q and k_new normed and rotated first, or null
   int64_t window_left = -1;
   double scale = 1;
 };
@@ -785,16 +687,12 @@ int32_t run_decode(const char* op, const DecodeArgs& a, void* stream) {
   KH_TRY(window_arg(op, a.window_left));
   KH_TRY(scale_arg(op, a.scale));
   kh_append_params ap{};
-  HeadsView kn;
   if (a.k_new) {
     KH_TRY(append_args(*a.k_new, *a.v_new, c, &ap));
     if (ap.batch != q.batch)
       return fail(KH_ERR_INVALID_ARGUMENT, "%s: k_new has %d sequences, q %lld", op, ap.batch,
                   static_cast<long long>(q.batch));
-    KH_TRY(heads_view(*a.k_new, &kn, true));
   }
-  RopeViews rope;
-  if (a.rope) KH_TRY(rope_views(op, *a.rope, q, &rope));
 
   kh_decode_params p{};
   p.kv = c.kv;
@@ -819,25 +717,7 @@ int32_t run_decode(const char* op, const DecodeArgs& a, void* stream) {
   if (is_cpu(q.device)) {
     // Both ops' checks before the append writes: a refused decode leaves the cache as it was.
     if (q.tokens > 0) KH_TRY(cpu_pages_ok(op, p.kv, p.batch, c.k.pages, p.q_tokens));
-    if (!a.rope) {
-      KH_TRY(run_append(op, ap, c.k, q.dtype, q.device, stream));  // then the cache holds all
-      if (q.tokens > 0) attention_cpu::decode(q.dtype, static_cast<int>(q.head_dim), p);
-      return KH_OK;
-    }
-    // The rotary op's cpu code on copies of q and k_new, then the append and the decode of them.
-    if (ap.batch > 0 && ap.nw.n > 0) KH_TRY(cpu_pages_ok(op, ap.kv, ap.batch, c.k.pages, ap.nw.n));
-    HeadsCopy qc(q), kc(kn);
-    rope_rows_cpu(q.dtype, rope, rope.qw, qc, q.tokens, q.head_dim, p.batch, p.q_tokens,
-                  p.kv.seq_lens);
-    rope_rows_cpu(q.dtype, rope, rope.kw, kc, kn.tokens, q.head_dim, ap.batch, ap.nw.n,
-                  p.kv.seq_lens);
-    p.q = qc.data();
-    p.q_row = q.heads * q.head_dim;
-    p.q_head = q.head_dim;
-    ap.nw.k = kc.data();
-    ap.nw.k_row = kn.heads * kn.head_dim;
-    ap.nw.k_head = kn.head_dim;
-    KH_TRY(run_append(op, ap, c.k, q.dtype, q.device, stream));
+    KH_TRY(run_append(op, ap, c.k, q.dtype, q.device, stream));  // then the cache holds all
     if (q.tokens > 0) attention_cpu::decode(q.dtype, static_cast<int>(q.head_dim), p);
     return KH_OK;
   }
@@ -853,13 +733,6 @@ int32_t run_decode(const char* op, const DecodeArgs& a, void* stream) {
   // launch: after every check, so that a refusal writes nothing.
   const bool fused = a.k_new && tc && ap.nw.n > 0 && q.tokens > 0;
   if (fused) p.nw = ap.nw;
-  if (a.rope && (!tc || (q.tokens == 0 && ap.batch > 0 && ap.nw.n > 0)))
-    return fail(KH_ERR_UNSUPPORTED,
-                "%s: the rotation runs inside the tensor-core decode (head_dim 64 or 128, at "
-                "least one query token; got head_dim %d, %lld query tokens); on cuda run "
-                "QKNormRotaryEmbedding or RotaryEmbedding, then paged_attention_decode_append",
-                op, static_cast<int>(q.head_dim), static_cast<long long>(q.tokens));
-  if (a.rope) p.rope = rope.kernel;
   if (q.tokens == 0) return a.k_new ? run_append(op, ap, c.k, q.dtype, q.device, stream) : KH_OK;
   const int rows = p.q_heads / p.kv_heads * p.q_tokens;
   const int r = tc ? 16 : kh_decode_rows(rows), groups = (rows + r - 1) / r;
@@ -868,10 +741,8 @@ int32_t run_decode(const char* op, const DecodeArgs& a, void* stream) {
   if (max_splits > kMaxSplits) max_splits = kMaxSplits;
   const int64_t threads = 32 * (tc ? kh_decode_tc_warps() : kh_decode_warps());
   const DecodeGpu gpu = decode_gpu(q.device.device_id);
-  const int64_t smem = !tc ? 0 : a.rope ? kh_decode_tc_rope_smem_bytes(d) : kh_decode_tc_smem_bytes(d);
-  const int64_t cap =
-      !tc ? 0 : a.rope ? kh_decode_tc_rope_ctas_per_sm(d) : kh_decode_tc_ctas_per_sm(d);
-  const int64_t per_sm = decode_ctas_per_sm(gpu, smem, threads, cap);
+  const int64_t per_sm = decode_ctas_per_sm(gpu, tc ? kh_decode_tc_smem_bytes(d) : 0, threads,
+                                            tc ? kh_decode_tc_ctas_per_sm(d) : 0);
   int64_t splits = decode_splits(gpu, ctas, per_sm, max_splits);
   const int64_t per_split = q.tokens * q.heads * (q.head_dim + 2);
   if (splits > 1) {
@@ -891,13 +762,12 @@ int32_t run_decode(const char* op, const DecodeArgs& a, void* stream) {
 
   char name[48];
   if (tc)
-    snprintf(name, sizeof name, "attn_decode_tc_%s%s_d%d", a.rope ? "rope_" : "",
-             dtype_tag(q.dtype), d);
+    snprintf(name, sizeof name, "attn_decode_tc_%s_d%d", dtype_tag(q.dtype), d);
   else
     snprintf(name, sizeof name, "attn_decode_%s_d%d_r%d", dtype_tag(q.dtype), d, r);
   LaunchDims dims;
   dims.flags = kPdlEntry;
-  dims.shared_mem_bytes = static_cast<uint32_t>(smem);
+  if (tc) dims.shared_mem_bytes = static_cast<uint32_t>(kh_decode_tc_smem_bytes(d));
   dims.grid[0] = static_cast<uint32_t>(p.splits);
   dims.grid[1] = static_cast<uint32_t>(p.kv_heads * groups);
   dims.grid[2] = static_cast<uint32_t>(p.batch);
@@ -952,26 +822,6 @@ int32_t paged_attention_decode_append(const Args<kDecodeAppend>& a, void* stream
   return run_decode(kDecodeAppend.name(), d, stream);
 }
 
-// ---- PagedAttentionWithRotaryAppend: the q/k norms, RoPE, the append and the decode in one
-// launch ----
-
-constexpr OpSchema kDecodeRotaryAppend{
-    "paged_attention_decode_rotary_append(Tensor q, Tensor k_new, Tensor v_new, Tensor? "
-    "q_norm_weight, Tensor? k_norm_weight, float eps, Tensor cos, Tensor sin, int is_neox, "
-    "Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor block_table, Tensor seq_lens, int "
-    "window_left, float scale, Tensor(c!) out, Tensor(d!)? workspace) -> ()"};
-
-int32_t paged_attention_decode_rotary_append(const Args<kDecodeRotaryAppend>& a, void* stream) {
-  const TensorArg k_new = a.tensor("k_new"), v_new = a.tensor("v_new");
-  RopeArgs rope{a.optional_tensor("q_norm_weight"), a.optional_tensor("k_norm_weight"),
-                a.tensor("cos"), a.tensor("sin"), a.real("eps"), a.integer("is_neox")};
-  DecodeArgs d = decode_args(a);
-  d.k_new = &k_new;
-  d.v_new = &v_new;
-  d.rope = &rope;
-  return run_decode(kDecodeRotaryAppend.name(), d, stream);
-}
-
 // ---- PagedKVAppend ----
 
 constexpr OpSchema kAppend{
@@ -1002,8 +852,6 @@ constexpr kh_op_v1_t kOps[] = {
     op<paged_kv_append>(KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC | KH_FLAG_INFERENCE_ONLY),
     op<paged_attention_decode_append>(KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC |
                                       KH_FLAG_INFERENCE_ONLY),
-    op<paged_attention_decode_rotary_append>(KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC |
-                                             KH_FLAG_INFERENCE_ONLY),
 };
 
 constexpr uint32_t kLayerFlagsNoBackward = KH_FLAG_GRAPH_SAFE | KH_FLAG_DETERMINISTIC;
@@ -1014,8 +862,6 @@ constexpr kh_layer_v1_t kLayers[] = {
     layer("PagedKVAppend", kAppend, kAppend, kLayerFlagsNoBackward, kAttnDtypes),
     layer("PagedAttentionWithKVAppend", kDecodeAppend, kDecodeAppend, kLayerFlagsNoBackward,
           kAttnDtypes),
-    layer("PagedAttentionWithRotaryAppend", kDecodeRotaryAppend, kDecodeRotaryAppend,
-          kLayerFlagsNoBackward, kAttnDtypes),
 };
 
 constexpr kh_module_v1_t kModule =

@@ -16,18 +16,19 @@
 // unchanged (the device cannot report it; check positions upstream).
 #include <stdio.h>
 
+#include <utility>
+
 #include "kernels/common/op_schema.h"
 #include "kernels/common/package_host.h"
-#include "kernels/common/rope_args.h"
-#include "kernels/common/rope_cpu.h"
 #include "kernels/common/tensor_args.h"
+#include "kernels/rotary/cpu.h"
 #include "kernels/rotary/launch_config.h"
 
 namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/rotary";
-constexpr const char* kPackageVersion = "1.1.1";
+constexpr const char* kPackageVersion = "1.1.0";
 
 const char* dtype_tag(int dtype) {
   return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
@@ -65,14 +66,24 @@ struct Rope {
 int32_t norm_weights(const Rope& r, const HeadsView& q, const HeadsView* k, VectorView* qw,
                      VectorView* kw) {
   const char* op = r.query.op;
-  KH_TRY(norm_eps_arg(op, r.eps));
+  if (!(r.eps > 0) || r.eps > 1)
+    return fail(KH_ERR_INVALID_ARGUMENT, "%s: eps is %g; expected a small positive number (1e-6)",
+                op, r.eps);
   if (k && k->head_dim != q.head_dim)
     return fail(KH_ERR_INVALID_ARGUMENT,
                 "%s: %s has head_dim %lld and %s %lld; the fused norm takes one head_dim", op,
                 r.key.name, static_cast<long long>(k->head_dim), r.query.name,
                 static_cast<long long>(q.head_dim));
-  KH_TRY(norm_weight_arg(r.query_weight, r.query.name, q.head_dim, q.dtype, q.device, qw));
-  if (k) KH_TRY(norm_weight_arg(r.key_weight, r.key.name, q.head_dim, q.dtype, q.device, kw));
+  const std::pair<const TensorArg*, VectorView*> ws[2] = {{&r.query_weight, qw},
+                                                          {&r.key_weight, kw}};
+  for (int i = 0; i < (k ? 2 : 1); ++i) {
+    const TensorArg& w = *ws[i].first;
+    if (!w.t)
+      return fail(KH_ERR_INVALID_ARGUMENT, "%s: %s is required with %s", op, w.name, r.key.name);
+    KH_TRY(vector_view(w, q.head_dim, ws[i].second));
+    KH_TRY(expect_dtype(w, ws[i].second->dtype, q.dtype, "the query's dtype"));
+    KH_TRY(expect_device(w, ws[i].second->device, q.device));
+  }
   return KH_OK;
 }
 
@@ -131,7 +142,10 @@ int32_t rope(const Rope& r, void* stream) {
   const int64_t is_neox = r.is_neox;
   const float sign = r.sign;
   const DLTensor* kt = r.key.t;
-  KH_TRY(rope_layout_arg(op, is_neox));
+  if (is_neox != 0 && is_neox != 1)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: is_neox must be 1 (NeoX, rotate halves) or 0 (GPT-J, interleaved), got %lld",
+                op, static_cast<long long>(is_neox));
   HeadsView q, k;
   KH_TRY(heads_view(r.query, &q));
   if (kt) {
@@ -145,10 +159,23 @@ int32_t rope(const Rope& r, void* stream) {
   const int64_t* positions = nullptr;
   KH_TRY(index_vector_arg(r.positions, q.tokens, "token", q.device, &positions));
   RowsView cos, sin;
-  KH_TRY(rope_cache_args(r.cos, r.sin, q.dtype, q.device, r.query.name, &cos, &sin));
-  KH_TRY(rope_fits_arg(r.cos, cos, r.query.name, q.head_dim));
-  if (kt) KH_TRY(rope_fits_arg(r.cos, cos, r.key.name, k.head_dim));
+  KH_TRY(rows_view(r.cos, &cos));
+  KH_TRY(rows_view(r.sin, &sin));
+  KH_TRY(expect_device(r.cos, cos.device, q.device));
+  KH_TRY(expect_device(r.sin, sin.device, q.device));
+  if (cos.dtype != kFP32 && cos.dtype != q.dtype)
+    return fail(KH_ERR_UNSUPPORTED, "%s: tensor cos is %s; expected float32 or %s (the %s's)", op,
+                dtype_name(cos.dtype), dtype_name(q.dtype), r.query.name);
+  KH_TRY(expect_dtype(r.sin, sin.dtype, cos.dtype, "the dtype of cos"));
+  KH_TRY(expect_shape(r.sin, sin, cos.rows, cos.cols, "cos"));
   const int64_t half = cos.cols, max_pos = cos.rows;
+  if (2 * half > q.head_dim || (kt && 2 * half > k.head_dim))
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: cos/sin have %lld columns (rot_dim %lld) but %s has head_dim %lld and %s "
+                "%lld; rot_dim must be at most head_dim",
+                op, static_cast<long long>(half), static_cast<long long>(2 * half), r.query.name,
+                static_cast<long long>(q.head_dim), r.key.name,
+                static_cast<long long>(kt ? k.head_dim : 0));
   VectorView qw, kw;
   if (r.norm) KH_TRY(norm_weights(r, q, kt ? &k : nullptr, &qw, &kw));
   if (r.norm && q.tokens > 0 && q.head_dim > 0)

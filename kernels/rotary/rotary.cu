@@ -1,9 +1,9 @@
 // Device code of the rotary package: RotaryEmbedding applied in place to query and key, NeoX
 // (rotate halves) and GPT-J (interleaved) layouts, forward and backward (the inverse rotation),
 // and QKNormRotaryEmbedding (per-head RMSNorm of q and k, then the rotation; eval only),
-// bf16/fp16/fp32 storage with fp32 math (rope_math.cuh, the expression the cpu code uses).
+// bf16/fp16/fp32 storage with fp32 math (rope_math.h, the expression the cpu code uses).
 //
-// Header-free for NVRTC: the build inlines rope_math.cuh, qk_norm_rope.cuh and kh_prelude.cuh. Kernels are
+// Header-free for NVRTC: the build inlines rope_math.h and kh_prelude.cuh. Kernels are
 // extern "C", named
 //   rope_<neox|gptj>_<bf16|fp16|fp32>_<cache: f32|same>_<vec|scalar>
 //   qk_norm_rope_<neox|gptj>_<bf16|fp16|fp32>_<cache: f32|same>.
@@ -16,8 +16,7 @@
 // the accesses are coalesced and cos/sin are re-read from L1 for every head. vec: 16-byte
 // accesses when every head start is 16-byte aligned and half divides into whole vectors.
 #include "pdl.cuh"
-#include "qk_norm_rope.cuh"
-#include "rope_math.cuh"
+#include "rope_math.h"
 
 namespace {
 
@@ -89,10 +88,8 @@ __device__ __forceinline__ void rope_kernel(const kh_i64* positions, T* q, kh_i6
 // eps) * w, rounded to T as the norm package stores it), then its first 2 * half elements are
 // rotated. Grid (tokens, head groups); warp w of group g takes head g * warps + w (query heads,
 // then key heads: one head per warp, so the heads' latency chains run side by side) and stages
-// the normed row in its own shared memory, so that either pair layout reads it
-// (qk_norm_rope.cuh's kh_warp_norm_rope, which the attention package's fused decode runs on its
-// tiles too: the same bits). A token whose position is outside [0, max_pos) is normed but not
-// rotated.
+// the normed row in its own shared memory, so that either pair layout reads it. A token whose
+// position is outside [0, max_pos) is normed but not rotated.
 template <typename T, typename C, int NEOX>
 __device__ __forceinline__ void qk_norm_rope_kernel(const kh_i64* positions, T* q, kh_i64 sqt,
                                                     kh_i64 sqh, int q_heads, T* k, kh_i64 skt,
@@ -102,19 +99,38 @@ __device__ __forceinline__ void qk_norm_rope_kernel(const kh_i64* positions, T* 
                                                     kh_i64 ssin, kh_i64 max_pos, int half) {
   extern __shared__ float kh_qk_rows[];  // [warps][head_dim]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  float* y = kh_qk_rows + warp * head_dim;
   const kh_i64 pos = positions[blockIdx.x];
   const bool rotate = pos >= 0 && pos < max_pos;
   const C* cr = cos + (rotate ? pos : 0) * scos;
   const C* sr = sin + (rotate ? pos : 0) * ssin;
+  const float inv_n = 1.f / (float)head_dim;
   const int h = blockIdx.y * warps + warp;
   if (h < q_heads + k_heads) {  // the warp's head (no barrier below spans warps)
     const bool is_q = h < q_heads;
     T* x = is_q ? q + (kh_i64)blockIdx.x * sqt + (kh_i64)h * sqh
                 : k + (kh_i64)blockIdx.x * skt + (kh_i64)(h - q_heads) * skh;
-    kh_warp_norm_rope<T, C>([&](int e) { return kh_to_float(x[e]); },
-                            [&](int e, float v) { x[e] = kh_convert<T>::from_float(v); },
-                            kh_qk_rows + warp * head_dim, is_q ? qw : kw, eps, head_dim, NEOX,
-                            half, cr, sr, rotate, lane);
+    const T* w = is_q ? qw : kw;
+    float ss = 0.f;
+    for (int e = lane; e < head_dim; e += 32) {
+      const float v = kh_to_float(x[e]);
+      y[e] = v;
+      ss += v * v;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, off);
+    const float rstd = rsqrtf(ss * inv_n + eps);
+    for (int e = lane; e < head_dim; e += 32)
+      y[e] = kh_to_float(kh_convert<T>::from_float(y[e] * rstd * kh_to_float(w[e])));
+    __syncwarp();  // the pairs below read other lanes' elements
+    for (int e = 2 * half + lane; e < head_dim; e += 32) x[e] = kh_convert<T>::from_float(y[e]);
+    for (int j = lane; j < half; j += 32) {
+      const int a = kh_rope_first(NEOX, j), b = kh_rope_second(NEOX, j, half);
+      float o1 = y[a], o2 = y[b];
+      if (rotate) kh_rope_rotate(y[a], y[b], kh_to_float(cr[j]), kh_to_float(sr[j]), &o1, &o2);
+      x[a] = kh_convert<T>::from_float(o1);
+      x[b] = kh_convert<T>::from_float(o2);
+    }
   }
 }
 

@@ -6,8 +6,8 @@
 // generate() against the host model's greedy continuation (the runtime's own fp32 kernels: nothing
 // bound); the attention package's PagedKVAppend / PagedAttention serving decode (bf16 cache at the
 // fp32 model's boundary) within bf16 tolerance, graph equal to eager; a bf16 Qwen3's one q/k/v
-// projection and skinny GEMMs against its own prefill; the attention's fused append and fused q/k
-// norms + RoPE against the separate ops, bit for bit; two overlapped halves of the batch; the greedy argmax alone (ties, odd
+// projection and skinny GEMMs against its own prefill; the attention's fused append against the
+// separate one, bit for bit; two overlapped halves of the batch; the greedy argmax alone (ties, odd
 // widths, misaligned rows); and the argument errors.
 #include <gtest/gtest.h>
 
@@ -236,26 +236,18 @@ TEST_F(GpuDemoDecode, GenerateMatchesTheHostModelsGreedyContinuation) {
   }
 }
 
-// How much of a bf16 Qwen3's attention one launch does: the append and the decode apart, the
-// append inside the decode (PagedAttentionWithKVAppend), or the q/k norms and RoPE there too
-// (PagedAttentionWithRotaryAppend).
-enum class Fused { kApart, kAppend, kRotary };
-
 // The packages a Qwen3 decode step binds: the attention package's PagedKVAppend and
-// PagedAttention (and the fused ones `fused` names), the norm package's pre-norms (the decode step
-// adds the residual in FusedAddRMSNorm, in place, inside the captured graph) and the rotary
-// package's QKNormRotaryEmbedding (q/k norms and RoPE in one pass, where the prefill runs the
-// RMSNorm slot and the runtime's rotary: their logits agree).
-DemoSlots bind_decode_packages(Runtime& rt, Fused fused = Fused::kRotary) {
+// PagedAttention (and, with fused_append, PagedAttentionWithKVAppend), the norm package's
+// pre-norms (the decode step adds the residual in FusedAddRMSNorm, in place, inside the captured
+// graph) and the rotary package's QKNormRotaryEmbedding (q/k norms and RoPE in one pass, where
+// the prefill runs the RMSNorm slot and the runtime's rotary: their logits agree).
+DemoSlots bind_decode_packages(Runtime& rt, bool fused_append = true) {
   const std::string dir = KH_KERNEL_PACKAGES_DIR;
   const DemoSlots slots = add_device_demo_slots(rt);
   add_decode_slots(rt);
   rt.bind(kPagedKVAppend, dir + "/attention", Mode::kEval, 0);
   rt.bind(kPagedAttention, dir + "/attention", Mode::kEval, 0);
-  if (fused != Fused::kApart)
-    rt.bind(kPagedAttentionWithKVAppend, dir + "/attention", Mode::kEval, 0);
-  if (fused == Fused::kRotary)
-    rt.bind(kPagedAttentionWithRotaryAppend, dir + "/attention", Mode::kEval, 0);
+  if (fused_append) rt.bind(kPagedAttentionWithKVAppend, dir + "/attention", Mode::kEval, 0);
   rt.bind(kRMSNorm, dir + "/norm", Mode::kEval, 0);
   rt.bind(kFusedAddRMSNorm, dir + "/norm", Mode::kEval, 0);
   rt.bind(kQKNormRotaryEmbedding, dir + "/rotary", Mode::kEval, 0);
@@ -304,10 +296,8 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
     dev.decode_step(nullptr, false);
     EXPECT_TRUE(dev.decode_fuses_qkv());
     EXPECT_TRUE(dev.decode_fuses_append());
-    EXPECT_TRUE(dev.decode_fuses_rotary());
     const std::vector<std::string> served = dev.package_slots();
-    EXPECT_NE(std::find(served.begin(), served.end(), kPagedAttentionWithRotaryAppend),
-              served.end());
+    EXPECT_NE(std::find(served.begin(), served.end(), kPagedAttentionWithKVAppend), served.end());
     // kAuto: on Hopper the skinny GEMM takes the wider-than-tall weights (here o: hidden 128 x
     // q_dim 256), cuBLASLt the rest; elsewhere cuBLASLt all.
     const bool hopper = kh::device_info(0).sm_major == 9;
@@ -323,16 +313,14 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
 }
 
 // PagedAttentionWithKVAppend (the attention reads the step's K and V from the q/k/v row and
-// writes them into the cache) and PagedAttentionWithRotaryAppend (it also norms and rotates the
-// raw q and k there) against PagedKVAppend then PagedAttention after QKNormRotaryEmbedding: the
-// same bf16 values reach the same tensor-core math, so every step's logits and the cache's next
-// use agree bit for bit, eager and replayed from the graph, with pages of 64 (the new token
-// starts a page at 64) and of 16.
-TEST_F(GpuDemoDecode, FusedAppendAndRotationDecodeBitForBitWhatTheSeparateOpsDo) {
-  const Fused ways[] = {Fused::kApart, Fused::kAppend, Fused::kRotary};
-  Runtime rts[3];
-  DemoSlots slots[3];
-  for (int w = 0; w < 3; ++w) slots[w] = bind_decode_packages(rts[w], ways[w]);
+// writes them into the cache) against PagedKVAppend then PagedAttention: the same bf16 values
+// reach the same tensor-core math, so every step's logits and the cache's next use agree bit for
+// bit, eager and replayed from the graph, with pages of 64 (the new token starts a page at 64)
+// and of 16.
+TEST_F(GpuDemoDecode, FusedAppendDecodesBitForBitWhatTheSeparateAppendDoes) {
+  Runtime fused_rt, apart_rt;
+  const DemoSlots fused_slots = bind_decode_packages(fused_rt, true);
+  const DemoSlots apart_slots = bind_decode_packages(apart_rt, false);
   const ModelConfig cfg = qwen3_d64();
   DeviceModelOptions bf16;
   bf16.dtype = kBF16;
@@ -341,33 +329,30 @@ TEST_F(GpuDemoDecode, FusedAppendAndRotationDecodeBitForBitWhatTheSeparateOpsDo)
     const int B = 3, P = 63, K = 9, T = P + K;
     const std::vector<int64_t> all = sequence_tokens(cfg, B, T, 4);
     const std::vector<int64_t> prompts = prefix(all, B, T, P);
-    std::vector<std::vector<float>> logits[3];
-    std::vector<int64_t> generated[3];
-    for (int w = 0; w < 3; ++w) {
-      CausalLM host(cfg, slots[w], 13);
-      DeviceCausalLM dev(host, slots[w], rts[w], 0, bf16);
-      dev.init_decode(rts[w], {B, T, page_size});
+    std::vector<std::vector<float>> logits[2];
+    std::vector<int64_t> generated[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Runtime& rt = fused ? fused_rt : apart_rt;
+      const DemoSlots& slots = fused ? fused_slots : apart_slots;
+      CausalLM host(cfg, slots, 13);
+      DeviceCausalLM dev(host, slots, rt, 0, bf16);
+      dev.init_decode(rt, {B, T, page_size});
       for (int graph = 0; graph < 2; ++graph)
         for (std::vector<float>& step : teacher_forced_logits(dev, all, B, T, P, K, graph == 1))
-          logits[w].push_back(std::move(step));
-      EXPECT_EQ(dev.decode_fuses_append(), ways[w] != Fused::kApart);
-      EXPECT_EQ(dev.decode_fuses_rotary(), ways[w] == Fused::kRotary);
+          logits[fused].push_back(std::move(step));
+      EXPECT_EQ(dev.decode_fuses_append(), fused == 1);
       EXPECT_TRUE(dev.decode_fuses_qkv());
       EXPECT_TRUE(dev.refusals().empty());
-      generated[w] = dev.generate(prompts.data(), B, P, K, true);
+      generated[fused] = dev.generate(prompts.data(), B, P, K, true);
     }
-    for (int w = 1; w < 3; ++w) {
-      SCOPED_TRACE(::testing::Message() << (w == 1 ? "fused append" : "fused rotation"));
-      ASSERT_EQ(logits[0].size(), logits[w].size());
-      for (size_t j = 0; j < logits[0].size(); ++j) {
-        ASSERT_EQ(logits[0][j].size(), logits[w][j].size());
-        EXPECT_EQ(std::memcmp(logits[0][j].data(), logits[w][j].data(), logits[0][j].size() * 4),
-                  0)
-            << (j < K ? "eager" : "graph") << " step " << j % K
-            << ": the fused launch's logits differ from the separate ops'";
-      }
-      EXPECT_EQ(generated[0], generated[w]);
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    for (size_t j = 0; j < logits[0].size(); ++j) {
+      ASSERT_EQ(logits[0][j].size(), logits[1][j].size());
+      EXPECT_EQ(std::memcmp(logits[0][j].data(), logits[1][j].data(), logits[0][j].size() * 4), 0)
+          << (j < K ? "eager" : "graph") << " step " << j % K
+          << ": the fused append's logits differ from the separate append's";
     }
+    EXPECT_EQ(generated[0], generated[1]);
   }
 }
 

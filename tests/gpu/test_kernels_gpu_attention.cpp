@@ -5,8 +5,7 @@
 // dynamic shared memory: the loader's opt-in above 48 KiB), causal and not, GQA, packed varlen with
 // odd lengths, sliding windows; attention_backward (dq, dk, dv) for head_dim 64/128;
 // paged_kv_append + paged_attention_decode with split-KV (workspace) and without, GQA groups of 4
-// and 8, several query tokens, and paged_attention_decode_append against them bit for bit;
-// paged_attention_decode_rotary_append against the rotary package's ops + that, bit for bit.
+// and 8, several query tokens, and paged_attention_decode_append against them bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -124,65 +123,6 @@ TEST_F(KernelsGpuAttention, PagedAppendAndDecodeMatchFloat64) {
   GpuExecutor gpu;
   attention_cases::run_cases(gpu, pkg, {kBF16, kFP16}, kGpuDecodeCases,
                              attention_cases::run_decode);
-}
-
-// The fused rotation in the tensor-core decode against the rotary package's kernels + the fused
-// append decode, bit for bit: Qwen3-0.6B's decode (q/k norms, NeoX, fp32 tables, 3 splits over
-// 64 sequences), RoPE alone with dtype tables and one split, GPT-J partial rotation with 20 new
-// tokens across chunks and splits, a window and a table shorter than the context, 3 query tokens.
-const attention_cases::RotaryDecodeCase kGpuRotaryDecodeCases[] = {
-    {{16, 8, 128, spread_lens(64, 1, 1500), 1, 1, 16, -1, true}, true, true, true, 128, 0},
-    {{32, 8, 128, {5000, 17}, 1, 1, 64, -1, false}, false, true, false, 128, 0},
-    {{16, 2, 64, {300, 50}, 1, 20, 16, 5, true}, true, false, true, 48, 10},
-    {{16, 2, 64, {1000, 3}, 3, 3, 16, -1, true}, true, true, true, 64, 0},
-};
-
-TEST_F(KernelsGpuAttention, RotaryAppendDecodeIsTheRotaryOpsThenTheAppendDecode) {
-  Package attn("attention"), rotary("rotary");
-  GpuExecutor gpu;
-  attention_cases::run_cases(gpu, attn, {kBF16, kFP16}, kGpuRotaryDecodeCases,
-                             [&](Executor& ex, const Package& a, int dtype,
-                                 const attention_cases::RotaryDecodeCase& c, std::mt19937_64& rng) {
-                               attention_cases::run_rotary_decode(ex, a, rotary, dtype, c, rng);
-                             });
-}
-
-// head_dim 256 decodes on the CUDA cores, which have no fused rotation: refused before anything
-// is written, naming the ops to run instead.
-TEST_F(KernelsGpuAttention, RotaryAppendAtHeadDim256IsRefusedOnCuda) {
-  Package pkg("attention");
-  GpuExecutor gpu;
-  std::mt19937_64 rng(fresh_seed());
-  const attention_cases::DecodeCase c{4, 4, 256, {40, 7}, 1, 1, 16, -1, false};
-  attention_cases::PagedInputs in(kBF16, c, rng);
-  HostTensor kc_before = in.kc, out(kBF16, in.B, in.H * in.D), cache(kFP32, 64, 256);
-  cache.fill([](int64_t, int64_t) { return 0.5; });
-  const DLTensor* cache_dl = gpu.arg(cache);
-  rope_cases::CacheDl cos(cache_dl, 128, 0, kFP32), sin(cache_dl, 128, 128, kFP32);
-  const std::vector<kh_arg_t> rope = {targ(nullptr), targ(nullptr), farg(1e-6),
-                                      targ(&cos.t),  targ(&sin.t),  iarg(1)};
-  const double scale = 0.0625;
-  attention_cases::NdView kcv(gpu.arg(in.kc), {in.pages, in.P, in.HK, in.D}),
-      vcv(gpu.arg(in.vc), {in.pages, in.P, in.HK, in.D}),
-      knv(gpu.arg(in.kn), {in.B, in.NN, in.HK, in.D}),
-      vnv(gpu.arg(in.vn), {in.B, in.NN, in.HK, in.D}),
-      tv(gpu.arg(in.tab), {in.B, in.per_seq}, attention_cases::kInt32),
-      lv(gpu.arg(in.lens), {in.B}, attention_cases::kInt32),
-      qv(gpu.arg(in.q), {in.B, 1, in.H, in.D}), ov(gpu.arg(out), {in.B, 1, in.H, in.D});
-  std::vector<kh_arg_t> args = {targ(&qv.t), targ(&knv.t), targ(&vnv.t)};
-  args.insert(args.end(), rope.begin(), rope.end());
-  for (const kh_arg_t& a : {targ(&kcv.t), targ(&vcv.t), targ(&tv.t), targ(&lv.t), iarg(-1),
-                            farg(scale), targ(&ov.t), targ(nullptr)})
-    args.push_back(a);
-  std::string err;
-  EXPECT_EQ(gpu.call(pkg, "paged_attention_decode_rotary_append", args, &err), KH_ERR_UNSUPPORTED);
-  EXPECT_NE(err.find("head_dim 256"), std::string::npos) << err;
-  EXPECT_NE(err.find("QKNormRotaryEmbedding"), std::string::npos) << err;
-  for (int64_t i = 0; i < in.pages * in.P * in.HK * in.D; ++i)
-    if (in.kc.bits_at(i) != kc_before.bits_at(i)) {
-      ADD_FAILURE() << "cache written before the refusal";
-      break;
-    }
 }
 
 TEST_F(KernelsGpuAttention, Fp32OnCudaIsRefusedNotMiscomputed) {

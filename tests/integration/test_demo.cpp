@@ -400,15 +400,13 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["device"], "cuda:0");
   EXPECT_FALSE(j.contains("staging")) << "nothing is staged through the host";
-  // Twelve slots (the five, FusedLinearCrossEntropy, FusedAddRMSNorm, QKNormRotaryEmbedding,
-  // PagedKVAppend, PagedAttention, PagedAttentionWithKVAppend and PagedAttentionWithRotaryAppend),
-  // every one from a package in both modes but the five inference-only slots, which the config
-  // maps for eval only.
-  ASSERT_EQ(j["bindings"].size(), kBindings + 14) << j["bindings"].dump(2);
+  // Eleven slots (the five, FusedLinearCrossEntropy, FusedAddRMSNorm, QKNormRotaryEmbedding,
+  // PagedKVAppend, PagedAttention and PagedAttentionWithKVAppend), every one from a package in
+  // both modes but the four inference-only slots, which the config maps for eval only.
+  ASSERT_EQ(j["bindings"].size(), kBindings + 12) << j["bindings"].dump(2);
   for (auto& b : j["bindings"]) {
     const bool decode_slot = b["layer"] == "PagedKVAppend" || b["layer"] == "PagedAttention" ||
                              b["layer"] == "PagedAttentionWithKVAppend" ||
-                             b["layer"] == "PagedAttentionWithRotaryAppend" ||
                              b["layer"] == "QKNormRotaryEmbedding";
     EXPECT_EQ(b["source"] == "fallback", decode_slot && b["mode"] == "train") << b.dump(2);
   }

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <string>
-#include <vector>
 
 #include "tests/unit/test_kernels_device_util.h"
 #include "tools/demo/skinny_gemm.h"
@@ -24,9 +23,7 @@ TEST(SkinnyGemm, SourceCompilesForAmpereAndHopperWithEveryVariantAndNoSpills) {
         src, "skinny_gemm.cu",
         {std::string("--gpu-architecture=") + sm, "-default-device", "--std=c++17"});
     ASSERT_TRUE(out.ok) << out.log;
-    std::vector<SkinnyPlan> plans = skinny_variants();
-    plans.push_back(skinny_silu_variant());
-    for (const SkinnyPlan& p : plans) {
+    for (const SkinnyPlan& p : skinny_variants()) {
       // The wgmma kernels exist in sm_90a code only; the others everywhere.
       const bool expected = !p.wgmma || std::string(sm) == "sm_90a";
       EXPECT_EQ(out.cubin.find(p.kernel() + '\0') != std::string::npos, expected)
@@ -116,24 +113,6 @@ TEST(SkinnyGemm, RefusalsSayWhatIsTaken) {
             std::string::npos);
   EXPECT_NE(skinny_plan_refusal({64, 4, 0}, 1024), "");
   EXPECT_EQ((SkinnyPlan{32, 6, 1}).kernel(), "kh_skinny_gemm_n1_s6");
-}
-
-// The gated down projection's kernel (silu(gate) * up as x): Hopper's 64-column 4-stage tiles
-// with an up tile beside each x tile (96 KiB), no other shape, and not on mma.sync.
-TEST(SkinnyGemm, TheGatedVariantIsOneWgmmaShape) {
-  const SkinnyPlan g = skinny_silu_variant();
-  EXPECT_EQ(g.kernel(), "kh_skinny_wgmma_silu_n1_s4");
-  EXPECT_EQ(g.shared_bytes(), 4u * (2 * 64 + 64) * 64 * 2);
-  SkinnyPlan eight = g;
-  eight.splits = 8;
-  EXPECT_EQ(skinny_plan_refusal(eight, 3072), "");
-  SkinnyPlan wide = g;
-  wide.n_tile = 128;
-  EXPECT_NE(skinny_plan_refusal(wide, 3072).find("no gated (silu_mul) variant of 128 columns"),
-            std::string::npos);
-  SkinnyPlan sync = g;
-  sync.wgmma = false;
-  EXPECT_NE(skinny_plan_refusal(sync, 3072).find("on mma.sync"), std::string::npos);
 }
 
 }  // namespace

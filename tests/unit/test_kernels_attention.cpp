@@ -34,15 +34,6 @@ const DecodeCase kDecodeCases[] = {
     {6, 2, 16, {70, 3, 33}, 1, 2, 8, -1, false},
 };
 
-// Norms or none, NeoX or GPT-J, whole or partial rotation, fp32 or dtype tables, tables shorter
-// than the context (the last positions are not rotated), several new tokens.
-const attention_cases::RotaryDecodeCase kRotaryDecodeCases[] = {
-    {{4, 2, 64, {37, 100, 1}, 1, 1, 16, -1, true}, true, true, true, 64, 0},
-    {{8, 1, 32, {5, 64}, 3, 3, 1, -1, false}, false, false, false, 32, 0},
-    {{4, 4, 64, {200}, 2, 5, 64, 30, true}, true, false, true, 48, 3},
-    {{6, 2, 16, {70, 3, 33}, 1, 2, 8, -1, false}, false, true, true, 8, 40},
-};
-
 class AttentionCpu : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { pkg_ = new Package("attention"); }
@@ -66,68 +57,6 @@ TEST_F(AttentionCpu, PagedAppendAndDecodeMatchFloat64) {
   CpuExecutor cpu;
   attention_cases::run_cases(cpu, *pkg_, {kBF16, kFP16, kFP32}, kDecodeCases,
                              attention_cases::run_decode);
-}
-
-TEST_F(AttentionCpu, RotaryAppendDecodeIsTheRotaryOpsThenTheAppendDecode) {
-  CpuExecutor cpu;
-  Package rotary("rotary");
-  attention_cases::run_cases(cpu, *pkg_, {kBF16, kFP16, kFP32}, kRotaryDecodeCases,
-                             [&](Executor& ex, const Package& attn, int dtype,
-                                 const attention_cases::RotaryDecodeCase& c, std::mt19937_64& rng) {
-                               attention_cases::run_rotary_decode(ex, attn, rotary, dtype, c, rng);
-                             });
-}
-
-// Each bad rotation argument is refused, naming it, with the cache as it was.
-TEST_F(AttentionCpu, RotaryAppendRefusesBadRotationArgumentsBeforeWriting) {
-  using attention_cases::NdView;
-  std::mt19937_64 rng(fresh_seed());
-  const attention_cases::DecodeCase c{4, 2, 64, {20, 9}, 1, 1, 16, -1, false};
-  attention_cases::PagedInputs in(kFP32, c, rng);
-  HostTensor out(kFP32, in.B, in.H * in.D), w(kFP32, 1, 64), w_bf16(kBF16, 1, 64),
-      cache(kFP32, 32, 64), short_cache(kFP32, 32, 80);
-  w.fill([](int64_t, int64_t) { return 1.0; });
-  w_bf16.fill([](int64_t, int64_t) { return 1.0; });
-  cache.fill([](int64_t, int64_t) { return 0.5; });
-  short_cache.fill([](int64_t, int64_t) { return 0.5; });
-  struct Bad {
-    const DLTensor *qw, *kw;
-    const DLTensor* cos;
-    int64_t is_neox;
-    double eps;
-    const char* needle;
-  };
-  rope_cases::CacheDl cos(cache.dl(), 32, 0, kFP32), sin(cache.dl(), 32, 32, kFP32),
-      wide(short_cache.dl(), 40, 0, kFP32), wide_sin(short_cache.dl(), 40, 40, kFP32);
-  for (const Bad& b : {Bad{w.dl(), nullptr, &cos.t, 1, 1e-6, "q_norm_weight and k_norm_weight"},
-                       Bad{w.dl(), w.dl(), &cos.t, 2, 1e-6, "is_neox must be 1"},
-                       Bad{w.dl(), w.dl(), &cos.t, 1, 0.0, "eps is 0"},
-                       Bad{w_bf16.dl(), w.dl(), &cos.t, 1, 1e-6, "q_norm_weight"},
-                       Bad{nullptr, nullptr, &wide.t, 1, 1e-6, "rot_dim 80"}}) {
-    HostTensor kc_before = in.kc;
-    const double scale = 0.125;
-    NdView kcv(in.kc.dl(), {in.pages, in.P, in.HK, in.D}), vcv(in.vc.dl(), {in.pages, in.P, in.HK, in.D}),
-        knv(in.kn.dl(), {in.B, in.NN, in.HK, in.D}), vnv(in.vn.dl(), {in.B, in.NN, in.HK, in.D}),
-        tv(in.tab.dl(), {in.B, in.per_seq}, attention_cases::kInt32),
-        lv(in.lens.dl(), {in.B}, attention_cases::kInt32), qv(in.q.dl(), {in.B, 1, in.H, in.D}),
-        ov(out.dl(), {in.B, 1, in.H, in.D});
-    std::string err;
-    EXPECT_NE(pkg_->call("paged_attention_decode_rotary_append",
-                         {targ(&qv.t), targ(&knv.t), targ(&vnv.t), targ(b.qw), targ(b.kw),
-                          farg(b.eps), targ(b.cos), targ(b.cos == &wide.t ? &wide_sin.t : &sin.t),
-                          iarg(b.is_neox), targ(&kcv.t),
-                          targ(&vcv.t), targ(&tv.t), targ(&lv.t), iarg(-1), farg(scale),
-                          targ(&ov.t), targ(nullptr)},
-                         &err),
-              KH_OK)
-        << b.needle;
-    EXPECT_NE(err.find(b.needle), std::string::npos) << err;
-    for (int64_t i = 0; i < in.pages * in.P * in.HK * in.D; ++i)
-      if (in.kc.bits_at(i) != kc_before.bits_at(i)) {
-        ADD_FAILURE() << "cache written before the refusal: " << err;
-        break;
-      }
-  }
 }
 
 TEST_F(AttentionCpu, BadArgumentsAreRefusedNamingTheArgument) {

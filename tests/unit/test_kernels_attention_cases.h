@@ -2,8 +2,7 @@
 // and the GPU tests (tests/gpu/test_kernels_gpu_attention.cpp): float64 references and functions
 // that run attention_forward (padded and packed varlen batches, GQA/MQA, causal, sliding window,
 // cross-attention lengths, the log-sum-exp) and paged_kv_append + paged_attention_decode (a
-// scrambled block table, a few query tokens, a window), with the fused appends and the fused
-// rotation checked against them bit for bit, for a dtype and shape on an Executor.
+// scrambled block table, a few query tokens, a window) for a dtype and shape on an Executor.
 // Inputs are fresh normal samples; outputs are poisoned before each call.
 #pragma once
 
@@ -17,7 +16,6 @@
 #include <random>
 #include <vector>
 
-#include "tests/unit/test_kernels_rotary_cases.h"
 #include "tests/unit/test_kernels_util.h"
 
 namespace kh::kernels_test::attention_cases {
@@ -294,108 +292,59 @@ struct DecodeCase {
   bool workspace;
 };
 
-// A decode case's inputs: a paged cache (pages in a scrambled order) holding the first
-// len - new_tokens tokens of every sequence, the last new_tokens as k_new / v_new, the block
-// table, the lengths, fresh random queries, and the split-KV workspace.
-struct PagedInputs {
-  int64_t B, H, HK, D, P, NQ, NN, per_seq, pages, ws_elems;
-  std::vector<int32_t> table;
-  std::vector<HostTensor> keys, vals;  // the logical K/V of every sequence, [b][t][hk * D + e]
-  HostTensor kc, vc, kn, vn, tab, lens, q, ws;
-
-  PagedInputs(int dtype, const DecodeCase& c, std::mt19937_64& rng)
-      : B(static_cast<int64_t>(c.lens.size())),
-        H(c.q_heads),
-        HK(c.kv_heads),
-        D(c.head_dim),
-        P(c.page_size),
-        NQ(c.q_tokens),
-        NN(c.new_tokens),
-        per_seq((*std::max_element(c.lens.begin(), c.lens.end()) + P - 1) / P),
-        pages(B * per_seq + 3),  // spare pages
-        ws_elems(B * NQ * H * 32 * (D + 2)),
-        table(static_cast<size_t>(B * per_seq)),
-        kc(dtype, pages * P, HK * D),
-        vc(dtype, pages * P, HK * D),
-        kn(dtype, B * NN, HK * D),
-        vn(dtype, B * NN, HK * D),
-        tab(kFP32, 1, 1),
-        lens(int32_tensor(c.lens)),
-        q(random_tensor(dtype, B * NQ, H * D, rng)),
-        ws(kFP32, 1, ws_elems) {
-    std::vector<int32_t> order(static_cast<size_t>(pages));
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    for (size_t i = 0; i < table.size(); ++i) table[i] = order[i];
-    tab = int32_tensor(table);
-    for (int64_t b = 0; b < B; ++b) {
-      keys.push_back(random_tensor(dtype, c.lens[b], HK * D, rng));
-      vals.push_back(random_tensor(dtype, c.lens[b], HK * D, rng));
-    }
-    kc.fill([](int64_t, int64_t) { return 0.0; });
-    vc.fill([](int64_t, int64_t) { return 0.0; });
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < c.lens[b]; ++t) {
-        const int64_t n = t - (c.lens[b] - NN);
-        for (int64_t x = 0; x < HK * D; ++x) {
-          if (n >= 0) {  // appended by the op
-            kn.set(b * NN + n, x, keys[b].get(t, x));
-            vn.set(b * NN + n, x, vals[b].get(t, x));
-          } else {
-            kc.set(row(b, t), x, keys[b].get(t, x));
-            vc.set(row(b, t), x, vals[b].get(t, x));
-          }
-        }
-      }
-  }
-  // The cache row of sequence b's token t.
-  int64_t row(int64_t b, int64_t t) const { return table[b * per_seq + t / P] * P + t % P; }
-};
-
-// paged_attention_decode_append (or, given `rope`, paged_attention_decode_rotary_append with
-// those leading arguments after v_new) into kc / vc, writing out.
-inline void call_decode_append(Executor& ex, const Package& pkg, PagedInputs& in, HostTensor& q,
-                               HostTensor& kn, HostTensor& kc, HostTensor& vc, HostTensor& out,
-                               const DecodeCase& c, const std::vector<kh_arg_t>* rope = nullptr) {
-  const double scale = 1.0 / std::sqrt(static_cast<double>(in.D));
-  NdView kcv(ex.arg(kc), {in.pages, in.P, in.HK, in.D}), vcv(ex.arg(vc), {in.pages, in.P, in.HK, in.D}),
-      knv(ex.arg(kn), {in.B, in.NN, in.HK, in.D}), vnv(ex.arg(in.vn), {in.B, in.NN, in.HK, in.D}),
-      tv(ex.arg(in.tab), {in.B, in.per_seq}, kInt32), lv(ex.arg(in.lens), {in.B}, kInt32),
-      qv(ex.arg(q), {in.B, in.NQ, in.H, in.D}), ov(ex.arg(out), {in.B, in.NQ, in.H, in.D}),
-      wv(ex.arg(in.ws), {in.ws_elems});
-  std::vector<kh_arg_t> args = {targ(&qv.t), targ(&knv.t), targ(&vnv.t)};
-  if (rope) args.insert(args.end(), rope->begin(), rope->end());
-  for (const kh_arg_t& a : {targ(&kcv.t), targ(&vcv.t), targ(&tv.t), targ(&lv.t), iarg(c.window),
-                            farg(scale), targ(&ov.t), targ(c.workspace ? &wv.t : nullptr)})
-    args.push_back(a);
-  std::string err;
-  KH_EXPECT_OK(ex.call(pkg, rope ? "paged_attention_decode_rotary_append" : "paged_attention_decode_append",
-                       args, &err),
-               err);
-}
-
-// Appends the case's new tokens with paged_kv_append, decodes q_tokens queries with
+// Fills a paged cache (pages in a scrambled order) with the first len - new_tokens tokens,
+// appends the last new_tokens with paged_kv_append, decodes q_tokens queries with
 // paged_attention_decode, and checks the cache contents and the output against float64; then
 // paged_attention_decode_append on the cache as it was before the append: the same cache and
 // the same output, bit for bit (on cuda the tensor-core decode reads the new tokens from k_new /
 // v_new and writes them itself; elsewhere the op appends first).
 inline void run_decode(Executor& ex, const Package& pkg, int dtype, const DecodeCase& c,
                        std::mt19937_64& rng) {
-  SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " decode H " << c.q_heads << "/"
-                                  << c.kv_heads << " D " << c.head_dim << " B " << c.lens.size()
-                                  << " page " << c.page_size << " q_tokens " << c.q_tokens
-                                  << " new " << c.new_tokens << " window " << c.window);
-  PagedInputs in(dtype, c, rng);
-  const int64_t B = in.B, H = in.H, HK = in.HK, D = in.D, P = in.P, NQ = in.NQ, NN = in.NN;
-  HostTensor& kc = in.kc;
-  HostTensor& vc = in.vc;
-  HostTensor out(dtype, B * NQ, H * D);
+  const int64_t B = static_cast<int64_t>(c.lens.size()), H = c.q_heads, HK = c.kv_heads,
+                D = c.head_dim, P = c.page_size, NQ = c.q_tokens, NN = c.new_tokens;
+  SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " decode H " << H << "/" << HK << " D "
+                                  << D << " B " << B << " page " << P << " q_tokens " << NQ
+                                  << " new " << NN << " window " << c.window);
+  const int64_t max_len = *std::max_element(c.lens.begin(), c.lens.end());
+  const int64_t per_seq = (max_len + P - 1) / P, pages = B * per_seq + 3;  // spare pages
+  std::vector<int32_t> order(static_cast<size_t>(pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int32_t> table(static_cast<size_t>(B * per_seq));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = order[i];
+  // The logical K/V of every sequence, [b][t][hk * D + e].
+  std::vector<HostTensor> keys, vals;
+  for (int64_t b = 0; b < B; ++b) {
+    keys.push_back(random_tensor(dtype, c.lens[b], HK * D, rng));
+    vals.push_back(random_tensor(dtype, c.lens[b], HK * D, rng));
+  }
+  HostTensor kc(dtype, pages * P, HK * D), vc(dtype, pages * P, HK * D);
+  kc.fill([](int64_t, int64_t) { return 0.0; });
+  vc.fill([](int64_t, int64_t) { return 0.0; });
+  HostTensor kn(dtype, B * NN, HK * D), vn(dtype, B * NN, HK * D);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < c.lens[b]; ++t) {
+      const int64_t row = table[b * per_seq + t / P] * P + t % P, n = t - (c.lens[b] - NN);
+      for (int64_t x = 0; x < HK * D; ++x) {
+        if (n >= 0) {  // appended by the op
+          kn.set(b * NN + n, x, keys[b].get(t, x));
+          vn.set(b * NN + n, x, vals[b].get(t, x));
+        } else {
+          kc.set(row, x, keys[b].get(t, x));
+          vc.set(row, x, vals[b].get(t, x));
+        }
+      }
+    }
+  HostTensor tab = int32_tensor(table), lens = int32_tensor(c.lens);
+  HostTensor q = random_tensor(dtype, B * NQ, H * D, rng), out(dtype, B * NQ, H * D);
+  const int64_t ws_elems = B * NQ * H * 32 * (D + 2);
+  HostTensor ws(kFP32, 1, ws_elems);
   std::string err;
   HostTensor kc_before = kc, vc_before = vc;
   {  // Views are taken per call: an Executor's device copies last one call.
-    NdView kcv(ex.arg(kc), {in.pages, P, HK, D}), vcv(ex.arg(vc), {in.pages, P, HK, D}),
-        knv(ex.arg(in.kn), {B, NN, HK, D}), vnv(ex.arg(in.vn), {B, NN, HK, D}),
-        tv(ex.arg(in.tab), {B, in.per_seq}, kInt32), lv(ex.arg(in.lens), {B}, kInt32);
+    NdView kcv(ex.arg(kc), {pages, P, HK, D}), vcv(ex.arg(vc), {pages, P, HK, D}),
+        knv(ex.arg(kn), {B, NN, HK, D}), vnv(ex.arg(vn), {B, NN, HK, D}),
+        tv(ex.arg(tab), {B, per_seq}, kInt32), lv(ex.arg(lens), {B}, kInt32);
     KH_EXPECT_OK(
         ex.call(pkg, "paged_kv_append",
                 {targ(&knv.t), targ(&vnv.t), targ(&tv.t), targ(&lv.t), targ(&kcv.t), targ(&vcv.t)},
@@ -403,18 +352,19 @@ inline void run_decode(Executor& ex, const Package& pkg, int dtype, const Decode
         err);
   }
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = c.lens[b] - NN; t < c.lens[b]; ++t)
+    for (int64_t t = c.lens[b] - NN; t < c.lens[b]; ++t) {
+      const int64_t row = table[b * per_seq + t / P] * P + t % P;
       for (int64_t x = 0; x < HK * D; ++x) {
-        ASSERT_EQ(kc.get(in.row(b, t), x), in.keys[b].get(t, x))
+        ASSERT_EQ(kc.get(row, x), keys[b].get(t, x))
             << "appended key, sequence " << b << " token " << t;
-        ASSERT_EQ(vc.get(in.row(b, t), x), in.vals[b].get(t, x)) << "appended value";
+        ASSERT_EQ(vc.get(row, x), vals[b].get(t, x)) << "appended value";
       }
+    }
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   {
-    NdView kcv(ex.arg(kc), {in.pages, P, HK, D}), vcv(ex.arg(vc), {in.pages, P, HK, D}),
-        tv(ex.arg(in.tab), {B, in.per_seq}, kInt32), lv(ex.arg(in.lens), {B}, kInt32),
-        qv(ex.arg(in.q), {B, NQ, H, D}), ov(ex.arg(out), {B, NQ, H, D}),
-        wv(ex.arg(in.ws), {in.ws_elems});
+    NdView kcv(ex.arg(kc), {pages, P, HK, D}), vcv(ex.arg(vc), {pages, P, HK, D}),
+        tv(ex.arg(tab), {B, per_seq}, kInt32), lv(ex.arg(lens), {B}, kInt32),
+        qv(ex.arg(q), {B, NQ, H, D}), ov(ex.arg(out), {B, NQ, H, D}), wv(ex.arg(ws), {ws_elems});
     KH_EXPECT_OK(
         ex.call(pkg, "paged_attention_decode",
                 {targ(&qv.t), targ(&kcv.t), targ(&vcv.t), targ(&tv.t), targ(&lv.t), iarg(c.window),
@@ -429,12 +379,12 @@ inline void run_decode(Executor& ex, const Package& pkg, int dtype, const Decode
       for (int64_t h = 0; h < H; ++h) {
         const int64_t hk = h / (H / HK);
         V qrow(D), o(D);
-        for (int64_t e = 0; e < D; ++e) qrow[e] = in.q.get(b * NQ + i, h * D + e);
+        for (int64_t e = 0; e < D; ++e) qrow[e] = q.get(b * NQ + i, h * D + e);
         attend(
             qrow, c.lens[b], D, scale,
             [&](int64_t j) { return j <= pos && (c.window < 0 || j >= pos - c.window); },
-            [&](int64_t j, int64_t e) { return in.keys[b].get(j, hk * D + e); },
-            [&](int64_t j, int64_t e) { return in.vals[b].get(j, hk * D + e); }, o.data());
+            [&](int64_t j, int64_t e) { return keys[b].get(j, hk * D + e); },
+            [&](int64_t j, int64_t e) { return vals[b].get(j, hk * D + e); }, o.data());
         for (int64_t e = 0; e < D; ++e) {
           want.push_back(o[e]);
           got.push_back(out.get(b * NQ + i, h * D + e));
@@ -443,111 +393,28 @@ inline void run_decode(Executor& ex, const Package& pkg, int dtype, const Decode
     }
   KH_EXPECT_CLOSE(got, want, tolerance(dtype), "paged_attention_decode out");
 
+  HostTensor& kf = kc_before;
+  HostTensor& vf = vc_before;
   HostTensor out_fused(dtype, B * NQ, H * D);
-  call_decode_append(ex, pkg, in, in.q, in.kn, kc_before, vc_before, out_fused, c);
+  {
+    NdView kcv(ex.arg(kf), {pages, P, HK, D}), vcv(ex.arg(vf), {pages, P, HK, D}),
+        knv(ex.arg(kn), {B, NN, HK, D}), vnv(ex.arg(vn), {B, NN, HK, D}),
+        tv(ex.arg(tab), {B, per_seq}, kInt32), lv(ex.arg(lens), {B}, kInt32),
+        qv(ex.arg(q), {B, NQ, H, D}), ov(ex.arg(out_fused), {B, NQ, H, D}),
+        wv(ex.arg(ws), {ws_elems});
+    KH_EXPECT_OK(ex.call(pkg, "paged_attention_decode_append",
+                         {targ(&qv.t), targ(&knv.t), targ(&vnv.t), targ(&kcv.t), targ(&vcv.t),
+                          targ(&tv.t), targ(&lv.t), iarg(c.window), farg(scale), targ(&ov.t),
+                          targ(c.workspace ? &wv.t : nullptr)},
+                         &err),
+                 err);
+  }
   int64_t cache_diff = 0, out_diff = 0;
-  for (int64_t i = 0; i < in.pages * P * HK * D; ++i)
-    cache_diff += kc_before.bits_at(i) != kc.bits_at(i) || vc_before.bits_at(i) != vc.bits_at(i);
+  for (int64_t i = 0; i < pages * P * HK * D; ++i)
+    cache_diff += kf.bits_at(i) != kc.bits_at(i) || vf.bits_at(i) != vc.bits_at(i);
   for (int64_t i = 0; i < B * NQ * H * D; ++i) out_diff += out_fused.bits_at(i) != out.bits_at(i);
   EXPECT_EQ(cache_diff, 0) << "paged_attention_decode_append's cache != paged_kv_append's";
   EXPECT_EQ(out_diff, 0) << "paged_attention_decode_append's out != paged_attention_decode's";
-}
-
-// paged_attention_decode_rotary_append's variations of a decode case: q/k norms or none, NeoX or
-// GPT-J pairs, a partial rotation (rot_dim < head_dim), cos/sin in fp32 or the dtype, and a
-// rotary table shorter than the longest sequence (its last positions are not rotated).
-struct RotaryDecodeCase {
-  DecodeCase d;
-  bool norm, neox, cos_f32;
-  int64_t rot_dim, max_pos_short;  // max_pos = the longest length - max_pos_short
-};
-
-// paged_attention_decode_rotary_append from raw q and k_new against what it fuses: the rotary
-// package's qk_norm_rotary_embedding (rotary_embedding without norms) on copies of q and k_new at
-// their cache positions (query i of sequence b at lens[b] - q_tokens + i, new token j at
-// lens[b] - new_tokens + j), then paged_attention_decode_append (tested against float64 by
-// run_decode): the same cache and output, bit for bit; q and k_new left as they were.
-inline void run_rotary_decode(Executor& ex, const Package& attn, const Package& rotary, int dtype,
-                              const RotaryDecodeCase& rc, std::mt19937_64& rng) {
-  const DecodeCase& c = rc.d;
-  SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " rotary decode H " << c.q_heads << "/"
-                                  << c.kv_heads << " D " << c.head_dim << " B " << c.lens.size()
-                                  << " page " << c.page_size << " q_tokens " << c.q_tokens
-                                  << " new " << c.new_tokens << (rc.norm ? " norm" : "")
-                                  << (rc.neox ? " neox" : " gptj") << " rot " << rc.rot_dim);
-  PagedInputs in(dtype, c, rng);
-  const int64_t B = in.B, H = in.H, HK = in.HK, D = in.D, NQ = in.NQ, NN = in.NN;
-  const int64_t max_len = *std::max_element(c.lens.begin(), c.lens.end());
-  rope_cases::Case rk{};  // the rotary tests' cos/sin cache [max_pos, rot_dim]
-  rk.rot_dim = rc.rot_dim;
-  rk.max_pos = max_len - rc.max_pos_short;
-  const int cdt = rc.cos_f32 ? kFP32 : dtype;
-  HostTensor cache = rope_cases::rope_cache(rk, cdt);
-  std::normal_distribution<double> n(0.0, 1.0);
-  HostTensor qw(dtype, 1, D), kw(dtype, 1, D);
-  qw.fill([&](int64_t, int64_t) { return 1.0 + 0.2 * n(rng); });
-  kw.fill([&](int64_t, int64_t) { return 1.0 + 0.2 * n(rng); });
-  in.q.fill([&](int64_t, int64_t) { return 3.0 * n(rng); });  // raw projections: norms matter
-  const double eps = 1e-6;
-  const int64_t half = rc.rot_dim / 2;
-  std::string err;
-
-  // The composition: the rotary ops on copies, then the fused append + decode.
-  HostTensor q_rot = in.q, k_rot = in.kn, kc_ref = in.kc, vc_ref = in.vc;
-  HostTensor out_ref(dtype, B * NQ, H * D);
-  auto rotate = [&](HostTensor& x, int64_t heads, int64_t per_seq, HostTensor& w) {
-    std::vector<int64_t> pv;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < per_seq; ++t) pv.push_back(c.lens[b] - per_seq + t);
-    rope_cases::Int64Tensor positions(pv);
-    rope_cases::HeadsDl xd(ex.arg(x), heads, D, D);
-    const DLTensor* cache_dl = ex.arg(cache);
-    rope_cases::CacheDl cos(cache_dl, half, 0, cdt), sin(cache_dl, half, half, cdt);
-    if (rc.norm)
-      KH_EXPECT_OK(ex.call(rotary, "qk_norm_rotary_embedding",
-                           {targ(positions.view(ex)), targ(&xd.t), targ(nullptr), targ(ex.arg(w)),
-                            targ(nullptr), farg(eps), targ(&cos.t), targ(&sin.t),
-                            iarg(rc.neox ? 1 : 0)},
-                           &err),
-                   err);
-    else
-      KH_EXPECT_OK(ex.call(rotary, "rotary_embedding",
-                           {targ(positions.view(ex)), targ(&xd.t), targ(nullptr), targ(&cos.t),
-                            targ(&sin.t), iarg(rc.neox ? 1 : 0)},
-                           &err),
-                   err);
-  };
-  rotate(q_rot, H, NQ, qw);
-  if (NN > 0) rotate(k_rot, HK, NN, kw);
-  call_decode_append(ex, attn, in, q_rot, k_rot, kc_ref, vc_ref, out_ref, c);
-
-  // The fused op from the raw projections.
-  HostTensor q_raw = in.q, kn_raw = in.kn;
-  HostTensor out(dtype, B * NQ, H * D);
-  {
-    const DLTensor* cache_dl = ex.arg(cache);
-    rope_cases::CacheDl cos(cache_dl, half, 0, cdt), sin(cache_dl, half, half, cdt);
-    const std::vector<kh_arg_t> rope = {targ(rc.norm ? ex.arg(qw) : nullptr),
-                                        targ(rc.norm ? ex.arg(kw) : nullptr),
-                                        farg(eps),
-                                        targ(&cos.t),
-                                        targ(&sin.t),
-                                        iarg(rc.neox ? 1 : 0)};
-    call_decode_append(ex, attn, in, in.q, in.kn, in.kc, in.vc, out, c, &rope);
-  }
-  int64_t cache_diff = 0, out_diff = 0, input_diff = 0;
-  for (int64_t i = 0; i < in.pages * in.P * HK * D; ++i)
-    cache_diff += in.kc.bits_at(i) != kc_ref.bits_at(i) || in.vc.bits_at(i) != vc_ref.bits_at(i);
-  for (int64_t i = 0; i < B * NQ * H * D; ++i) out_diff += out.bits_at(i) != out_ref.bits_at(i);
-  for (int64_t i = 0; i < B * NQ * H * D; ++i) input_diff += in.q.bits_at(i) != q_raw.bits_at(i);
-  for (int64_t i = 0; i < B * NN * HK * D; ++i) input_diff += in.kn.bits_at(i) != kn_raw.bits_at(i);
-  EXPECT_EQ(cache_diff, 0) << "the fused rotation's cache != the rotary ops' + the append's";
-  EXPECT_EQ(out_diff, 0) << "the fused rotation's out != the rotary ops' + the decode's";
-  EXPECT_EQ(input_diff, 0) << "q or k_new written";
-  // The rotation did happen: the composition's out differs from a decode of the raw inputs.
-  int64_t raw_diff = 0;
-  for (int64_t i = 0; i < B * NQ * H * D; ++i) raw_diff += q_rot.bits_at(i) != q_raw.bits_at(i);
-  EXPECT_GT(raw_diff, 0) << "the rotary ops left q as it was: the case tests nothing";
 }
 
 // Runs run(ex, pkg, dtype, case, rng) for every dtype and case from one fresh seed (named by any

@@ -12,7 +12,7 @@ root=$(pwd); out=${OUT:-/tmp/kh-gpu-out}; mkdir -p "$out"
 . "$root/tools/bench/gpu_env.sh"
 rounds=${KH_AB_ROUNDS:-2}; ctx=${KH_AB_SEQ:-2048}
 echo "decode context $ctx"
-printf '%-12s %5s %9s %11s %7s %7s %8s %9s %12s %12s %10s\n' variant round ms/step tokens/s %peak %read overlap fused_qkv fused_append fused_rotary fused_silu
+printf '%-12s %5s %9s %11s %7s %7s %8s %9s %12s\n' variant round ms/step tokens/s %peak %read overlap fused_qkv fused_append
 for r in $(seq 1 "$rounds"); do
   for v in "$@"; do
     label=${v%%=*}; words=${v#*=}
@@ -34,8 +34,7 @@ d = json.load(open(path))["device_run"]["decode"]
 print(f"{label:<12} {r:>5} {d['ms_per_step']:9.3f} {d['tokens_per_s']:11.0f} "
       f"{100 * d['roofline_fraction']:6.1f}% {100 * d['read_roofline_fraction']:6.1f}% "
       f"{str(d.get('overlapped_halves')):>8} {str(d.get('fused_qkv')):>9} "
-      f"{str(d.get('fused_append')):>12} {str(d.get('fused_rotary')):>12} "
-      f"{str(d.get('fused_silu')):>10}")
+      f"{str(d.get('fused_append')):>12}")
 PY
   done
 done

@@ -34,7 +34,6 @@ DecodeSlots add_decode_slots(Runtime& runtime) {
   s.paged_attention = runtime.add_slot(kPagedAttention);
   s.paged_kv_append = runtime.add_slot(kPagedKVAppend);
   s.attention_with_append = runtime.add_slot(kPagedAttentionWithKVAppend);
-  s.attention_with_rotary = runtime.add_slot(kPagedAttentionWithRotaryAppend);
   return s;
 }
 
@@ -228,9 +227,6 @@ struct DeviceCausalLM::DecodeState {
   int gemms = 0;                     // the last step's GEMMs
   bool fused_qkv = false;            // the last step's layers all took decode_fused_qkv
   bool fused_append = false;  // ... and appended K/V in their attention's launch (decode_fused_qkv)
-  bool fused_rotary = false;  // ... and normed and rotated q/k there too
-  bool fused_silu_mode = true;  // DecodeConfig::fused_silu
-  bool fused_silu = false;      // the last step's down projections all computed SiluAndMul
   double decode_ms = 0;
   int decode_steps = 0;
 
@@ -313,7 +309,6 @@ void DeviceCausalLM::init_decode(Runtime& runtime, const DecodeConfig& config) {
   d->runtime = &runtime;
   d->overlap_mode = config.overlap;
   d->gemm = config.gemm;
-  d->fused_silu_mode = config.fused_silu;
   // kAuto builds the skinny GEMM only where skinny_preferred() can pick it (wgmma: sm_90).
   if (bf16_ && (config.gemm == DecodeGemm::kSkinny ||
                 (config.gemm == DecodeGemm::kAuto && device_info(device_).sm_major == 9)))
@@ -321,8 +316,7 @@ void DeviceCausalLM::init_decode(Runtime& runtime, const DecodeConfig& config) {
   const auto attn = runtime.find_slot(kPagedAttention);
   const auto append = runtime.find_slot(kPagedKVAppend);
   if (attn && append)
-    d->slots = DecodeSlots{*attn, *append, runtime.find_slot(kPagedAttentionWithKVAppend),
-                           runtime.find_slot(kPagedAttentionWithRotaryAppend)};
+    d->slots = DecodeSlots{*attn, *append, runtime.find_slot(kPagedAttentionWithKVAppend)};
   d->act = act_;  // the model's activations (bf16 with fp32 master weights, or fp32)
   // Package or the runtime's kernels, decided once: the cache's dtype depends on it.
   d->package = d->slots &&
@@ -356,14 +350,6 @@ bool DeviceCausalLM::decode_fuses_qkv() const {
 
 bool DeviceCausalLM::decode_fuses_append() const {
   return decode_ && decode_->fused_qkv && decode_->fused_append;
-}
-
-bool DeviceCausalLM::decode_fuses_rotary() const {
-  return decode_fuses_append() && decode_->fused_rotary;
-}
-
-bool DeviceCausalLM::decode_fuses_silu() const {
-  return decode_ && decode_->fused_silu;
 }
 
 int DeviceCausalLM::decode_skinny_gemms() const {
@@ -543,47 +529,22 @@ void DeviceCausalLM::on_branch(DeviceStream& branch, DeviceEvent& joined, F&& bo
   joined.record(branch);
 }
 
-// Qwen3 in bf16 with the attention package (Layer::qkv): q, k and v of one GEMM, then, where
-// PagedAttentionWithRotaryAppend is bound, the q/k norms, RoPE, the append and the attention in
-// one launch from the raw rows (the attention package norms and rotates them in its own shared
-// memory); else q and k normed and rotated in place in r.qkv's rows (QKNormRotaryEmbedding),
-// which the append and the attention read with their row stride, the append and the attention in
-// one launch where PagedAttentionWithKVAppend is bound, else apart. Each fused op refuses before
-// writing anything, and the next way serves. False when the path does not apply or a package
-// refused a strided view (r.a is untouched and a repeated append writes the same cache rows): the
-// caller then runs the separate projections.
+// Qwen3 in bf16 with the attention package (Layer::qkv): q, k and v of one GEMM, normed and
+// rotated in place in r.qkv's rows, which the append and the attention read with their row
+// stride: one launch and one pass over the weights instead of three projections; then the
+// append and the attention in one launch where PagedAttentionWithKVAppend is bound (it refuses
+// before writing anything: the two slots then serve). False when the path does not apply or a
+// package refused a strided view (r.a is untouched and a repeated append writes the same cache
+// rows): the caller then runs the separate projections.
 bool DeviceCausalLM::decode_fused_qkv(size_t layer, DecodeRows& r) {
   DecodeState& d = *decode_;
   const Layer& L = layers_[layer];
-  if (!L.qkv || !d.package) return false;
-  const auto rotary = d.slots->attention_with_rotary;
-  const bool rotary_bound = rotary && bound(*rotary);
-  const bool apart_bound = bound(slots_.qk_norm_rotary) && bound(d.slots->paged_kv_append) &&
-                           bound(d.slots->paged_attention);
-  if (!rotary_bound && !apart_bound) return false;
+  if (!L.qkv || !d.package || !bound(slots_.qk_norm_rotary) || !bound(d.slots->paged_kv_append) ||
+      !bound(d.slots->paged_attention))
+    return false;
   const int64_t B = r.batch, NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
   const int64_t Q = cfg_.q_dim(), KV = cfg_.kv_dim(), row = Q + 2 * KV;
   decode_linear(r.a, *L.qkv, nullptr, r.qkv);
-  const StridedArg q4(r.qkv, 0, {B, 1, NH, HD}, {row, row, HD, 1});
-  const StridedArg k4(r.qkv, Q, {B, 1, NKV, HD}, {row, row, HD, 1});
-  const StridedArg v4(r.qkv, Q + KV, {B, 1, NKV, HD}, {row, row, HD, 1});
-  DeviceTensor& kc = d.k_cache[layer];
-  DeviceTensor& vc = d.v_cache[layer];
-  DeviceTensor o4 = r.attn.view({B, 1, NH, HD});
-  if (rotary_bound) {
-    if (r.after) stream_.wait(*r.after);
-    if (call_slot(*rotary, kPagedAttentionWithRotaryAppend, false,
-                  {tensor_arg(&q4), tensor_arg(&k4), tensor_arg(&v4), tensor_arg(&run(*L.q_norm)),
-                   tensor_arg(&run(*L.k_norm)), float_arg(cfg_.eps), tensor_arg(&cos_),
-                   tensor_arg(&sin_), int_arg(1), tensor_arg(&kc), tensor_arg(&vc),
-                   tensor_arg(&r.block_table), tensor_arg(&r.seq_lens), int_arg(-1),
-                   float_arg(attention_scale()), tensor_arg(&o4), tensor_arg(&r.workspace)})) {
-      if (r.done) r.done->record(stream_);
-      return true;
-    }
-  }
-  d.fused_rotary = false;
-  if (!apart_bound) return false;
   const StridedArg q3(r.qkv, 0, {B, NH, HD}, {row, HD, 1});
   const StridedArg k3(r.qkv, Q, {B, NKV, HD}, {row, HD, 1});
   if (!call_slot(slots_.qk_norm_rotary, kQKNormRotaryEmbedding, false,
@@ -591,7 +552,13 @@ bool DeviceCausalLM::decode_fused_qkv(size_t layer, DecodeRows& r) {
                   tensor_arg(&run(*L.q_norm)), tensor_arg(&run(*L.k_norm)), float_arg(cfg_.eps),
                   tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1)}))
     return false;
-  if (r.after && !rotary_bound) stream_.wait(*r.after);
+  const StridedArg q4(r.qkv, 0, {B, 1, NH, HD}, {row, row, HD, 1});
+  const StridedArg k4(r.qkv, Q, {B, 1, NKV, HD}, {row, row, HD, 1});
+  const StridedArg v4(r.qkv, Q + KV, {B, 1, NKV, HD}, {row, row, HD, 1});
+  DeviceTensor& kc = d.k_cache[layer];
+  DeviceTensor& vc = d.v_cache[layer];
+  DeviceTensor o4 = r.attn.view({B, 1, NH, HD});
+  if (r.after) stream_.wait(*r.after);
   const auto fused = d.slots->attention_with_append;
   if (fused && bound(*fused) &&
       call_slot(*fused, kPagedAttentionWithKVAppend, false,
@@ -673,32 +640,11 @@ void DeviceCausalLM::decode_mlp(const Layer& L, DecodeRows& r) {
   decode_linear(r.attn, *L.wo, L.bo, r.branch);
   add_norm(r.branch, r.h.view(r.h.shape()), *L.mlp_norm, r.m, nullptr);
   decode_linear(r.m, *L.gate_up, nullptr, r.gu);
-  if (decode_silu_down(L, r)) return;
-  decode_->fused_silu = false;
   if (bound(slots_.silu_and_mul))
     call_slot(slots_.silu_and_mul, kSiluAndMul, false, {tensor_arg(&r.gu), tensor_arg(&r.s)});
   else
     kernels_.silu_and_mul(stream_, r.gu, r.s);
   decode_linear(r.s, *L.wdown, nullptr, r.branch);
-}
-
-// The down projection straight from the gate/up GEMM's output (DecodeConfig::fused_silu): the
-// skinny GEMM's gated kernel computes silu(gate) * up as its tiles load, where the skinny GEMM
-// would run the down projection anyway (kSkinny, or kAuto where preferred) and its gated kernel
-// takes the tensors (Hopper); false (nothing enqueued) elsewhere.
-bool DeviceCausalLM::decode_silu_down(const Layer& L, DecodeRows& r) {
-  DecodeState& d = *decode_;
-  if (!d.fused_silu_mode || !d.skinny || d.gemm == DecodeGemm::kCublasLt) return false;
-  const DeviceTensor& W = run(*L.wdown);
-  if (d.gemm == DecodeGemm::kAuto &&
-      !skinny_preferred(r.gu.numel() / r.gu.dim(r.gu.ndim() - 1), W.dim(0), W.dim(1),
-                        d.skinny->has_wgmma()))
-    return false;
-  if (!d.skinny->silu_mul_refusal(r.gu, W, r.branch).empty()) return false;
-  ++d.gemms;
-  ++d.skinny_gemms;
-  timed(Phase::kGemm, [&] { d.skinny->run_silu_mul(stream_, r.gu, W, r.branch); });
-  return true;
 }
 
 // A decode step's projection: the skinny GEMM where it takes the shapes (and, kAuto, where it is
@@ -727,7 +673,7 @@ void DeviceCausalLM::decode_layer(size_t layer, DecodeRows& r) {
   const DeviceTensor none;
   add_norm(layer == 0 ? none : r.branch, r.h.view(r.h.shape()), *L.attn_norm, r.a, nullptr);
   if (!decode_fused_qkv(layer, r)) {
-    decode_->fused_qkv = decode_->fused_append = decode_->fused_rotary = false;
+    decode_->fused_qkv = decode_->fused_append = false;
     decode_projections(layer, r);
   }
   decode_mlp(L, r);
@@ -746,8 +692,6 @@ void DeviceCausalLM::decode_launch() {
   kernels_.embedding_forward(stream_, run(*emb_), d.tokens, d.h);
   d.fused_qkv = true;
   d.fused_append = true;
-  d.fused_rotary = true;
-  d.fused_silu = true;
   d.skinny_gemms = d.gemms = 0;
   if (d.overlapped()) {
     DecodeRows first = d.rows(0, B / 2), second = d.rows(B / 2, B - B / 2);
@@ -804,12 +748,8 @@ void DeviceCausalLM::decode_step(const int64_t* tokens, bool graph) {
                                 b.slot, b.package, b.version, b.layer));
     }
     if (d.package)
-      for (const std::optional<uint32_t> slot :
-           {std::optional<uint32_t>(d.slots->paged_attention),
-            std::optional<uint32_t>(d.slots->paged_kv_append), d.slots->attention_with_append,
-            d.slots->attention_with_rotary}) {
-        if (!slot || !bound(*slot)) continue;
-        const SlotBinding b = runtime_.slot_binding(*slot, device_, Mode::kEval);
+      for (uint32_t slot : {d.slots->paged_attention, d.slots->paged_kv_append}) {
+        const SlotBinding b = runtime_.slot_binding(slot, device_, Mode::kEval);
         if (!(b.flags & KH_FLAG_GRAPH_SAFE))
           throw Error(ErrorKind::kRefused,
                       fmt::format("decode graph: slot {} is served by {} {} ({}), which does "

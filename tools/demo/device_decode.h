@@ -7,9 +7,8 @@
 // V of [pages, page_size, kv_heads, head_dim], an int32 block table [batch, pages per sequence]
 // (sequence b owns pages b * pages_per_sequence ...) and int32 seq_lens [batch]. The slots
 // PagedKVAppend (paged_kv_append) and PagedAttention (paged_attention_decode) serve when a
-// package is bound to them on the device (and PagedAttentionWithKVAppend, both in one launch, and
-// PagedAttentionWithRotaryAppend, Qwen3's q/k norms and RoPE in that launch too, where they are
-// bound) (the cache is then bfloat16: the package refuses fp32 on
+// package is bound to them on the device (and PagedAttentionWithKVAppend, both in one launch,
+// where it is bound too) (the cache is then bfloat16: the package refuses fp32 on
 // cuda, so fp32 activations are cast at that boundary); otherwise the runtime's own device
 // kernels (device_decode.cu) serve, on a cache of the activations' dtype.
 //
@@ -33,18 +32,16 @@ namespace kh::demo {
 inline constexpr const char* kPagedAttention = "PagedAttention";
 inline constexpr const char* kPagedKVAppend = "PagedKVAppend";
 inline constexpr const char* kPagedAttentionWithKVAppend = "PagedAttentionWithKVAppend";
-inline constexpr const char* kPagedAttentionWithRotaryAppend = "PagedAttentionWithRotaryAppend";
 
 // The decode slots (no host fallback: the device model runs its own kernels when nothing is
 // bound). add_decode_slots adds them to a runtime once (kernelize then binds them like the
-// others); DeviceCausalLM finds them by name. The fused append + attention and the fused q/k
-// norms + RoPE + append + attention are optional (a runtime that added only the first two, or a
-// package older than attention 1.3 / 1.4, still decodes with them).
+// others); DeviceCausalLM finds them by name. The fused append + attention is optional (a
+// runtime that added only the first two, or a package older than attention 1.3, still decodes
+// with them).
 struct DecodeSlots {
   uint32_t paged_attention = 0;
   uint32_t paged_kv_append = 0;
   std::optional<uint32_t> attention_with_append;
-  std::optional<uint32_t> attention_with_rotary;
 };
 DecodeSlots add_decode_slots(Runtime& runtime);
 
@@ -68,10 +65,6 @@ struct DecodeConfig {
   int page_size = 64;   // tokens per page
   DecodeOverlap overlap = DecodeOverlap::kOff;
   DecodeGemm gemm = DecodeGemm::kAuto;
-  // Where the skinny GEMM runs the down projection (Hopper), it computes silu(gate) * up from the
-  // gate/up GEMM's output as it loads (SkinnyGemm::run_silu_mul) instead of after the SiluAndMul
-  // slot's launch.
-  bool fused_silu = true;
 };
 
 // The cache's shape for a model, checked (kh::Error kInvalidInput naming the field): batch and

@@ -67,7 +67,6 @@ void decode(Runtime& rt, DeviceCausalLM& model, BigramData& data, const DemoOpti
   dc.max_context = shape.context;
   dc.overlap = o.decode_overlap;
   dc.gemm = o.decode_gemm;
-  dc.fused_silu = o.decode_fused_silu;
   model.init_decode(rt, dc);
   BigramData::Batch p = data.next(B, prompt);
   const std::vector<int64_t> out = model.generate(p.inputs.data(), B, prompt, n, /*graph=*/true);
@@ -81,8 +80,6 @@ void decode(Runtime& rt, DeviceCausalLM& model, BigramData& data, const DemoOpti
   run.decode_overlapped = model.decode_overlaps();
   run.decode_fused_qkv = model.decode_fuses_qkv();
   run.decode_fused_append = model.decode_fuses_append();
-  run.decode_fused_rotary = model.decode_fuses_rotary();
-  run.decode_fused_silu = model.decode_fuses_silu();
   run.decode_skinny_gemms = model.decode_skinny_gemms();
   run.decode_gemms = model.decode_gemms();
   // A bound package that refused the model (head_dim) leaves its bf16 cache to the runtime.
@@ -227,15 +224,14 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   if (decode_shape.context > 0) {
     decode(rt, model, held_out, o, decode_shape, run);
     note_slots(model, seen);
-    for (const char* name : {kPagedKVAppend, kPagedAttention, kPagedAttentionWithKVAppend,
-                             kPagedAttentionWithRotaryAppend})
+    for (const char* name : {kPagedKVAppend, kPagedAttention, kPagedAttentionWithKVAppend})
       if (const auto s = rt.find_slot(name)) reported.push_back(*s);
   }
   run.refused_slots = model.refusals();
   for (uint32_t s : reported) {
     if (s == kNoSlot) continue;
     const std::string name = rt.slot_name(s);
-    // Bound but never called (PagedAttention when a fused attention did its work):
+    // Bound but never called (PagedAttention when PagedAttentionWithKVAppend did its work):
     // neither list, since nothing of it ran.
     if (std::find(seen.begin(), seen.end(), name) == seen.end() &&
         !run.refused_slots.contains(name) && rt.slot_binding(s, o.cuda_ordinal, Mode::kEval).bound)

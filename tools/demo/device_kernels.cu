@@ -10,8 +10,7 @@
 // correctness references and fallbacks, not the fast path (the packages are).
 #include "kh_prelude.cuh"
 
-#include "device_act.cuh"     // after the prelude: it uses KH_DEV
-#include "device_reduce.cuh"  // likewise
+#include "device_reduce.cuh"  // after the prelude: it uses KH_DEV
 
 #define KH_GLOBAL extern "C" __global__
 
@@ -133,7 +132,14 @@ KH_DEV void rms_norm_bwd_dw(const T* dy, const T* x, const float* rstd, float* d
   }
 }
 
-// ---- SiluAndMul: y = silu(gate) * up, x = [gate | up] (silu: device_act.cuh) -----------------
+// ---- SiluAndMul: y = silu(gate) * up, x = [gate | up] -----------------------------------------
+KH_DEV float silu(float g) {
+  return g / (1.0f + expf(-g));
+}
+KH_DEV float dsilu(float g) {
+  const float s = 1.0f / (1.0f + expf(-g));
+  return s * (1.0f + g * (1.0f - s));
+}
 
 template <typename T>
 KH_DEV void silu_and_mul(const T* x, T* y, long long rows, long long d) {

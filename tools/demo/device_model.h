@@ -144,10 +144,6 @@ class DeviceCausalLM {
   // ... and, in every layer too, appended the step's K and V in the attention's launch
   // (PagedAttentionWithKVAppend bound).
   bool decode_fuses_append() const;
-  // ... and normed and rotated q and k there too (PagedAttentionWithRotaryAppend bound).
-  bool decode_fuses_rotary() const;
-  // Whether every layer's down projection of the last decode step computed SiluAndMul itself.
-  bool decode_fuses_silu() const;
   // How many of the last decode step's GEMMs ran on the runtime's skinny GEMM (DecodeGemm).
   int decode_skinny_gemms() const;
   int decode_gemms() const;  // all of the last decode step's GEMMs
@@ -265,7 +261,6 @@ class DeviceCausalLM {
   void decode_layer(size_t layer, DecodeRows& r);
   void decode_projections(size_t layer, DecodeRows& r);  // q, k, v apart, then the attention
   bool decode_fused_qkv(size_t layer, DecodeRows& r);    // with Layer::qkv, or false (see .cpp)
-  bool decode_silu_down(const Layer& L, DecodeRows& r);  // SiluAndMul in the down GEMM, or false
   void decode_mlp(const Layer& L, DecodeRows& r);        // from the attention output on
   void decode_linear(const DeviceTensor& x, const Param& w, const Param* bias, DeviceTensor& y);
   void decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4,

@@ -31,23 +31,18 @@ constexpr Variant kVariants[] = {{32, 4, false}, {32, 6, false}, {64, 3, false},
 }  // namespace
 
 std::string SkinnyPlan::kernel() const {
-  return wgmma ? fmt::format("kh_skinny_wgmma{}_n{}_s{}", silu_mul ? "_silu" : "", n_tile / 64,
-                             stages)
+  return wgmma ? fmt::format("kh_skinny_wgmma_n{}_s{}", n_tile / 64, stages)
                : fmt::format("kh_skinny_gemm_n{}_s{}", n_tile / 32, stages);
 }
 
-uint32_t SkinnyPlan::shared_bytes() const {  // each stage: x (and up) tiles and the W tile
-  return static_cast<uint32_t>(stages * ((silu_mul ? 2 : 1) * kBM + n_tile) * kBK * 2);
+uint32_t SkinnyPlan::shared_bytes() const {
+  return static_cast<uint32_t>(stages * (kBM + n_tile) * kBK * 2);
 }
 
 std::vector<SkinnyPlan> skinny_variants() {
   std::vector<SkinnyPlan> plans;
   for (const Variant& v : kVariants) plans.push_back({v.n_tile, v.stages, 1, v.wgmma});
   return plans;
-}
-
-SkinnyPlan skinny_silu_variant() {
-  return {64, 4, 1, true, true};  // skinny_gemm.cu's kh_skinny_wgmma_silu_n1_s4
 }
 
 SkinnyPlan skinny_plan(int64_t M, int64_t N, int64_t K) {
@@ -86,10 +81,6 @@ std::string skinny_refusal(int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t
 }
 
 std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K) {
-  const SkinnyPlan silu = skinny_silu_variant();
-  if (plan.silu_mul && (plan.n_tile != silu.n_tile || plan.stages != silu.stages || !plan.wgmma))
-    return fmt::format("no gated (silu_mul) variant of {} columns and {} stages{}", plan.n_tile,
-                       plan.stages, plan.wgmma ? "" : " on mma.sync");
   if (std::find(std::begin(kVariants), std::end(kVariants),
                 Variant{plan.n_tile, plan.stages, plan.wgmma}) == std::end(kVariants))
     return fmt::format("no {} variant of {} columns and {} stages",
@@ -108,7 +99,6 @@ SkinnyGemm::SkinnyGemm(int device, DevicePool& pool)
   multiprocessors_ = info.multiprocessors;
   for (const SkinnyPlan& p : skinny_variants())
     if (!p.wgmma || wgmma_) module_.function(p.kernel());  // fail early
-  if (wgmma_) module_.function(skinny_silu_variant().kernel());
 }
 
 SkinnyPlan SkinnyGemm::default_plan(int64_t M, int64_t N, int64_t K) const {
@@ -156,54 +146,14 @@ void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTe
 void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                      const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan) {
   if (std::string why = refusal(x, w, y); !why.empty()) invalid(why);
-  if (plan.silu_mul) invalid(fmt::format("{} takes a gate/up tensor: run_silu_mul", plan.kernel()));
-  launch_plan(stream, x.data(), w.dim(1), w, bias, y, static_cast<int>(x.numel() / w.dim(1)), plan);
-}
-
-std::string SkinnyGemm::silu_mul_refusal(const DeviceTensor& gate_up, const DeviceTensor& w,
-                                         const DeviceTensor& y) const {
-  const std::string tensors =
-      fmt::format("gate_up {}, w {}, y {}: ", gate_up.describe(), w.describe(), y.describe());
-  if (!wgmma_)
-    return tensors + fmt::format("the gated kernel is Hopper's (wgmma); device {} is not one",
-                                 module_.device());
-  if (w.ndim() != 2 || gate_up.ndim() < 1 || gate_up.dim(gate_up.ndim() - 1) != 2 * w.dim(1))
-    return tensors + "gate_up [M, 2K] (gate, then up) and w [N, K] taken";
-  // As a plain GEMM of x = gate_up's first K columns (x's row stride 2K) into y.
-  const int64_t N = w.dim(0), K = w.dim(1), M = K > 0 ? gate_up.numel() / (2 * K) : 0;
-  if (!same_dtype(gate_up.dtype(), kBF16) || !same_dtype(w.dtype(), kBF16) ||
-      !same_dtype(y.dtype(), kBF16))
-    return tensors + "bfloat16 taken";
-  if (gate_up.device() != module_.device() || w.device() != module_.device() ||
-      y.device() != module_.device())
-    return tensors + fmt::format("all on device {} taken", module_.device());
-  if (y.numel() != M * N) return tensors + fmt::format("y must have the {} rows of gate_up", M);
-  const std::string why = skinny_refusal(M, N, K, 2 * K, N);
-  return why.empty() ? why : tensors + why;
-}
-
-void SkinnyGemm::run_silu_mul(DeviceStream& stream, const DeviceTensor& gate_up,
-                              const DeviceTensor& w, DeviceTensor& y) {
-  if (std::string why = silu_mul_refusal(gate_up, w, y); !why.empty()) invalid(why);
-  const int64_t N = w.dim(0), K = w.dim(1);
-  const int M = static_cast<int>(gate_up.numel() / (2 * K));
-  SkinnyPlan plan = default_plan(M, N, K);
-  plan.n_tile = skinny_silu_variant().n_tile;
-  plan.stages = skinny_silu_variant().stages;
-  plan.silu_mul = true;
-  launch_plan(stream, gate_up.data(), 2 * K, w, nullptr, y, M, plan);
-}
-
-// x: M rows of K values (plain; or gate and up, each K, with silu_mul), ldx elements apart.
-void SkinnyGemm::launch_plan(DeviceStream& stream, const void* x, int64_t ldx, const DeviceTensor& w,
-                        const DeviceTensor* bias, DeviceTensor& y, int M, const SkinnyPlan& plan) {
   int N = static_cast<int>(w.dim(0)), K = static_cast<int>(w.dim(1));
+  int M = static_cast<int>(x.numel() / K);
   if (std::string why = skinny_plan_refusal(plan, K); !why.empty()) invalid(why);
   if (plan.wgmma && !wgmma_)
     invalid(fmt::format("{} is a Hopper (sm_90) kernel; device {} is not one", plan.kernel(),
                         module_.device()));
   if (bias &&
-      (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N || bias->device() != w.device()))
+      (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N || bias->device() != x.device()))
     invalid(fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N));
   const int64_t tiles = (N + plan.n_tile - 1) / plan.n_tile;
   void* acc = nullptr;
@@ -213,10 +163,10 @@ void SkinnyGemm::launch_plan(DeviceStream& stream, const void* x, int64_t ldx, c
     acc = ws.acc.data();
     counters = ws.counters.data();
   }
-  const void *xp = x, *wp = w.data(), *bp = bias ? bias->data() : nullptr;
+  const void *xp = x.data(), *wp = w.data(), *bp = bias ? bias->data() : nullptr;
   void* yp = y.data();
-  long long ldxx = ldx, ldy = N;
-  void* args[] = {&xp, &ldxx, &wp, &bp, &yp, &ldy, &M, &N, &K, &acc, &counters};
+  long long ldx = K, ldy = N;
+  void* args[] = {&xp, &ldx, &wp, &bp, &yp, &ldy, &M, &N, &K, &acc, &counters};
   kh_launch_cfg_t cfg = launch_cfg(
       module_.device(), {static_cast<uint32_t>(tiles), static_cast<uint32_t>(plan.splits), 1},
       {kThreads, 1, 1}, plan.shared_bytes());
@@ -226,7 +176,7 @@ void SkinnyGemm::launch_plan(DeviceStream& stream, const void* x, int64_t ldx, c
     cfg.cluster[1] = static_cast<uint32_t>(plan.splits);
     cfg.cluster[2] = 1;
   }
-  kh::launch(module_.function(plan.kernel()), cfg, args, stream);
+  launch(module_.function(plan.kernel()), cfg, args, stream);
 }
 
 }  // namespace kh::demo

@@ -23,15 +23,7 @@
 // from the swizzled stages, so x is read from shared memory once per stage by the tensor cores
 // instead of once per warp by ldmatrix. Their splits of K form one thread block cluster
 // (gridDim.y <= 8) and are summed through distributed shared memory: no workspace, no counters.
-//
-// kh_skinny_wgmma_silu_*: the same with x = silu(gate) * up computed as it loads (a decode step's
-// down projection straight from the gate/up GEMM's [M, 2K] output, gate in columns [0, K), up in
-// [K, 2K)): each stage's gate and up tiles land by cp.async, each thread turns the 16-byte pieces
-// it loaded into silu(gate) * up, rounded to bf16 as the SiluAndMul kernels round it, in the x
-// tile's place, and the tensor cores read that. The SiluAndMul launch and its round trip through
-// memory go away.
 #include "kh_prelude.cuh"
-#include "device_act.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
 
@@ -225,42 +217,11 @@ KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_b
 
 #if defined(KH_SKINNY_WGMMA)
 
-// The x tile at `xs` := silu(x tile) * (the up tile at `us`), for the 16-byte pieces this thread
-// loaded (kh_load_tile's thread mapping), in bf16.
-KH_DEV void silu_mul_tile(kh_u32 xs, kh_u32 us, int tid) {
-  constexpr int CH = kBK / 8;
-#pragma unroll
-  for (int j = 0; j < kBM * CH / kThreads; ++j) {
-    const int i = tid + j * kThreads;
-    const kh_u32 at = kh_swz<CH>(i / CH, i % CH);
-    kh_raw<kh_bf16, 8> g, u;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(g.v.x), "=r"(g.v.y), "=r"(g.v.z), "=r"(g.v.w)
-                 : "r"(xs + at));
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(u.v.x), "=r"(u.v.y), "=r"(u.v.z), "=r"(u.v.w)
-                 : "r"(us + at));
-    float gf[8], uf[8];
-    kh_unpack<kh_bf16, 8>(g, gf);
-    kh_unpack<kh_bf16, 8>(u, uf);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) gf[e] = silu(gf[e]) * uf[e];
-    const kh_raw<kh_bf16, 8> y = kh_pack<kh_bf16, 8>(gf);
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(xs + at), "r"(y.v.x),
-                 "r"(y.v.y), "r"(y.v.z), "r"(y.v.w)
-                 : "memory");
-  }
-}
-
-// SILU: x is [M, 2K] (ldx elements a row), its gate columns [0, K) and up columns [K, 2K); the
-// product is with silu(gate) * up.
-template <int BN, int STAGES, bool SILU>
+template <int BN, int STAGES>
 KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
                          const kh_bf16* __restrict__ w, const kh_bf16* __restrict__ bias,
                          kh_bf16* __restrict__ y, long long ldy, int M, int N, int K) {
-  // Stage s: the x tile, the W tile, and (SILU) the up tile.
-  constexpr kh_u32 kXTile = kBM * kBK * 2, kWTile = BN * kBK * 2;
-  constexpr kh_u32 kStage = kXTile + kWTile + (SILU ? kXTile : 0);
+  constexpr kh_u32 kXTile = kBM * kBK * 2, kStage = kXTile + BN * kBK * 2;
   // The swizzle's 1024-byte atoms (a name of its own: the mma.sync kernels declare 128).
   extern __shared__ __align__(1024) unsigned char wg_smem[];
   const kh_u32 base = kh_smem_addr(wg_smem);
@@ -277,9 +238,6 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
   };
   auto load_x = [&](int s, int c) {
     kh_load_tile<kBM, kBK, kThreads>(base + s * kStage, xt + c * kBK, ldx, 0, M, tid);
-    if constexpr (SILU)
-      kh_load_tile<kBM, kBK, kThreads>(base + s * kStage + kXTile + kWTile, xt + K + c * kBK, ldx,
-                                       0, M, tid);
   };
 
   load_first_stages<STAGES>(nc, load_w, load_x);
@@ -289,10 +247,7 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
   for (int c = 0; c < nc; ++c) {
     kh_cp_async_wait<STAGES - 2>();
-    if constexpr (SILU)  // this thread's pieces of stage c's x tile: silu(gate) * up
-      silu_mul_tile(base + (c % STAGES) * kStage, base + (c % STAGES) * kStage + kXTile + kWTile,
-                    tid);
-    kh_fence_proxy_async();  // this thread's writes (cp.async, SILU's stores) visible to wgmma
+    kh_fence_proxy_async();  // this thread's cp.async writes, visible to wgmma's reads
     __syncthreads();         // ... every thread's; and every wgmma of stage c - 1 is done
     const int next = c + STAGES - 1;
     if (next < nc) {
@@ -382,17 +337,16 @@ KH_SKINNY(2, 6)
 
 // The Hopper variants: BN = 64 * NB columns a CTA, STAGES stages; only in sm_90a code.
 #if defined(KH_SKINNY_WGMMA)
-#define KH_SKINNY_WGMMA_KERNEL(NAME, NB, STAGES, SILU)                                     \
-  KH_GLOBAL void __launch_bounds__(kThreads, 1) NAME##_n##NB##_s##STAGES(                 \
+#define KH_SKINNY_WGMMA_KERNEL(NB, STAGES)                                                \
+  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_n##NB##_s##STAGES(        \
       const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y, \
       long long ldy, int M, int N, int K, float* acc, int* counters) {                    \
     (void)acc;                                                                            \
     (void)counters;                                                                       \
-    skinny_wgmma<64 * NB, STAGES, SILU>(x, ldx, w, bias, y, ldy, M, N, K);                \
+    skinny_wgmma<64 * NB, STAGES>(x, ldx, w, bias, y, ldy, M, N, K);                      \
   }
-KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma, 1, 4, false)
-KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma, 1, 6, false)
-KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma, 2, 4, false)
-KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma, 2, 6, false)
-KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_silu, 1, 4, true)
+KH_SKINNY_WGMMA_KERNEL(1, 4)
+KH_SKINNY_WGMMA_KERNEL(1, 6)
+KH_SKINNY_WGMMA_KERNEL(2, 4)
+KH_SKINNY_WGMMA_KERNEL(2, 6)
 #endif

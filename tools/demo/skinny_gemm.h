@@ -29,9 +29,6 @@ struct SkinnyPlan {
                        // wgmma: 4 or 6)
   int splits = 1;      // CTAs that share one tile's K (1 .. K / 64; wgmma: a cluster, <= 8)
   bool wgmma = false;  // the Hopper kernels (sm_90a code: compute capability 9.x)
-  // x = silu(gate) * up from a [M, 2K] gate/up tensor, computed as the tiles load
-  // (SkinnyGemm::run_silu_mul; the wgmma kernel of 64 columns and 4 stages only).
-  bool silu_mul = false;
   // The kernel's name and its dynamic shared memory.
   std::string kernel() const;
   uint32_t shared_bytes() const;
@@ -72,12 +69,10 @@ std::string skinny_refusal(int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t
 // plan at most kSkinnyMaxClusterSplits); empty when it does.
 std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K);
 
-// The source NVRTC compiles and its compiled variants of plain x (tile width, stages and kernel
-// family; splits 1); the gated variant is skinny_silu_variant(). The wgmma variants exist only in
-// sm_90a code.
+// The source NVRTC compiles and its compiled variants (tile width, stages and kernel family;
+// splits 1). The wgmma variants exist only in sm_90a code.
 const char* skinny_gemm_source();
 std::vector<SkinnyPlan> skinny_variants();
-SkinnyPlan skinny_silu_variant();
 
 class SkinnyGemm {
  public:
@@ -109,18 +104,7 @@ class SkinnyGemm {
   void run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
            const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan);
 
-  // y = (silu(gate) * up) . w^T from gate_up [M, 2K] (gate columns [0, K), up [K, 2K): the
-  // SiluAndMul layer's input) and w [N, K], without materialising silu(gate) * up: a decode step's
-  // down projection, one launch fewer than SiluAndMul and then run(). Hopper only (the wgmma
-  // kernel); silu_mul_refusal() says why it does not take the tensors (empty when it does).
-  std::string silu_mul_refusal(const DeviceTensor& gate_up, const DeviceTensor& w,
-                               const DeviceTensor& y) const;
-  void run_silu_mul(DeviceStream& stream, const DeviceTensor& gate_up, const DeviceTensor& w,
-                    DeviceTensor& y);
-
  private:
-  void launch_plan(DeviceStream& stream, const void* x, int64_t ldx, const DeviceTensor& w,
-              const DeviceTensor* bias, DeviceTensor& y, int M, const SkinnyPlan& plan);
   struct Workspace {
     DeviceTensor acc;       // fp32 [tiles, 64, n_tile] slabs, zero between calls
     DeviceTensor counters;  // int32 [tiles], zero between calls

@@ -49,7 +49,6 @@ struct DemoArgs {
   int decode_context = 0;      // 0: 2048 capped by --seq
   std::string decode_overlap;  // empty: off
   std::string decode_gemm;     // empty: auto
-  std::string decode_silu;     // empty: on
 };
 
 bool cuda_present() {
@@ -177,8 +176,7 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   o.cuda_ordinal = ordinal;
   const std::string dtype = a.dtype.empty() ? (ordinal >= 0 ? "bf16" : "fp32") : a.dtype;
   if (ordinal < 0 && (dtype != "fp32" || a.profile || a.decode_batch || a.decode_context ||
-                      !a.decode_overlap.empty() || !a.decode_gemm.empty() ||
-                      !a.decode_silu.empty()))
+                      !a.decode_overlap.empty() || !a.decode_gemm.empty()))
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("demo: {} needs a CUDA device (the CPU model is fp32, unprofiled and "
                             "generates without a KV cache); use --device cuda:N",
@@ -187,7 +185,6 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
                             : a.decode_context          ? "--decode-context"
                             : !a.decode_overlap.empty() ? "--decode-overlap"
                             : !a.decode_gemm.empty()    ? "--decode-gemm"
-                            : !a.decode_silu.empty()    ? "--decode-fused-silu"
                                                         : "--dtype " + dtype));
   o.bf16 = dtype == "bf16";
   o.profile = a.profile;
@@ -198,7 +195,6 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   o.decode_gemm = a.decode_gemm == "skinny"     ? demo::DecodeGemm::kSkinny
                   : a.decode_gemm == "cublaslt" ? demo::DecodeGemm::kCublasLt
                                                 : demo::DecodeGemm::kAuto;
-  o.decode_fused_silu = a.decode_silu != "off";
   if (ordinal >= 0) {
     demo::resolve_decode(o);  // refuses a bad --decode-* before anything is fetched
     std::tie(o.peak_bandwidth, o.peak_bandwidth_source) = peak_bandwidth(ordinal);
@@ -212,9 +208,8 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   Runtime rt(ro);
   // On a CUDA device the model is resident there (device_model.h) and has one slot more: the
   // fused LM head + cross-entropy of its train loss.
-  // Its eval decode has four more: PagedKVAppend and PagedAttention (the paged KV cache),
-  // PagedAttentionWithKVAppend (both in one launch) and PagedAttentionWithRotaryAppend (Qwen3's
-  // q/k norms and RoPE in that launch too).
+  // Its eval decode has three more: PagedKVAppend and PagedAttention (the paged KV cache), and
+  // PagedAttentionWithKVAppend (both in one launch).
   const demo::DemoSlots slots =
       ordinal >= 0 ? demo::add_device_demo_slots(rt) : demo::add_demo_slots(rt);
   if (ordinal >= 0) demo::add_decode_slots(rt);
@@ -270,7 +265,7 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
     if (run.decoded) {
       ctx.say(fmt::format(
           "decode ({} cache, {}, {}): {} sequences x {}-token prompts + {} tokens: {:.0f} "
-          "tokens/s, {:.3f} ms per step ({} timed steps{}{}{}{}{}{})",
+          "tokens/s, {:.3f} ms per step ({} timed steps{}{}{}{})",
           run.decode_cache_dtype, run.decode_graph ? "CUDA graph" : "eager",
           run.decode_package ? "PagedAttention from the package" : "the runtime's attention",
           run.decode_batch, run.decode_prompt, run.decode_generated, run.decode_tokens_per_s,
@@ -278,8 +273,6 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
           run.decode_overlapped ? ", two overlapped halves" : "",
           run.decode_fused_qkv ? ", one q/k/v GEMM" : "",
           run.decode_fused_append ? ", K/V appended by the attention" : "",
-          run.decode_fused_rotary ? ", q/k norms and RoPE in the attention" : "",
-          run.decode_fused_silu ? ", SiluAndMul in the down GEMM" : "",
           run.decode_skinny_gemms
               ? fmt::format(", {} of {} GEMMs skinny", run.decode_skinny_gemms, run.decode_gemms)
               : ""));
@@ -395,11 +388,6 @@ void add_demo_command(CLI::App& app, Runner& run) {
                   "with at most 2048 rows), cublaslt, or skinny (the skinny GEMM wherever it takes "
                   "the shapes) (default auto)")
       ->check(CLI::IsMember({"auto", "cublaslt", "skinny"}));
-  cmd->add_option("--decode-fused-silu", a->decode_silu,
-                  "CUDA only: on computes SiluAndMul inside the decode step's down projection "
-                  "where the skinny GEMM runs it on Hopper (one launch a layer fewer), off runs "
-                  "the SiluAndMul slot first (default on)")
-      ->check(CLI::IsMember({"on", "off"}));
   cmd->add_flag("--fallback", a->fallback,
                 "Bind no package: every slot runs the runtime's own implementation (as "
                 "KERNEL_HUB_DISABLE=1)");

@@ -1,10 +1,10 @@
-#include "kernels/common/rope_cpu.h"
+#include "kernels/rotary/cpu.h"
 
 #include <math.h>
 
 #include "kernels/common/kh_prelude.cuh"
 #include "kernels/common/tensor_args.h"
-#include "kernels/common/rope_math.cuh"
+#include "kernels/rotary/rope_math.h"
 
 namespace khk::rope_cpu {
 

@@ -1,7 +1,5 @@
-// cpu code of RoPE and the q/k norms before it: the rotation of rope_math.cuh in fp32, results
-// rounded to the storage dtype. The rotary package's cpu ops are these; the attention package's
-// fused decode (paged_attention_decode_rotary_append) runs them on copies of q and k_new, so both
-// round alike. Strides in elements.
+// cpu implementation of the rotary package: the rotation of rope_math.h in fp32, results
+// rounded to the storage dtype. Strides in elements.
 #pragma once
 
 #include <stdint.h>

@@ -1,7 +1,6 @@
-// The rotation of one pair, shared by the device code (the rotary package's rotary.cu, the
-// attention package's fused decode through qk_norm_rope.cuh) and the cpu code (rope_cpu.cpp) so
-// that all compute the same fp32 expression. Header-only, language only (the build inlines it into
-// the shipped .cu files).
+// The rotation of one pair, shared by the device code (rotary.cu) and the cpu implementation
+// (cpu.cpp) so that both compute the same fp32 expression. Header-only, language only (the build
+// inlines it into the shipped rotary.cu).
 //
 // Forward (sign = +1):  o1 = x1 * cos - x2 * sin,  o2 = x2 * cos + x1 * sin.
 // Backward (sign = -1) is the inverse (transposed) rotation: the same with sin negated.
