@@ -289,6 +289,27 @@ TEST(DemoDecodeOptions, ErrorsNameTheOptionAndTheLimit) {
 }
 
 // `--json`'s decode.gemm says where the step's GEMMs ran, from the runtime's counts.
+// A device run's slot lists: a slot whose package ran is a package slot; one the runtime served
+// (nothing bound, refused, or bound but not called because the model runs its own, as the fp32
+// model's Attention) a runtime slot; only a decode slot another decode slot stood in for is in
+// neither.
+// (A session-14 change had put every bound, uncalled slot in neither list: the fp32 model's
+// Attention vanished from the report, which DemoGpu.CudaFp32RunsTheRuntimesOwnAttention caught on
+// the GPU.)
+TEST(DemoDecodeJson, SlotListsSayWhoServedEachSlot) {
+  EXPECT_EQ(slot_served("Attention", true, false, true), SlotServed::kPackage);
+  EXPECT_EQ(slot_served("Attention", false, false, true), SlotServed::kRuntime);
+  EXPECT_EQ(slot_served("Attention", false, true, true), SlotServed::kRuntime);
+  EXPECT_EQ(slot_served("RMSNorm", false, false, false), SlotServed::kRuntime);
+  EXPECT_EQ(slot_served(kPagedAttention, false, false, true), SlotServed::kNeither);
+  EXPECT_EQ(slot_served(kPagedKVAppend, false, false, true), SlotServed::kNeither);
+  EXPECT_EQ(slot_served(kPagedAttention, false, true, true), SlotServed::kRuntime);
+  EXPECT_EQ(slot_served(kPagedAttention, false, false, false), SlotServed::kRuntime);
+  EXPECT_EQ(slot_served(kPagedAttention, true, false, true), SlotServed::kPackage);
+  EXPECT_EQ(slot_served(kPagedAttentionWithKVAppend, false, false, true), SlotServed::kNeither);
+  EXPECT_EQ(slot_served(kPagedAttentionWithKVAppend, false, true, true), SlotServed::kRuntime);
+}
+
 TEST(DemoDecodeJson, GemmSaysWhereTheStepsGemmsRan) {
   DemoRun run;
   run.on_device = true;

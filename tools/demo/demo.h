@@ -148,4 +148,13 @@ void greedy_continuation(BigramData& held_out, const DemoOptions& options, int l
 // random init on the device, or options.weights; slots from add_device_demo_slots.
 DemoRun run_device_demo(Runtime& runtime, const DemoSlots& slots, const DemoOptions& options);
 
+// Which list of a device run a reported slot goes to: kPackage when its package's ops ran
+// (`called`), kRuntime when the runtime's own implementation served it (not called: nothing bound,
+// the package refused, or the model runs its own, as the fp32 model does for Attention), kNeither
+// for a decode slot that was bound, not refused and never called because another decode slot did
+// its work (PagedAttention and PagedKVAppend under PagedAttentionWithKVAppend, or the fused one
+// when the two ran apart): nothing of it ran.
+enum class SlotServed : uint8_t { kPackage, kRuntime, kNeither };
+SlotServed slot_served(const std::string& slot, bool called, bool refused, bool bound);
+
 }  // namespace kh::demo

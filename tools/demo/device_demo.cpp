@@ -231,16 +231,23 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   for (uint32_t s : reported) {
     if (s == kNoSlot) continue;
     const std::string name = rt.slot_name(s);
-    // Bound but never called (PagedAttention when PagedAttentionWithKVAppend did its work):
-    // neither list, since nothing of it ran.
-    if (std::find(seen.begin(), seen.end(), name) == seen.end() &&
-        !run.refused_slots.contains(name) && rt.slot_binding(s, o.cuda_ordinal, Mode::kEval).bound)
-      continue;
-    (std::find(seen.begin(), seen.end(), name) != seen.end() ? run.package_slots
-                                                             : run.runtime_slots)
-        .push_back(name);
+    const SlotServed served =
+        slot_served(name, std::find(seen.begin(), seen.end(), name) != seen.end(),
+                    run.refused_slots.contains(name),
+                    rt.slot_binding(s, o.cuda_ordinal, Mode::kEval).bound);
+    if (served == SlotServed::kPackage) run.package_slots.push_back(name);
+    if (served == SlotServed::kRuntime) run.runtime_slots.push_back(name);
   }
   return run;
+}
+
+SlotServed slot_served(const std::string& slot, bool called, bool refused, bool bound) {
+  if (called) return SlotServed::kPackage;
+  // The decode slots stand in for each other (the fused one, or the two apart); any other bound
+  // slot not called was served by the runtime's own code.
+  const bool decode =
+      slot == kPagedKVAppend || slot == kPagedAttention || slot == kPagedAttentionWithKVAppend;
+  return decode && bound && !refused ? SlotServed::kNeither : SlotServed::kRuntime;
 }
 
 }  // namespace kh::demo
