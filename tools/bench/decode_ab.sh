@@ -7,6 +7,11 @@
 # shares), the runs interleaved KH_AB_ROUNDS times (default 2) so drift shows as spread.
 # KH_AB_SEQ: the model's sequence and the decode context (default 2048).
 #   tools/bench/decode_ab.sh "whole=--decode-overlap off" "halves=--decode-overlap on"
+# Another build's packages: its default hub and key in a directory of their own (default-hub/,
+# default-hub-key/signing.pub), with their own cache and trust store (an older signed index is
+# refused as a rollback where a newer one was seen):
+#   tools/bench/decode_ab.sh "new=" "old=KERNEL_HUB_DATA_DIR=$PWD/.devlibs/oldhub \
+#     KERNEL_HUB_CACHE=/tmp/kh-cache-old KERNEL_HUB_TRUST_DIR=/tmp/kh-trust-old"
 set -uo pipefail
 root=$(pwd); out=${OUT:-/tmp/kh-gpu-out}; mkdir -p "$out"
 . "$root/tools/bench/gpu_env.sh"
