@@ -231,10 +231,9 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   for (uint32_t s : reported) {
     if (s == kNoSlot) continue;
     const std::string name = rt.slot_name(s);
-    const SlotServed served =
-        slot_served(name, std::find(seen.begin(), seen.end(), name) != seen.end(),
-                    run.refused_slots.contains(name),
-                    rt.slot_binding(s, o.cuda_ordinal, Mode::kEval).bound);
+    const SlotServed served = slot_served(
+        name, std::find(seen.begin(), seen.end(), name) != seen.end(),
+        run.refused_slots.contains(name), rt.slot_binding(s, o.cuda_ordinal, Mode::kEval).bound);
     if (served == SlotServed::kPackage) run.package_slots.push_back(name);
     if (served == SlotServed::kRuntime) run.runtime_slots.push_back(name);
   }
