@@ -299,17 +299,35 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
     const std::vector<std::string> served = dev.package_slots();
     EXPECT_NE(std::find(served.begin(), served.end(), kPagedAttentionWithKVAppend), served.end());
     // kAuto: on Hopper the skinny GEMM takes the wider-than-tall weights (here o: hidden 128 x
-    // q_dim 256), cuBLASLt the rest; elsewhere cuBLASLt all.
+    // q_dim 256) and the gate/up GEMM with SiluAndMul as its epilogue (DecodeFuse::kOn),
+    // cuBLASLt the rest; elsewhere cuBLASLt all.
     const bool hopper = kh::device_info(0).sm_major == 9;
     const int per_layer = int{skinny_preferred(2, cfg.hidden, cfg.q_dim(), true)} +
-                          int{skinny_preferred(2, cfg.hidden, cfg.ffn, true)};
-    EXPECT_EQ(per_layer, 1);
+                          int{skinny_preferred(2, cfg.hidden, cfg.ffn, true)} + 1;
+    EXPECT_EQ(per_layer, 2);
+    EXPECT_EQ(dev.decode_fuses_silu(), hopper);
     EXPECT_EQ(dev.decode_skinny_gemms(), hopper ? per_layer * cfg.layers : 0);
     EXPECT_EQ(dev.decode_gemms(), 4 * cfg.layers + 1);
     EXPECT_TRUE(dev.refusals().empty());
   }
   decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16);
   graph_equals_eager(cfg, rt, slots, 64, 70, 8, bf16);
+  // DecodeFuse::kOff: the SiluAndMul slot after a plain gate/up GEMM.
+  DecodeConfig unfused;
+  unfused.fuse = DecodeFuse::kOff;
+  decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, unfused);
+  {
+    CausalLM host(cfg, slots, 3);
+    DeviceCausalLM dev(host, slots, rt, 0, bf16);
+    DecodeConfig small = unfused;
+    small.max_batch = 2;
+    small.max_context = 16;
+    dev.init_decode(rt, small);
+    const std::vector<int64_t> prompt = sequence_tokens(cfg, 2, 4, 3);
+    dev.prefill(prompt.data(), 2, 4);
+    dev.decode_step(nullptr, false);
+    EXPECT_FALSE(dev.decode_fuses_silu());
+  }
 }
 
 // PagedAttentionWithKVAppend (the attention reads the step's K and V from the q/k/v row and

@@ -216,6 +216,91 @@ TEST_F(GpuSkinnyGemm, TwoStreamsAtOnceKeepTheirPartialTilesApart) {
   }
 }
 
+// The gate/up GEMM with SiluAndMul as its epilogue (Hopper): y [M, N] = silu(x . W[:N]^T) *
+// (x . W[N:]^T) against float64 for every SiluAndMul variant and splits of K from 1 to a cluster,
+// shapes that end inside a tile, then as a graph replay on new inputs; refused elsewhere.
+TEST_F(GpuSkinnyGemm, SiluAndMulEpilogueMatchesAFloat64Reference) {
+  if (!gemm_->has_wgmma()) {
+    DeviceTensor x(*pool_, {4, 128}, kBF16), w(*pool_, {128, 128}, kBF16),
+        y(*pool_, {4, 64}, kBF16);
+    EXPECT_NE(gemm_->silu_refusal(x, w, y).find("Hopper"), std::string::npos);
+    EXPECT_THROW(gemm_->run_silu_and_mul(*stream_, x, w, y), Error);
+    return;
+  }
+  std::mt19937 rng(20261202);
+  struct Shape {
+    int64_t M, N, K;  // y [M, N], w [2 N, K]
+  };
+  for (const Shape& sh :
+       {Shape{1, 8, 64}, Shape{5, 40, 128}, Shape{33, 136, 448}, Shape{64, 3072, 1024}}) {
+    const Problem gu{sh.M, 2 * sh.N, sh.K, false};  // the plain GEMM's operands: w [2 N, K]
+    Operands o = make(gu, rng);
+    DeviceTensor y_all(*pool_, {sh.M + 1, sh.N}, kBF16);
+    DeviceTensor y = y_all.rows(0, sh.M);
+    const std::string shape =
+        std::to_string(sh.M) + "x" + std::to_string(sh.N) + "x" + std::to_string(sh.K);
+    auto check = [&](const std::string& what) {
+      std::vector<uint16_t> got((sh.M + 1) * sh.N);
+      y_all.download(*stream_, got.data(), got.size() * 2);
+      stream_->synchronize();
+      double err2 = 0, ref2 = 0;
+      int bad = 0;
+      for (int64_t m = 0; m < sh.M; ++m)
+        for (int64_t n = 0; n < sh.N; ++n) {
+          double g = 0, u = 0;
+          for (int64_t k = 0; k < sh.K; ++k) {
+            const double xv = f(o.x[m * sh.K + k]);
+            g += xv * f(o.w[n * sh.K + k]);
+            u += xv * f(o.w[(sh.N + n) * sh.K + k]);
+          }
+          const double ref = g / (1.0 + std::exp(-g)) * u, v = f(got[m * sh.N + n]);
+          err2 += (v - ref) * (v - ref);
+          ref2 += ref * ref;
+          if (!(std::fabs(v - ref) <= 1e-3 + 8e-3 * std::fabs(ref)) && ++bad <= 3)
+            ADD_FAILURE() << what << ": y[" << m << "][" << n << "] = " << v << ", reference "
+                          << ref;
+        }
+      EXPECT_EQ(bad, 0) << what;
+      EXPECT_LT(std::sqrt(err2 / std::max(ref2, 1e-30)), 4e-3) << what;
+      for (int64_t n = 0; n < sh.N; ++n)
+        if (!std::isnan(f(got[sh.M * sh.N + n]))) {
+          ADD_FAILURE() << what << ": the guard row was written at column " << n;
+          break;
+        }
+    };
+    auto poison_y = [&] { stream_->memset(y_all.data(), 0xFF, y_all.bytes()); };
+    ASSERT_EQ(gemm_->silu_refusal(o.dx, o.dw, y), "");
+    poison_y();
+    gemm_->run_silu_and_mul(*stream_, o.dx, o.dw, y);
+    check(shape + ", default plan");
+    for (SkinnyPlan plan : skinny_silu_variants())
+      for (int splits : {1, 2, 4, 8}) {
+        if (splits > sh.K / 64) continue;
+        plan.splits = splits;
+        poison_y();
+        gemm_->run_silu_and_mul(*stream_, o.dx, o.dw, y, plan);
+        check(shape + ", " + plan.kernel() + ", " + std::to_string(splits) + " splits");
+        if (HasFailure()) return;
+      }
+    stream_->begin_capture();
+    gemm_->run_silu_and_mul(*stream_, o.dx, o.dw, y);
+    DeviceGraph graph = DeviceGraph::end_capture(*stream_);
+    o.x = random_bf16(o.x.size(), rng);
+    o.dx.upload(*stream_, o.x.data(), o.x.size() * 2);
+    poison_y();
+    graph.launch(*stream_);
+    check(shape + ", graph replay on new inputs");
+  }
+  // Odd weights (no gate/up halves), y of another width, a plain plan.
+  DeviceTensor x(*pool_, {4, 128}, kBF16), w_odd(*pool_, {129, 128}, kBF16),
+      w(*pool_, {128, 128}, kBF16), y(*pool_, {4, 64}, kBF16), y_wide(*pool_, {4, 128}, kBF16);
+  EXPECT_NE(gemm_->silu_refusal(x, w_odd, y).find("[2 N, K]"), std::string::npos);
+  EXPECT_NE(gemm_->silu_refusal(x, w, y_wide), "");
+  EXPECT_THROW(gemm_->run_silu_and_mul(*stream_, x, w, y, SkinnyPlan{64, 4, 1, true}), Error);
+  EXPECT_THROW(gemm_->run(*stream_, x, w.rows(0, 64), nullptr, y, skinny_silu_variants()[0]),
+               Error);
+}
+
 TEST_F(GpuSkinnyGemm, RefusesWhatItCannotTake) {
   DeviceTensor x(*pool_, {65, 128}, kBF16), w(*pool_, {64, 128}, kBF16), y(*pool_, {65, 64}, kBF16);
   EXPECT_FALSE(gemm_->fits(x, w, y)) << "65 rows";

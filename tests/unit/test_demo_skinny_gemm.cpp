@@ -23,7 +23,9 @@ TEST(SkinnyGemm, SourceCompilesForAmpereAndHopperWithEveryVariantAndNoSpills) {
         src, "skinny_gemm.cu",
         {std::string("--gpu-architecture=") + sm, "-default-device", "--std=c++17"});
     ASSERT_TRUE(out.ok) << out.log;
-    for (const SkinnyPlan& p : skinny_variants()) {
+    std::vector<SkinnyPlan> all = skinny_variants();
+    for (const SkinnyPlan& p : skinny_silu_variants()) all.push_back(p);
+    for (const SkinnyPlan& p : all) {
       // The wgmma kernels exist in sm_90a code only; the others everywhere.
       const bool expected = !p.wgmma || std::string(sm) == "sm_90a";
       EXPECT_EQ(out.cubin.find(p.kernel() + '\0') != std::string::npos, expected)
@@ -69,6 +71,24 @@ TEST(SkinnyGemm, WgmmaPlanFillsTwoCtasAnSm) {
   for (int64_t K : {64, 1024, 3072, 14336})
     for (int64_t N : {64, 1024, 4096, 151936})
       EXPECT_EQ(skinny_plan_refusal(skinny_wgmma_plan(64, N, K, 132), K), "") << N << " x " << K;
+}
+
+// The SiluAndMul epilogue: the wgmma 64-column tiles of the [2 N, K] weight (32 output columns
+// each), split like the plain GEMM of that weight.
+TEST(SkinnyGemm, SiluPlanTilesTheGateUpWeight) {
+  EXPECT_EQ(skinny_silu_plan(64, 3072, 1024, 132), (SkinnyPlan{64, 4, 2, true, true}));  // 96 x 2
+  EXPECT_EQ(skinny_silu_plan(64, 3072, 1024, 132).kernel(), "kh_skinny_wgmma_silu_n1_s4");
+  EXPECT_EQ(skinny_plan_refusal(skinny_silu_plan(1, 14336, 4096, 132), 4096), "");
+  const std::vector<SkinnyPlan> silu = skinny_silu_variants();
+  ASSERT_EQ(silu.size(), 2u);
+  for (const SkinnyPlan& p : silu) {
+    EXPECT_TRUE(p.wgmma && p.silu_and_mul && p.n_tile == 64) << p.kernel();
+    EXPECT_EQ(skinny_plan_refusal(p, 1024), "") << p.kernel();
+  }
+  EXPECT_NE(skinny_plan_refusal({64, 4, 1, false, true}, 1024).find("no SiluAndMul epilogue"),
+            std::string::npos);
+  EXPECT_NE(skinny_plan_refusal({128, 4, 1, true, true}, 1024).find("no SiluAndMul epilogue"),
+            std::string::npos);
 }
 
 // DecodeGemm::kAuto: the skinny GEMM for Hopper's wide-not-tall weights only.

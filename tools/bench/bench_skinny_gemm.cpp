@@ -8,6 +8,9 @@
 // of --reps replays over the launches in the graph. TB/s counts the bytes a GEMM must move:
 // weights, x and y once. The last column is the largest difference between the two results
 // relative to cuBLASLt's largest magnitude (both round to bf16).
+//
+// The gate/up weights also run with SiluAndMul as the skinny GEMM's epilogue (on Hopper; rows
+// "+ SiluAndMul"), against cuBLASLt followed by the runtime's SiluAndMul kernel.
 //   bench_skinny_gemm [--reps N] [--rows 1,16,64] [--sweep] [--only SUBSTRING]
 #include <fmt/format.h>
 
@@ -22,6 +25,7 @@
 
 #include "kernel_hub/kernel_hub.hpp"
 #include "kernels/common/kh_prelude.cuh"
+#include "tools/demo/device_kernels.h"
 #include "tools/demo/device_linear.h"
 #include "tools/demo/device_tensor.h"
 #include "tools/demo/skinny_gemm.h"
@@ -137,6 +141,7 @@ int main(int argc, char** argv) {
     DevicePool pool(0);
     DeviceStream s(0);
     SkinnyGemm skinny(0, pool);
+    DeviceKernels kernels(0);
     std::mt19937 rng(1);
     fmt::print(
         "| GEMM | M | N x K | cuBLASLt us | TB/s | skinny us | TB/s | vs cuBLASLt | plan | "
@@ -180,6 +185,35 @@ int main(int argc, char** argv) {
               "splits | {:.1e} |\n",
               sh.name, &p == &plans.front() ? "" : " (sweep)", M, sh.N, sh.K, cublas,
               bytes / (cublas * 1e-6) / 1e12, us, bytes / (us * 1e-6) / 1e12, cublas / us,
+              p.kernel().substr(10), p.splits, diff);
+        }
+        if (std::string(sh.name).find("gate_up") == std::string::npos || !skinny.has_wgmma())
+          continue;
+        // gate/up + SiluAndMul: cuBLASLt then the runtime's kernel, against the epilogue.
+        const int64_t F = sh.N / 2;
+        DeviceTensor act(pool, {M, F}, kBF16), act_ref(pool, {M, F}, kBF16);
+        const double act_bytes = w_bytes + static_cast<double>((M * sh.K + M * F) * 2);
+        const double two = graph_us(s, copies, reps, [&](size_t c) {
+          linear_forward(s, x, w[c], y_ref);
+          kernels.silu_and_mul(s, y_ref, act_ref);
+        });
+        const SkinnyPlan silu = skinny_silu_plan(M, F, sh.K, skinny.multiprocessors());
+        std::vector<SkinnyPlan> silu_plans = {silu};
+        if (sweep)
+          for (SkinnyPlan p : skinny_silu_variants())
+            for (int splits : {1, 2, 4, 8}) {
+              p.splits = splits;
+              if (skinny_plan_refusal(p, sh.K).empty() && !(p == silu)) silu_plans.push_back(p);
+            }
+        for (const SkinnyPlan& p : silu_plans) {
+          const double us = graph_us(
+              s, copies, reps, [&](size_t c) { skinny.run_silu_and_mul(s, x, w[c], act, p); });
+          const double diff = max_rel_diff(s, act, act_ref);
+          fmt::print(
+              "| {} + SiluAndMul{} | {} | {} x {} | {:.1f} | {:.2f} | {:.1f} | {:.2f} | {:.2f}x | "
+              "{} x {} splits | {:.1e} |\n",
+              sh.name, &p == &silu_plans.front() ? "" : " (sweep)", M, sh.N, sh.K, two,
+              act_bytes / (two * 1e-6) / 1e12, us, act_bytes / (us * 1e-6) / 1e12, two / us,
               p.kernel().substr(10), p.splits, diff);
         }
       }

@@ -50,6 +50,8 @@ struct DemoOptions {
   DecodeOverlap decode_overlap = DecodeOverlap::kOff;
   // The decode step's GEMMs (DecodeGemm): auto, cuBLASLt, or the runtime's skinny GEMM.
   DecodeGemm decode_gemm = DecodeGemm::kAuto;
+  // Whether the decode step folds SiluAndMul into the gate/up GEMM (DecodeFuse).
+  DecodeFuse decode_fuse = DecodeFuse::kOn;
   // The device's peak memory bandwidth (bytes/s) for the decode roofline and where it came from
   // ("driver: ..." or the H200 figure the CLI assumes when the driver cannot be asked).
   double peak_bandwidth = 0;
@@ -107,6 +109,7 @@ struct DemoRun {
   bool decode_overlapped = false;    // the steps ran the batch as two overlapped halves
   bool decode_fused_qkv = false;     // every layer projected q, k and v with one GEMM
   bool decode_fused_append = false;  // ... and appended K/V in its attention's launch
+  bool decode_fused_silu = false;    // every MLP ran SiluAndMul in its gate/up GEMM
   int decode_skinny_gemms = 0;       // the step's GEMMs on the runtime's skinny GEMM
   int decode_gemms = 0;              // the step's GEMMs
   std::string decode_cache_dtype;    // "bf16" or "fp32"

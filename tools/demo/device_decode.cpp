@@ -224,8 +224,10 @@ struct DeviceCausalLM::DecodeState {
   DecodeGemm gemm = DecodeGemm::kAuto;
   std::optional<SkinnyGemm> skinny;  // kSkinny, or kAuto on Hopper, on a bf16 model
   int skinny_gemms = 0;              // the last step's GEMMs on it
-  int gemms = 0;                     // the last step's GEMMs
-  bool fused_qkv = false;            // the last step's layers all took decode_fused_qkv
+  DecodeFuse fuse = DecodeFuse::kOn;
+  bool fused_silu = false;    // the last step's MLPs all took SiluAndMul in the gate/up GEMM
+  int gemms = 0;              // the last step's GEMMs
+  bool fused_qkv = false;     // the last step's layers all took decode_fused_qkv
   bool fused_append = false;  // ... and appended K/V in their attention's launch (decode_fused_qkv)
   double decode_ms = 0;
   int decode_steps = 0;
@@ -309,6 +311,7 @@ void DeviceCausalLM::init_decode(Runtime& runtime, const DecodeConfig& config) {
   d->runtime = &runtime;
   d->overlap_mode = config.overlap;
   d->gemm = config.gemm;
+  d->fuse = config.fuse;
   // kAuto builds the skinny GEMM only where skinny_preferred() can pick it (wgmma: sm_90).
   if (bf16_ && (config.gemm == DecodeGemm::kSkinny ||
                 (config.gemm == DecodeGemm::kAuto && device_info(device_).sm_major == 9)))
@@ -350,6 +353,10 @@ bool DeviceCausalLM::decode_fuses_qkv() const {
 
 bool DeviceCausalLM::decode_fuses_append() const {
   return decode_ && decode_->fused_qkv && decode_->fused_append;
+}
+
+bool DeviceCausalLM::decode_fuses_silu() const {
+  return decode_ && decode_->fused_silu;
 }
 
 int DeviceCausalLM::decode_skinny_gemms() const {
@@ -637,13 +644,24 @@ void DeviceCausalLM::decode_projections(size_t layer, DecodeRows& r) {
 // A decode layer after its attention (in r.attn): the output projection, the residual add and
 // norm, the MLP; its output is r.branch.
 void DeviceCausalLM::decode_mlp(const Layer& L, DecodeRows& r) {
+  DecodeState& d = *decode_;
   decode_linear(r.attn, *L.wo, L.bo, r.branch);
   add_norm(r.branch, r.h.view(r.h.shape()), *L.mlp_norm, r.m, nullptr);
-  decode_linear(r.m, *L.gate_up, nullptr, r.gu);
-  if (bound(slots_.silu_and_mul))
-    call_slot(slots_.silu_and_mul, kSiluAndMul, false, {tensor_arg(&r.gu), tensor_arg(&r.s)});
-  else
-    kernels_.silu_and_mul(stream_, r.gu, r.s);
+  const DeviceTensor& gate_up = run(*L.gate_up);
+  if (d.fuse == DecodeFuse::kOn && d.gemm != DecodeGemm::kCublasLt && d.skinny &&
+      d.skinny->silu_refusal(r.m, gate_up, r.s).empty()) {
+    // gate/up and SiluAndMul in one launch: r.gu is never written.
+    ++d.gemms;
+    ++d.skinny_gemms;
+    timed(Phase::kGemm, [&] { d.skinny->run_silu_and_mul(stream_, r.m, gate_up, r.s); });
+  } else {
+    d.fused_silu = false;
+    decode_linear(r.m, *L.gate_up, nullptr, r.gu);
+    if (bound(slots_.silu_and_mul))
+      call_slot(slots_.silu_and_mul, kSiluAndMul, false, {tensor_arg(&r.gu), tensor_arg(&r.s)});
+    else
+      kernels_.silu_and_mul(stream_, r.gu, r.s);
+  }
   decode_linear(r.s, *L.wdown, nullptr, r.branch);
 }
 
@@ -692,6 +710,7 @@ void DeviceCausalLM::decode_launch() {
   kernels_.embedding_forward(stream_, run(*emb_), d.tokens, d.h);
   d.fused_qkv = true;
   d.fused_append = true;
+  d.fused_silu = true;
   d.skinny_gemms = d.gemms = 0;
   if (d.overlapped()) {
     DecodeRows first = d.rows(0, B / 2), second = d.rows(B / 2, B - B / 2);

@@ -59,12 +59,18 @@ enum class DecodeOverlap : uint8_t { kOff, kOn };
 // cuBLASLt for the rest.
 enum class DecodeGemm : uint8_t { kCublasLt, kSkinny, kAuto };
 
+// Whether a decode step folds layers into the runtime's skinny GEMMs where it runs them on Hopper
+// (kOn, the default): the MLP's SiluAndMul as the gate/up GEMM's epilogue, so the step launches
+// no SiluAndMul (the slot still serves training and prefill). kOff: the slot in every step.
+enum class DecodeFuse : uint8_t { kOff, kOn };
+
 struct DecodeConfig {
   int max_batch = 1;    // sequences decoded together (the graph is captured per batch)
   int max_context = 0;  // prompt + generated tokens per sequence; 0: the model's seq
   int page_size = 64;   // tokens per page
   DecodeOverlap overlap = DecodeOverlap::kOff;
   DecodeGemm gemm = DecodeGemm::kAuto;
+  DecodeFuse fuse = DecodeFuse::kOn;
 };
 
 // The cache's shape for a model, checked (kh::Error kInvalidInput naming the field): batch and

@@ -67,6 +67,7 @@ void decode(Runtime& rt, DeviceCausalLM& model, BigramData& data, const DemoOpti
   dc.max_context = shape.context;
   dc.overlap = o.decode_overlap;
   dc.gemm = o.decode_gemm;
+  dc.fuse = o.decode_fuse;
   model.init_decode(rt, dc);
   BigramData::Batch p = data.next(B, prompt);
   const std::vector<int64_t> out = model.generate(p.inputs.data(), B, prompt, n, /*graph=*/true);
@@ -80,6 +81,7 @@ void decode(Runtime& rt, DeviceCausalLM& model, BigramData& data, const DemoOpti
   run.decode_overlapped = model.decode_overlaps();
   run.decode_fused_qkv = model.decode_fuses_qkv();
   run.decode_fused_append = model.decode_fuses_append();
+  run.decode_fused_silu = model.decode_fuses_silu();
   run.decode_skinny_gemms = model.decode_skinny_gemms();
   run.decode_gemms = model.decode_gemms();
   // A bound package that refused the model (head_dim) leaves its bf16 cache to the runtime.

@@ -144,6 +144,9 @@ class DeviceCausalLM {
   // ... and, in every layer too, appended the step's K and V in the attention's launch
   // (PagedAttentionWithKVAppend bound).
   bool decode_fuses_append() const;
+  // Whether the last decode step's MLPs all ran SiluAndMul as the gate/up GEMM's epilogue
+  // (DecodeFuse).
+  bool decode_fuses_silu() const;
   // How many of the last decode step's GEMMs ran on the runtime's skinny GEMM (DecodeGemm).
   int decode_skinny_gemms() const;
   int decode_gemms() const;  // all of the last decode step's GEMMs

@@ -31,7 +31,8 @@ constexpr Variant kVariants[] = {{32, 4, false}, {32, 6, false}, {64, 3, false},
 }  // namespace
 
 std::string SkinnyPlan::kernel() const {
-  return wgmma ? fmt::format("kh_skinny_wgmma_n{}_s{}", n_tile / 64, stages)
+  return wgmma ? fmt::format("kh_skinny_wgmma_{}n{}_s{}", silu_and_mul ? "silu_" : "", n_tile / 64,
+                             stages)
                : fmt::format("kh_skinny_gemm_n{}_s{}", n_tile / 32, stages);
 }
 
@@ -42,6 +43,16 @@ uint32_t SkinnyPlan::shared_bytes() const {
 std::vector<SkinnyPlan> skinny_variants() {
   std::vector<SkinnyPlan> plans;
   for (const Variant& v : kVariants) plans.push_back({v.n_tile, v.stages, 1, v.wgmma});
+  return plans;
+}
+
+std::vector<SkinnyPlan> skinny_silu_variants() {
+  std::vector<SkinnyPlan> plans;
+  for (SkinnyPlan p : skinny_variants())
+    if (p.wgmma && p.n_tile == 64) {
+      p.silu_and_mul = true;
+      plans.push_back(p);
+    }
   return plans;
 }
 
@@ -66,6 +77,12 @@ SkinnyPlan skinny_wgmma_plan(int64_t M, int64_t N, int64_t K, int multiprocessor
   return p;
 }
 
+SkinnyPlan skinny_silu_plan(int64_t M, int64_t N, int64_t K, int multiprocessors) {
+  SkinnyPlan p = skinny_wgmma_plan(M, 2 * N, K, multiprocessors);  // the same tiles of W
+  p.silu_and_mul = true;
+  return p;
+}
+
 bool skinny_preferred(int64_t M, int64_t N, int64_t K, bool wgmma) {
   return wgmma && M <= kSkinnyMaxRows && N < K && N <= kSkinnyPreferredMaxN;
 }
@@ -81,6 +98,9 @@ std::string skinny_refusal(int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t
 }
 
 std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K) {
+  if (plan.silu_and_mul && !(plan.wgmma && plan.n_tile == 64))
+    return fmt::format("no SiluAndMul epilogue for {} tiles of {} columns",
+                       plan.wgmma ? "wgmma" : "mma.sync", plan.n_tile);
   if (std::find(std::begin(kVariants), std::end(kVariants),
                 Variant{plan.n_tile, plan.stages, plan.wgmma}) == std::end(kVariants))
     return fmt::format("no {} variant of {} columns and {} stages",
@@ -99,6 +119,8 @@ SkinnyGemm::SkinnyGemm(int device, DevicePool& pool)
   multiprocessors_ = info.multiprocessors;
   for (const SkinnyPlan& p : skinny_variants())
     if (!p.wgmma || wgmma_) module_.function(p.kernel());  // fail early
+  if (wgmma_)
+    for (const SkinnyPlan& p : skinny_silu_variants()) module_.function(p.kernel());
 }
 
 SkinnyPlan SkinnyGemm::default_plan(int64_t M, int64_t N, int64_t K) const {
@@ -146,7 +168,39 @@ void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTe
 void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                      const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan) {
   if (std::string why = refusal(x, w, y); !why.empty()) invalid(why);
-  int N = static_cast<int>(w.dim(0)), K = static_cast<int>(w.dim(1));
+  if (plan.silu_and_mul) invalid(plan.kernel() + " is run_silu_and_mul's");
+  launch_plan(stream, x, w, bias, y, plan);
+}
+
+std::string SkinnyGemm::silu_refusal(const DeviceTensor& x, const DeviceTensor& w,
+                                     const DeviceTensor& y) const {
+  if (!wgmma_)
+    return fmt::format("the SiluAndMul epilogue is a Hopper (sm_90) kernel; device {} is not one",
+                       module_.device());
+  if (w.ndim() != 2 || w.dim(0) % 2)
+    return fmt::format("w {}: [2 N, K] taken (the gate's rows, then the up's)", w.describe());
+  // The refusal of the plain GEMM whose weight is the gate half: y [M, N].
+  return refusal(x, w.rows(0, w.dim(0) / 2), y);
+}
+
+void SkinnyGemm::run_silu_and_mul(DeviceStream& stream, const DeviceTensor& x,
+                                  const DeviceTensor& w, DeviceTensor& y) {
+  if (std::string why = silu_refusal(x, w, y); !why.empty()) invalid(why);
+  const int64_t K = w.dim(1);
+  run_silu_and_mul(stream, x, w, y,
+                   skinny_silu_plan(x.numel() / K, w.dim(0) / 2, K, multiprocessors_));
+}
+
+void SkinnyGemm::run_silu_and_mul(DeviceStream& stream, const DeviceTensor& x,
+                                  const DeviceTensor& w, DeviceTensor& y, const SkinnyPlan& plan) {
+  if (std::string why = silu_refusal(x, w, y); !why.empty()) invalid(why);
+  if (!plan.silu_and_mul) invalid(plan.kernel() + " has no SiluAndMul epilogue");
+  launch_plan(stream, x, w, nullptr, y, plan);
+}
+
+void SkinnyGemm::launch_plan(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                             const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan) {
+  int N = static_cast<int>(y.dim(y.ndim() - 1)), K = static_cast<int>(w.dim(1));
   int M = static_cast<int>(x.numel() / K);
   if (std::string why = skinny_plan_refusal(plan, K); !why.empty()) invalid(why);
   if (plan.wgmma && !wgmma_)
@@ -155,7 +209,8 @@ void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTe
   if (bias &&
       (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N || bias->device() != x.device()))
     invalid(fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N));
-  const int64_t tiles = (N + plan.n_tile - 1) / plan.n_tile;
+  const int64_t cols = plan.silu_and_mul ? plan.n_tile / 2 : plan.n_tile;  // y's, a tile
+  const int64_t tiles = (N + cols - 1) / cols;
   void* acc = nullptr;
   void* counters = nullptr;
   if (plan.splits > 1 && !plan.wgmma) {  // the wgmma kernels sum their splits in a cluster

@@ -217,24 +217,42 @@ KH_DEV void skinny_gemm(const kh_bf16* __restrict__ x, long long ldx, const kh_b
 
 #if defined(KH_SKINNY_WGMMA)
 
-template <int BN, int STAGES>
+// silu(g) * u of the fp32 sums (kh_silu of kernels/activation/act_math.h: the same formula).
+KH_DEV float silu_mul(float g, float u) {
+  return g / (1.0f + expf(-g)) * u;
+}
+
+// SILU: the gate/up projection with SiluAndMul as its epilogue. W is [2 N, K], the gate's N rows
+// then the up's; a tile's BN W rows are BN / 2 gate rows and the up rows of the same columns, so
+// each output column's gate and up sums meet in one thread and y [M, N] = silu(x . W_gate^T) *
+// (x . W_up^T) is written once, from fp32 (no bias: none of the family's MLPs has one).
+template <int BN, int STAGES, bool SILU>
 KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
                          const kh_bf16* __restrict__ w, const kh_bf16* __restrict__ bias,
                          kh_bf16* __restrict__ y, long long ldy, int M, int N, int K) {
   constexpr kh_u32 kXTile = kBM * kBK * 2, kStage = kXTile + BN * kBK * 2;
+  constexpr int kCols = SILU ? BN / 2 : BN;  // output columns a tile writes
   // The swizzle's 1024-byte atoms (a name of its own: the mma.sync kernels declare 128).
   extern __shared__ __align__(1024) unsigned char wg_smem[];
   const kh_u32 base = kh_smem_addr(wg_smem);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int tile = blockIdx.x, splits = gridDim.y;
-  const int n0 = tile * BN;
+  const int n0 = tile * kCols;
   const KShare share = k_share(K);
   const int c0 = share.c0, nc = share.nc;
   const kh_bf16* wt = w + (long long)n0 * K + (long long)c0 * kBK;
   const kh_bf16* xt = x + (long long)c0 * kBK;
-  // Stage s: the x tile [64 rows, 64 k], then the W tile [BN rows, 64 k] (one panel each).
+  // Stage s: the x tile [64 rows, 64 k], then the W tile [BN rows, 64 k] (one panel each; SILU:
+  // the gate rows in its first half, the up rows in its second, 8-row swizzle atoms apart).
   auto load_w = [&](int s, int c) {
-    kh_load_tile<BN, kBK, kThreads>(base + s * kStage + kXTile, wt + c * kBK, K, 0, N - n0, tid);
+    const kh_u32 dst = base + s * kStage + kXTile;
+    if constexpr (SILU) {
+      kh_load_tile<BN / 2, kBK, kThreads>(dst, wt + c * kBK, K, 0, N - n0, tid);
+      kh_load_tile<BN / 2, kBK, kThreads>(dst + BN / 2 * kBK * 2, wt + (long long)N * K + c * kBK,
+                                          K, 0, N - n0, tid);
+    } else {
+      kh_load_tile<BN, kBK, kThreads>(dst, wt + c * kBK, K, 0, N - n0, tid);
+    }
   };
   auto load_x = [&](int s, int c) {
     kh_load_tile<kBM, kBK, kThreads>(base + s * kStage, xt + c * kBK, ldx, 0, M, tid);
@@ -267,8 +285,21 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
   kh_cp_async_wait<0>();
   kh_pdl_launch_dependents();
 
-  // acc[4 i + 2 h + j]: row warp * 16 + lane / 4 + 8 h, column 8 i + (lane % 4) * 2 + j.
+  // acc[4 i + 2 h + j]: row warp * 16 + lane / 4 + 8 h, column 8 i + (lane % 4) * 2 + j (SILU:
+  // the gate of output column 8 i + .. for i < BN / 16, its up BN / 2 columns on).
   const int row = warp * 16 + (lane >> 2), col = (lane & 3) * 2;
+  if (SILU && splits == 1) {
+#pragma unroll
+    for (int i = 0; i < BN / 16; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = row + 8 * h, n = n0 + 8 * i + col, g = 4 * i + 2 * h, u = g + BN / 4;
+        if (m < M && n < N)
+          *reinterpret_cast<kh_u32*>(y + (long long)m * ldy + n) =
+              kh_pack2<kh_bf16>(silu_mul(acc[g], acc[u]), silu_mul(acc[g + 1], acc[u + 1]));
+      }
+    return;
+  }
   if (splits == 1) {
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i)
@@ -299,20 +330,30 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
   if (kh_cluster_size() != (kh_u32)splits) __trap();
   const int rank = (int)kh_cluster_rank();
   const int m_lo = M * rank / splits, m_hi = M * (rank + 1) / splits;
-  for (int i = tid; i < (m_hi - m_lo) * (BN / 4); i += kThreads) {
-    const int m = m_lo + i / (BN / 4), nl = (i % (BN / 4)) * 4, n = n0 + nl;
+  for (int i = tid; i < (m_hi - m_lo) * (kCols / 4); i += kThreads) {
+    const int m = m_lo + i / (kCols / 4), nl = (i % (kCols / 4)) * 4, n = n0 + nl;
     const kh_u32 local = base + (kh_u32)(m * kPitch + nl) * 4u;
-    float sum[4] = {0.f, 0.f, 0.f, 0.f};
+    float sum[4] = {0.f, 0.f, 0.f, 0.f}, up[4] = {0.f, 0.f, 0.f, 0.f};
     for (int r = 0; r < splits; ++r) {
       float v[4];
       kh_ld_cluster_f32x4(kh_cluster_map(local, (kh_u32)r), v);
 #pragma unroll
       for (int j = 0; j < 4; ++j) sum[j] += v[j];
+      if constexpr (SILU) {
+        kh_ld_cluster_f32x4(kh_cluster_map(local + kCols * 4u, (kh_u32)r), v);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) up[j] += v[j];
+      }
     }
     if (n >= N) continue;  // N is a multiple of 8: n < N covers n + 3
     kh_u32* out = reinterpret_cast<kh_u32*>(y + (long long)m * ldy + n);
-    out[0] = kh_pack2<kh_bf16>(sum[0] + bias_at(bias, n), sum[1] + bias_at(bias, n + 1));
-    out[1] = kh_pack2<kh_bf16>(sum[2] + bias_at(bias, n + 2), sum[3] + bias_at(bias, n + 3));
+    if constexpr (SILU) {
+      out[0] = kh_pack2<kh_bf16>(silu_mul(sum[0], up[0]), silu_mul(sum[1], up[1]));
+      out[1] = kh_pack2<kh_bf16>(silu_mul(sum[2], up[2]), silu_mul(sum[3], up[3]));
+    } else {
+      out[0] = kh_pack2<kh_bf16>(sum[0] + bias_at(bias, n), sum[1] + bias_at(bias, n + 1));
+      out[1] = kh_pack2<kh_bf16>(sum[2] + bias_at(bias, n + 2), sum[3] + bias_at(bias, n + 3));
+    }
   }
   __syncwarp();       // the .aligned barrier below: every lane of the warp together
   kh_cluster_sync();  // no CTA leaves while another still reads its shared memory
@@ -343,7 +384,14 @@ KH_SKINNY(2, 6)
       long long ldy, int M, int N, int K, float* acc, int* counters) {                    \
     (void)acc;                                                                            \
     (void)counters;                                                                       \
-    skinny_wgmma<64 * NB, STAGES>(x, ldx, w, bias, y, ldy, M, N, K);                      \
+    skinny_wgmma<64 * NB, STAGES, false>(x, ldx, w, bias, y, ldy, M, N, K);               \
+  }                                                                                       \
+  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_silu_n##NB##_s##STAGES(   \
+      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y, \
+      long long ldy, int M, int N, int K, float* acc, int* counters) {                    \
+    (void)acc;                                                                            \
+    (void)counters;                                                                       \
+    skinny_wgmma<64 * NB, STAGES, true>(x, ldx, w, bias, y, ldy, M, N, K);                \
   }
 KH_SKINNY_WGMMA_KERNEL(1, 4)
 KH_SKINNY_WGMMA_KERNEL(1, 6)

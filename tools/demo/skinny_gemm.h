@@ -24,11 +24,12 @@ namespace kh::demo {
 inline constexpr int64_t kSkinnyMaxRows = 64;
 
 struct SkinnyPlan {
-  int n_tile = 64;     // output columns a CTA owns: 32 or 64 (mma.sync), 64 or 128 (wgmma)
-  int stages = 4;      // shared-memory stages of 64 k-values: 3, 4 or 6 (n_tile 32: 4 or 6;
-                       // wgmma: 4 or 6)
-  int splits = 1;      // CTAs that share one tile's K (1 .. K / 64; wgmma: a cluster, <= 8)
-  bool wgmma = false;  // the Hopper kernels (sm_90a code: compute capability 9.x)
+  int n_tile = 64;            // output columns a CTA owns: 32 or 64 (mma.sync), 64 or 128 (wgmma)
+  int stages = 4;             // shared-memory stages of 64 k-values: 3, 4 or 6 (n_tile 32: 4 or 6;
+                              // wgmma: 4 or 6)
+  int splits = 1;             // CTAs that share one tile's K (1 .. K / 64; wgmma: a cluster, <= 8)
+  bool wgmma = false;         // the Hopper kernels (sm_90a code: compute capability 9.x)
+  bool silu_and_mul = false;  // SiluAndMul as the epilogue (wgmma, 64-column tiles only)
   // The kernel's name and its dynamic shared memory.
   std::string kernel() const;
   uint32_t shared_bytes() const;
@@ -69,10 +70,16 @@ std::string skinny_refusal(int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t
 // plan at most kSkinnyMaxClusterSplits); empty when it does.
 std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K);
 
+// The gate/up projection with SiluAndMul as its epilogue (SkinnyGemm::run_silu_and_mul): the
+// wgmma plan of the [2 N, K] weight (64-row tiles of 32 gate and 32 up rows), with the epilogue.
+SkinnyPlan skinny_silu_plan(int64_t M, int64_t N, int64_t K, int multiprocessors);
+
 // The source NVRTC compiles and its compiled variants (tile width, stages and kernel family;
-// splits 1). The wgmma variants exist only in sm_90a code.
+// splits 1). The wgmma variants exist only in sm_90a code. skinny_silu_variants(): those with
+// the SiluAndMul epilogue.
 const char* skinny_gemm_source();
 std::vector<SkinnyPlan> skinny_variants();
+std::vector<SkinnyPlan> skinny_silu_variants();
 
 class SkinnyGemm {
  public:
@@ -104,7 +111,22 @@ class SkinnyGemm {
   void run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
            const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan);
 
+  // y [M, N] = silu(x . W_gate^T) * (x . W_up^T) for w [2 N, K] holding W_gate's N rows then
+  // W_up's (the runtime's fused gate/up weight): the decode MLP's gate/up GEMM and SiluAndMul in
+  // one launch, the activation taken from the fp32 sums. Hopper only (has_wgmma()); otherwise,
+  // or when the shapes do not fit, silu_refusal() says why and run_silu_and_mul() throws
+  // kInvalidInput.
+  std::string silu_refusal(const DeviceTensor& x, const DeviceTensor& w,
+                           const DeviceTensor& y) const;
+  void run_silu_and_mul(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                        DeviceTensor& y);
+  void run_silu_and_mul(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                        DeviceTensor& y, const SkinnyPlan& plan);
+
  private:
+  // The checked launch of `plan` for y [M, N] (N: y's columns) from x [M, K].
+  void launch_plan(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                   const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan);
   struct Workspace {
     DeviceTensor acc;       // fp32 [tiles, 64, n_tile] slabs, zero between calls
     DeviceTensor counters;  // int32 [tiles], zero between calls

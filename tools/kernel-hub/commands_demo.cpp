@@ -49,6 +49,7 @@ struct DemoArgs {
   int decode_context = 0;      // 0: 2048 capped by --seq
   std::string decode_overlap;  // empty: off
   std::string decode_gemm;     // empty: auto
+  std::string decode_fuse;     // empty: on
 };
 
 bool cuda_present() {
@@ -175,8 +176,9 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   o.adam.lr = a.lr > 0 ? a.lr : (o.model.hidden >= 1024 ? 3e-4f : 1e-2f);
   o.cuda_ordinal = ordinal;
   const std::string dtype = a.dtype.empty() ? (ordinal >= 0 ? "bf16" : "fp32") : a.dtype;
-  if (ordinal < 0 && (dtype != "fp32" || a.profile || a.decode_batch || a.decode_context ||
-                      !a.decode_overlap.empty() || !a.decode_gemm.empty()))
+  if (ordinal < 0 &&
+      (dtype != "fp32" || a.profile || a.decode_batch || a.decode_context ||
+       !a.decode_overlap.empty() || !a.decode_gemm.empty() || !a.decode_fuse.empty()))
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("demo: {} needs a CUDA device (the CPU model is fp32, unprofiled and "
                             "generates without a KV cache); use --device cuda:N",
@@ -185,6 +187,7 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
                             : a.decode_context          ? "--decode-context"
                             : !a.decode_overlap.empty() ? "--decode-overlap"
                             : !a.decode_gemm.empty()    ? "--decode-gemm"
+                            : !a.decode_fuse.empty()    ? "--decode-fuse"
                                                         : "--dtype " + dtype));
   o.bf16 = dtype == "bf16";
   o.profile = a.profile;
@@ -195,6 +198,7 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   o.decode_gemm = a.decode_gemm == "skinny"     ? demo::DecodeGemm::kSkinny
                   : a.decode_gemm == "cublaslt" ? demo::DecodeGemm::kCublasLt
                                                 : demo::DecodeGemm::kAuto;
+  o.decode_fuse = a.decode_fuse == "off" ? demo::DecodeFuse::kOff : demo::DecodeFuse::kOn;
   if (ordinal >= 0) {
     demo::resolve_decode(o);  // refuses a bad --decode-* before anything is fetched
     std::tie(o.peak_bandwidth, o.peak_bandwidth_source) = peak_bandwidth(ordinal);
@@ -265,7 +269,7 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
     if (run.decoded) {
       ctx.say(fmt::format(
           "decode ({} cache, {}, {}): {} sequences x {}-token prompts + {} tokens: {:.0f} "
-          "tokens/s, {:.3f} ms per step ({} timed steps{}{}{}{})",
+          "tokens/s, {:.3f} ms per step ({} timed steps{}{}{}{}{})",
           run.decode_cache_dtype, run.decode_graph ? "CUDA graph" : "eager",
           run.decode_package ? "PagedAttention from the package" : "the runtime's attention",
           run.decode_batch, run.decode_prompt, run.decode_generated, run.decode_tokens_per_s,
@@ -273,6 +277,7 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
           run.decode_overlapped ? ", two overlapped halves" : "",
           run.decode_fused_qkv ? ", one q/k/v GEMM" : "",
           run.decode_fused_append ? ", K/V appended by the attention" : "",
+          run.decode_fused_silu ? ", SiluAndMul in the gate/up GEMM" : "",
           run.decode_skinny_gemms
               ? fmt::format(", {} of {} GEMMs skinny", run.decode_skinny_gemms, run.decode_gemms)
               : ""));
@@ -388,6 +393,12 @@ void add_demo_command(CLI::App& app, Runner& run) {
                   "with at most 2048 rows), cublaslt, or skinny (the skinny GEMM wherever it takes "
                   "the shapes) (default auto)")
       ->check(CLI::IsMember({"auto", "cublaslt", "skinny"}));
+  cmd->add_option("--decode-fuse", a->decode_fuse,
+                  "CUDA only: on folds the decode MLP's SiluAndMul into its gate/up GEMM where the "
+                  "runtime's skinny GEMM runs it (bf16, Hopper, not with --decode-gemm cublaslt), "
+                  "so decode launches no SiluAndMul; off calls the SiluAndMul slot every step "
+                  "(default on)")
+      ->check(CLI::IsMember({"on", "off"}));
   cmd->add_flag("--fallback", a->fallback,
                 "Bind no package: every slot runs the runtime's own implementation (as "
                 "KERNEL_HUB_DISABLE=1)");
