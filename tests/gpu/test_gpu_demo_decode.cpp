@@ -330,6 +330,43 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
   }
 }
 
+// head_dim 128 (Qwen3's): on Hopper the fused q/k/v GEMM also runs the q/k norms and RoPE
+// (DecodeFuse::kOn), so no QKNormRotaryEmbedding launch; its steps track the prefill within bf16
+// tolerance with the fusion and without it, and replay from the graph bit for bit.
+TEST_F(GpuDemoDecode, Bf16Qwen3HeadDim128FoldsTheQkNormsIntoTheQkvGemm) {
+  Runtime rt;
+  const DemoSlots slots = bind_decode_packages(rt);
+  ModelConfig cfg = qwen3_d64();
+  cfg.hidden = 256;
+  cfg.heads = 2;
+  cfg.kv_heads = 1;
+  cfg.head_dim = 128;
+  DeviceModelOptions bf16;
+  bf16.dtype = kBF16;
+  const bool hopper = kh::device_info(0).sm_major == 9;
+  DecodeConfig unfused;
+  unfused.fuse = DecodeFuse::kOff;
+  for (const DecodeConfig& decode : {DecodeConfig{}, unfused}) {
+    SCOPED_TRACE(decode.fuse == DecodeFuse::kOn ? "fused" : "unfused");
+    {
+      CausalLM host(cfg, slots, 3);
+      DeviceCausalLM dev(host, slots, rt, 0, bf16);
+      DecodeConfig small = decode;
+      small.max_batch = 2;
+      small.max_context = 16;
+      dev.init_decode(rt, small);
+      const std::vector<int64_t> prompt = sequence_tokens(cfg, 2, 4, 3);
+      dev.prefill(prompt.data(), 2, 4);
+      dev.decode_step(nullptr, false);
+      EXPECT_TRUE(dev.decode_fuses_qkv());
+      EXPECT_EQ(dev.decode_fuses_qk_norm(), hopper && decode.fuse == DecodeFuse::kOn);
+      EXPECT_EQ(dev.decode_fuses_silu(), hopper && decode.fuse == DecodeFuse::kOn);
+    }
+    decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, decode);
+    graph_equals_eager(cfg, rt, slots, 64, 70, 8, bf16, decode);
+  }
+}
+
 // PagedAttentionWithKVAppend (the attention reads the step's K and V from the q/k/v row and
 // writes them into the cache) against PagedKVAppend then PagedAttention: the same bf16 values
 // reach the same tensor-core math, so every step's logits and the cache's next use agree bit for

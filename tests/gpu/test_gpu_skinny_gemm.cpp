@@ -273,7 +273,7 @@ TEST_F(GpuSkinnyGemm, SiluAndMulEpilogueMatchesAFloat64Reference) {
     poison_y();
     gemm_->run_silu_and_mul(*stream_, o.dx, o.dw, y);
     check(shape + ", default plan");
-    for (SkinnyPlan plan : skinny_silu_variants())
+    for (SkinnyPlan plan : skinny_epilogue_variants(SkinnyEpilogue::kSiluAndMul))
       for (int splits : {1, 2, 4, 8}) {
         if (splits > sh.K / 64) continue;
         plan.splits = splits;
@@ -297,7 +297,147 @@ TEST_F(GpuSkinnyGemm, SiluAndMulEpilogueMatchesAFloat64Reference) {
   EXPECT_NE(gemm_->silu_refusal(x, w_odd, y).find("[2 N, K]"), std::string::npos);
   EXPECT_NE(gemm_->silu_refusal(x, w, y_wide), "");
   EXPECT_THROW(gemm_->run_silu_and_mul(*stream_, x, w, y, SkinnyPlan{64, 4, 1, true}), Error);
-  EXPECT_THROW(gemm_->run(*stream_, x, w.rows(0, 64), nullptr, y, skinny_silu_variants()[0]),
+  EXPECT_THROW(gemm_->run(*stream_, x, w.rows(0, 64), nullptr, y,
+                          skinny_epilogue_variants(SkinnyEpilogue::kSiluAndMul)[0]),
+               Error);
+}
+
+// The q/k/v GEMM with Qwen3's q/k norms and RoPE as its epilogue (Hopper): every query and key
+// head of y normed (bf16 row, then bf16(x rstd w)) and rotated by NeoX pairs at its row's
+// position, the value heads as projected, against a float64 reference of the same steps; a
+// position outside the table leaves the normed head unrotated. Every variant and split, then a
+// graph replay on new inputs and positions; refused elsewhere and for what it cannot take.
+TEST_F(GpuSkinnyGemm, QkNormRopeEpilogueMatchesAFloat64Reference) {
+  constexpr int64_t D = kQkHeadDim, P = 40;  // head width, rotary table rows
+  std::mt19937 rng(20261203);
+  std::uniform_real_distribution<float> angle(-3.f, 3.f);
+  std::vector<float> cos_h(P * D / 2), sin_h(cos_h.size());
+  for (size_t i = 0; i < cos_h.size(); ++i) {
+    const float a = angle(rng);
+    cos_h[i] = std::cos(a);
+    sin_h[i] = std::sin(a);
+  }
+  DeviceTensor cos_t(*pool_, {P, D / 2}, kF32), sin_t(*pool_, {P, D / 2}, kF32);
+  cos_t.upload(*stream_, cos_h.data(), cos_h.size() * 4);
+  sin_t.upload(*stream_, sin_h.data(), sin_h.size() * 4);
+  const std::vector<uint16_t> qw = random_bf16(D, rng), kw = random_bf16(D, rng);
+  DeviceTensor qw_t(*pool_, {D}, kBF16), kw_t(*pool_, {D}, kBF16);
+  qw_t.upload(*stream_, qw.data(), D * 2);
+  kw_t.upload(*stream_, kw.data(), D * 2);
+  const float eps = 1e-6f;
+  auto bf = [](double v) { return static_cast<double>(f(kh_float_to_bf16_bits((float)v))); };
+  struct Shape {
+    int64_t M, K;
+    int q_heads, k_heads, v_heads;
+  };
+  for (const Shape& sh :
+       {Shape{1, 128, 2, 1, 1}, Shape{5, 256, 4, 2, 2}, Shape{64, 1024, 16, 8, 8}}) {
+    const int64_t heads = sh.q_heads + sh.k_heads + sh.v_heads, N = heads * D;
+    const Problem p{sh.M, N, sh.K, false};
+    Operands o = make(p, rng);
+    std::vector<int64_t> pos(static_cast<size_t>(sh.M));
+    DeviceTensor pos_t(*pool_, {sh.M}, kI64);
+    auto new_positions = [&] {
+      std::uniform_int_distribution<int64_t> at(0, P - 1);
+      for (auto& v : pos) v = at(rng);
+      if (sh.M > 2) pos[1] = P;  // outside the table: normed, not rotated
+      pos_t.upload(*stream_, pos.data(), pos.size() * 8);
+    };
+    new_positions();
+    const SkinnyQkNormRope e{&pos_t, &qw_t, &kw_t, eps, &cos_t, &sin_t, sh.q_heads, sh.k_heads};
+    auto check = [&](const std::string& what) {
+      std::vector<uint16_t> got(static_cast<size_t>((sh.M + 1) * N));
+      o.dy_all.download(*stream_, got.data(), got.size() * 2);
+      stream_->synchronize();
+      int bad = 0;
+      for (int64_t m = 0; m < sh.M; ++m)
+        for (int64_t h = 0; h < heads; ++h) {
+          std::vector<double> v(D), ref(D);
+          for (int64_t d = 0; d < D; ++d) {
+            double acc = 0;
+            for (int64_t k = 0; k < sh.K; ++k)
+              acc += static_cast<double>(f(o.x[m * sh.K + k])) * f(o.w[(h * D + d) * sh.K + k]);
+            v[d] = bf(acc);
+          }
+          ref = v;
+          if (h < sh.q_heads + sh.k_heads) {
+            const std::vector<uint16_t>& wn = h < sh.q_heads ? qw : kw;
+            double ss = 0;
+            for (double x : v) ss += x * x;
+            const double rstd = 1.0 / std::sqrt(ss / D + eps);
+            for (int64_t d = 0; d < D; ++d) v[d] = bf(v[d] * rstd * f(wn[d]));
+            ref = v;
+            const int64_t at = pos[m];
+            if (at >= 0 && at < P)
+              for (int64_t j = 0; j < D / 2; ++j) {
+                const double c = cos_h[at * D / 2 + j], sn = sin_h[at * D / 2 + j];
+                ref[j] = v[j] * c - v[j + D / 2] * sn;
+                ref[j + D / 2] = v[j + D / 2] * c + v[j] * sn;
+              }
+          }
+          for (int64_t d = 0; d < D; ++d) {
+            const double g = f(got[m * N + h * D + d]);
+            if (!(std::fabs(g - ref[d]) <= 2e-2 + 1e-2 * std::fabs(ref[d])) && ++bad <= 3)
+              ADD_FAILURE() << what << ": row " << m << " head " << h << " column " << d << " = "
+                            << g << ", reference " << ref[d];
+          }
+        }
+      EXPECT_EQ(bad, 0) << what;
+      for (int64_t n = 0; n < N; ++n)
+        if (!std::isnan(f(got[sh.M * N + n]))) {
+          ADD_FAILURE() << what << ": the guard row was written at column " << n;
+          break;
+        }
+    };
+    const std::string shape = std::to_string(sh.M) + " rows, " + std::to_string(heads) +
+                              " heads, K = " + std::to_string(sh.K);
+    if (!gemm_->has_wgmma()) {
+      EXPECT_NE(gemm_->qk_norm_rope_refusal(o.dx, o.dw, nullptr, o.dy, e).find("Hopper"),
+                std::string::npos);
+      return;
+    }
+    ASSERT_EQ(gemm_->qk_norm_rope_refusal(o.dx, o.dw, nullptr, o.dy, e), "");
+    gemm_->run_qk_norm_rope(*stream_, o.dx, o.dw, nullptr, o.dy, e);
+    check(shape + ", default plan");
+    for (SkinnyPlan plan : skinny_epilogue_variants(SkinnyEpilogue::kQkNormRope))
+      for (int splits : {1, 2, 4, 8}) {
+        if (splits > sh.K / 64) continue;
+        plan.splits = splits;
+        poison(o);
+        gemm_->run_qk_norm_rope(*stream_, o.dx, o.dw, nullptr, o.dy, e, plan);
+        check(shape + ", " + plan.kernel() + ", " + std::to_string(splits) + " splits");
+        if (HasFailure()) return;
+      }
+    stream_->begin_capture();
+    gemm_->run_qk_norm_rope(*stream_, o.dx, o.dw, nullptr, o.dy, e);
+    DeviceGraph graph = DeviceGraph::end_capture(*stream_);
+    o.x = random_bf16(o.x.size(), rng);
+    o.dx.upload(*stream_, o.x.data(), o.x.size() * 2);
+    new_positions();
+    poison(o);
+    graph.launch(*stream_);
+    check(shape + ", graph replay on new inputs and positions");
+  }
+  // What it refuses: heads that are not 128 wide, more q/k heads than the row holds, a short
+  // positions tensor, partial rotary tables.
+  DeviceTensor x(*pool_, {4, 128}, kBF16), w(*pool_, {384, 128}, kBF16), y(*pool_, {4, 384}, kBF16),
+      pos4(*pool_, {4}, kI64), pos3(*pool_, {3}, kI64), cos32(*pool_, {P, 32}, kF32);
+  SkinnyQkNormRope e{&pos4, &qw_t, &kw_t, eps, &cos_t, &sin_t, 2, 1};
+  EXPECT_EQ(gemm_->qk_norm_rope_refusal(x, w, nullptr, y, e), "");
+  e.q_heads = 3;
+  EXPECT_NE(gemm_->qk_norm_rope_refusal(x, w, nullptr, y, e).find("3 query and 1 key heads"),
+            std::string::npos);
+  e.q_heads = 2;
+  e.positions = &pos3;
+  EXPECT_NE(gemm_->qk_norm_rope_refusal(x, w, nullptr, y, e).find("positions: int64 [4]"),
+            std::string::npos);
+  e.positions = &pos4;
+  e.cos = &cos32;
+  EXPECT_NE(gemm_->qk_norm_rope_refusal(x, w, nullptr, y, e).find("cos and sin"),
+            std::string::npos);
+  e.cos = &cos_t;
+  EXPECT_THROW(gemm_->run_qk_norm_rope(*stream_, x, w, nullptr, y, e,
+                                       skinny_epilogue_variants(SkinnyEpilogue::kSiluAndMul)[0]),
                Error);
 }
 

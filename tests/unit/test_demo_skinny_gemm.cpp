@@ -24,7 +24,8 @@ TEST(SkinnyGemm, SourceCompilesForAmpereAndHopperWithEveryVariantAndNoSpills) {
         {std::string("--gpu-architecture=") + sm, "-default-device", "--std=c++17"});
     ASSERT_TRUE(out.ok) << out.log;
     std::vector<SkinnyPlan> all = skinny_variants();
-    for (const SkinnyPlan& p : skinny_silu_variants()) all.push_back(p);
+    for (SkinnyEpilogue e : {SkinnyEpilogue::kSiluAndMul, SkinnyEpilogue::kQkNormRope})
+      for (const SkinnyPlan& p : skinny_epilogue_variants(e)) all.push_back(p);
     for (const SkinnyPlan& p : all) {
       // The wgmma kernels exist in sm_90a code only; the others everywhere.
       const bool expected = !p.wgmma || std::string(sm) == "sm_90a";
@@ -76,18 +77,38 @@ TEST(SkinnyGemm, WgmmaPlanFillsTwoCtasAnSm) {
 // The SiluAndMul epilogue: the wgmma 64-column tiles of the [2 N, K] weight (32 output columns
 // each), split like the plain GEMM of that weight.
 TEST(SkinnyGemm, SiluPlanTilesTheGateUpWeight) {
-  EXPECT_EQ(skinny_silu_plan(64, 3072, 1024, 132), (SkinnyPlan{64, 4, 2, true, true}));  // 96 x 2
+  EXPECT_EQ(skinny_silu_plan(64, 3072, 1024, 132),
+            (SkinnyPlan{64, 4, 2, true, SkinnyEpilogue::kSiluAndMul}));  // 96 x 2
   EXPECT_EQ(skinny_silu_plan(64, 3072, 1024, 132).kernel(), "kh_skinny_wgmma_silu_n1_s4");
   EXPECT_EQ(skinny_plan_refusal(skinny_silu_plan(1, 14336, 4096, 132), 4096), "");
-  const std::vector<SkinnyPlan> silu = skinny_silu_variants();
+  const std::vector<SkinnyPlan> silu = skinny_epilogue_variants(SkinnyEpilogue::kSiluAndMul);
   ASSERT_EQ(silu.size(), 2u);
   for (const SkinnyPlan& p : silu) {
-    EXPECT_TRUE(p.wgmma && p.silu_and_mul && p.n_tile == 64) << p.kernel();
+    EXPECT_TRUE(p.wgmma && p.epilogue == SkinnyEpilogue::kSiluAndMul && p.n_tile == 64)
+        << p.kernel();
     EXPECT_EQ(skinny_plan_refusal(p, 1024), "") << p.kernel();
   }
-  EXPECT_NE(skinny_plan_refusal({64, 4, 1, false, true}, 1024).find("no SiluAndMul epilogue"),
+  EXPECT_NE(skinny_plan_refusal({64, 4, 1, false, SkinnyEpilogue::kSiluAndMul}, 1024)
+                .find("no SiluAndMul epilogue for mma.sync"),
             std::string::npos);
-  EXPECT_NE(skinny_plan_refusal({128, 4, 1, true, true}, 1024).find("no SiluAndMul epilogue"),
+  EXPECT_NE(skinny_plan_refusal({128, 4, 1, true, SkinnyEpilogue::kSiluAndMul}, 1024)
+                .find("no SiluAndMul epilogue for wgmma tiles of 128"),
+            std::string::npos);
+}
+
+// The q/k norm + RoPE epilogue: a 128-wide head a CTA, three stages (three CTAs an SM), K split
+// to about two CTAs an SM: Qwen3-0.6B's q/k/v (32 heads of 1024) 8 ways, a cluster.
+TEST(SkinnyGemm, QkNormRopePlanTakesAHeadACta) {
+  const SkinnyPlan p = skinny_qk_norm_rope_plan(64, 4096, 1024, 132);
+  EXPECT_EQ(p, (SkinnyPlan{128, 3, 8, true, SkinnyEpilogue::kQkNormRope}));
+  EXPECT_EQ(p.kernel(), "kh_skinny_wgmma_qknr_n2_s3");
+  EXPECT_EQ(p.shared_bytes(), 3u * (64 + 128) * 64 * 2);
+  EXPECT_EQ(skinny_plan_refusal(p, 1024), "");
+  EXPECT_EQ(skinny_qk_norm_rope_plan(1, 10240, 5120, 132).splits, 3);  // Qwen3-32B: 80 heads
+  EXPECT_EQ(skinny_qk_norm_rope_plan(1, 1024, 128, 132).splits, 1);    // K = 128: no split
+  EXPECT_EQ(skinny_epilogue_variants(SkinnyEpilogue::kQkNormRope).size(), 2u);
+  EXPECT_NE(skinny_plan_refusal({128, 6, 1, true, SkinnyEpilogue::kQkNormRope}, 1024)
+                .find("no q/k norm epilogue for wgmma tiles of 128 columns and 6 stages"),
             std::string::npos);
 }
 

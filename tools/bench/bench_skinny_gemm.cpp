@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
         const SkinnyPlan silu = skinny_silu_plan(M, F, sh.K, skinny.multiprocessors());
         std::vector<SkinnyPlan> silu_plans = {silu};
         if (sweep)
-          for (SkinnyPlan p : skinny_silu_variants())
+          for (SkinnyPlan p : skinny_epilogue_variants(SkinnyEpilogue::kSiluAndMul))
             for (int splits : {1, 2, 4, 8}) {
               p.splits = splits;
               if (skinny_plan_refusal(p, sh.K).empty() && !(p == silu)) silu_plans.push_back(p);

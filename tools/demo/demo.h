@@ -104,18 +104,19 @@ struct DemoRun {
   // share of it.
   double read_bandwidth = 0, read_roofline_fraction = 0;
   std::string peak_bandwidth_source;
-  bool decode_graph = false;         // the timed steps replayed a captured CUDA graph
-  bool decode_package = false;       // PagedKVAppend / PagedAttention bound to a package
-  bool decode_overlapped = false;    // the steps ran the batch as two overlapped halves
-  bool decode_fused_qkv = false;     // every layer projected q, k and v with one GEMM
-  bool decode_fused_append = false;  // ... and appended K/V in its attention's launch
-  bool decode_fused_silu = false;    // every MLP ran SiluAndMul in its gate/up GEMM
-  int decode_skinny_gemms = 0;       // the step's GEMMs on the runtime's skinny GEMM
-  int decode_gemms = 0;              // the step's GEMMs
-  std::string decode_cache_dtype;    // "bf16" or "fp32"
-  double decode_pattern_match = 0;   // generated tokens that follow the learned pattern
-  uint64_t decode_peak_bytes = 0;    // the pool's peak with the KV cache (peak_bytes: before)
-  Breakdown decode_profile;          // one more decode step, eager (profiled: --profile)
+  bool decode_graph = false;          // the timed steps replayed a captured CUDA graph
+  bool decode_package = false;        // PagedKVAppend / PagedAttention bound to a package
+  bool decode_overlapped = false;     // the steps ran the batch as two overlapped halves
+  bool decode_fused_qkv = false;      // every layer projected q, k and v with one GEMM
+  bool decode_fused_append = false;   // ... and appended K/V in its attention's launch
+  bool decode_fused_silu = false;     // every MLP ran SiluAndMul in its gate/up GEMM
+  bool decode_fused_qk_norm = false;  // every q/k/v GEMM normed and rotated q and k
+  int decode_skinny_gemms = 0;        // the step's GEMMs on the runtime's skinny GEMM
+  int decode_gemms = 0;               // the step's GEMMs
+  std::string decode_cache_dtype;     // "bf16" or "fp32"
+  double decode_pattern_match = 0;    // generated tokens that follow the learned pattern
+  uint64_t decode_peak_bytes = 0;     // the pool's peak with the KV cache (peak_bytes: before)
+  Breakdown decode_profile;           // one more decode step, eager (profiled: --profile)
 };
 
 DemoRun run_demo(Runtime& runtime, const DemoSlots& slots, const DemoOptions& options);

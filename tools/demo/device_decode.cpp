@@ -225,9 +225,10 @@ struct DeviceCausalLM::DecodeState {
   std::optional<SkinnyGemm> skinny;  // kSkinny, or kAuto on Hopper, on a bf16 model
   int skinny_gemms = 0;              // the last step's GEMMs on it
   DecodeFuse fuse = DecodeFuse::kOn;
-  bool fused_silu = false;    // the last step's MLPs all took SiluAndMul in the gate/up GEMM
-  int gemms = 0;              // the last step's GEMMs
-  bool fused_qkv = false;     // the last step's layers all took decode_fused_qkv
+  bool fused_silu = false;     // the last step's MLPs all took SiluAndMul in the gate/up GEMM
+  bool fused_qk_norm = false;  // ... its fused q/k/v GEMMs all normed and rotated q and k
+  int gemms = 0;               // the last step's GEMMs
+  bool fused_qkv = false;      // the last step's layers all took decode_fused_qkv
   bool fused_append = false;  // ... and appended K/V in their attention's launch (decode_fused_qkv)
   double decode_ms = 0;
   int decode_steps = 0;
@@ -357,6 +358,10 @@ bool DeviceCausalLM::decode_fuses_append() const {
 
 bool DeviceCausalLM::decode_fuses_silu() const {
   return decode_ && decode_->fused_silu;
+}
+
+bool DeviceCausalLM::decode_fuses_qk_norm() const {
+  return decode_ && decode_->fused_qkv && decode_->fused_qk_norm;
 }
 
 int DeviceCausalLM::decode_skinny_gemms() const {
@@ -551,14 +556,32 @@ bool DeviceCausalLM::decode_fused_qkv(size_t layer, DecodeRows& r) {
     return false;
   const int64_t B = r.batch, NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
   const int64_t Q = cfg_.q_dim(), KV = cfg_.kv_dim(), row = Q + 2 * KV;
-  decode_linear(r.a, *L.qkv, nullptr, r.qkv);
-  const StridedArg q3(r.qkv, 0, {B, NH, HD}, {row, HD, 1});
-  const StridedArg k3(r.qkv, Q, {B, NKV, HD}, {row, HD, 1});
-  if (!call_slot(slots_.qk_norm_rotary, kQKNormRotaryEmbedding, false,
-                 {tensor_arg(&r.positions), tensor_arg(&q3), tensor_arg(&k3),
-                  tensor_arg(&run(*L.q_norm)), tensor_arg(&run(*L.k_norm)), float_arg(cfg_.eps),
-                  tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1)}))
-    return false;
+  // DecodeFuse::kOn: the q/k norms and RoPE as the skinny GEMM's epilogue (Hopper), else the
+  // slot on the GEMM's rows.
+  bool normed = false;
+  if (d.fuse == DecodeFuse::kOn && d.gemm != DecodeGemm::kCublasLt && d.skinny) {
+    const DeviceTensor& W = run(*L.qkv);
+    const SkinnyQkNormRope e{
+        &r.positions, &run(*L.q_norm), &run(*L.k_norm),      cfg_.eps,
+        &cos_,        &sin_,           static_cast<int>(NH), static_cast<int>(NKV)};
+    if (d.skinny->qk_norm_rope_refusal(r.a, W, nullptr, r.qkv, e).empty()) {
+      ++d.gemms;
+      ++d.skinny_gemms;
+      timed(Phase::kGemm, [&] { d.skinny->run_qk_norm_rope(stream_, r.a, W, nullptr, r.qkv, e); });
+      normed = true;
+    }
+  }
+  if (!normed) {
+    d.fused_qk_norm = false;
+    decode_linear(r.a, *L.qkv, nullptr, r.qkv);
+    const StridedArg q3(r.qkv, 0, {B, NH, HD}, {row, HD, 1});
+    const StridedArg k3(r.qkv, Q, {B, NKV, HD}, {row, HD, 1});
+    if (!call_slot(slots_.qk_norm_rotary, kQKNormRotaryEmbedding, false,
+                   {tensor_arg(&r.positions), tensor_arg(&q3), tensor_arg(&k3),
+                    tensor_arg(&run(*L.q_norm)), tensor_arg(&run(*L.k_norm)), float_arg(cfg_.eps),
+                    tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1)}))
+      return false;
+  }
   const StridedArg q4(r.qkv, 0, {B, 1, NH, HD}, {row, row, HD, 1});
   const StridedArg k4(r.qkv, Q, {B, 1, NKV, HD}, {row, row, HD, 1});
   const StridedArg v4(r.qkv, Q + KV, {B, 1, NKV, HD}, {row, row, HD, 1});
@@ -691,7 +714,7 @@ void DeviceCausalLM::decode_layer(size_t layer, DecodeRows& r) {
   const DeviceTensor none;
   add_norm(layer == 0 ? none : r.branch, r.h.view(r.h.shape()), *L.attn_norm, r.a, nullptr);
   if (!decode_fused_qkv(layer, r)) {
-    decode_->fused_qkv = decode_->fused_append = false;
+    decode_->fused_qkv = decode_->fused_append = decode_->fused_qk_norm = false;
     decode_projections(layer, r);
   }
   decode_mlp(L, r);
@@ -711,6 +734,7 @@ void DeviceCausalLM::decode_launch() {
   d.fused_qkv = true;
   d.fused_append = true;
   d.fused_silu = true;
+  d.fused_qk_norm = true;
   d.skinny_gemms = d.gemms = 0;
   if (d.overlapped()) {
     DecodeRows first = d.rows(0, B / 2), second = d.rows(B / 2, B - B / 2);

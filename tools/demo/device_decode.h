@@ -60,8 +60,9 @@ enum class DecodeOverlap : uint8_t { kOff, kOn };
 enum class DecodeGemm : uint8_t { kCublasLt, kSkinny, kAuto };
 
 // Whether a decode step folds layers into the runtime's skinny GEMMs where it runs them on Hopper
-// (kOn, the default): the MLP's SiluAndMul as the gate/up GEMM's epilogue, so the step launches
-// no SiluAndMul (the slot still serves training and prefill). kOff: the slot in every step.
+// (kOn, the default): Qwen3's q/k norms and RoPE as the fused q/k/v GEMM's epilogue and the MLP's
+// SiluAndMul as the gate/up GEMM's, so the step launches neither QKNormRotaryEmbedding nor
+// SiluAndMul (the slots still serve training and prefill). kOff: the slots in every step.
 enum class DecodeFuse : uint8_t { kOff, kOn };
 
 struct DecodeConfig {

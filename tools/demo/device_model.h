@@ -147,6 +147,8 @@ class DeviceCausalLM {
   // Whether the last decode step's MLPs all ran SiluAndMul as the gate/up GEMM's epilogue
   // (DecodeFuse).
   bool decode_fuses_silu() const;
+  // ... and its fused q/k/v GEMMs all ran the q/k norms and RoPE as their epilogue.
+  bool decode_fuses_qk_norm() const;
   // How many of the last decode step's GEMMs ran on the runtime's skinny GEMM (DecodeGemm).
   int decode_skinny_gemms() const;
   int decode_gemms() const;  // all of the last decode step's GEMMs

@@ -24,6 +24,30 @@ constexpr Variant kVariants[] = {{32, 4, false}, {32, 6, false}, {64, 3, false},
                                  {64, 4, false}, {64, 6, false}, {64, 4, true},
                                  {64, 6, true},  {128, 4, true}, {128, 6, true}};
 
+// The compiled epilogue variants (skinny_gemm.cu's kh_skinny_wgmma_silu_* and
+// KH_SKINNY_QKNR_KERNEL lines): tile width and stages (wgmma).
+struct EpilogueVariant {
+  SkinnyEpilogue epilogue;
+  int n_tile, stages;
+};
+// skinny_gemm.cu's QkNormRope, field for field: the kQkNormRope kernels' last parameter.
+struct QkNormRopeParams {
+  const long long* positions;
+  const void* qw;
+  const void* kw;
+  const float* cos;
+  const float* sin;
+  long long rot_stride, max_pos;
+  int q_heads, k_heads;
+  float eps;
+};
+static_assert(sizeof(QkNormRopeParams) == 72, "the device struct's layout");
+
+constexpr EpilogueVariant kEpilogueVariants[] = {{SkinnyEpilogue::kSiluAndMul, 64, 4},
+                                                 {SkinnyEpilogue::kSiluAndMul, 64, 6},
+                                                 {SkinnyEpilogue::kQkNormRope, 128, 3},
+                                                 {SkinnyEpilogue::kQkNormRope, 128, 4}};
+
 [[noreturn]] void invalid(const std::string& why) {
   throw Error(ErrorKind::kInvalidInput, "skinny GEMM: " + why);
 }
@@ -31,8 +55,10 @@ constexpr Variant kVariants[] = {{32, 4, false}, {32, 6, false}, {64, 3, false},
 }  // namespace
 
 std::string SkinnyPlan::kernel() const {
-  return wgmma ? fmt::format("kh_skinny_wgmma_{}n{}_s{}", silu_and_mul ? "silu_" : "", n_tile / 64,
-                             stages)
+  const char* epi = epilogue == SkinnyEpilogue::kSiluAndMul   ? "silu_"
+                    : epilogue == SkinnyEpilogue::kQkNormRope ? "qknr_"
+                                                              : "";
+  return wgmma ? fmt::format("kh_skinny_wgmma_{}n{}_s{}", epi, n_tile / 64, stages)
                : fmt::format("kh_skinny_gemm_n{}_s{}", n_tile / 32, stages);
 }
 
@@ -46,13 +72,10 @@ std::vector<SkinnyPlan> skinny_variants() {
   return plans;
 }
 
-std::vector<SkinnyPlan> skinny_silu_variants() {
+std::vector<SkinnyPlan> skinny_epilogue_variants(SkinnyEpilogue epilogue) {
   std::vector<SkinnyPlan> plans;
-  for (SkinnyPlan p : skinny_variants())
-    if (p.wgmma && p.n_tile == 64) {
-      p.silu_and_mul = true;
-      plans.push_back(p);
-    }
+  for (const EpilogueVariant& v : kEpilogueVariants)
+    if (v.epilogue == epilogue) plans.push_back({v.n_tile, v.stages, 1, true, epilogue});
   return plans;
 }
 
@@ -79,7 +102,18 @@ SkinnyPlan skinny_wgmma_plan(int64_t M, int64_t N, int64_t K, int multiprocessor
 
 SkinnyPlan skinny_silu_plan(int64_t M, int64_t N, int64_t K, int multiprocessors) {
   SkinnyPlan p = skinny_wgmma_plan(M, 2 * N, K, multiprocessors);  // the same tiles of W
-  p.silu_and_mul = true;
+  p.epilogue = SkinnyEpilogue::kSiluAndMul;
+  return p;
+}
+
+SkinnyPlan skinny_qk_norm_rope_plan(int64_t M, int64_t N, int64_t K, int multiprocessors) {
+  (void)M;
+  SkinnyPlan p{128, 3, 1, true, SkinnyEpilogue::kQkNormRope};
+  const int64_t tiles = (N + p.n_tile - 1) / p.n_tile;
+  const int64_t max_splits =
+      std::clamp<int64_t>(K / kSkinnyMinWgmmaSplitK, 1, kSkinnyMaxClusterSplits);
+  p.splits = static_cast<int>(
+      std::clamp<int64_t>(2 * std::max(0, multiprocessors) / tiles, 1, max_splits));
   return p;
 }
 
@@ -98,13 +132,22 @@ std::string skinny_refusal(int64_t M, int64_t N, int64_t K, int64_t ldx, int64_t
 }
 
 std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K) {
-  if (plan.silu_and_mul && !(plan.wgmma && plan.n_tile == 64))
-    return fmt::format("no SiluAndMul epilogue for {} tiles of {} columns",
-                       plan.wgmma ? "wgmma" : "mma.sync", plan.n_tile);
-  if (std::find(std::begin(kVariants), std::end(kVariants),
-                Variant{plan.n_tile, plan.stages, plan.wgmma}) == std::end(kVariants))
+  if (plan.epilogue != SkinnyEpilogue::kNone) {
+    const bool compiled =
+        plan.wgmma && std::any_of(std::begin(kEpilogueVariants), std::end(kEpilogueVariants),
+                                  [&](const EpilogueVariant& v) {
+                                    return v.epilogue == plan.epilogue && v.n_tile == plan.n_tile &&
+                                           v.stages == plan.stages;
+                                  });
+    if (!compiled)
+      return fmt::format("no {} epilogue for {} tiles of {} columns and {} stages",
+                         plan.epilogue == SkinnyEpilogue::kSiluAndMul ? "SiluAndMul" : "q/k norm",
+                         plan.wgmma ? "wgmma" : "mma.sync", plan.n_tile, plan.stages);
+  } else if (std::find(std::begin(kVariants), std::end(kVariants),
+                       Variant{plan.n_tile, plan.stages, plan.wgmma}) == std::end(kVariants)) {
     return fmt::format("no {} variant of {} columns and {} stages",
                        plan.wgmma ? "wgmma" : "mma.sync", plan.n_tile, plan.stages);
+  }
   const int64_t most = plan.wgmma ? std::min(K / kBK, kSkinnyMaxClusterSplits) : K / kBK;
   if (plan.splits < 1 || plan.splits > most)
     return fmt::format("{} splits of K = {} (1..{}{})", plan.splits, K, most,
@@ -120,7 +163,8 @@ SkinnyGemm::SkinnyGemm(int device, DevicePool& pool)
   for (const SkinnyPlan& p : skinny_variants())
     if (!p.wgmma || wgmma_) module_.function(p.kernel());  // fail early
   if (wgmma_)
-    for (const SkinnyPlan& p : skinny_silu_variants()) module_.function(p.kernel());
+    for (SkinnyEpilogue e : {SkinnyEpilogue::kSiluAndMul, SkinnyEpilogue::kQkNormRope})
+      for (const SkinnyPlan& p : skinny_epilogue_variants(e)) module_.function(p.kernel());
 }
 
 SkinnyPlan SkinnyGemm::default_plan(int64_t M, int64_t N, int64_t K) const {
@@ -168,7 +212,7 @@ void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTe
 void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                      const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan) {
   if (std::string why = refusal(x, w, y); !why.empty()) invalid(why);
-  if (plan.silu_and_mul) invalid(plan.kernel() + " is run_silu_and_mul's");
+  if (plan.epilogue != SkinnyEpilogue::kNone) invalid(plan.kernel() + " has an epilogue");
   launch_plan(stream, x, w, bias, y, plan);
 }
 
@@ -194,12 +238,67 @@ void SkinnyGemm::run_silu_and_mul(DeviceStream& stream, const DeviceTensor& x,
 void SkinnyGemm::run_silu_and_mul(DeviceStream& stream, const DeviceTensor& x,
                                   const DeviceTensor& w, DeviceTensor& y, const SkinnyPlan& plan) {
   if (std::string why = silu_refusal(x, w, y); !why.empty()) invalid(why);
-  if (!plan.silu_and_mul) invalid(plan.kernel() + " has no SiluAndMul epilogue");
+  if (plan.epilogue != SkinnyEpilogue::kSiluAndMul)
+    invalid(plan.kernel() + " has no SiluAndMul epilogue");
   launch_plan(stream, x, w, nullptr, y, plan);
 }
 
+std::string SkinnyGemm::qk_norm_rope_refusal(const DeviceTensor& x, const DeviceTensor& w,
+                                             const DeviceTensor* bias, const DeviceTensor& y,
+                                             const SkinnyQkNormRope& e) const {
+  if (!wgmma_)
+    return fmt::format(
+        "the q/k norm + RoPE epilogue is a Hopper (sm_90) kernel; device {} is "
+        "not one",
+        module_.device());
+  if (std::string why = refusal(x, w, y); !why.empty()) return why;
+  const int64_t M = x.numel() / w.dim(1), N = w.dim(0);
+  if (e.q_heads < 1 || e.k_heads < 1 || N % kQkHeadDim ||
+      N / kQkHeadDim < int64_t{e.q_heads} + e.k_heads)
+    return fmt::format("w {}: {} query and {} key heads of {} (then value heads) taken",
+                       w.describe(), e.q_heads, e.k_heads, kQkHeadDim);
+  if (bias && (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N))
+    return fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N);
+  auto on_device = [&](const DeviceTensor* t) { return t && t->device() == x.device(); };
+  if (!on_device(e.positions) || !same_dtype(e.positions->dtype(), kI64) ||
+      e.positions->numel() != M)
+    return fmt::format("positions: int64 [{}] on device {} taken", M, x.device());
+  for (const DeviceTensor* n : {e.q_norm, e.k_norm})
+    if (!on_device(n) || !same_dtype(n->dtype(), kBF16) || n->numel() != kQkHeadDim)
+      return fmt::format("q/k norm weights: bfloat16 [{}] on device {} taken", kQkHeadDim,
+                         x.device());
+  for (const DeviceTensor* t : {e.cos, e.sin})
+    if (!on_device(t) || !same_dtype(t->dtype(), kF32) || t->ndim() != 2 ||
+        t->dim(1) != kQkHeadDim / 2)
+      return fmt::format(
+          "cos and sin: float32 [positions, {}] on device {} taken (NeoX pairs "
+          "over the whole head)",
+          kQkHeadDim / 2, x.device());
+  if (e.cos->dim(0) != e.sin->dim(0)) return "cos and sin of different lengths";
+  return {};
+}
+
+void SkinnyGemm::run_qk_norm_rope(DeviceStream& stream, const DeviceTensor& x,
+                                  const DeviceTensor& w, const DeviceTensor* bias, DeviceTensor& y,
+                                  const SkinnyQkNormRope& e) {
+  if (std::string why = qk_norm_rope_refusal(x, w, bias, y, e); !why.empty()) invalid(why);
+  const int64_t K = w.dim(1);
+  run_qk_norm_rope(stream, x, w, bias, y, e,
+                   skinny_qk_norm_rope_plan(x.numel() / K, w.dim(0), K, multiprocessors_));
+}
+
+void SkinnyGemm::run_qk_norm_rope(DeviceStream& stream, const DeviceTensor& x,
+                                  const DeviceTensor& w, const DeviceTensor* bias, DeviceTensor& y,
+                                  const SkinnyQkNormRope& e, const SkinnyPlan& plan) {
+  if (std::string why = qk_norm_rope_refusal(x, w, bias, y, e); !why.empty()) invalid(why);
+  if (plan.epilogue != SkinnyEpilogue::kQkNormRope)
+    invalid(plan.kernel() + " has no q/k norm + RoPE epilogue");
+  launch_plan(stream, x, w, bias, y, plan, &e);
+}
+
 void SkinnyGemm::launch_plan(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
-                             const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan) {
+                             const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan,
+                             const SkinnyQkNormRope* qknr) {
   int N = static_cast<int>(y.dim(y.ndim() - 1)), K = static_cast<int>(w.dim(1));
   int M = static_cast<int>(x.numel() / K);
   if (std::string why = skinny_plan_refusal(plan, K); !why.empty()) invalid(why);
@@ -209,7 +308,8 @@ void SkinnyGemm::launch_plan(DeviceStream& stream, const DeviceTensor& x, const 
   if (bias &&
       (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N || bias->device() != x.device()))
     invalid(fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N));
-  const int64_t cols = plan.silu_and_mul ? plan.n_tile / 2 : plan.n_tile;  // y's, a tile
+  const int64_t cols =  // y's, a tile
+      plan.epilogue == SkinnyEpilogue::kSiluAndMul ? plan.n_tile / 2 : plan.n_tile;
   const int64_t tiles = (N + cols - 1) / cols;
   void* acc = nullptr;
   void* counters = nullptr;
@@ -222,6 +322,21 @@ void SkinnyGemm::launch_plan(DeviceStream& stream, const DeviceTensor& x, const 
   void* yp = y.data();
   long long ldx = K, ldy = N;
   void* args[] = {&xp, &ldx, &wp, &bp, &yp, &ldy, &M, &N, &K, &acc, &counters};
+  QkNormRopeParams epi{};
+  if (plan.epilogue == SkinnyEpilogue::kQkNormRope) {  // (..., K, epi): no workspace
+    if (!qknr) invalid(plan.kernel() + " without its operands");
+    epi = {static_cast<const long long*>(qknr->positions->data()),
+           qknr->q_norm->data(),
+           qknr->k_norm->data(),
+           static_cast<const float*>(qknr->cos->data()),
+           static_cast<const float*>(qknr->sin->data()),
+           qknr->cos->dim(1),
+           qknr->cos->dim(0),
+           qknr->q_heads,
+           qknr->k_heads,
+           qknr->eps};
+    args[9] = &epi;
+  }
   kh_launch_cfg_t cfg = launch_cfg(
       module_.device(), {static_cast<uint32_t>(tiles), static_cast<uint32_t>(plan.splits), 1},
       {kThreads, 1, 1}, plan.shared_bytes());

@@ -222,14 +222,68 @@ KH_DEV float silu_mul(float g, float u) {
   return g / (1.0f + expf(-g)) * u;
 }
 
-// SILU: the gate/up projection with SiluAndMul as its epilogue. W is [2 N, K], the gate's N rows
-// then the up's; a tile's BN W rows are BN / 2 gate rows and the up rows of the same columns, so
-// each output column's gate and up sums meet in one thread and y [M, N] = silu(x . W_gate^T) *
-// (x . W_up^T) is written once, from fp32 (no bias: none of the family's MLPs has one).
-template <int BN, int STAGES, bool SILU>
+// The epilogues (skinny_gemm.h's SkinnyEpilogue, in its order).
+constexpr int kEpiNone = 0, kEpiSilu = 1, kEpiQkNormRope = 2;
+
+// kEpiQkNormRope's operands (skinny_gemm.h's SkinnyQkNormRope, field for field): Qwen3's q/k
+// RMSNorms (weights qw, kw [128]) and NeoX RoPE of the whole 128-wide head at positions[m], from
+// the cos/sin rows [max_pos, 64] (row stride rot_stride floats).
+struct QkNormRope {
+  const long long* positions;
+  const kh_bf16* qw;
+  const kh_bf16* kw;
+  const float* cos;
+  const float* sin;
+  long long rot_stride, max_pos;
+  int q_heads, k_heads;
+  float eps;
+};
+
+// One row of a 128-wide query or key head, 4 columns a lane of one warp (lane l: columns 4 l ..
+// 4 l + 3), in place: what QKNormRotaryEmbedding (kernels/rotary) does to the bf16 row the plain
+// GEMM would have written. The sums round to bf16 first, then y = bf16(x * rsqrt(mean(x^2) +
+// eps) * w), then pair (j, j + 64) rotates: o1 = x1 cos - x2 sin, o2 = x2 cos + x1 sin
+// (kernels/rotary/rope_math.h), unless the position is outside the table.
+KH_DEV void qk_norm_rope_row(float (&v)[4], const kh_bf16* wn, int nl, long long pos,
+                             const QkNormRope& e) {
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    v[j] = kh_to_float(kh_convert<kh_bf16>::from_float(v[j]));
+    ss += v[j] * v[j];
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, off);
+  const float rstd = rsqrtf(ss * (1.f / 128.f) + e.eps);
+  float partner[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    v[j] = kh_to_float(kh_convert<kh_bf16>::from_float(v[j] * rstd * kh_to_float(wn[nl + j])));
+    partner[j] = __shfl_xor_sync(0xFFFFFFFFu, v[j], 16);  // column nl + j -/+ 64
+  }
+  if (pos < 0 || pos >= e.max_pos) return;
+  const float* cr = e.cos + pos * e.rot_stride + (nl & 63);
+  const float* sr = e.sin + pos * e.rot_stride + (nl & 63);
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    v[j] = nl < 64 ? v[j] * cr[j] - partner[j] * sr[j] : v[j] * cr[j] + partner[j] * sr[j];
+}
+
+// EPI kEpiSilu: the gate/up projection with SiluAndMul as its epilogue. W is [2 N, K], the
+// gate's N rows then the up's; a tile's BN W rows are BN / 2 gate rows and the up rows of the
+// same columns, so each output column's gate and up sums meet in one thread and y [M, N] =
+// silu(x . W_gate^T) * (x . W_up^T) is written once, from fp32 (no bias: none of the family's
+// MLPs has one).
+// EPI kEpiQkNormRope (BN = 128 = head_dim): the q/k/v projection of Qwen3 with the q/k norms and
+// RoPE as its epilogue; tile t is head t of [q heads | k heads | v heads]. Every split count,
+// one too, sums through shared memory, where a warp holds a whole row of the tile.
+template <int BN, int STAGES, int EPI>
 KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
                          const kh_bf16* __restrict__ w, const kh_bf16* __restrict__ bias,
-                         kh_bf16* __restrict__ y, long long ldy, int M, int N, int K) {
+                         kh_bf16* __restrict__ y, long long ldy, int M, int N, int K,
+                         const QkNormRope& e) {
+  constexpr bool SILU = EPI == kEpiSilu;
+  static_assert(EPI != kEpiQkNormRope || BN == 128, "a tile is one 128-wide head");
   constexpr kh_u32 kXTile = kBM * kBK * 2, kStage = kXTile + BN * kBK * 2;
   constexpr int kCols = SILU ? BN / 2 : BN;  // output columns a tile writes
   // The swizzle's 1024-byte atoms (a name of its own: the mma.sync kernels declare 128).
@@ -300,7 +354,7 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
       }
     return;
   }
-  if (splits == 1) {
+  if (EPI == kEpiNone && splits == 1) {
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
@@ -345,14 +399,24 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
         for (int j = 0; j < 4; ++j) up[j] += v[j];
       }
     }
+    const kh_bf16* b = bias;  // still to add
+    if constexpr (EPI == kEpiQkNormRope) {
+      // A warp's lanes hold one row's 128 columns (32 per row): the row's shuffles are whole.
+      if (tile < e.q_heads + e.k_heads) {  // a query or key head (one per tile)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sum[j] += bias_at(b, n + j);
+        b = nullptr;
+        qk_norm_rope_row(sum, tile < e.q_heads ? e.qw : e.kw, nl, e.positions[m], e);
+      }
+    }
     if (n >= N) continue;  // N is a multiple of 8: n < N covers n + 3
     kh_u32* out = reinterpret_cast<kh_u32*>(y + (long long)m * ldy + n);
     if constexpr (SILU) {
       out[0] = kh_pack2<kh_bf16>(silu_mul(sum[0], up[0]), silu_mul(sum[1], up[1]));
       out[1] = kh_pack2<kh_bf16>(silu_mul(sum[2], up[2]), silu_mul(sum[3], up[3]));
     } else {
-      out[0] = kh_pack2<kh_bf16>(sum[0] + bias_at(bias, n), sum[1] + bias_at(bias, n + 1));
-      out[1] = kh_pack2<kh_bf16>(sum[2] + bias_at(bias, n + 2), sum[3] + bias_at(bias, n + 3));
+      out[0] = kh_pack2<kh_bf16>(sum[0] + bias_at(b, n), sum[1] + bias_at(b, n + 1));
+      out[1] = kh_pack2<kh_bf16>(sum[2] + bias_at(b, n + 2), sum[3] + bias_at(b, n + 3));
     }
   }
   __syncwarp();       // the .aligned barrier below: every lane of the warp together
@@ -378,23 +442,32 @@ KH_SKINNY(2, 6)
 
 // The Hopper variants: BN = 64 * NB columns a CTA, STAGES stages; only in sm_90a code.
 #if defined(KH_SKINNY_WGMMA)
-#define KH_SKINNY_WGMMA_KERNEL(NB, STAGES)                                                \
-  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_n##NB##_s##STAGES(        \
-      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y, \
-      long long ldy, int M, int N, int K, float* acc, int* counters) {                    \
-    (void)acc;                                                                            \
-    (void)counters;                                                                       \
-    skinny_wgmma<64 * NB, STAGES, false>(x, ldx, w, bias, y, ldy, M, N, K);               \
-  }                                                                                       \
-  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_silu_n##NB##_s##STAGES(   \
-      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y, \
-      long long ldy, int M, int N, int K, float* acc, int* counters) {                    \
-    (void)acc;                                                                            \
-    (void)counters;                                                                       \
-    skinny_wgmma<64 * NB, STAGES, true>(x, ldx, w, bias, y, ldy, M, N, K);                \
+#define KH_SKINNY_WGMMA_KERNEL(NB, STAGES)                                                   \
+  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_n##NB##_s##STAGES(           \
+      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y,    \
+      long long ldy, int M, int N, int K, float* acc, int* counters) {                       \
+    (void)acc;                                                                               \
+    (void)counters;                                                                          \
+    skinny_wgmma<64 * NB, STAGES, kEpiNone>(x, ldx, w, bias, y, ldy, M, N, K, QkNormRope{}); \
+  }                                                                                          \
+  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_silu_n##NB##_s##STAGES(      \
+      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y,    \
+      long long ldy, int M, int N, int K, float* acc, int* counters) {                       \
+    (void)acc;                                                                               \
+    (void)counters;                                                                          \
+    skinny_wgmma<64 * NB, STAGES, kEpiSilu>(x, ldx, w, bias, y, ldy, M, N, K, QkNormRope{}); \
   }
 KH_SKINNY_WGMMA_KERNEL(1, 4)
 KH_SKINNY_WGMMA_KERNEL(1, 6)
 KH_SKINNY_WGMMA_KERNEL(2, 4)
 KH_SKINNY_WGMMA_KERNEL(2, 6)
+// The q/k/v projection with Qwen3's q/k norms and RoPE as its epilogue: 128-column tiles (a head).
+#define KH_SKINNY_QKNR_KERNEL(STAGES)                                                     \
+  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_qknr_n2_s##STAGES(        \
+      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y, \
+      long long ldy, int M, int N, int K, const QkNormRope e) {                           \
+    skinny_wgmma<128, STAGES, kEpiQkNormRope>(x, ldx, w, bias, y, ldy, M, N, K, e);       \
+  }
+KH_SKINNY_QKNR_KERNEL(3)
+KH_SKINNY_QKNR_KERNEL(4)
 #endif

@@ -23,13 +23,18 @@ namespace kh::demo {
 
 inline constexpr int64_t kSkinnyMaxRows = 64;
 
+// What a wgmma plan does to the sums before it writes them: nothing; SiluAndMul of a gate/up
+// weight's column pairs (64-column tiles); Qwen3's q/k norms and RoPE of 128-wide heads (128-column
+// tiles, a head each).
+enum class SkinnyEpilogue : uint8_t { kNone, kSiluAndMul, kQkNormRope };
+
 struct SkinnyPlan {
-  int n_tile = 64;            // output columns a CTA owns: 32 or 64 (mma.sync), 64 or 128 (wgmma)
-  int stages = 4;             // shared-memory stages of 64 k-values: 3, 4 or 6 (n_tile 32: 4 or 6;
-                              // wgmma: 4 or 6)
-  int splits = 1;             // CTAs that share one tile's K (1 .. K / 64; wgmma: a cluster, <= 8)
-  bool wgmma = false;         // the Hopper kernels (sm_90a code: compute capability 9.x)
-  bool silu_and_mul = false;  // SiluAndMul as the epilogue (wgmma, 64-column tiles only)
+  int n_tile = 64;     // output columns a CTA owns: 32 or 64 (mma.sync), 64 or 128 (wgmma)
+  int stages = 4;      // shared-memory stages of 64 k-values: 3, 4 or 6 (n_tile 32: 4 or 6;
+                       // wgmma: 4 or 6)
+  int splits = 1;      // CTAs that share one tile's K (1 .. K / 64; wgmma: a cluster, <= 8)
+  bool wgmma = false;  // the Hopper kernels (sm_90a code: compute capability 9.x)
+  SkinnyEpilogue epilogue = SkinnyEpilogue::kNone;  // wgmma only
   // The kernel's name and its dynamic shared memory.
   std::string kernel() const;
   uint32_t shared_bytes() const;
@@ -73,13 +78,31 @@ std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K);
 // The gate/up projection with SiluAndMul as its epilogue (SkinnyGemm::run_silu_and_mul): the
 // wgmma plan of the [2 N, K] weight (64-row tiles of 32 gate and 32 up rows), with the epilogue.
 SkinnyPlan skinny_silu_plan(int64_t M, int64_t N, int64_t K, int multiprocessors);
+// The q/k/v projection with the q/k norms and RoPE (SkinnyGemm::run_qk_norm_rope): a head per
+// CTA (128 columns, 3 stages: 72 KiB, three CTAs an SM) and K split to about two CTAs an SM.
+SkinnyPlan skinny_qk_norm_rope_plan(int64_t M, int64_t N, int64_t K, int multiprocessors);
 
 // The source NVRTC compiles and its compiled variants (tile width, stages and kernel family;
-// splits 1). The wgmma variants exist only in sm_90a code. skinny_silu_variants(): those with
-// the SiluAndMul epilogue.
+// splits 1). The wgmma variants exist only in sm_90a code. skinny_epilogue_variants(): those with
+// an epilogue (wgmma).
 const char* skinny_gemm_source();
 std::vector<SkinnyPlan> skinny_variants();
-std::vector<SkinnyPlan> skinny_silu_variants();
+std::vector<SkinnyPlan> skinny_epilogue_variants(SkinnyEpilogue epilogue);
+
+// The operands of the q/k norms and RoPE epilogue (the QKNormRotaryEmbedding slot's): int64
+// positions [M], bf16 q_norm and k_norm weights [128], eps, fp32 cos and sin [max_pos, 64] (NeoX
+// pairs over the whole head), the heads of y's row: q_heads query, then k_heads key, then value
+// heads (left as projected).
+inline constexpr int64_t kQkHeadDim = 128;  // the q/k norm + RoPE epilogue's head (a tile)
+struct SkinnyQkNormRope {
+  const DeviceTensor* positions = nullptr;
+  const DeviceTensor* q_norm = nullptr;
+  const DeviceTensor* k_norm = nullptr;
+  float eps = 1e-6f;
+  const DeviceTensor* cos = nullptr;
+  const DeviceTensor* sin = nullptr;
+  int q_heads = 0, k_heads = 0;
+};
 
 class SkinnyGemm {
  public:
@@ -123,10 +146,25 @@ class SkinnyGemm {
   void run_silu_and_mul(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                         DeviceTensor& y, const SkinnyPlan& plan);
 
+  // y [M, N] = x . w^T (+ bias) with every query and key head of the row (128 wide: q_heads,
+  // then k_heads, then the value heads) RMS-normed and rotated as QKNormRotaryEmbedding does to
+  // the bf16 row: Qwen3's q/k/v projection and its q/k norms + RoPE in one launch. Hopper only;
+  // qk_norm_rope_refusal() says why not (empty when it takes them).
+  std::string qk_norm_rope_refusal(const DeviceTensor& x, const DeviceTensor& w,
+                                   const DeviceTensor* bias, const DeviceTensor& y,
+                                   const SkinnyQkNormRope& e) const;
+  void run_qk_norm_rope(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                        const DeviceTensor* bias, DeviceTensor& y, const SkinnyQkNormRope& e);
+  void run_qk_norm_rope(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                        const DeviceTensor* bias, DeviceTensor& y, const SkinnyQkNormRope& e,
+                        const SkinnyPlan& plan);
+
  private:
-  // The checked launch of `plan` for y [M, N] (N: y's columns) from x [M, K].
+  // The checked launch of `plan` for y [M, N] (N: y's columns) from x [M, K]; `qknr`: the
+  // kQkNormRope epilogue's operands.
   void launch_plan(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
-                   const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan);
+                   const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan,
+                   const SkinnyQkNormRope* qknr = nullptr);
   struct Workspace {
     DeviceTensor acc;       // fp32 [tiles, 64, n_tile] slabs, zero between calls
     DeviceTensor counters;  // int32 [tiles], zero between calls
