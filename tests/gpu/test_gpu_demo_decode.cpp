@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <utility>
@@ -146,6 +147,23 @@ class GpuDemoDecode : public ::testing::Test {
                      "decode step " + std::to_string(j) + ", sequence " + std::to_string(b));
       if (HasFailure()) return;
     }
+  }
+
+  // A prefill of 2 x 4 tokens and one eager decode step (2 sequences of up to 16 tokens, pages of
+  // 64), then check(dev): what the step ran.
+  void after_one_step(const ModelConfig& cfg, Runtime& rt, const DemoSlots& slots,
+                      const DeviceModelOptions& options, DecodeConfig decode,
+                      const std::function<void(DeviceCausalLM&)>& check) {
+    CausalLM host(cfg, slots, 3);
+    DeviceCausalLM dev(host, slots, rt, 0, options);
+    decode.max_batch = 2;
+    decode.max_context = 16;
+    decode.page_size = 64;
+    dev.init_decode(rt, decode);
+    const std::vector<int64_t> prompt = sequence_tokens(cfg, 2, 4, 3);
+    dev.prefill(prompt.data(), 2, 4);
+    dev.decode_step(nullptr, false);
+    check(dev);
   }
 
   // The same teacher-forced steps eager and replayed from the graph: identical logits.
@@ -287,13 +305,7 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
   const ModelConfig cfg = qwen3_d64();
   DeviceModelOptions bf16;
   bf16.dtype = kBF16;
-  {
-    CausalLM host(cfg, slots, 3);
-    DeviceCausalLM dev(host, slots, rt, 0, bf16);
-    dev.init_decode(rt, {2, 16, 64});
-    const std::vector<int64_t> prompt = sequence_tokens(cfg, 2, 4, 3);
-    dev.prefill(prompt.data(), 2, 4);
-    dev.decode_step(nullptr, false);
+  after_one_step(cfg, rt, slots, bf16, {}, [&](DeviceCausalLM& dev) {
     EXPECT_TRUE(dev.decode_fuses_qkv());
     EXPECT_TRUE(dev.decode_fuses_append());
     const std::vector<std::string> served = dev.package_slots();
@@ -309,25 +321,15 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
     EXPECT_EQ(dev.decode_skinny_gemms(), hopper ? per_layer * cfg.layers : 0);
     EXPECT_EQ(dev.decode_gemms(), 4 * cfg.layers + 1);
     EXPECT_TRUE(dev.refusals().empty());
-  }
+  });
   decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16);
   graph_equals_eager(cfg, rt, slots, 64, 70, 8, bf16);
   // DecodeFuse::kOff: the SiluAndMul slot after a plain gate/up GEMM.
   DecodeConfig unfused;
   unfused.fuse = DecodeFuse::kOff;
   decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, unfused);
-  {
-    CausalLM host(cfg, slots, 3);
-    DeviceCausalLM dev(host, slots, rt, 0, bf16);
-    DecodeConfig small = unfused;
-    small.max_batch = 2;
-    small.max_context = 16;
-    dev.init_decode(rt, small);
-    const std::vector<int64_t> prompt = sequence_tokens(cfg, 2, 4, 3);
-    dev.prefill(prompt.data(), 2, 4);
-    dev.decode_step(nullptr, false);
-    EXPECT_FALSE(dev.decode_fuses_silu());
-  }
+  after_one_step(cfg, rt, slots, bf16, unfused,
+                 [](DeviceCausalLM& dev) { EXPECT_FALSE(dev.decode_fuses_silu()); });
 }
 
 // head_dim 128 (Qwen3's): on Hopper the fused q/k/v GEMM also runs the q/k norms and RoPE
@@ -348,20 +350,11 @@ TEST_F(GpuDemoDecode, Bf16Qwen3HeadDim128FoldsTheQkNormsIntoTheQkvGemm) {
   unfused.fuse = DecodeFuse::kOff;
   for (const DecodeConfig& decode : {DecodeConfig{}, unfused}) {
     SCOPED_TRACE(decode.fuse == DecodeFuse::kOn ? "fused" : "unfused");
-    {
-      CausalLM host(cfg, slots, 3);
-      DeviceCausalLM dev(host, slots, rt, 0, bf16);
-      DecodeConfig small = decode;
-      small.max_batch = 2;
-      small.max_context = 16;
-      dev.init_decode(rt, small);
-      const std::vector<int64_t> prompt = sequence_tokens(cfg, 2, 4, 3);
-      dev.prefill(prompt.data(), 2, 4);
-      dev.decode_step(nullptr, false);
+    after_one_step(cfg, rt, slots, bf16, decode, [&](DeviceCausalLM& dev) {
       EXPECT_TRUE(dev.decode_fuses_qkv());
       EXPECT_EQ(dev.decode_fuses_qk_norm(), hopper && decode.fuse == DecodeFuse::kOn);
       EXPECT_EQ(dev.decode_fuses_silu(), hopper && decode.fuse == DecodeFuse::kOn);
-    }
+    });
     decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, decode);
     graph_equals_eager(cfg, rt, slots, 64, 70, 8, bf16, decode);
   }

@@ -103,6 +103,17 @@ double max_rel_diff(DeviceStream& s, const DeviceTensor& a, const DeviceTensor& 
   return scale > 0 ? diff / scale : diff;
 }
 
+// One row of the table: `baseline` and `us` for a GEMM of `bytes`, the plan, the difference.
+void print_row(const Shape& sh, const char* what, bool default_plan, int64_t M, double bytes,
+               double baseline, double us, const SkinnyPlan& p, double diff) {
+  fmt::print(
+      "| {}{}{} | {} | {} x {} | {:.1f} | {:.2f} | {:.1f} | {:.2f} | {:.2f}x | {} x {} splits | "
+      "{:.1e} |\n",
+      sh.name, what, default_plan ? "" : " (sweep)", M, sh.N, sh.K, baseline,
+      bytes / (baseline * 1e-6) / 1e12, us, bytes / (us * 1e-6) / 1e12, baseline / us,
+      p.kernel().substr(10), p.splits, diff);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -179,13 +190,8 @@ int main(int argc, char** argv) {
           const double us =
               graph_us(s, copies, reps, [&](size_t c) { skinny.run(s, x, w[c], nullptr, y, p); });
           // Both results from the last copy.
-          const double diff = max_rel_diff(s, y, y_ref);
-          fmt::print(
-              "| {}{} | {} | {} x {} | {:.1f} | {:.2f} | {:.1f} | {:.2f} | {:.2f}x | {} x {} "
-              "splits | {:.1e} |\n",
-              sh.name, &p == &plans.front() ? "" : " (sweep)", M, sh.N, sh.K, cublas,
-              bytes / (cublas * 1e-6) / 1e12, us, bytes / (us * 1e-6) / 1e12, cublas / us,
-              p.kernel().substr(10), p.splits, diff);
+          print_row(sh, "", &p == &plans.front(), M, bytes, cublas, us, p,
+                    max_rel_diff(s, y, y_ref));
         }
         if (std::string(sh.name).find("gate_up") == std::string::npos || !skinny.has_wgmma())
           continue;
@@ -208,13 +214,8 @@ int main(int argc, char** argv) {
         for (const SkinnyPlan& p : silu_plans) {
           const double us = graph_us(
               s, copies, reps, [&](size_t c) { skinny.run_silu_and_mul(s, x, w[c], act, p); });
-          const double diff = max_rel_diff(s, act, act_ref);
-          fmt::print(
-              "| {} + SiluAndMul{} | {} | {} x {} | {:.1f} | {:.2f} | {:.1f} | {:.2f} | {:.2f}x | "
-              "{} x {} splits | {:.1e} |\n",
-              sh.name, &p == &silu_plans.front() ? "" : " (sweep)", M, sh.N, sh.K, two,
-              act_bytes / (two * 1e-6) / 1e12, us, act_bytes / (us * 1e-6) / 1e12, two / us,
-              p.kernel().substr(10), p.splits, diff);
+          print_row(sh, " + SiluAndMul", &p == &silu_plans.front(), M, act_bytes, two, us, p,
+                    max_rel_diff(s, act, act_ref));
         }
       }
     }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "kernel_hub/kernel_hub.hpp"
+#include "tools/demo/skinny_epilogue.h"
 
 namespace kh::demo {
 
@@ -30,19 +31,6 @@ struct EpilogueVariant {
   SkinnyEpilogue epilogue;
   int n_tile, stages;
 };
-// skinny_gemm.cu's QkNormRope, field for field: the kQkNormRope kernels' last parameter.
-struct QkNormRopeParams {
-  const long long* positions;
-  const void* qw;
-  const void* kw;
-  const float* cos;
-  const float* sin;
-  long long rot_stride, max_pos;
-  int q_heads, k_heads;
-  float eps;
-};
-static_assert(sizeof(QkNormRopeParams) == 72, "the device struct's layout");
-
 constexpr EpilogueVariant kEpilogueVariants[] = {{SkinnyEpilogue::kSiluAndMul, 64, 4},
                                                  {SkinnyEpilogue::kSiluAndMul, 64, 6},
                                                  {SkinnyEpilogue::kQkNormRope, 128, 3},
@@ -89,14 +77,24 @@ SkinnyPlan skinny_plan(int64_t M, int64_t N, int64_t K) {
   return p;
 }
 
+namespace {
+
+// A wgmma plan's splits of K for N columns in tiles of n_tile: about two CTAs an SM, at most a
+// cluster, at least kSkinnyMinWgmmaSplitK k-values each.
+int wgmma_splits(int64_t N, int64_t n_tile, int64_t K, int multiprocessors) {
+  const int64_t tiles = (N + n_tile - 1) / n_tile;
+  const int64_t max_splits =
+      std::clamp<int64_t>(K / kSkinnyMinWgmmaSplitK, 1, kSkinnyMaxClusterSplits);
+  return static_cast<int>(
+      std::clamp<int64_t>(2 * std::max(0, multiprocessors) / tiles, 1, max_splits));
+}
+
+}  // namespace
+
 SkinnyPlan skinny_wgmma_plan(int64_t M, int64_t N, int64_t K, int multiprocessors) {
   (void)M;
   SkinnyPlan p{64, 4, 1, true};
-  const int64_t tiles = (N + p.n_tile - 1) / p.n_tile;
-  const int64_t max_splits =
-      std::clamp<int64_t>(K / kSkinnyMinWgmmaSplitK, 1, kSkinnyMaxClusterSplits);
-  p.splits = static_cast<int>(
-      std::clamp<int64_t>(2 * std::max(0, multiprocessors) / tiles, 1, max_splits));
+  p.splits = wgmma_splits(N, p.n_tile, K, multiprocessors);
   return p;
 }
 
@@ -109,11 +107,7 @@ SkinnyPlan skinny_silu_plan(int64_t M, int64_t N, int64_t K, int multiprocessors
 SkinnyPlan skinny_qk_norm_rope_plan(int64_t M, int64_t N, int64_t K, int multiprocessors) {
   (void)M;
   SkinnyPlan p{128, 3, 1, true, SkinnyEpilogue::kQkNormRope};
-  const int64_t tiles = (N + p.n_tile - 1) / p.n_tile;
-  const int64_t max_splits =
-      std::clamp<int64_t>(K / kSkinnyMinWgmmaSplitK, 1, kSkinnyMaxClusterSplits);
-  p.splits = static_cast<int>(
-      std::clamp<int64_t>(2 * std::max(0, multiprocessors) / tiles, 1, max_splits));
+  p.splits = wgmma_splits(N, p.n_tile, K, multiprocessors);
   return p;
 }
 
@@ -322,7 +316,7 @@ void SkinnyGemm::launch_plan(DeviceStream& stream, const DeviceTensor& x, const 
   void* yp = y.data();
   long long ldx = K, ldy = N;
   void* args[] = {&xp, &ldx, &wp, &bp, &yp, &ldy, &M, &N, &K, &acc, &counters};
-  QkNormRopeParams epi{};
+  KhSkinnyQkNormRope epi{};
   if (plan.epilogue == SkinnyEpilogue::kQkNormRope) {  // (..., K, epi): no workspace
     if (!qknr) invalid(plan.kernel() + " without its operands");
     epi = {static_cast<const long long*>(qknr->positions->data()),

@@ -26,6 +26,7 @@
 #include "kh_prelude.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "skinny_epilogue.h"
 
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KH_SKINNY_WGMMA 1
@@ -225,19 +226,8 @@ KH_DEV float silu_mul(float g, float u) {
 // The epilogues (skinny_gemm.h's SkinnyEpilogue, in its order).
 constexpr int kEpiNone = 0, kEpiSilu = 1, kEpiQkNormRope = 2;
 
-// kEpiQkNormRope's operands (skinny_gemm.h's SkinnyQkNormRope, field for field): Qwen3's q/k
-// RMSNorms (weights qw, kw [128]) and NeoX RoPE of the whole 128-wide head at positions[m], from
-// the cos/sin rows [max_pos, 64] (row stride rot_stride floats).
-struct QkNormRope {
-  const long long* positions;
-  const kh_bf16* qw;
-  const kh_bf16* kw;
-  const float* cos;
-  const float* sin;
-  long long rot_stride, max_pos;
-  int q_heads, k_heads;
-  float eps;
-};
+// kEpiQkNormRope's operands, filled by skinny_gemm.cpp.
+typedef KhSkinnyQkNormRope QkNormRope;
 
 // One row of a 128-wide query or key head, 4 columns a lane of one warp (lane l: columns 4 l ..
 // 4 l + 3), in place: what QKNormRotaryEmbedding (kernels/rotary) does to the bf16 row the plain
@@ -406,7 +396,8 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
 #pragma unroll
         for (int j = 0; j < 4; ++j) sum[j] += bias_at(b, n + j);
         b = nullptr;
-        qk_norm_rope_row(sum, tile < e.q_heads ? e.qw : e.kw, nl, e.positions[m], e);
+        qk_norm_rope_row(sum, static_cast<const kh_bf16*>(tile < e.q_heads ? e.qw : e.kw), nl,
+                         e.positions[m], e);
       }
     }
     if (n >= N) continue;  // N is a multiple of 8: n < N covers n + 3
