@@ -441,6 +441,10 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   EXPECT_EQ(dec["cuda_graph"], true);
   EXPECT_EQ(dec["package"], false) << dec.dump(2);
   EXPECT_EQ(dec["cache_dtype"], "bf16");
+  // --decode-fuse on (the default): SiluAndMul in the gate/up GEMM where the skinny GEMM runs it
+  // (Hopper); the tiny Llama has no q/k norms to fold and no fused q/k/v GEMM.
+  EXPECT_TRUE(dec["fused_silu"].is_boolean()) << dec.dump(2);
+  EXPECT_EQ(dec["fused_qk_norm"], false) << dec.dump(2);
   EXPECT_TRUE(d["refused_slots"].contains("PagedAttention")) << d.dump(2);
   EXPECT_TRUE(has(d["runtime_slots"], "PagedAttention")) << d.dump(2);
   EXPECT_GT(dec["tokens_per_s"].get<double>(), 0);
@@ -507,7 +511,8 @@ TEST(DemoCli, DtypeAndProfileNeedACudaDevice) {
         std::vector<std::string>{"--decode-batch", "4"},
         std::vector<std::string>{"--decode-context", "16"},
         std::vector<std::string>{"--decode-overlap", "on"},
-        std::vector<std::string>{"--decode-gemm", "skinny"}}) {
+        std::vector<std::string>{"--decode-gemm", "skinny"},
+        std::vector<std::string>{"--decode-fuse", "off"}}) {
     std::vector<std::string> args = {cli_path(), "demo", "--device", "cpu", "--steps", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
     ProcessResult r = run_process(args, cli_env(cache.path()), 120);
