@@ -75,11 +75,14 @@ TEST(SkinnyGemm, WgmmaPlanFillsTwoCtasAnSm) {
 }
 
 // The SiluAndMul epilogue: the wgmma 64-column tiles of the [2 N, K] weight (32 output columns
-// each), split like the plain GEMM of that weight.
+// each); with tiles for half the SMs, whole K a CTA 6 stages deep, else split like the plain GEMM
+// of that weight.
 TEST(SkinnyGemm, SiluPlanTilesTheGateUpWeight) {
   EXPECT_EQ(skinny_silu_plan(64, 3072, 1024, 132),
-            (SkinnyPlan{64, 4, 2, true, SkinnyEpilogue::kSiluAndMul}));  // 96 x 2
-  EXPECT_EQ(skinny_silu_plan(64, 3072, 1024, 132).kernel(), "kh_skinny_wgmma_silu_n1_s4");
+            (SkinnyPlan{64, 6, 1, true, SkinnyEpilogue::kSiluAndMul}));  // 96 tiles
+  EXPECT_EQ(skinny_silu_plan(64, 3072, 1024, 132).kernel(), "kh_skinny_wgmma_silu_n1_s6");
+  EXPECT_EQ(skinny_silu_plan(64, 256, 1024, 132),
+            (SkinnyPlan{64, 4, 8, true, SkinnyEpilogue::kSiluAndMul}));  // 8 tiles x 8
   EXPECT_EQ(skinny_plan_refusal(skinny_silu_plan(1, 14336, 4096, 132), 4096), "");
   const std::vector<SkinnyPlan> silu = skinny_epilogue_variants(SkinnyEpilogue::kSiluAndMul);
   ASSERT_EQ(silu.size(), 2u);
@@ -96,15 +99,15 @@ TEST(SkinnyGemm, SiluPlanTilesTheGateUpWeight) {
             std::string::npos);
 }
 
-// The q/k norm + RoPE epilogue: a 128-wide head a CTA, three stages (three CTAs an SM), K split
-// to about two CTAs an SM: Qwen3-0.6B's q/k/v (32 heads of 1024) 8 ways, a cluster.
+// The q/k norm + RoPE epilogue: a 128-wide head a CTA, three stages, K split to about one CTA an
+// SM: Qwen3-0.6B's q/k/v (32 heads of 1024) 4 ways.
 TEST(SkinnyGemm, QkNormRopePlanTakesAHeadACta) {
   const SkinnyPlan p = skinny_qk_norm_rope_plan(64, 4096, 1024, 132);
-  EXPECT_EQ(p, (SkinnyPlan{128, 3, 8, true, SkinnyEpilogue::kQkNormRope}));
+  EXPECT_EQ(p, (SkinnyPlan{128, 3, 4, true, SkinnyEpilogue::kQkNormRope}));
   EXPECT_EQ(p.kernel(), "kh_skinny_wgmma_qknr_n2_s3");
   EXPECT_EQ(p.shared_bytes(), 3u * (64 + 128) * 64 * 2);
   EXPECT_EQ(skinny_plan_refusal(p, 1024), "");
-  EXPECT_EQ(skinny_qk_norm_rope_plan(1, 10240, 5120, 132).splits, 3);  // Qwen3-32B: 80 heads
+  EXPECT_EQ(skinny_qk_norm_rope_plan(1, 10240, 5120, 132).splits, 1);  // Qwen3-32B: 80 heads
   EXPECT_EQ(skinny_qk_norm_rope_plan(1, 1024, 128, 132).splits, 1);    // K = 128: no split
   EXPECT_EQ(skinny_epilogue_variants(SkinnyEpilogue::kQkNormRope).size(), 2u);
   EXPECT_NE(skinny_plan_refusal({128, 6, 1, true, SkinnyEpilogue::kQkNormRope}, 1024)
