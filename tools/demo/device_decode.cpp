@@ -224,16 +224,19 @@ struct DeviceCausalLM::DecodeState {
   DecodeGemm gemm = DecodeGemm::kAuto;
   std::optional<SkinnyGemm> skinny;  // kSkinny, or kAuto on Hopper, on a bf16 model
   int skinny_gemms = 0;              // the last step's GEMMs on it
+  int gemms = 0;                     // the last step's GEMMs
   DecodeFuse fuse = DecodeFuse::kOn;
-  bool fused_silu = false;     // the last step's MLPs all took SiluAndMul in the gate/up GEMM
-  bool fused_qk_norm = false;  // ... its fused q/k/v GEMMs all normed and rotated q and k
-  int gemms = 0;               // the last step's GEMMs
   bool fused_qkv = false;      // the last step's layers all took decode_fused_qkv
-  bool fused_append = false;  // ... and appended K/V in their attention's launch (decode_fused_qkv)
+  bool fused_append = false;   // ... and appended K/V in their attention's launch
+  bool fused_qk_norm = false;  // ... and normed and rotated q and k in the q/k/v GEMM
+  bool fused_silu = false;     // the last step's MLPs all took SiluAndMul in the gate/up GEMM
   double decode_ms = 0;
   int decode_steps = 0;
 
   DecodeRows rows(int64_t begin, int64_t count) const;
+  // Whether the step may fold a layer into a skinny GEMM's epilogue (DecodeFuse::kOn and the
+  // skinny GEMM in use); the epilogue's refusal still decides for each call.
+  bool folds() const { return fuse == DecodeFuse::kOn && gemm != DecodeGemm::kCublasLt && skinny; }
   // Whether the prefilled batch's steps run as two halves.
   bool overlapped() const { return overlap_mode == DecodeOverlap::kOn && batch >= 2; }
 };
@@ -559,7 +562,7 @@ bool DeviceCausalLM::decode_fused_qkv(size_t layer, DecodeRows& r) {
   // DecodeFuse::kOn: the q/k norms and RoPE as the skinny GEMM's epilogue (Hopper), else the
   // slot on the GEMM's rows.
   bool normed = false;
-  if (d.fuse == DecodeFuse::kOn && d.gemm != DecodeGemm::kCublasLt && d.skinny) {
+  if (d.folds()) {
     const DeviceTensor& W = run(*L.qkv);
     const SkinnyQkNormRope e{
         &r.positions, &run(*L.q_norm), &run(*L.k_norm),      cfg_.eps,
@@ -671,8 +674,7 @@ void DeviceCausalLM::decode_mlp(const Layer& L, DecodeRows& r) {
   decode_linear(r.attn, *L.wo, L.bo, r.branch);
   add_norm(r.branch, r.h.view(r.h.shape()), *L.mlp_norm, r.m, nullptr);
   const DeviceTensor& gate_up = run(*L.gate_up);
-  if (d.fuse == DecodeFuse::kOn && d.gemm != DecodeGemm::kCublasLt && d.skinny &&
-      d.skinny->silu_refusal(r.m, gate_up, r.s).empty()) {
+  if (d.folds() && d.skinny->silu_refusal(r.m, gate_up, r.s).empty()) {
     // gate/up and SiluAndMul in one launch: r.gu is never written.
     ++d.gemms;
     ++d.skinny_gemms;

@@ -239,7 +239,7 @@ KH_DEV void qk_norm_rope_row(float (&v)[4], const kh_bf16* wn, int nl, long long
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    v[j] = kh_to_float(kh_convert<kh_bf16>::from_float(v[j]));
+    v[j] = kh_round_to<kh_bf16>(v[j]);
     ss += v[j] * v[j];
   }
 #pragma unroll
@@ -248,7 +248,7 @@ KH_DEV void qk_norm_rope_row(float (&v)[4], const kh_bf16* wn, int nl, long long
   float partner[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    v[j] = kh_to_float(kh_convert<kh_bf16>::from_float(v[j] * rstd * kh_to_float(wn[nl + j])));
+    v[j] = kh_round_to<kh_bf16>(v[j] * rstd * kh_to_float(wn[nl + j]));
     partner[j] = __shfl_xor_sync(0xFFFFFFFFu, v[j], 16);  // column nl + j -/+ 64
   }
   if (pos < 0 || pos >= e.max_pos) return;
