@@ -224,6 +224,29 @@ TEST_F(GpuDemoDevice, ResidualAddAndCasts) {
   }
 }
 
+// scale_columns (a norm's weight folded into the weight after it): out[r, c] = x[r, c] * s[c],
+// rounded once, fp32 exact and bf16 to the nearest of the fp32 product; wrong shapes refused.
+TEST_F(GpuDemoDevice, ScaleColumnsRoundsTheProductOnce) {
+  const int64_t rows = 37, cols = 300;
+  const std::vector<float> x = randn(rows * cols, 12, 3.f), s = randn(cols, 13);
+  std::vector<float> want(x.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) want[r * cols + c] = x[r * cols + c] * s[c];
+  DeviceTensor dx_ = upload(x, {rows, cols}), ds = upload(s, {cols}), out = empty({rows, cols});
+  kernels_->scale_columns(*stream_, dx_, ds, out);
+  expect_close(download(out), want, 0, 0, "scale_columns");
+  const DeviceTensor xb = to_bf16(dx_), sb = to_bf16(ds);
+  DeviceTensor ob = empty({rows, cols}, kBF16);
+  kernels_->scale_columns(*stream_, xb, sb, ob);
+  const std::vector<float> xr = download(to_f32(xb)), sr = download(to_f32(sb)),
+                           got = download(to_f32(ob));
+  for (int64_t i = 0; i < rows * cols; ++i)
+    ASSERT_EQ(got[i], kh_bf16_bits_to_float(kh_float_to_bf16_bits(xr[i] * sr[i % cols]))) << i;
+  DeviceTensor narrow = empty({cols - 1});
+  EXPECT_THROW(kernels_->scale_columns(*stream_, dx_, narrow, out), Error);
+  EXPECT_THROW(kernels_->scale_columns(*stream_, dx_, ds, ob), Error);  // another dtype
+}
+
 TEST_F(GpuDemoDevice, RMSNormMatchesTheHostFallback) {
   const int64_t rows = 37, cols = 200;
   const float eps = 1e-6f;

@@ -21,11 +21,12 @@ struct AttnShape {
 };
 static_assert(sizeof(AttnShape) == 24);
 
-const char* const kTyped[] = {"kh_embedding_fwd",    "kh_embedding_bwd",   "kh_add",
-                              "kh_bias_add",         "kh_column_sum_add",  "kh_rms_norm",
-                              "kh_rms_norm_bwd_dx",  "kh_rms_norm_bwd_dw", "kh_silu_and_mul",
-                              "kh_silu_and_mul_bwd", "kh_rotary",          "kh_attention_fwd",
-                              "kh_attention_bwd",    "kh_cross_entropy",   "kh_cross_entropy_bwd"};
+const char* const kTyped[] = {"kh_embedding_fwd",    "kh_embedding_bwd",    "kh_add",
+                              "kh_bias_add",         "kh_scale_columns",    "kh_column_sum_add",
+                              "kh_rms_norm",         "kh_rms_norm_bwd_dx",  "kh_rms_norm_bwd_dw",
+                              "kh_silu_and_mul",     "kh_silu_and_mul_bwd", "kh_rotary",
+                              "kh_attention_fwd",    "kh_attention_bwd",    "kh_cross_entropy",
+                              "kh_cross_entropy_bwd"};
 
 [[noreturn]] void fail(const char* op, const std::string& why) {
   throw Error(ErrorKind::kInvalidInput, fmt::format("{} (device kernel): {}", op, why));
@@ -162,6 +163,22 @@ void DeviceKernels::bias_add(DeviceStream& s, DeviceTensor& y, const DeviceTenso
   void* yp = y.data();
   const void* bp = bias.data();
   launch(s, typed("kh_bias_add", y), blocks_for(rows * cols), 1, 1, 0, {&yp, &bp, &rows, &cols});
+}
+
+void DeviceKernels::scale_columns(DeviceStream& s, const DeviceTensor& x, const DeviceTensor& scale,
+                                  DeviceTensor& out) {
+  const char* op = "scale_columns";
+  expect_float(op, "x", x);
+  long long rows = rows_of(x), cols = cols_of(x);
+  expect_shape(op, "scale", scale, {cols});
+  expect_dtype(op, "scale", scale, x.dtype());
+  expect_shape(op, "out", out, x.shape());
+  expect_dtype(op, "out", out, x.dtype());
+  if (rows * cols == 0) return;
+  const void *xp = x.data(), *sp = scale.data();
+  void* op_out = out.data();
+  launch(s, typed("kh_scale_columns", x), blocks_for(rows * cols), 1, 1, 0,
+         {&xp, &sp, &op_out, &rows, &cols});
 }
 
 void DeviceKernels::column_sum_add(DeviceStream& s, const DeviceTensor& dy, DeviceTensor& db) {

@@ -66,6 +66,13 @@ KH_DEV void bias_add(T* y, const T* bias, long long rows, long long cols) {
     y[i] = from_f<T>(kh_to_float(y[i]) + kh_to_float(bias[i % cols]));
 }
 
+// out[r, c] = x[r, c] * scale[c], rounded once (a norm's weight folded into the weight after it).
+template <typename T>
+KH_DEV void scale_columns(const T* x, const T* scale, T* out, long long rows, long long cols) {
+  for (long long i = global_index(); i < rows * cols; i += global_stride())
+    out[i] = from_f<T>(kh_to_float(x[i]) * kh_to_float(scale[i % cols]));
+}
+
 // db[c] += sum over rows of dy[r, c] (the bias gradient), rows in order; one thread per column.
 template <typename T>
 KH_DEV void column_sum_add(const T* dy, float* db, long long rows, long long cols) {
@@ -336,6 +343,10 @@ KH_DEV void cross_entropy_bwd(const float* dloss, T* dlogits, long long rows, lo
   }                                                                                                \
   KH_GLOBAL void kh_bias_add_##sfx(T* y, const T* bias, long long rows, long long cols) {          \
     bias_add(y, bias, rows, cols);                                                                 \
+  }                                                                                                \
+  KH_GLOBAL void kh_scale_columns_##sfx(const T* x, const T* scale, T* out, long long rows,        \
+                                        long long cols) {                                          \
+    scale_columns(x, scale, out, rows, cols);                                                      \
   }                                                                                                \
   KH_GLOBAL void kh_column_sum_add_##sfx(const T* dy, float* db, long long rows, long long cols) { \
     column_sum_add(dy, db, rows, cols);                                                            \

@@ -42,6 +42,10 @@ class DeviceKernels {
   void add(DeviceStream& s, const DeviceTensor& a, const DeviceTensor& b, DeviceTensor& out);
   // y[r, c] += bias[c] (bias [cols], y's dtype).
   void bias_add(DeviceStream& s, DeviceTensor& y, const DeviceTensor& bias);
+  // out [rows, cols] = x * scale[c] column by column (scale [cols], x's dtype; rounded once): a
+  // norm's weight folded into the projection after it (SkinnyPrenorm).
+  void scale_columns(DeviceStream& s, const DeviceTensor& x, const DeviceTensor& scale,
+                     DeviceTensor& out);
   // db (float32 [cols]) += the column sums of dy [rows, cols] (a bias gradient).
   void column_sum_add(DeviceStream& s, const DeviceTensor& dy, DeviceTensor& db);
   // bfloat16 <-> float32 (round to nearest even).
