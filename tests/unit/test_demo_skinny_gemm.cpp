@@ -24,8 +24,11 @@ TEST(SkinnyGemm, SourceCompilesForAmpereAndHopperWithEveryVariantAndNoSpills) {
         {std::string("--gpu-architecture=") + sm, "-default-device", "--std=c++17"});
     ASSERT_TRUE(out.ok) << out.log;
     std::vector<SkinnyPlan> all = skinny_variants();
-    for (SkinnyEpilogue e : {SkinnyEpilogue::kSiluAndMul, SkinnyEpilogue::kQkNormRope})
-      for (const SkinnyPlan& p : skinny_epilogue_variants(e)) all.push_back(p);
+    for (SkinnyEpilogue e :
+         {SkinnyEpilogue::kSiluAndMul, SkinnyEpilogue::kQkNormRope, SkinnyEpilogue::kResidual})
+      for (bool prenorm : {false, true})
+        for (const SkinnyPlan& p : skinny_epilogue_variants(e, prenorm)) all.push_back(p);
+    EXPECT_EQ(all.size(), skinny_variants().size() + 9);
     for (const SkinnyPlan& p : all) {
       // The wgmma kernels exist in sm_90a code only; the others everywhere.
       const bool expected = !p.wgmma || std::string(sm) == "sm_90a";
@@ -112,6 +115,40 @@ TEST(SkinnyGemm, QkNormRopePlanTakesAHeadACta) {
   EXPECT_EQ(skinny_epilogue_variants(SkinnyEpilogue::kQkNormRope).size(), 2u);
   EXPECT_NE(skinny_plan_refusal({128, 6, 1, true, SkinnyEpilogue::kQkNormRope}, 1024)
                 .find("no q/k norm epilogue for wgmma tiles of 128 columns and 6 stages"),
+            std::string::npos);
+}
+
+// The folded norm: the residual epilogue takes the default wgmma plan's 64-column tiles and
+// splits (Qwen3-0.6B's o and down: 16 tiles, 8 splits); the folded norm comes with the
+// SiluAndMul and q/k norm epilogues (their plans, 8 KiB + 256 bytes more shared memory), not alone.
+TEST(SkinnyGemm, FoldedNormPlansAndVariants) {
+  const SkinnyPlan res = skinny_residual_plan(64, 1024, 3072, 132);
+  EXPECT_EQ(res, (SkinnyPlan{64, 4, 8, true, SkinnyEpilogue::kResidual}));
+  EXPECT_EQ(res.kernel(), "kh_skinny_wgmma_res_n1_s4");
+  EXPECT_EQ(skinny_plan_refusal(res, 3072), "");
+  EXPECT_EQ(skinny_epilogue_variants(SkinnyEpilogue::kResidual).size(), 1u);
+  EXPECT_TRUE(skinny_epilogue_variants(SkinnyEpilogue::kResidual, true).empty());
+  for (SkinnyEpilogue e : {SkinnyEpilogue::kSiluAndMul, SkinnyEpilogue::kQkNormRope}) {
+    const std::vector<SkinnyPlan> plain = skinny_epilogue_variants(e),
+                                  pn = skinny_epilogue_variants(e, true);
+    ASSERT_EQ(pn.size(), plain.size());
+    for (size_t i = 0; i < pn.size(); ++i) {
+      EXPECT_TRUE(pn[i].prenorm);
+      EXPECT_NE(pn[i].kernel().find("_pn_n"), std::string::npos) << pn[i].kernel();
+      EXPECT_EQ(pn[i].shared_bytes(), plain[i].shared_bytes() + 64 * 4);  // the rows' rstd
+      EXPECT_EQ(skinny_plan_refusal(pn[i], 1024), "") << pn[i].kernel();
+    }
+  }
+  SkinnyPlan silu_pn = skinny_silu_plan(64, 3072, 1024, 132);
+  silu_pn.prenorm = true;
+  EXPECT_EQ(silu_pn.kernel(), "kh_skinny_wgmma_silu_pn_n1_s6");
+  SkinnyPlan alone{64, 4, 1, true};
+  alone.prenorm = true;
+  EXPECT_NE(skinny_plan_refusal(alone, 1024).find("folded norm comes with"), std::string::npos);
+  const SkinnyPlan res6{64, 6, 1, true, SkinnyEpilogue::kResidual};
+  EXPECT_NE(skinny_plan_refusal(res6, 1024)
+                .find("no residual epilogue for wgmma tiles of 64 "
+                      "columns and 6 stages"),
             std::string::npos);
 }
 

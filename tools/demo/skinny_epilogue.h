@@ -1,7 +1,7 @@
-// The operands of the skinny GEMM's q/k norm + RoPE epilogue as its kernels take them (the last
-// parameter of kh_skinny_wgmma_qknr_*): one definition for skinny_gemm.cu, which the build inlines
-// into the device source, and skinny_gemm.cpp, which fills it. Plain C++ (NVRTC compiles it too):
-// no CUDA or system types.
+// The operands of the skinny GEMM's epilogues and folded norm as its wgmma kernels take them (their
+// last two parameters): one definition for skinny_gemm.cu, which the build inlines into the device
+// source, and skinny_gemm.cpp, which fills them. Plain C++ (NVRTC compiles it too): no CUDA or
+// system types.
 #ifndef KH_DEMO_SKINNY_EPILOGUE_H_
 #define KH_DEMO_SKINNY_EPILOGUE_H_
 
@@ -15,6 +15,17 @@ struct KhSkinnyQkNormRope {
   const float* sin;
   long long rot_stride, max_pos;
   int q_heads, k_heads;
+  float eps;
+};
+
+// A residual add + RMSNorm between two projections, folded into them. The producer's residual
+// epilogue (kh_skinny_wgmma_res_*) adds its bf16 output into the residual y in place and writes
+// each row's sum of squares of the new residual over its tile's columns to ss[tile * 64 + row];
+// the consumer (the _pn_ kernels) reads that residual as x, its weights carry the norm's weight,
+// and it scales row m of its sums by rsqrt(sum of row m's ss_tiles partials / K + eps).
+struct KhSkinnyNorm {
+  float* ss;
+  int ss_tiles;
   float eps;
 };
 

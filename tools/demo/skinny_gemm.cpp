@@ -25,16 +25,32 @@ constexpr Variant kVariants[] = {{32, 4, false}, {32, 6, false}, {64, 3, false},
                                  {64, 4, false}, {64, 6, false}, {64, 4, true},
                                  {64, 6, true},  {128, 4, true}, {128, 6, true}};
 
-// The compiled epilogue variants (skinny_gemm.cu's kh_skinny_wgmma_silu_* and
-// KH_SKINNY_QKNR_KERNEL lines): tile width and stages (wgmma).
+// The compiled epilogue variants (skinny_gemm.cu's KH_SKINNY_WGMMA_KERNEL lines with an
+// epilogue): tile width, stages and the folded norm (wgmma).
 struct EpilogueVariant {
   SkinnyEpilogue epilogue;
   int n_tile, stages;
+  bool prenorm;
 };
-constexpr EpilogueVariant kEpilogueVariants[] = {{SkinnyEpilogue::kSiluAndMul, 64, 4},
-                                                 {SkinnyEpilogue::kSiluAndMul, 64, 6},
-                                                 {SkinnyEpilogue::kQkNormRope, 128, 3},
-                                                 {SkinnyEpilogue::kQkNormRope, 128, 4}};
+constexpr EpilogueVariant kEpilogueVariants[] = {
+    {SkinnyEpilogue::kSiluAndMul, 64, 4, false},  {SkinnyEpilogue::kSiluAndMul, 64, 6, false},
+    {SkinnyEpilogue::kSiluAndMul, 64, 4, true},   {SkinnyEpilogue::kSiluAndMul, 64, 6, true},
+    {SkinnyEpilogue::kQkNormRope, 128, 3, false}, {SkinnyEpilogue::kQkNormRope, 128, 4, false},
+    {SkinnyEpilogue::kQkNormRope, 128, 3, true},  {SkinnyEpilogue::kQkNormRope, 128, 4, true},
+    {SkinnyEpilogue::kResidual, 64, 4, false}};
+
+const char* epilogue_name(SkinnyEpilogue e) {
+  switch (e) {
+    case SkinnyEpilogue::kSiluAndMul:
+      return "SiluAndMul";
+    case SkinnyEpilogue::kQkNormRope:
+      return "q/k norm";
+    case SkinnyEpilogue::kResidual:
+      return "residual";
+    default:
+      return "no";
+  }
+}
 
 [[noreturn]] void invalid(const std::string& why) {
   throw Error(ErrorKind::kInvalidInput, "skinny GEMM: " + why);
@@ -45,13 +61,17 @@ constexpr EpilogueVariant kEpilogueVariants[] = {{SkinnyEpilogue::kSiluAndMul, 6
 std::string SkinnyPlan::kernel() const {
   const char* epi = epilogue == SkinnyEpilogue::kSiluAndMul   ? "silu_"
                     : epilogue == SkinnyEpilogue::kQkNormRope ? "qknr_"
+                    : epilogue == SkinnyEpilogue::kResidual   ? "res_"
                                                               : "";
-  return wgmma ? fmt::format("kh_skinny_wgmma_{}n{}_s{}", epi, n_tile / 64, stages)
+  return wgmma ? fmt::format("kh_skinny_wgmma_{}{}n{}_s{}", epi, prenorm ? "pn_" : "", n_tile / 64,
+                             stages)
                : fmt::format("kh_skinny_gemm_n{}_s{}", n_tile / 32, stages);
 }
 
 uint32_t SkinnyPlan::shared_bytes() const {
-  return static_cast<uint32_t>(stages * (kBM + n_tile) * kBK * 2);
+  // The folded norm's row factors after the stages (skinny_gemm.cu).
+  const int norm = prenorm ? kSkinnyMaxRows * 4 : 0;
+  return static_cast<uint32_t>(stages * (kBM + n_tile) * kBK * 2 + norm);
 }
 
 std::vector<SkinnyPlan> skinny_variants() {
@@ -60,10 +80,11 @@ std::vector<SkinnyPlan> skinny_variants() {
   return plans;
 }
 
-std::vector<SkinnyPlan> skinny_epilogue_variants(SkinnyEpilogue epilogue) {
+std::vector<SkinnyPlan> skinny_epilogue_variants(SkinnyEpilogue epilogue, bool prenorm) {
   std::vector<SkinnyPlan> plans;
   for (const EpilogueVariant& v : kEpilogueVariants)
-    if (v.epilogue == epilogue) plans.push_back({v.n_tile, v.stages, 1, true, epilogue});
+    if (v.epilogue == epilogue && v.prenorm == prenorm)
+      plans.push_back({v.n_tile, v.stages, 1, true, epilogue, prenorm});
   return plans;
 }
 
@@ -119,6 +140,12 @@ SkinnyPlan skinny_qk_norm_rope_plan(int64_t M, int64_t N, int64_t K, int multipr
   return p;
 }
 
+SkinnyPlan skinny_residual_plan(int64_t M, int64_t N, int64_t K, int multiprocessors) {
+  SkinnyPlan p = skinny_wgmma_plan(M, N, K, multiprocessors);
+  p.epilogue = SkinnyEpilogue::kResidual;
+  return p;
+}
+
 bool skinny_preferred(int64_t M, int64_t N, int64_t K, bool wgmma) {
   return wgmma && M <= kSkinnyMaxRows && N < K && N <= kSkinnyPreferredMaxN;
 }
@@ -139,12 +166,14 @@ std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K) {
         plan.wgmma && std::any_of(std::begin(kEpilogueVariants), std::end(kEpilogueVariants),
                                   [&](const EpilogueVariant& v) {
                                     return v.epilogue == plan.epilogue && v.n_tile == plan.n_tile &&
-                                           v.stages == plan.stages;
+                                           v.stages == plan.stages && v.prenorm == plan.prenorm;
                                   });
     if (!compiled)
-      return fmt::format("no {} epilogue for {} tiles of {} columns and {} stages",
-                         plan.epilogue == SkinnyEpilogue::kSiluAndMul ? "SiluAndMul" : "q/k norm",
+      return fmt::format("no {} epilogue{} for {} tiles of {} columns and {} stages",
+                         epilogue_name(plan.epilogue), plan.prenorm ? " with the folded norm" : "",
                          plan.wgmma ? "wgmma" : "mma.sync", plan.n_tile, plan.stages);
+  } else if (plan.prenorm) {
+    return "the folded norm comes with the SiluAndMul or q/k norm epilogue only";
   } else if (std::find(std::begin(kVariants), std::end(kVariants),
                        Variant{plan.n_tile, plan.stages, plan.wgmma}) == std::end(kVariants)) {
     return fmt::format("no {} variant of {} columns and {} stages",
@@ -165,8 +194,8 @@ SkinnyGemm::SkinnyGemm(int device, DevicePool& pool)
   for (const SkinnyPlan& p : skinny_variants())
     if (!p.wgmma || wgmma_) module_.function(p.kernel());  // fail early
   if (wgmma_)
-    for (SkinnyEpilogue e : {SkinnyEpilogue::kSiluAndMul, SkinnyEpilogue::kQkNormRope})
-      for (const SkinnyPlan& p : skinny_epilogue_variants(e)) module_.function(p.kernel());
+    for (const EpilogueVariant& v : kEpilogueVariants)
+      module_.function(SkinnyPlan{v.n_tile, v.stages, 1, true, v.epilogue, v.prenorm}.kernel());
 }
 
 SkinnyPlan SkinnyGemm::default_plan(int64_t M, int64_t N, int64_t K) const {
@@ -218,36 +247,58 @@ void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTe
   launch_plan(stream, x, w, bias, y, plan);
 }
 
+std::string SkinnyGemm::prenorm_refusal(const DeviceTensor& x, int64_t K,
+                                        const SkinnyPrenorm* pre) const {
+  if (!pre) return {};
+  if (!pre->ss || !same_dtype(pre->ss->dtype(), kF32) || pre->ss->device() != x.device() ||
+      pre->ss_tiles < 1 || pre->ss->numel() < pre->ss_tiles * kSkinnyMaxRows)
+    return fmt::format(
+        "the folded norm's sums of squares: float32 of at least {} tiles x {} rows on device "
+        "{} taken (run_residual's)",
+        std::max(pre->ss_tiles, 1), kSkinnyMaxRows, x.device());
+  if (pre->ss_tiles != skinny_residual_tiles(K))
+    return fmt::format(
+        "the folded norm's sums of squares cover {} tiles of 64 columns; rows of {} values "
+        "have {}",
+        pre->ss_tiles, K, skinny_residual_tiles(K));
+  return {};
+}
+
 std::string SkinnyGemm::silu_refusal(const DeviceTensor& x, const DeviceTensor& w,
-                                     const DeviceTensor& y) const {
+                                     const DeviceTensor& y, const SkinnyPrenorm* pre) const {
   if (!wgmma_)
     return fmt::format("the SiluAndMul epilogue is a Hopper (sm_90) kernel; device {} is not one",
                        module_.device());
   if (w.ndim() != 2 || w.dim(0) % 2)
     return fmt::format("w {}: [2 N, K] taken (the gate's rows, then the up's)", w.describe());
   // The refusal of the plain GEMM whose weight is the gate half: y [M, N].
-  return refusal(x, w.rows(0, w.dim(0) / 2), y);
+  if (std::string why = refusal(x, w.rows(0, w.dim(0) / 2), y); !why.empty()) return why;
+  return prenorm_refusal(x, w.dim(1), pre);
 }
 
 void SkinnyGemm::run_silu_and_mul(DeviceStream& stream, const DeviceTensor& x,
-                                  const DeviceTensor& w, DeviceTensor& y) {
-  if (std::string why = silu_refusal(x, w, y); !why.empty()) invalid(why);
+                                  const DeviceTensor& w, DeviceTensor& y,
+                                  const SkinnyPrenorm* pre) {
+  if (std::string why = silu_refusal(x, w, y, pre); !why.empty()) invalid(why);
   const int64_t K = w.dim(1);
-  run_silu_and_mul(stream, x, w, y,
-                   skinny_silu_plan(x.numel() / K, w.dim(0) / 2, K, multiprocessors_));
+  SkinnyPlan plan = skinny_silu_plan(x.numel() / K, w.dim(0) / 2, K, multiprocessors_);
+  plan.prenorm = pre != nullptr;
+  run_silu_and_mul(stream, x, w, y, plan, pre);
 }
 
 void SkinnyGemm::run_silu_and_mul(DeviceStream& stream, const DeviceTensor& x,
-                                  const DeviceTensor& w, DeviceTensor& y, const SkinnyPlan& plan) {
-  if (std::string why = silu_refusal(x, w, y); !why.empty()) invalid(why);
+                                  const DeviceTensor& w, DeviceTensor& y, const SkinnyPlan& plan,
+                                  const SkinnyPrenorm* pre) {
+  if (std::string why = silu_refusal(x, w, y, pre); !why.empty()) invalid(why);
   if (plan.epilogue != SkinnyEpilogue::kSiluAndMul)
     invalid(plan.kernel() + " has no SiluAndMul epilogue");
-  launch_plan(stream, x, w, nullptr, y, plan);
+  launch_plan(stream, x, w, nullptr, y, plan, nullptr, nullptr, pre);
 }
 
 std::string SkinnyGemm::qk_norm_rope_refusal(const DeviceTensor& x, const DeviceTensor& w,
                                              const DeviceTensor* bias, const DeviceTensor& y,
-                                             const SkinnyQkNormRope& e) const {
+                                             const SkinnyQkNormRope& e,
+                                             const SkinnyPrenorm* pre) const {
   if (!wgmma_)
     return fmt::format(
         "the q/k norm + RoPE epilogue is a Hopper (sm_90) kernel; device {} is "
@@ -277,36 +328,81 @@ std::string SkinnyGemm::qk_norm_rope_refusal(const DeviceTensor& x, const Device
           "over the whole head)",
           kQkHeadDim / 2, x.device());
   if (e.cos->dim(0) != e.sin->dim(0)) return "cos and sin of different lengths";
+  return prenorm_refusal(x, w.dim(1), pre);
+}
+
+void SkinnyGemm::run_qk_norm_rope(DeviceStream& stream, const DeviceTensor& x,
+                                  const DeviceTensor& w, const DeviceTensor* bias, DeviceTensor& y,
+                                  const SkinnyQkNormRope& e, const SkinnyPrenorm* pre) {
+  if (std::string why = qk_norm_rope_refusal(x, w, bias, y, e, pre); !why.empty()) invalid(why);
+  const int64_t K = w.dim(1);
+  SkinnyPlan plan = skinny_qk_norm_rope_plan(x.numel() / K, w.dim(0), K, multiprocessors_);
+  plan.prenorm = pre != nullptr;
+  run_qk_norm_rope(stream, x, w, bias, y, e, plan, pre);
+}
+
+void SkinnyGemm::run_qk_norm_rope(DeviceStream& stream, const DeviceTensor& x,
+                                  const DeviceTensor& w, const DeviceTensor* bias, DeviceTensor& y,
+                                  const SkinnyQkNormRope& e, const SkinnyPlan& plan,
+                                  const SkinnyPrenorm* pre) {
+  if (std::string why = qk_norm_rope_refusal(x, w, bias, y, e, pre); !why.empty()) invalid(why);
+  if (plan.epilogue != SkinnyEpilogue::kQkNormRope)
+    invalid(plan.kernel() + " has no q/k norm + RoPE epilogue");
+  launch_plan(stream, x, w, bias, y, plan, &e, nullptr, pre);
+}
+
+std::string SkinnyGemm::residual_refusal(const DeviceTensor& x, const DeviceTensor& w,
+                                         const DeviceTensor* bias, const DeviceTensor& h,
+                                         const DeviceTensor& ss) const {
+  if (!wgmma_)
+    return fmt::format("the residual epilogue is a Hopper (sm_90) kernel; device {} is not one",
+                       module_.device());
+  if (std::string why = refusal(x, w, h); !why.empty()) return why;
+  const int64_t N = w.dim(0);
+  if (bias &&
+      (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N || bias->device() != x.device()))
+    return fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N);
+  const int64_t tiles = skinny_residual_tiles(N);
+  if (!same_dtype(ss.dtype(), kF32) || ss.device() != x.device() ||
+      ss.numel() < tiles * kSkinnyMaxRows)
+    return fmt::format("ss is {}; float32 of at least {} tiles x {} rows on device {} taken",
+                       ss.describe(), tiles, kSkinnyMaxRows, x.device());
   return {};
 }
 
-void SkinnyGemm::run_qk_norm_rope(DeviceStream& stream, const DeviceTensor& x,
-                                  const DeviceTensor& w, const DeviceTensor* bias, DeviceTensor& y,
-                                  const SkinnyQkNormRope& e) {
-  if (std::string why = qk_norm_rope_refusal(x, w, bias, y, e); !why.empty()) invalid(why);
+int SkinnyGemm::run_residual(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                             const DeviceTensor* bias, DeviceTensor& h, DeviceTensor& ss) {
+  if (std::string why = residual_refusal(x, w, bias, h, ss); !why.empty()) invalid(why);
   const int64_t K = w.dim(1);
-  run_qk_norm_rope(stream, x, w, bias, y, e,
-                   skinny_qk_norm_rope_plan(x.numel() / K, w.dim(0), K, multiprocessors_));
+  return run_residual(stream, x, w, bias, h, ss,
+                      skinny_residual_plan(x.numel() / K, w.dim(0), K, multiprocessors_));
 }
 
-void SkinnyGemm::run_qk_norm_rope(DeviceStream& stream, const DeviceTensor& x,
-                                  const DeviceTensor& w, const DeviceTensor* bias, DeviceTensor& y,
-                                  const SkinnyQkNormRope& e, const SkinnyPlan& plan) {
-  if (std::string why = qk_norm_rope_refusal(x, w, bias, y, e); !why.empty()) invalid(why);
-  if (plan.epilogue != SkinnyEpilogue::kQkNormRope)
-    invalid(plan.kernel() + " has no q/k norm + RoPE epilogue");
-  launch_plan(stream, x, w, bias, y, plan, &e);
+int SkinnyGemm::run_residual(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                             const DeviceTensor* bias, DeviceTensor& h, DeviceTensor& ss,
+                             const SkinnyPlan& plan) {
+  if (std::string why = residual_refusal(x, w, bias, h, ss); !why.empty()) invalid(why);
+  if (plan.epilogue != SkinnyEpilogue::kResidual || plan.n_tile != 64)
+    invalid(plan.kernel() + " has no residual epilogue of 64-column tiles");
+  launch_plan(stream, x, w, bias, h, plan, nullptr, &ss);
+  return static_cast<int>((w.dim(0) + plan.n_tile - 1) / plan.n_tile);
 }
 
 void SkinnyGemm::launch_plan(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                              const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan,
-                             const SkinnyQkNormRope* qknr) {
+                             const SkinnyQkNormRope* qknr, DeviceTensor* ss,
+                             const SkinnyPrenorm* pre) {
   int N = static_cast<int>(y.dim(y.ndim() - 1)), K = static_cast<int>(w.dim(1));
   int M = static_cast<int>(x.numel() / K);
   if (std::string why = skinny_plan_refusal(plan, K); !why.empty()) invalid(why);
   if (plan.wgmma && !wgmma_)
     invalid(fmt::format("{} is a Hopper (sm_90) kernel; device {} is not one", plan.kernel(),
                         module_.device()));
+  if (plan.prenorm != (pre != nullptr) ||
+      (plan.epilogue == SkinnyEpilogue::kResidual) != (ss != nullptr))
+    invalid(plan.kernel() +
+            ": the operands of its folded norm or residual epilogue are missing "
+            "or not its own");
   if (bias &&
       (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N || bias->device() != x.device()))
     invalid(fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N));
@@ -323,9 +419,17 @@ void SkinnyGemm::launch_plan(DeviceStream& stream, const DeviceTensor& x, const 
   const void *xp = x.data(), *wp = w.data(), *bp = bias ? bias->data() : nullptr;
   void* yp = y.data();
   long long ldx = K, ldy = N;
+  // mma.sync: (..., K, acc, counters); wgmma: (..., K, epi, norm), no workspace.
   void* args[] = {&xp, &ldx, &wp, &bp, &yp, &ldy, &M, &N, &K, &acc, &counters};
   KhSkinnyQkNormRope epi{};
-  if (plan.epilogue == SkinnyEpilogue::kQkNormRope) {  // (..., K, epi): no workspace
+  KhSkinnyNorm norm{};
+  if (plan.wgmma) {
+    args[9] = &epi;
+    args[10] = &norm;
+  }
+  if (ss) norm.ss = static_cast<float*>(ss->data());
+  if (pre) norm = {static_cast<float*>(pre->ss->data()), pre->ss_tiles, pre->eps};
+  if (plan.epilogue == SkinnyEpilogue::kQkNormRope) {
     if (!qknr) invalid(plan.kernel() + " without its operands");
     epi = {static_cast<const long long*>(qknr->positions->data()),
            qknr->q_norm->data(),
@@ -337,7 +441,6 @@ void SkinnyGemm::launch_plan(DeviceStream& stream, const DeviceTensor& x, const 
            qknr->q_heads,
            qknr->k_heads,
            qknr->eps};
-    args[9] = &epi;
   }
   kh_launch_cfg_t cfg = launch_cfg(
       module_.device(), {static_cast<uint32_t>(tiles), static_cast<uint32_t>(plan.splits), 1},

@@ -23,6 +23,13 @@
 // from the swizzled stages, so x is read from shared memory once per stage by the tensor cores
 // instead of once per warp by ldmatrix. Their splits of K form one thread block cluster
 // (gridDim.y <= 8) and are summed through distributed shared memory: no workspace, no counters.
+//
+// Their epilogues fold the decode step's small layers into them (skinny_gemm.h):
+// SiluAndMul, Qwen3's q/k norms + RoPE, and the residual add + RMSNorm between two projections,
+// split in two: the o and down projections add into the residual stream and leave its rows'
+// sums of squares a tile (kEpiResidual), and the next GEMM multiplies that raw residual by
+// weights with the norm's weight folded in and scales each row of its sums by the row's rstd
+// (PRENORM): RMSNorm(h) . W^T = rstd * (h . (W diag(w))^T).
 #include "kh_prelude.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
@@ -224,10 +231,47 @@ KH_DEV float silu_mul(float g, float u) {
 }
 
 // The epilogues (skinny_gemm.h's SkinnyEpilogue, in its order).
-constexpr int kEpiNone = 0, kEpiSilu = 1, kEpiQkNormRope = 2;
+constexpr int kEpiNone = 0, kEpiSilu = 1, kEpiQkNormRope = 2, kEpiResidual = 3;
 
-// kEpiQkNormRope's operands, filled by skinny_gemm.cpp.
+// kEpiQkNormRope's operands, and kEpiResidual's and the folded norm's, filled by
+// skinny_gemm.cpp.
 typedef KhSkinnyQkNormRope QkNormRope;
+typedef KhSkinnyNorm NormFold;
+
+// The folded norm's row factors (PRENORM), in the 64 floats after the stages: rstd[m] =
+// rsqrt(sum of the ss_tiles partials / K + eps), the partials summed in tile order (two threads a
+// row, then their two sums: deterministic). After griddepcontrol.wait (the producer's partials).
+KH_DEV void prenorm_rstd(const NormFold& nf, int M, int K, float* rstd) {
+  const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
+  float s = 0.f;
+  if (r < M) {
+    // Eight loads in flight, then their sums in order: one L2 round trip a batch, not a partial.
+    int t = half;
+    for (; t + 14 < nf.ss_tiles; t += 16) {
+      float v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = nf.ss[(t + 2 * j) * kBM + r];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s += v[j];
+    }
+    for (; t < nf.ss_tiles; t += 2) s += nf.ss[t * kBM + r];
+  }
+  s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);
+  if (half == 0) rstd[r] = r < M ? rsqrtf(s * (1.0f / (float)K) + nf.eps) : 0.f;
+}
+
+// kEpiResidual: the residual pair h (bf16x2, loaded before) plus bf16(v0, v1), rounded to bf16
+// as the residual add of FusedAddRMSNorm does; `ss` gains the pair's squares (as rounded), the
+// row's share of its norm.
+KH_DEV kh_u32 residual_add2(kh_u32 h, float v0, float v1, float& ss) {
+  float h0, h1, a, b;
+  kh_unpack2<kh_bf16>(h, h0, h1);
+  const kh_u32 sum =
+      kh_pack2<kh_bf16>(h0 + kh_round_to<kh_bf16>(v0), h1 + kh_round_to<kh_bf16>(v1));
+  kh_unpack2<kh_bf16>(sum, a, b);
+  ss += a * a + b * b;
+  return sum;
+}
 
 // One row of a 128-wide query or key head, 4 columns a lane of one warp (lane l: columns 4 l ..
 // 4 l + 3), in place: what QKNormRotaryEmbedding (kernels/rotary) does to the bf16 row the plain
@@ -267,12 +311,17 @@ KH_DEV void qk_norm_rope_row(float (&v)[4], const kh_bf16* wn, int nl, long long
 // EPI kEpiQkNormRope (BN = 128 = head_dim): the q/k/v projection of Qwen3 with the q/k norms and
 // RoPE as its epilogue; tile t is head t of [q heads | k heads | v heads]. Every split count,
 // one too, sums through shared memory, where a warp holds a whole row of the tile.
-template <int BN, int STAGES, int EPI>
+// EPI kEpiResidual: y is the residual stream; it adds the bf16 output into y in place and writes
+// the rows' sums of squares over the tile's columns to nf.ss (NormFold).
+// PRENORM: x is the residual stream of a kEpiResidual kernel before it and w has the norm's weight
+// folded in (w[n, k] * weight[k]); the sums' rows are scaled by their rstd (from nf's partials)
+// before the epilogue: nothing is added to the main loop.
+template <int BN, int STAGES, int EPI, bool PRENORM>
 KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
                          const kh_bf16* __restrict__ w, const kh_bf16* __restrict__ bias,
                          kh_bf16* __restrict__ y, long long ldy, int M, int N, int K,
-                         const QkNormRope& e) {
-  constexpr bool SILU = EPI == kEpiSilu;
+                         const QkNormRope& e, const NormFold& nf) {
+  constexpr bool SILU = EPI == kEpiSilu, RES = EPI == kEpiResidual;
   static_assert(EPI != kEpiQkNormRope || BN == 128, "a tile is one 128-wide head");
   constexpr kh_u32 kXTile = kBM * kBK * 2, kStage = kXTile + BN * kBK * 2;
   constexpr int kCols = SILU ? BN / 2 : BN;  // output columns a tile writes
@@ -301,8 +350,10 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
   auto load_x = [&](int s, int c) {
     kh_load_tile<kBM, kBK, kThreads>(base + s * kStage, xt + c * kBK, ldx, 0, M, tid);
   };
-
   load_first_stages<STAGES>(nc, load_w, load_x);
+  // PRENORM: the rows' rstd while the first stages load (the loop's first barrier shows them).
+  float* rstd = reinterpret_cast<float*>(wg_smem + STAGES * kStage);
+  if constexpr (PRENORM) prenorm_rstd(nf, M, K, rstd);
 
   float acc[BN / 2];  // y[m, n0 + n]: the wgmma accumulator of the 64 x BN tile
 #pragma unroll
@@ -332,6 +383,16 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
   // acc[4 i + 2 h + j]: row warp * 16 + lane / 4 + 8 h, column 8 i + (lane % 4) * 2 + j (SILU:
   // the gate of output column 8 i + .. for i < BN / 16, its up BN / 2 columns on).
   const int row = warp * 16 + (lane >> 2), col = (lane & 3) * 2;
+  if constexpr (PRENORM) {  // x was the raw residual: each row's rstd (the loop's barriers show it)
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float f = rstd[row + 8 * h];
+        acc[4 * i + 2 * h] *= f;
+        acc[4 * i + 2 * h + 1] *= f;
+      }
+  }
   if (SILU && splits == 1) {
 #pragma unroll
     for (int i = 0; i < BN / 16; ++i)
@@ -356,6 +417,37 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
       }
     return;
   }
+  if (RES && splits == 1) {
+    // Every residual pair loaded first (one round trip, not one a pair). A row's columns are the
+    // four lanes of a quad: their sums of squares meet by two shuffles.
+    kh_u32 hv[BN / 8][2];
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = row + 8 * h, n = n0 + 8 * i + col;
+        hv[i][h] =
+            m < M && n < N ? *reinterpret_cast<const kh_u32*>(y + (long long)m * ldy + n) : 0u;
+      }
+    float ss[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = row + 8 * h, n = n0 + 8 * i + col;
+        if (m < M && n < N)
+          *reinterpret_cast<kh_u32*>(y + (long long)m * ldy + n) =
+              residual_add2(hv[i][h], acc[4 * i + 2 * h] + bias_at(bias, n),
+                            acc[4 * i + 2 * h + 1] + bias_at(bias, n + 1), ss[h]);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      ss[h] += __shfl_xor_sync(0xFFFFFFFFu, ss[h], 1);
+      ss[h] += __shfl_xor_sync(0xFFFFFFFFu, ss[h], 2);
+      if ((lane & 3) == 0 && row + 8 * h < M) nf.ss[tile * kBM + row + 8 * h] = ss[h];
+    }
+    return;
+  }
   // Split K: each CTA of the cluster leaves its fp32 tile in its shared memory (rows padded to
   // BN + 8 floats: a warp's 8-byte stores then fall in distinct banks), and CTA r sums rows
   // [M r / splits, M (r + 1) / splits) of all of them in rank order (deterministic).
@@ -368,47 +460,83 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
     for (int h = 0; h < 2; ++h)
       *reinterpret_cast<float2*>(part + (row + 8 * h) * kPitch + 8 * i + col) =
           make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-  kh_cluster_sync();
   // The splits must be one cluster (the host launches them so): else each CTA would sum only
   // its own partial tile.
   if (kh_cluster_size() != (kh_u32)splits) __trap();
   const int rank = (int)kh_cluster_rank();
   const int m_lo = M * rank / splits, m_hi = M * (rank + 1) / splits;
-  for (int i = tid; i < (m_hi - m_lo) * (kCols / 4); i += kThreads) {
-    const int m = m_lo + i / (kCols / 4), nl = (i % (kCols / 4)) * 4, n = n0 + nl;
-    const kh_u32 local = base + (kh_u32)(m * kPitch + nl) * 4u;
-    float sum[4] = {0.f, 0.f, 0.f, 0.f}, up[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int r = 0; r < splits; ++r) {
-      float v[4];
-      kh_ld_cluster_f32x4(kh_cluster_map(local, (kh_u32)r), v);
+  constexpr int kLanesPerRow = kCols / 4;  // 16 or 32: a half or whole warp a row
+  const int items = (m_hi - m_lo) * kLanesPerRow;
+  // RES: this thread's residual quads, requested before the cluster barrier hides their latency
+  // (at most kBM * kLanesPerRow / kThreads of them, with one split).
+  constexpr int kMaxTurns = RES ? kBM * kLanesPerRow / kThreads : 1;
+  uint2 hq[kMaxTurns];
+  if constexpr (RES) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) sum[j] += v[j];
-      if constexpr (SILU) {
-        kh_ld_cluster_f32x4(kh_cluster_map(local + kCols * 4u, (kh_u32)r), v);
+    for (int t = 0; t < kMaxTurns; ++t) {
+      const int i = t * kThreads + tid;
+      const int m = m_lo + i / kLanesPerRow, n = n0 + (i % kLanesPerRow) * 4;
+      hq[t] = i < items && n < N ? *reinterpret_cast<const uint2*>(y + (long long)m * ldy + n)
+                                 : make_uint2(0u, 0u);
+    }
+  }
+  kh_cluster_sync();
+  // Item i: row m_lo + i / kLanesPerRow, columns nl .. nl + 3; `hin`: RES's residual quad.
+  auto item = [&](int i, uint2 hin) {
+    const int m = m_lo + i / kLanesPerRow, nl = (i % kLanesPerRow) * 4, n = n0 + nl;
+    float ss = 0.f;  // RES: this lane's share of row m's sum of squares
+    if (i < items) {
+      const kh_u32 local = base + (kh_u32)(m * kPitch + nl) * 4u;
+      float sum[4] = {0.f, 0.f, 0.f, 0.f}, up[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int r = 0; r < splits; ++r) {
+        float v[4];
+        kh_ld_cluster_f32x4(kh_cluster_map(local, (kh_u32)r), v);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) up[j] += v[j];
+        for (int j = 0; j < 4; ++j) sum[j] += v[j];
+        if constexpr (SILU) {
+          kh_ld_cluster_f32x4(kh_cluster_map(local + kCols * 4u, (kh_u32)r), v);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) up[j] += v[j];
+        }
+      }
+      const kh_bf16* b = bias;  // still to add
+      if constexpr (EPI == kEpiQkNormRope) {
+        // A warp's lanes hold one row's 128 columns (32 per row): the row's shuffles are whole.
+        if (tile < e.q_heads + e.k_heads) {  // a query or key head (one per tile)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) sum[j] += bias_at(b, n + j);
+          b = nullptr;
+          qk_norm_rope_row(sum, static_cast<const kh_bf16*>(tile < e.q_heads ? e.qw : e.kw), nl,
+                           e.positions[m], e);
+        }
+      }
+      if (n < N) {  // N is a multiple of 8: n < N covers n + 3
+        kh_u32* out = reinterpret_cast<kh_u32*>(y + (long long)m * ldy + n);
+        if constexpr (SILU) {
+          out[0] = kh_pack2<kh_bf16>(silu_mul(sum[0], up[0]), silu_mul(sum[1], up[1]));
+          out[1] = kh_pack2<kh_bf16>(silu_mul(sum[2], up[2]), silu_mul(sum[3], up[3]));
+        } else if constexpr (RES) {
+          out[0] = residual_add2(hin.x, sum[0] + bias_at(b, n), sum[1] + bias_at(b, n + 1), ss);
+          out[1] = residual_add2(hin.y, sum[2] + bias_at(b, n + 2), sum[3] + bias_at(b, n + 3), ss);
+        } else {
+          out[0] = kh_pack2<kh_bf16>(sum[0] + bias_at(b, n), sum[1] + bias_at(b, n + 1));
+          out[1] = kh_pack2<kh_bf16>(sum[2] + bias_at(b, n + 2), sum[3] + bias_at(b, n + 3));
+        }
       }
     }
-    const kh_bf16* b = bias;  // still to add
-    if constexpr (EPI == kEpiQkNormRope) {
-      // A warp's lanes hold one row's 128 columns (32 per row): the row's shuffles are whole.
-      if (tile < e.q_heads + e.k_heads) {  // a query or key head (one per tile)
+    if constexpr (RES) {  // whole warps take every turn: lanes past `items` add nothing
 #pragma unroll
-        for (int j = 0; j < 4; ++j) sum[j] += bias_at(b, n + j);
-        b = nullptr;
-        qk_norm_rope_row(sum, static_cast<const kh_bf16*>(tile < e.q_heads ? e.qw : e.kw), nl,
-                         e.positions[m], e);
-      }
+      for (int off = kLanesPerRow / 2; off > 0; off >>= 1)
+        ss += __shfl_xor_sync(0xFFFFFFFFu, ss, off);
+      if (i < items && i % kLanesPerRow == 0) nf.ss[tile * kBM + m] = ss;
     }
-    if (n >= N) continue;  // N is a multiple of 8: n < N covers n + 3
-    kh_u32* out = reinterpret_cast<kh_u32*>(y + (long long)m * ldy + n);
-    if constexpr (SILU) {
-      out[0] = kh_pack2<kh_bf16>(silu_mul(sum[0], up[0]), silu_mul(sum[1], up[1]));
-      out[1] = kh_pack2<kh_bf16>(silu_mul(sum[2], up[2]), silu_mul(sum[3], up[3]));
-    } else {
-      out[0] = kh_pack2<kh_bf16>(sum[0] + bias_at(b, n), sum[1] + bias_at(b, n + 1));
-      out[1] = kh_pack2<kh_bf16>(sum[2] + bias_at(b, n + 2), sum[3] + bias_at(b, n + 3));
-    }
+  };
+  if constexpr (RES) {
+#pragma unroll
+    for (int t = 0; t < kMaxTurns; ++t)
+      if (t * kThreads < items) item(t * kThreads + tid, hq[t]);  // uniform over the CTA
+  } else {
+    for (int i = tid; i < items; i += kThreads) item(i, make_uint2(0u, 0u));
   }
   __syncwarp();       // the .aligned barrier below: every lane of the warp together
   kh_cluster_sync();  // no CTA leaves while another still reads its shared memory
@@ -431,34 +559,30 @@ KH_SKINNY(2, 3)
 KH_SKINNY(2, 4)
 KH_SKINNY(2, 6)
 
-// The Hopper variants: BN = 64 * NB columns a CTA, STAGES stages; only in sm_90a code.
+// The Hopper variants (skinny_gemm.cpp's kVariants and kEpilogueVariants name them the same way):
+// BN columns a CTA, STAGES stages, an epilogue, the folded norm; only in sm_90a code. Every one
+// takes both epilogue operand structs (zero where unused).
 #if defined(KH_SKINNY_WGMMA)
-#define KH_SKINNY_WGMMA_KERNEL(NB, STAGES)                                                   \
-  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_n##NB##_s##STAGES(           \
-      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y,    \
-      long long ldy, int M, int N, int K, float* acc, int* counters) {                       \
-    (void)acc;                                                                               \
-    (void)counters;                                                                          \
-    skinny_wgmma<64 * NB, STAGES, kEpiNone>(x, ldx, w, bias, y, ldy, M, N, K, QkNormRope{}); \
-  }                                                                                          \
-  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_silu_n##NB##_s##STAGES(      \
-      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y,    \
-      long long ldy, int M, int N, int K, float* acc, int* counters) {                       \
-    (void)acc;                                                                               \
-    (void)counters;                                                                          \
-    skinny_wgmma<64 * NB, STAGES, kEpiSilu>(x, ldx, w, bias, y, ldy, M, N, K, QkNormRope{}); \
+#define KH_SKINNY_WGMMA_KERNEL(NAME, BN, STAGES, EPI, PRENORM)                                 \
+  KH_GLOBAL void __launch_bounds__(kThreads, 1)                                                \
+      NAME(const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y, \
+           long long ldy, int M, int N, int K, const QkNormRope e, const NormFold nf) {        \
+    skinny_wgmma<BN, STAGES, EPI, PRENORM>(x, ldx, w, bias, y, ldy, M, N, K, e, nf);           \
   }
-KH_SKINNY_WGMMA_KERNEL(1, 4)
-KH_SKINNY_WGMMA_KERNEL(1, 6)
-KH_SKINNY_WGMMA_KERNEL(2, 4)
-KH_SKINNY_WGMMA_KERNEL(2, 6)
-// The q/k/v projection with Qwen3's q/k norms and RoPE as its epilogue: 128-column tiles (a head).
-#define KH_SKINNY_QKNR_KERNEL(STAGES)                                                     \
-  KH_GLOBAL void __launch_bounds__(kThreads, 1) kh_skinny_wgmma_qknr_n2_s##STAGES(        \
-      const kh_bf16* x, long long ldx, const kh_bf16* w, const kh_bf16* bias, kh_bf16* y, \
-      long long ldy, int M, int N, int K, const QkNormRope e) {                           \
-    skinny_wgmma<128, STAGES, kEpiQkNormRope>(x, ldx, w, bias, y, ldy, M, N, K, e);       \
-  }
-KH_SKINNY_QKNR_KERNEL(3)
-KH_SKINNY_QKNR_KERNEL(4)
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_n1_s4, 64, 4, kEpiNone, false)
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_n1_s6, 64, 6, kEpiNone, false)
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_n2_s4, 128, 4, kEpiNone, false)
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_n2_s6, 128, 6, kEpiNone, false)
+// The gate/up projection with SiluAndMul (64-column tiles: 32 gate and 32 up rows).
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_silu_n1_s4, 64, 4, kEpiSilu, false)
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_silu_n1_s6, 64, 6, kEpiSilu, false)
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_silu_pn_n1_s4, 64, 4, kEpiSilu, true)
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_silu_pn_n1_s6, 64, 6, kEpiSilu, true)
+// The q/k/v projection with Qwen3's q/k norms and RoPE: 128-column tiles (a head).
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_qknr_n2_s3, 128, 3, kEpiQkNormRope, false)
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_qknr_n2_s4, 128, 4, kEpiQkNormRope, false)
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_qknr_pn_n2_s3, 128, 3, kEpiQkNormRope, true)
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_qknr_pn_n2_s4, 128, 4, kEpiQkNormRope, true)
+// The o and down projections adding into the residual stream (a norm's producer).
+KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_res_n1_s4, 64, 4, kEpiResidual, false)
 #endif

@@ -25,8 +25,9 @@ inline constexpr int64_t kSkinnyMaxRows = 64;
 
 // What a wgmma plan does to the sums before it writes them: nothing; SiluAndMul of a gate/up
 // weight's column pairs (64-column tiles); Qwen3's q/k norms and RoPE of 128-wide heads (128-column
-// tiles, a head each).
-enum class SkinnyEpilogue : uint8_t { kNone, kSiluAndMul, kQkNormRope };
+// tiles, a head each); add them into the residual stream and write its rows' sums of squares for
+// the next GEMM's folded norm (64-column tiles: SkinnyGemm::run_residual).
+enum class SkinnyEpilogue : uint8_t { kNone, kSiluAndMul, kQkNormRope, kResidual };
 
 struct SkinnyPlan {
   int n_tile = 64;     // output columns a CTA owns: 32 or 64 (mma.sync), 64 or 128 (wgmma)
@@ -35,6 +36,7 @@ struct SkinnyPlan {
   int splits = 1;      // CTAs that share one tile's K (1 .. K / 64; wgmma: a cluster, <= 8)
   bool wgmma = false;  // the Hopper kernels (sm_90a code: compute capability 9.x)
   SkinnyEpilogue epilogue = SkinnyEpilogue::kNone;  // wgmma only
+  bool prenorm = false;  // a folded norm of x (SkinnyPrenorm; wgmma SiluAndMul and q/k norm)
   // The kernel's name and its dynamic shared memory.
   std::string kernel() const;
   uint32_t shared_bytes() const;
@@ -82,12 +84,20 @@ SkinnyPlan skinny_silu_plan(int64_t M, int64_t N, int64_t K, int multiprocessors
 // CTA (128 columns, 3 stages: 72 KiB, three CTAs an SM) and K split to about two CTAs an SM.
 SkinnyPlan skinny_qk_norm_rope_plan(int64_t M, int64_t N, int64_t K, int multiprocessors);
 
+// The residual add of the o and down projections (SkinnyGemm::run_residual): the default wgmma
+// plan's tiles and splits, with the epilogue.
+SkinnyPlan skinny_residual_plan(int64_t M, int64_t N, int64_t K, int multiprocessors);
+// Its 64-column tiles of N (the sums-of-squares partials it leaves: SkinnyPrenorm::ss_tiles).
+inline int64_t skinny_residual_tiles(int64_t N) {
+  return (N + 63) / 64;
+}
+
 // The source NVRTC compiles and its compiled variants (tile width, stages and kernel family;
 // splits 1). The wgmma variants exist only in sm_90a code. skinny_epilogue_variants(): those with
-// an epilogue (wgmma).
+// an epilogue (wgmma), with the folded norm or without.
 const char* skinny_gemm_source();
 std::vector<SkinnyPlan> skinny_variants();
-std::vector<SkinnyPlan> skinny_epilogue_variants(SkinnyEpilogue epilogue);
+std::vector<SkinnyPlan> skinny_epilogue_variants(SkinnyEpilogue epilogue, bool prenorm = false);
 
 // The operands of the q/k norms and RoPE epilogue (the QKNormRotaryEmbedding slot's): int64
 // positions [M], bf16 q_norm and k_norm weights [128], eps, fp32 cos and sin [max_pos, 64] (NeoX
@@ -102,6 +112,20 @@ struct SkinnyQkNormRope {
   const DeviceTensor* cos = nullptr;
   const DeviceTensor* sin = nullptr;
   int q_heads = 0, k_heads = 0;
+};
+
+// A residual add + RMSNorm folded into the GEMMs around it (the decode step's norms between
+// projections): run_residual() adds its product into the residual stream h in place and leaves
+// the new rows' sums of squares, a partial per 64-column tile, in `ss` (fp32, at least
+// kSkinnyMaxRows a tile); the next GEMM, given this SkinnyPrenorm, reads the raw h as its x and
+// scales row m of its sums by rstd[m] = rsqrt(sum of the ss_tiles partials / K + eps). Its
+// weight must carry the norm's weight: RMSNorm(h) . W^T = rstd * (h . (W diag(norm weight))^T)
+// (DeviceKernels::scale_columns folds it). The norm's bf16 rounding of its output is the one
+// step of the unfolded norm it leaves out; W diag(w) is rounded to bf16 instead.
+struct SkinnyPrenorm {
+  const DeviceTensor* ss = nullptr;
+  int ss_tiles = 0;
+  float eps = 1e-6f;
 };
 
 class SkinnyGemm {
@@ -139,12 +163,14 @@ class SkinnyGemm {
   // one launch, the activation taken from the fp32 sums. Hopper only (has_wgmma()); otherwise,
   // or when the shapes do not fit, silu_refusal() says why and run_silu_and_mul() throws
   // kInvalidInput.
-  std::string silu_refusal(const DeviceTensor& x, const DeviceTensor& w,
-                           const DeviceTensor& y) const;
+  // `pre`: x is a residual stream and w carries the folded norm's weight (SkinnyPrenorm).
+  std::string silu_refusal(const DeviceTensor& x, const DeviceTensor& w, const DeviceTensor& y,
+                           const SkinnyPrenorm* pre = nullptr) const;
   void run_silu_and_mul(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
-                        DeviceTensor& y);
+                        DeviceTensor& y, const SkinnyPrenorm* pre = nullptr);
   void run_silu_and_mul(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
-                        DeviceTensor& y, const SkinnyPlan& plan);
+                        DeviceTensor& y, const SkinnyPlan& plan,
+                        const SkinnyPrenorm* pre = nullptr);
 
   // y [M, N] = x . w^T (+ bias) with every query and key head of the row (128 wide: q_heads,
   // then k_heads, then the value heads) RMS-normed and rotated as QKNormRotaryEmbedding does to
@@ -152,19 +178,38 @@ class SkinnyGemm {
   // qk_norm_rope_refusal() says why not (empty when it takes them).
   std::string qk_norm_rope_refusal(const DeviceTensor& x, const DeviceTensor& w,
                                    const DeviceTensor* bias, const DeviceTensor& y,
-                                   const SkinnyQkNormRope& e) const;
-  void run_qk_norm_rope(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
-                        const DeviceTensor* bias, DeviceTensor& y, const SkinnyQkNormRope& e);
+                                   const SkinnyQkNormRope& e,
+                                   const SkinnyPrenorm* pre = nullptr) const;
   void run_qk_norm_rope(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                         const DeviceTensor* bias, DeviceTensor& y, const SkinnyQkNormRope& e,
-                        const SkinnyPlan& plan);
+                        const SkinnyPrenorm* pre = nullptr);
+  void run_qk_norm_rope(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                        const DeviceTensor* bias, DeviceTensor& y, const SkinnyQkNormRope& e,
+                        const SkinnyPlan& plan, const SkinnyPrenorm* pre = nullptr);
+
+  // h [M, N] += bf16(x . w^T (+ bias)) in place (bf16, as FusedAddRMSNorm's residual add rounds),
+  // and the new rows' sums of squares over each 64-column tile into ss [tiles, kSkinnyMaxRows]
+  // (fp32): the producer half of a folded norm. Returns the tiles (SkinnyPrenorm::ss_tiles).
+  // Hopper only; residual_refusal() says why not.
+  std::string residual_refusal(const DeviceTensor& x, const DeviceTensor& w,
+                               const DeviceTensor* bias, const DeviceTensor& h,
+                               const DeviceTensor& ss) const;
+  int run_residual(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                   const DeviceTensor* bias, DeviceTensor& h, DeviceTensor& ss);
+  int run_residual(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                   const DeviceTensor* bias, DeviceTensor& h, DeviceTensor& ss,
+                   const SkinnyPlan& plan);
 
  private:
   // The checked launch of `plan` for y [M, N] (N: y's columns) from x [M, K]; `qknr`: the
-  // kQkNormRope epilogue's operands.
+  // kQkNormRope epilogue's operands; `ss`: kResidual's sums of squares; `pre`: the prologue
+  // norm's.
   void launch_plan(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                    const DeviceTensor* bias, DeviceTensor& y, const SkinnyPlan& plan,
-                   const SkinnyQkNormRope* qknr = nullptr);
+                   const SkinnyQkNormRope* qknr = nullptr, DeviceTensor* ss = nullptr,
+                   const SkinnyPrenorm* pre = nullptr);
+  // Why `pre` does not fit x (rows M, width K) and `plan`; empty when it does.
+  std::string prenorm_refusal(const DeviceTensor& x, int64_t K, const SkinnyPrenorm* pre) const;
   struct Workspace {
     DeviceTensor acc;       // fp32 [tiles, 64, n_tile] slabs, zero between calls
     DeviceTensor counters;  // int32 [tiles], zero between calls
