@@ -6,9 +6,10 @@
 // generate() against the host model's greedy continuation (the runtime's own fp32 kernels: nothing
 // bound); the attention package's PagedKVAppend / PagedAttention serving decode (bf16 cache at the
 // fp32 model's boundary) within bf16 tolerance, graph equal to eager; a bf16 Qwen3's one q/k/v
-// projection and skinny GEMMs against its own prefill; the attention's fused append against the
-// separate one, bit for bit; two overlapped halves of the batch; the greedy argmax alone (ties, odd
-// widths, misaligned rows); and the argument errors.
+// projection, skinny GEMMs and folded norms against its own prefill (before and after a train
+// step); the attention's fused append against the separate one, bit for bit; two overlapped
+// halves of the batch; the greedy argmax alone (ties, odd widths, misaligned rows); and the
+// argument errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -63,6 +64,17 @@ ModelConfig qwen3_d64() {
   c.kv_heads = 2;
   c.head_dim = 64;
   c.seq = 160;
+  return c;
+}
+
+// head_dim 128 (Qwen3's: what the q/k norm epilogue takes), 2 query heads and 1 KV head over
+// `hidden`.
+ModelConfig qwen3_d128(int hidden) {
+  ModelConfig c = qwen3_d64();
+  c.hidden = hidden;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.head_dim = 128;
   return c;
 }
 
@@ -338,11 +350,7 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
 TEST_F(GpuDemoDecode, Bf16Qwen3HeadDim128FoldsTheQkNormsIntoTheQkvGemm) {
   Runtime rt;
   const DemoSlots slots = bind_decode_packages(rt);
-  ModelConfig cfg = qwen3_d64();
-  cfg.hidden = 256;
-  cfg.heads = 2;
-  cfg.kv_heads = 1;
-  cfg.head_dim = 128;
+  const ModelConfig cfg = qwen3_d128(256);
   DeviceModelOptions bf16;
   bf16.dtype = kBF16;
   const bool hopper = kh::device_info(0).sm_major == 9;
@@ -358,6 +366,96 @@ TEST_F(GpuDemoDecode, Bf16Qwen3HeadDim128FoldsTheQkNormsIntoTheQkvGemm) {
     decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, decode);
     graph_equals_eager(cfg, rt, slots, 64, 70, 8, bf16, decode);
   }
+}
+
+// Hidden 128 under 256-wide q/k/v heads and an FFN of 384: on Hopper the o and down projections
+// run on the skinny GEMM, so the residual add + RMSNorm between projections folds into them
+// (DecodeFuse::kOn): o and down add into the residual, gate/up and the next layer's q/k/v GEMM
+// read the raw residual with the norm's weight folded into theirs and scale their rows by its
+// rstd. The steps track the prefill within bf16 tolerance folded and unfolded, and replay from the
+// graph bit for bit; the GEMM count stays 4 a layer and the LM head.
+TEST_F(GpuDemoDecode, Bf16Qwen3FoldsTheNormsBetweenProjections) {
+  Runtime rt;
+  const DemoSlots slots = bind_decode_packages(rt);
+  ModelConfig cfg = qwen3_d128(128);
+  cfg.ffn = 384;
+  cfg.layers = 3;
+  DeviceModelOptions bf16;
+  bf16.dtype = kBF16;
+  const bool hopper = kh::device_info(0).sm_major == 9;
+  DecodeConfig unfused;
+  unfused.fuse = DecodeFuse::kOff;
+  for (const DecodeConfig& decode : {DecodeConfig{}, unfused}) {
+    SCOPED_TRACE(decode.fuse == DecodeFuse::kOn ? "fused" : "unfused");
+    const bool folded = hopper && decode.fuse == DecodeFuse::kOn;
+    after_one_step(cfg, rt, slots, bf16, decode, [&](DeviceCausalLM& dev) {
+      EXPECT_TRUE(dev.decode_fuses_qkv());
+      EXPECT_EQ(dev.decode_fuses_norm(), folded);
+      EXPECT_EQ(dev.decode_fuses_qk_norm(), folded);
+      EXPECT_EQ(dev.decode_fuses_silu(), folded);
+      EXPECT_EQ(dev.decode_gemms(), 4 * cfg.layers + 1);
+      // q/k/v, gate/up (their epilogues), o and down (preferred) on the skinny GEMM; the LM head
+      // on cuBLASLt. Unfused: o and down only.
+      EXPECT_EQ(dev.decode_skinny_gemms(), hopper ? (folded ? 4 : 2) * cfg.layers : 0);
+    });
+    decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, decode);
+    graph_equals_eager(cfg, rt, slots, 64, 70, 8, bf16, decode);
+  }
+}
+
+// The folded norms' weights (W diag(norm weight), DecodeState) follow the model: after a train
+// step moved every weight, the next decode step, replayed from the graph captured before it,
+// tracks the new prefill logits (the step moved them far past the tolerance).
+TEST_F(GpuDemoDecode, FoldedNormWeightsFollowATrainStep) {
+  Runtime rt;
+  const DemoSlots slots = bind_decode_packages(rt);
+  ModelConfig cfg = qwen3_d128(128);
+  cfg.ffn = 384;
+  cfg.layers = 2;
+  DeviceModelOptions bf16;
+  bf16.dtype = kBF16;
+  CausalLM host(cfg, slots, 5);
+  DeviceCausalLM dev(host, slots, rt, 0, bf16);
+  const int B = 2, P = 6, T = P + 1;
+  const size_t V = static_cast<size_t>(cfg.vocab);
+  const std::vector<int64_t> all = sequence_tokens(cfg, B, T, 2);
+  const std::vector<int64_t> prompts = prefix(all, B, T, P);
+  std::vector<int64_t> next(B);
+  for (int b = 0; b < B; ++b) next[b] = all[static_cast<size_t>(b) * T + P];
+  DecodeConfig decode;
+  decode.max_batch = B;
+  decode.max_context = T;
+  decode.page_size = 64;
+  dev.init_decode(rt, decode);
+  // The whole sequences' logits at position P, and the decode step's against them.
+  auto step_matches_prefill = [&](const std::string& what) {
+    dev.forward(all.data(), nullptr, B, T);
+    const std::vector<float> want = dev.download_logits();
+    dev.prefill(prompts.data(), B, P);
+    dev.decode_step(next.data(), /*graph=*/true);
+    const std::vector<float> got = dev.download_decode_logits();
+    std::vector<float> at_p;
+    for (int b = 0; b < B; ++b) {
+      const float* w = want.data() + (static_cast<size_t>(b) * T + P) * V;
+      expect_close(got.data() + b * V, w, V, 6e-2f, 6e-2f,
+                   what + ", sequence " + std::to_string(b));
+      at_p.insert(at_p.end(), w, w + V);
+    }
+    return at_p;
+  };
+  const std::vector<float> before = step_matches_prefill("before the train step");
+  EXPECT_EQ(dev.decode_fuses_norm(), kh::device_info(0).sm_major == 9);
+  rt.set_mode(Mode::kTrain);
+  dev.forward(all.data(), all.data(), B, T);
+  dev.backward();
+  dev.adam_step(AdamConfig{});
+  rt.set_mode(Mode::kEval);
+  const std::vector<float> after = step_matches_prefill("after the train step");
+  EXPECT_TRUE(dev.decode_graph_captured());
+  size_t moved = 0;
+  for (size_t i = 0; i < before.size(); ++i)
+    moved += std::fabs(after[i] - before[i]) > 6e-2f + 6e-2f * std::fabs(before[i]);
+  EXPECT_GT(moved, before.size() / 4) << "the train step hardly moved the logits: no test";
 }
 
 // PagedAttentionWithKVAppend (the attention reads the step's K and V from the q/k/v row and

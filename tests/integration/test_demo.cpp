@@ -445,6 +445,7 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   // (Hopper); the tiny Llama has no q/k norms to fold and no fused q/k/v GEMM.
   EXPECT_TRUE(dec["fused_silu"].is_boolean()) << dec.dump(2);
   EXPECT_EQ(dec["fused_qk_norm"], false) << dec.dump(2);
+  EXPECT_EQ(dec["fused_norm"], false) << dec.dump(2);  // no fused q/k/v GEMM to fold into
   EXPECT_TRUE(d["refused_slots"].contains("PagedAttention")) << d.dump(2);
   EXPECT_TRUE(has(d["runtime_slots"], "PagedAttention")) << d.dump(2);
   EXPECT_GT(dec["tokens_per_s"].get<double>(), 0);

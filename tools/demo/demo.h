@@ -111,6 +111,7 @@ struct DemoRun {
   bool decode_fused_append = false;   // ... and appended K/V in its attention's launch
   bool decode_fused_silu = false;     // every MLP ran SiluAndMul in its gate/up GEMM
   bool decode_fused_qk_norm = false;  // every q/k/v GEMM normed and rotated q and k
+  bool decode_fused_norm = false;     // every norm between projections folded into them
   int decode_skinny_gemms = 0;        // the step's GEMMs on the runtime's skinny GEMM
   int decode_gemms = 0;               // the step's GEMMs
   std::string decode_cache_dtype;     // "bf16" or "fp32"

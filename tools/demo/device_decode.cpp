@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 
 #include "kernel_hub/kernel_hub.hpp"
@@ -230,6 +231,17 @@ struct DeviceCausalLM::DecodeState {
   bool fused_append = false;   // ... and appended K/V in their attention's launch
   bool fused_qk_norm = false;  // ... and normed and rotated q and k in the q/k/v GEMM
   bool fused_silu = false;     // the last step's MLPs all took SiluAndMul in the gate/up GEMM
+  bool fused_norm = false;     // ... and every norm between projections was folded into them
+  // The folded norm (folds_norm()): the last residual-epilogue GEMM has added its output into h
+  // and left the rows' sums of squares, ss_tiles partials, in norm_ss (fp32 [H / 64 + 1, 64]).
+  DeviceTensor norm_ss;
+  bool residual_in_h = false;
+  int ss_tiles = 0;
+  // The consumers' weights with the norm's weight folded in (W diag(w): SkinnyPrenorm), per layer:
+  // q/k/v (Layer::qkv, else empty) after the attention norm, gate/up after the MLP norm; folded
+  // at adam step normed_at (fold_norm_weights), before the step that uses them.
+  std::vector<DeviceTensor> qkv_normed, gate_up_normed;
+  int64_t normed_at = -1;
   double decode_ms = 0;
   int decode_steps = 0;
 
@@ -237,6 +249,18 @@ struct DeviceCausalLM::DecodeState {
   // Whether the step may fold a layer into a skinny GEMM's epilogue (DecodeFuse::kOn and the
   // skinny GEMM in use); the epilogue's refusal still decides for each call.
   bool folds() const { return fuse == DecodeFuse::kOn && gemm != DecodeGemm::kCublasLt && skinny; }
+  // Whether the norms between projections may fold into them: one norm_ss, so not while the
+  // halves' layers run on two streams.
+  bool folds_norm() const { return folds() && !overlapped(); }
+  // Whether decode_linear runs x . W^T -> y on the skinny GEMM: where it takes the shapes and
+  // (kAuto) where it is preferred.
+  bool skinny_takes(const DeviceTensor& x, const DeviceTensor& W, const DeviceTensor& y) const {
+    return skinny && skinny->fits(x, W, y) &&
+           (gemm == DecodeGemm::kSkinny ||
+            skinny_preferred(x.numel() / W.dim(1), W.dim(0), W.dim(1), skinny->has_wgmma()));
+  }
+  // The folded attention norm's operand, after a down projection's run_residual.
+  SkinnyPrenorm prenorm(float eps) const { return {&norm_ss, ss_tiles, eps}; }
   // Whether the prefilled batch's steps run as two halves.
   bool overlapped() const { return overlap_mode == DecodeOverlap::kOn && batch >= 2; }
 };
@@ -367,6 +391,10 @@ bool DeviceCausalLM::decode_fuses_qk_norm() const {
   return decode_ && decode_->fused_qkv && decode_->fused_qk_norm;
 }
 
+bool DeviceCausalLM::decode_fuses_norm() const {
+  return decode_ && decode_->fused_norm;
+}
+
 int DeviceCausalLM::decode_skinny_gemms() const {
   return decode_ ? decode_->skinny_gemms : 0;
 }
@@ -425,6 +453,7 @@ void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits 
     d.gu = empty({B, 2 * F}, t);
     d.s = empty({B, F}, t);
     d.f = empty({B, H}, t);
+    d.norm_ss = empty({H / kSkinnyMaxRows + 1, kSkinnyMaxRows}, kF32);
     d.logits = empty({B, V}, t);
     if (layers_.front().qkv) d.qkv = empty({B, Q + 2 * KV}, t);
     if (d.package) {
@@ -544,36 +573,45 @@ void DeviceCausalLM::on_branch(DeviceStream& branch, DeviceEvent& joined, F&& bo
   joined.record(branch);
 }
 
+// Whether decode_fused_qkv's path applies to layer L (it may still refuse a strided view).
+bool DeviceCausalLM::fused_qkv_applies(const Layer& L) const {
+  const DecodeState& d = *decode_;
+  return L.qkv && d.package && bound(slots_.qk_norm_rotary) && bound(d.slots->paged_kv_append) &&
+         bound(d.slots->paged_attention);
+}
+
 // Qwen3 in bf16 with the attention package (Layer::qkv): q, k and v of one GEMM, normed and
 // rotated in place in r.qkv's rows, which the append and the attention read with their row
 // stride: one launch and one pass over the weights instead of three projections; then the
 // append and the attention in one launch where PagedAttentionWithKVAppend is bound (it refuses
 // before writing anything: the two slots then serve). False when the path does not apply or a
 // package refused a strided view (r.a is untouched and a repeated append writes the same cache
-// rows): the caller then runs the separate projections.
-bool DeviceCausalLM::decode_fused_qkv(size_t layer, DecodeRows& r) {
+// rows): the caller then runs the separate projections. `pre`: r.h holds the residual and the
+// attention norm folds into the GEMM (the caller checked that it takes it); else r.a is normed.
+bool DeviceCausalLM::decode_fused_qkv(size_t layer, DecodeRows& r, const SkinnyPrenorm* pre) {
   DecodeState& d = *decode_;
   const Layer& L = layers_[layer];
-  if (!L.qkv || !d.package || !bound(slots_.qk_norm_rotary) || !bound(d.slots->paged_kv_append) ||
-      !bound(d.slots->paged_attention))
-    return false;
+  if (!fused_qkv_applies(L)) return false;
   const int64_t B = r.batch, NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
   const int64_t Q = cfg_.q_dim(), KV = cfg_.kv_dim(), row = Q + 2 * KV;
   // DecodeFuse::kOn: the q/k norms and RoPE as the skinny GEMM's epilogue (Hopper), else the
   // slot on the GEMM's rows.
   bool normed = false;
   if (d.folds()) {
-    const DeviceTensor& W = run(*L.qkv);
+    const DeviceTensor& W = pre ? d.qkv_normed[layer] : run(*L.qkv);
     const SkinnyQkNormRope e{
         &r.positions, &run(*L.q_norm), &run(*L.k_norm),      cfg_.eps,
         &cos_,        &sin_,           static_cast<int>(NH), static_cast<int>(NKV)};
-    if (d.skinny->qk_norm_rope_refusal(r.a, W, nullptr, r.qkv, e).empty()) {
+    const DeviceTensor& x = pre ? r.h : r.a;
+    if (d.skinny->qk_norm_rope_refusal(x, W, nullptr, r.qkv, e, pre).empty()) {
       ++d.gemms;
       ++d.skinny_gemms;
-      timed(Phase::kGemm, [&] { d.skinny->run_qk_norm_rope(stream_, r.a, W, nullptr, r.qkv, e); });
+      timed(Phase::kGemm,
+            [&] { d.skinny->run_qk_norm_rope(stream_, x, W, nullptr, r.qkv, e, pre); });
       normed = true;
     }
   }
+  if (pre && !normed) invalid("decode: a folded attention norm that the q/k/v GEMM refused");
   if (!normed) {
     d.fused_qk_norm = false;
     decode_linear(r.a, *L.qkv, nullptr, r.qkv);
@@ -669,7 +707,45 @@ void DeviceCausalLM::decode_projections(size_t layer, DecodeRows& r) {
 
 // A decode layer after its attention (in r.attn): the output projection, the residual add and
 // norm, the MLP; its output is r.branch.
-void DeviceCausalLM::decode_mlp(const Layer& L, DecodeRows& r) {
+void DeviceCausalLM::decode_mlp(size_t layer, DecodeRows& r) {
+  DecodeState& d = *decode_;
+  const Layer& L = layers_[layer];
+  const DeviceTensor& wo = run(*L.wo);
+  const DeviceTensor* bo = L.bo ? &run(*L.bo) : nullptr;
+  // The residual add + norm folded into the o projection (adding into h) and the gate/up GEMM
+  // (the raw h times the weight with the norm's folded in), where both take it.
+  const SkinnyPrenorm pre{&d.norm_ss, static_cast<int>(skinny_residual_tiles(wo.dim(0))), cfg_.eps};
+  if (d.folds_norm() && d.skinny_takes(r.attn, wo, r.h) &&
+      d.skinny->residual_refusal(r.attn, wo, bo, r.h, d.norm_ss).empty() &&
+      d.skinny->silu_refusal(r.h, d.gate_up_normed[layer], r.s, &pre).empty()) {
+    d.gemms += 2;
+    d.skinny_gemms += 2;
+    timed(Phase::kGemm, [&] {
+      d.skinny->run_residual(stream_, r.attn, wo, bo, r.h, d.norm_ss);
+      d.skinny->run_silu_and_mul(stream_, r.h, d.gate_up_normed[layer], r.s, &pre);
+    });
+  } else {
+    d.fused_norm = false;
+    decode_gate_up(L, r);
+  }
+  // The down projection adds into h where the next norm can fold (decode_layer, the final norm).
+  const DeviceTensor& wdown = run(*L.wdown);
+  d.residual_in_h = d.folds_norm() && d.skinny_takes(r.s, wdown, r.h) &&
+                    d.skinny->residual_refusal(r.s, wdown, nullptr, r.h, d.norm_ss).empty();
+  if (d.residual_in_h) {
+    ++d.gemms;
+    ++d.skinny_gemms;
+    timed(Phase::kGemm, [&] {
+      d.ss_tiles = d.skinny->run_residual(stream_, r.s, wdown, nullptr, r.h, d.norm_ss);
+    });
+  } else {
+    d.fused_norm = false;
+    decode_linear(r.s, *L.wdown, nullptr, r.branch);
+  }
+}
+
+// The o projection, the residual add + norm and gate/up with SiluAndMul, unfolded: r.s.
+void DeviceCausalLM::decode_gate_up(const Layer& L, DecodeRows& r) {
   DecodeState& d = *decode_;
   decode_linear(r.attn, *L.wo, L.bo, r.branch);
   add_norm(r.branch, r.h.view(r.h.shape()), *L.mlp_norm, r.m, nullptr);
@@ -687,7 +763,6 @@ void DeviceCausalLM::decode_mlp(const Layer& L, DecodeRows& r) {
     else
       kernels_.silu_and_mul(stream_, r.gu, r.s);
   }
-  decode_linear(r.s, *L.wdown, nullptr, r.branch);
 }
 
 // A decode step's projection: the skinny GEMM where it takes the shapes (and, kAuto, where it is
@@ -697,11 +772,7 @@ void DeviceCausalLM::decode_linear(const DeviceTensor& x, const Param& w, const 
   DecodeState& d = *decode_;
   const DeviceTensor& W = run(w);
   ++d.gemms;
-  const bool skinny =
-      d.skinny && d.skinny->fits(x, W, y) &&
-      (d.gemm == DecodeGemm::kSkinny ||
-       skinny_preferred(x.numel() / W.dim(1), W.dim(0), W.dim(1), d.skinny->has_wgmma()));
-  if (!skinny) {
+  if (!d.skinny_takes(x, W, y)) {
     linear(x, w, bias, y);
     return;
   }
@@ -711,15 +782,60 @@ void DeviceCausalLM::decode_linear(const DeviceTensor& x, const Param& w, const 
 
 // The residual stream is r.h + the last MLP's r.branch: each pre-norm adds it in place (eval:
 // add_norm allocates nothing), in one FusedAddRMSNorm pass when the package serves it.
+//
+// Where the last MLP's down projection added into h (DecodeState::residual_in_h), the attention
+// norm folds into the q/k/v GEMM (it norms h as it loads it) when that takes it, else it is a
+// plain RMSNorm of h.
 void DeviceCausalLM::decode_layer(size_t layer, DecodeRows& r) {
+  DecodeState& d = *decode_;
   const Layer& L = layers_[layer];
   const DeviceTensor none;
-  add_norm(layer == 0 ? none : r.branch, r.h.view(r.h.shape()), *L.attn_norm, r.a, nullptr);
-  if (!decode_fused_qkv(layer, r)) {
-    decode_->fused_qkv = decode_->fused_append = decode_->fused_qk_norm = false;
+  const bool in_h = layer > 0 && d.residual_in_h;
+  std::optional<SkinnyPrenorm> pre;
+  if (in_h && d.folds_norm() && fused_qkv_applies(L)) {
+    pre = d.prenorm(cfg_.eps);
+    const SkinnyQkNormRope e{&r.positions,
+                             &run(*L.q_norm),
+                             &run(*L.k_norm),
+                             cfg_.eps,
+                             &cos_,
+                             &sin_,
+                             static_cast<int>(cfg_.heads),
+                             static_cast<int>(cfg_.kv_heads)};
+    if (!d.skinny->qk_norm_rope_refusal(r.h, d.qkv_normed[layer], nullptr, r.qkv, e, &*pre).empty())
+      pre.reset();
+  }
+  if (!pre) {
+    if (layer > 0) d.fused_norm = false;
+    add_norm(layer == 0 || in_h ? none : r.branch, r.h.view(r.h.shape()), *L.attn_norm, r.a,
+             nullptr);
+  }
+  if (!decode_fused_qkv(layer, r, pre ? &*pre : nullptr)) {
+    d.fused_qkv = d.fused_append = d.fused_qk_norm = false;
+    // A slot refused after the folded GEMM: the projections again, from the norm written out.
+    if (pre) add_norm(none, r.h.view(r.h.shape()), *L.attn_norm, r.a, nullptr);
     decode_projections(layer, r);
   }
-  decode_mlp(L, r);
+  decode_mlp(layer, r);
+}
+
+// The folded norms' weights (DecodeState::qkv_normed, gate_up_normed), allocated once and
+// refolded whenever an adam step changed the weights since: outside any capture (decode_step,
+// before its launch), so a captured step reads the current ones.
+void DeviceCausalLM::fold_norm_weights() {
+  DecodeState& d = *decode_;
+  if (!d.folds_norm() || d.normed_at == adam_t_) return;
+  if (d.gate_up_normed.empty())
+    for (const Layer& L : layers_) {
+      d.qkv_normed.push_back(L.qkv ? empty(run(*L.qkv).shape(), kBF16) : DeviceTensor{});
+      d.gate_up_normed.push_back(empty(run(*L.gate_up).shape(), kBF16));
+    }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    if (L.qkv) kernels_.scale_columns(stream_, run(*L.qkv), run(*L.attn_norm), d.qkv_normed[l]);
+    kernels_.scale_columns(stream_, run(*L.gate_up), run(*L.mlp_norm), d.gate_up_normed[l]);
+  }
+  d.normed_at = adam_t_;
 }
 
 // One token per sequence through the layers, on the step's buffers (the host model's
@@ -737,6 +853,8 @@ void DeviceCausalLM::decode_launch() {
   d.fused_append = true;
   d.fused_silu = true;
   d.fused_qk_norm = true;
+  d.fused_norm = d.folds_norm();
+  d.residual_in_h = false;
   d.skinny_gemms = d.gemms = 0;
   if (d.overlapped()) {
     DecodeRows first = d.rows(0, B / 2), second = d.rows(B / 2, B - B / 2);
@@ -755,7 +873,8 @@ void DeviceCausalLM::decode_launch() {
     DecodeRows all = d.rows(0, B);
     for (size_t l = 0; l < layers_.size(); ++l) decode_layer(l, all);
   }
-  add_norm(d.branch, d.h.view(d.h.shape()), *final_norm_, d.f, nullptr);
+  const DeviceTensor none;  // the last down projection added into h (residual_in_h)
+  add_norm(d.residual_in_h ? none : d.branch, d.h.view(d.h.shape()), *final_norm_, d.f, nullptr);
   decode_linear(d.f, *head_, nullptr, d.logits);
   d.kernels.argmax_advance(stream_, d.logits, 0, V, B, V, d.tokens, d.positions, d.seq_lens,
                            d.out_tokens, d.step, d.argmax_scratch);
@@ -766,6 +885,7 @@ void DeviceCausalLM::decode_step(const int64_t* tokens, bool graph) {
   DecodeState& d = *decode_;
   if (runtime_.mode() != Mode::kEval)
     invalid("prefill and decode run in eval mode; set_mode(eval) first");
+  fold_norm_weights();
   const int64_t B = d.batch;
   if (tokens) {
     for (int64_t b = 0; b < B; ++b)

@@ -43,6 +43,8 @@
 
 namespace kh::demo {
 
+struct SkinnyPrenorm;  // skinny_gemm.h
+
 struct DeviceModelOptions {
   DLDataType dtype = kF32;         // kF32 or kBF16: weights run and activations
   int64_t loss_chunk_rows = 1024;  // tokens per chunk of the runtime's own train loss
@@ -149,6 +151,9 @@ class DeviceCausalLM {
   bool decode_fuses_silu() const;
   // ... and its fused q/k/v GEMMs all ran the q/k norms and RoPE as their epilogue.
   bool decode_fuses_qk_norm() const;
+  // ... and every residual add + RMSNorm between two projections was folded into them (the o and
+  // down GEMMs add into the residual, the gate/up and next q/k/v GEMMs norm it as they load it).
+  bool decode_fuses_norm() const;
   // How many of the last decode step's GEMMs ran on the runtime's skinny GEMM (DecodeGemm).
   int decode_skinny_gemms() const;
   int decode_gemms() const;  // all of the last decode step's GEMMs
@@ -265,8 +270,12 @@ class DeviceCausalLM {
   // One layer of a decode step for the rows r holds (the batch, or one half of it).
   void decode_layer(size_t layer, DecodeRows& r);
   void decode_projections(size_t layer, DecodeRows& r);  // q, k, v apart, then the attention
-  bool decode_fused_qkv(size_t layer, DecodeRows& r);    // with Layer::qkv, or false (see .cpp)
-  void decode_mlp(const Layer& L, DecodeRows& r);        // from the attention output on
+  bool fused_qkv_applies(const Layer& L) const;
+  bool decode_fused_qkv(size_t layer, DecodeRows& r,  // with Layer::qkv, or false (see .cpp)
+                        const SkinnyPrenorm* pre);
+  void decode_mlp(size_t layer, DecodeRows& r);  // from the attention output on
+  void fold_norm_weights();  // DecodeState's folded-norm weights, when the weights changed
+  void decode_gate_up(const Layer& L, DecodeRows& r);  // its o, norm and gate/up, unfolded
   void decode_linear(const DeviceTensor& x, const Param& w, const Param* bias, DeviceTensor& y);
   void decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4,
                      const DecodeRows& r);

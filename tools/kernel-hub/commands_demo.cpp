@@ -269,7 +269,7 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
     if (run.decoded) {
       ctx.say(fmt::format(
           "decode ({} cache, {}, {}): {} sequences x {}-token prompts + {} tokens: {:.0f} "
-          "tokens/s, {:.3f} ms per step ({} timed steps{}{}{}{}{}{})",
+          "tokens/s, {:.3f} ms per step ({} timed steps{}{}{}{}{}{}{})",
           run.decode_cache_dtype, run.decode_graph ? "CUDA graph" : "eager",
           run.decode_package ? "PagedAttention from the package" : "the runtime's attention",
           run.decode_batch, run.decode_prompt, run.decode_generated, run.decode_tokens_per_s,
@@ -279,6 +279,7 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
           run.decode_fused_append ? ", K/V appended by the attention" : "",
           run.decode_fused_qk_norm ? ", q/k norms and RoPE in the q/k/v GEMM" : "",
           run.decode_fused_silu ? ", SiluAndMul in the gate/up GEMM" : "",
+          run.decode_fused_norm ? ", the add + norms between projections in their GEMMs" : "",
           run.decode_skinny_gemms
               ? fmt::format(", {} of {} GEMMs skinny", run.decode_skinny_gemms, run.decode_gemms)
               : ""));
@@ -398,7 +399,10 @@ void add_demo_command(CLI::App& app, Runner& run) {
                   "CUDA only: on folds layers into the decode step's GEMMs where the runtime's "
                   "skinny GEMM runs them (bf16, Hopper, not with --decode-gemm cublaslt): Qwen3's "
                   "q/k norms and RoPE into the q/k/v GEMM, SiluAndMul into the gate/up GEMM, so "
-                  "decode launches neither slot; off calls the slots every step (default on)")
+                  "decode launches neither slot, and (one batch, not --decode-overlap) the "
+                  "residual add + RMSNorm between projections into the o and down GEMMs and the "
+                  "next GEMM (eval keeps a copy of the q/k/v and gate/up weights with the norms' "
+                  "weights folded in); off calls the slots every step (default on)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_flag("--fallback", a->fallback,
                 "Bind no package: every slot runs the runtime's own implementation (as "
