@@ -78,6 +78,13 @@ ModelConfig qwen3_d128(int hidden) {
   return c;
 }
 
+// A bf16 model (fp32 master weights), the decode fusions' dtype.
+DeviceModelOptions bf16_model() {
+  DeviceModelOptions o;
+  o.dtype = kBF16;
+  return o;
+}
+
 std::vector<int64_t> sequence_tokens(const ModelConfig& cfg, int batch, int len, int salt) {
   std::vector<int64_t> t(static_cast<size_t>(batch) * len);
   for (size_t i = 0; i < t.size(); ++i)
@@ -214,6 +221,24 @@ class GpuDemoDecode : public ::testing::Test {
     EXPECT_EQ(eager, graphed);
   }
 
+  // A bf16 model's decode with its fusions (DecodeFuse::kOn) and without: check(dev, folds) after
+  // one step (folds: on, on Hopper, where the skinny GEMM's epilogues run), then decode against
+  // prefill within bf16 tolerance and the graph against eager steps.
+  void fused_and_unfused(const ModelConfig& cfg, Runtime& rt, const DemoSlots& slots,
+                         const std::function<void(DeviceCausalLM&, bool)>& check) {
+    const bool hopper = kh::device_info(0).sm_major == 9;
+    DecodeConfig unfused;
+    unfused.fuse = DecodeFuse::kOff;
+    for (const DecodeConfig& decode : {DecodeConfig{}, unfused}) {
+      SCOPED_TRACE(decode.fuse == DecodeFuse::kOn ? "fused" : "unfused");
+      const bool folds = hopper && decode.fuse == DecodeFuse::kOn;
+      after_one_step(cfg, rt, slots, bf16_model(), decode,
+                     [&](DeviceCausalLM& dev) { check(dev, folds); });
+      decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16_model(), decode);
+      graph_equals_eager(cfg, rt, slots, 64, 70, 8, bf16_model(), decode);
+    }
+  }
+
   static std::string* skip_;
   static Runtime* runtime_;
   static DemoSlots* slots_;
@@ -315,8 +340,7 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
   Runtime rt;
   const DemoSlots slots = bind_decode_packages(rt);
   const ModelConfig cfg = qwen3_d64();
-  DeviceModelOptions bf16;
-  bf16.dtype = kBF16;
+  const DeviceModelOptions bf16 = bf16_model();
   after_one_step(cfg, rt, slots, bf16, {}, [&](DeviceCausalLM& dev) {
     EXPECT_TRUE(dev.decode_fuses_qkv());
     EXPECT_TRUE(dev.decode_fuses_append());
@@ -350,22 +374,11 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
 TEST_F(GpuDemoDecode, Bf16Qwen3HeadDim128FoldsTheQkNormsIntoTheQkvGemm) {
   Runtime rt;
   const DemoSlots slots = bind_decode_packages(rt);
-  const ModelConfig cfg = qwen3_d128(256);
-  DeviceModelOptions bf16;
-  bf16.dtype = kBF16;
-  const bool hopper = kh::device_info(0).sm_major == 9;
-  DecodeConfig unfused;
-  unfused.fuse = DecodeFuse::kOff;
-  for (const DecodeConfig& decode : {DecodeConfig{}, unfused}) {
-    SCOPED_TRACE(decode.fuse == DecodeFuse::kOn ? "fused" : "unfused");
-    after_one_step(cfg, rt, slots, bf16, decode, [&](DeviceCausalLM& dev) {
-      EXPECT_TRUE(dev.decode_fuses_qkv());
-      EXPECT_EQ(dev.decode_fuses_qk_norm(), hopper && decode.fuse == DecodeFuse::kOn);
-      EXPECT_EQ(dev.decode_fuses_silu(), hopper && decode.fuse == DecodeFuse::kOn);
-    });
-    decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, decode);
-    graph_equals_eager(cfg, rt, slots, 64, 70, 8, bf16, decode);
-  }
+  fused_and_unfused(qwen3_d128(256), rt, slots, [](DeviceCausalLM& dev, bool folds) {
+    EXPECT_TRUE(dev.decode_fuses_qkv());
+    EXPECT_EQ(dev.decode_fuses_qk_norm(), folds);
+    EXPECT_EQ(dev.decode_fuses_silu(), folds);
+  });
 }
 
 // Hidden 128 under 256-wide q/k/v heads and an FFN of 384: on Hopper the o and down projections
@@ -380,27 +393,17 @@ TEST_F(GpuDemoDecode, Bf16Qwen3FoldsTheNormsBetweenProjections) {
   ModelConfig cfg = qwen3_d128(128);
   cfg.ffn = 384;
   cfg.layers = 3;
-  DeviceModelOptions bf16;
-  bf16.dtype = kBF16;
   const bool hopper = kh::device_info(0).sm_major == 9;
-  DecodeConfig unfused;
-  unfused.fuse = DecodeFuse::kOff;
-  for (const DecodeConfig& decode : {DecodeConfig{}, unfused}) {
-    SCOPED_TRACE(decode.fuse == DecodeFuse::kOn ? "fused" : "unfused");
-    const bool folded = hopper && decode.fuse == DecodeFuse::kOn;
-    after_one_step(cfg, rt, slots, bf16, decode, [&](DeviceCausalLM& dev) {
-      EXPECT_TRUE(dev.decode_fuses_qkv());
-      EXPECT_EQ(dev.decode_fuses_norm(), folded);
-      EXPECT_EQ(dev.decode_fuses_qk_norm(), folded);
-      EXPECT_EQ(dev.decode_fuses_silu(), folded);
-      EXPECT_EQ(dev.decode_gemms(), 4 * cfg.layers + 1);
-      // q/k/v, gate/up (their epilogues), o and down (preferred) on the skinny GEMM; the LM head
-      // on cuBLASLt. Unfused: o and down only.
-      EXPECT_EQ(dev.decode_skinny_gemms(), hopper ? (folded ? 4 : 2) * cfg.layers : 0);
-    });
-    decode_matches_prefill(cfg, rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, decode);
-    graph_equals_eager(cfg, rt, slots, 64, 70, 8, bf16, decode);
-  }
+  fused_and_unfused(cfg, rt, slots, [&](DeviceCausalLM& dev, bool folds) {
+    EXPECT_TRUE(dev.decode_fuses_qkv());
+    EXPECT_EQ(dev.decode_fuses_norm(), folds);
+    EXPECT_EQ(dev.decode_fuses_qk_norm(), folds);
+    EXPECT_EQ(dev.decode_fuses_silu(), folds);
+    EXPECT_EQ(dev.decode_gemms(), 4 * cfg.layers + 1);
+    // q/k/v, gate/up (their epilogues), o and down (preferred) on the skinny GEMM; the LM head on
+    // cuBLASLt. Unfused: o and down only.
+    EXPECT_EQ(dev.decode_skinny_gemms(), hopper ? (folds ? 4 : 2) * cfg.layers : 0);
+  });
 }
 
 // The folded norms' weights (W diag(norm weight), DecodeState) follow the model: after a train
@@ -412,8 +415,7 @@ TEST_F(GpuDemoDecode, FoldedNormWeightsFollowATrainStep) {
   ModelConfig cfg = qwen3_d128(128);
   cfg.ffn = 384;
   cfg.layers = 2;
-  DeviceModelOptions bf16;
-  bf16.dtype = kBF16;
+  const DeviceModelOptions bf16 = bf16_model();
   CausalLM host(cfg, slots, 5);
   DeviceCausalLM dev(host, slots, rt, 0, bf16);
   const int B = 2, P = 6, T = P + 1;
@@ -468,8 +470,7 @@ TEST_F(GpuDemoDecode, FusedAppendDecodesBitForBitWhatTheSeparateAppendDoes) {
   const DemoSlots fused_slots = bind_decode_packages(fused_rt, true);
   const DemoSlots apart_slots = bind_decode_packages(apart_rt, false);
   const ModelConfig cfg = qwen3_d64();
-  DeviceModelOptions bf16;
-  bf16.dtype = kBF16;
+  const DeviceModelOptions bf16 = bf16_model();
   for (const int page_size : {64, 16}) {
     SCOPED_TRACE(::testing::Message() << "page_size " << page_size);
     const int B = 3, P = 63, K = 9, T = P + K;
@@ -508,8 +509,7 @@ TEST_F(GpuDemoDecode, FusedAppendDecodesBitForBitWhatTheSeparateAppendDoes) {
 TEST_F(GpuDemoDecode, SkinnyGemmDecodesWhatCublasLtDoes) {
   Runtime rt;
   const DemoSlots slots = bind_decode_packages(rt);
-  DeviceModelOptions bf16;
-  bf16.dtype = kBF16;
+  const DeviceModelOptions bf16 = bf16_model();
   DecodeConfig skinny;
   skinny.gemm = DecodeGemm::kSkinny;
   decode_matches_prefill(qwen3_d64(), rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, skinny);
@@ -527,8 +527,7 @@ TEST_F(GpuDemoDecode, OverlappedHalvesDecodeWhatOneBatchDoes) {
   graph_equals_eager(qwen3_tiny(), *runtime_, *slots_, 8, 6, 10, {}, halves);
   Runtime rt;
   const DemoSlots slots = bind_decode_packages(rt);
-  DeviceModelOptions bf16;
-  bf16.dtype = kBF16;
+  const DeviceModelOptions bf16 = bf16_model();
   decode_matches_prefill(qwen3_d64(), rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, halves);
   graph_equals_eager(qwen3_d64(), rt, slots, 64, 70, 8, bf16, halves);
   // Off by default.
