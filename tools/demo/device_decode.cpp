@@ -232,10 +232,10 @@ struct DeviceCausalLM::DecodeState {
   bool fused_silu = false;     // the last step's MLPs all took SiluAndMul in the gate/up GEMM
   bool fused_norm = false;     // ... and every norm between projections was folded into them
   // The folded norm (folds_norm()): the last residual-epilogue GEMM has added its output into h
-  // and left the rows' sums of squares, ss_tiles partials, in norm_ss (fp32 [H / 64 + 1, 64]).
+  // and left the rows' sums of squares, a partial per 64-column tile of h, in norm_ss (fp32
+  // [tiles, 64]).
   DeviceTensor norm_ss;
   bool residual_in_h = false;
-  int ss_tiles = 0;
   // The consumers' weights with the norm's weight folded in (W diag(w): SkinnyPrenorm), per layer:
   // q/k/v (Layer::qkv, else empty) after the attention norm, gate/up after the MLP norm; folded
   // at adam step normed_at (fold_norm_weights), before the step that uses them.
@@ -258,8 +258,10 @@ struct DeviceCausalLM::DecodeState {
            (gemm == DecodeGemm::kSkinny ||
             skinny_preferred(x.numel() / W.dim(1), W.dim(0), W.dim(1), skinny->has_wgmma()));
   }
-  // The folded attention norm's operand, after a down projection's run_residual.
-  SkinnyPrenorm prenorm(float eps) const { return {&norm_ss, ss_tiles, eps}; }
+  // The folded norm's operand, after an o or down projection's run_residual.
+  SkinnyPrenorm prenorm(float eps) const {
+    return {&norm_ss, static_cast<int>(norm_ss.dim(0)), eps};
+  }
   // Whether the prefilled batch's steps run as two halves.
   bool overlapped() const { return overlap_mode == DecodeOverlap::kOn && batch >= 2; }
 };
@@ -452,7 +454,7 @@ void DeviceCausalLM::prefill(const int64_t* prompts, int batch, int len, Logits 
     d.gu = empty({B, 2 * F}, t);
     d.s = empty({B, F}, t);
     d.f = empty({B, H}, t);
-    d.norm_ss = empty({H / kSkinnyMaxRows + 1, kSkinnyMaxRows}, kF32);
+    d.norm_ss = empty({skinny_residual_tiles(H), kSkinnyMaxRows}, kF32);
     d.logits = empty({B, V}, t);
     if (layers_.front().qkv) d.qkv = empty({B, Q + 2 * KV}, t);
     if (d.package) {
@@ -579,6 +581,18 @@ bool DeviceCausalLM::fused_qkv_applies(const Layer& L) const {
          bound(d.slots->paged_attention);
 }
 
+// The q/k norm + RoPE epilogue's operands for layer L's q/k/v GEMM on rows r.
+SkinnyQkNormRope DeviceCausalLM::qk_norm_rope_epilogue(const Layer& L, const DecodeRows& r) const {
+  return {&r.positions,
+          &run(*L.q_norm),
+          &run(*L.k_norm),
+          cfg_.eps,
+          &cos_,
+          &sin_,
+          static_cast<int>(cfg_.heads),
+          static_cast<int>(cfg_.kv_heads)};
+}
+
 // Qwen3 in bf16 with the attention package (Layer::qkv): q, k and v of one GEMM, normed and
 // rotated in place in r.qkv's rows, which the append and the attention read with their row
 // stride: one launch and one pass over the weights instead of three projections; then the
@@ -598,9 +612,7 @@ bool DeviceCausalLM::decode_fused_qkv(size_t layer, DecodeRows& r, const SkinnyP
   bool normed = false;
   if (d.folds()) {
     const DeviceTensor& W = pre ? d.qkv_normed[layer] : run(*L.qkv);
-    const SkinnyQkNormRope e{
-        &r.positions, &run(*L.q_norm), &run(*L.k_norm),      cfg_.eps,
-        &cos_,        &sin_,           static_cast<int>(NH), static_cast<int>(NKV)};
+    const SkinnyQkNormRope e = qk_norm_rope_epilogue(L, r);
     const DeviceTensor& x = pre ? r.h : r.a;
     if (d.skinny->qk_norm_rope_refusal(x, W, nullptr, r.qkv, e, pre).empty()) {
       ++d.gemms;
@@ -734,9 +746,8 @@ void DeviceCausalLM::decode_mlp(size_t layer, DecodeRows& r) {
   if (d.residual_in_h) {
     ++d.gemms;
     ++d.skinny_gemms;
-    timed(Phase::kGemm, [&] {
-      d.ss_tiles = d.skinny->run_residual(stream_, r.s, wdown, nullptr, r.h, d.norm_ss);
-    });
+    timed(Phase::kGemm,
+          [&] { d.skinny->run_residual(stream_, r.s, wdown, nullptr, r.h, d.norm_ss); });
   } else {
     d.fused_norm = false;
     decode_linear(r.s, *L.wdown, nullptr, r.branch);
@@ -783,8 +794,8 @@ void DeviceCausalLM::decode_linear(const DeviceTensor& x, const Param& w, const 
 // add_norm allocates nothing), in one FusedAddRMSNorm pass when the package serves it.
 //
 // Where the last MLP's down projection added into h (DecodeState::residual_in_h), the attention
-// norm folds into the q/k/v GEMM (it norms h as it loads it) when that takes it, else it is a
-// plain RMSNorm of h.
+// norm folds into the q/k/v GEMM (it reads h and scales its rows by their rstd) when that takes
+// it, else it is a plain RMSNorm of h.
 void DeviceCausalLM::decode_layer(size_t layer, DecodeRows& r) {
   DecodeState& d = *decode_;
   const Layer& L = layers_[layer];
@@ -793,14 +804,7 @@ void DeviceCausalLM::decode_layer(size_t layer, DecodeRows& r) {
   std::optional<SkinnyPrenorm> pre;
   if (in_h && d.folds_norm() && fused_qkv_applies(L)) {
     pre = d.prenorm(cfg_.eps);
-    const SkinnyQkNormRope e{&r.positions,
-                             &run(*L.q_norm),
-                             &run(*L.k_norm),
-                             cfg_.eps,
-                             &cos_,
-                             &sin_,
-                             static_cast<int>(cfg_.heads),
-                             static_cast<int>(cfg_.kv_heads)};
+    const SkinnyQkNormRope e = qk_norm_rope_epilogue(L, r);
     if (!d.skinny->qk_norm_rope_refusal(r.h, d.qkv_normed[layer], nullptr, r.qkv, e, &*pre).empty())
       pre.reset();
   }

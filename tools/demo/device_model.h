@@ -43,7 +43,8 @@
 
 namespace kh::demo {
 
-struct SkinnyPrenorm;  // skinny_gemm.h
+struct SkinnyPrenorm;     // skinny_gemm.h
+struct SkinnyQkNormRope;  // skinny_gemm.h
 
 struct DeviceModelOptions {
   DLDataType dtype = kF32;         // kF32 or kBF16: weights run and activations
@@ -271,6 +272,7 @@ class DeviceCausalLM {
   void decode_layer(size_t layer, DecodeRows& r);
   void decode_projections(size_t layer, DecodeRows& r);  // q, k, v apart, then the attention
   bool fused_qkv_applies(const Layer& L) const;
+  SkinnyQkNormRope qk_norm_rope_epilogue(const Layer& L, const DecodeRows& r) const;
   bool decode_fused_qkv(size_t layer, DecodeRows& r,  // with Layer::qkv, or false (see .cpp)
                         const SkinnyPrenorm* pre);
   void decode_mlp(size_t layer, DecodeRows& r);  // from the attention output on

@@ -56,6 +56,24 @@ const char* epilogue_name(SkinnyEpilogue e) {
   throw Error(ErrorKind::kInvalidInput, "skinny GEMM: " + why);
 }
 
+// Why `bias` is not a bf16 [N] on `device`; empty when it is (or is null).
+std::string bias_refusal(const DeviceTensor* bias, int64_t N, int device) {
+  if (bias && (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N || bias->device() != device))
+    return fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N);
+  return {};
+}
+
+// Why `ss` cannot hold `tiles` partial sums of squares a row (fp32 [tiles, 64] on `device`);
+// empty when it can. `what` names it in the message.
+std::string sums_refusal(const DeviceTensor* ss, int64_t tiles, int device, const char* what) {
+  if (!ss || !same_dtype(ss->dtype(), kF32) || ss->device() != device || tiles < 1 ||
+      ss->numel() < tiles * kSkinnyMaxRows)
+    return fmt::format("{} ({}): float32 of at least {} tiles x {} rows on device {} taken", what,
+                       ss ? ss->describe() : "none", std::max<int64_t>(tiles, 1), kSkinnyMaxRows,
+                       device);
+  return {};
+}
+
 }  // namespace
 
 std::string SkinnyPlan::kernel() const {
@@ -250,12 +268,10 @@ void SkinnyGemm::run(DeviceStream& stream, const DeviceTensor& x, const DeviceTe
 std::string SkinnyGemm::prenorm_refusal(const DeviceTensor& x, int64_t K,
                                         const SkinnyPrenorm* pre) const {
   if (!pre) return {};
-  if (!pre->ss || !same_dtype(pre->ss->dtype(), kF32) || pre->ss->device() != x.device() ||
-      pre->ss_tiles < 1 || pre->ss->numel() < pre->ss_tiles * kSkinnyMaxRows)
-    return fmt::format(
-        "the folded norm's sums of squares: float32 of at least {} tiles x {} rows on device "
-        "{} taken (run_residual's)",
-        std::max(pre->ss_tiles, 1), kSkinnyMaxRows, x.device());
+  if (std::string why = sums_refusal(pre->ss, pre->ss_tiles, x.device(),
+                                     "the folded norm's sums of squares (run_residual's)");
+      !why.empty())
+    return why;
   if (pre->ss_tiles != skinny_residual_tiles(K))
     return fmt::format(
         "the folded norm's sums of squares cover {} tiles of 64 columns; rows of {} values "
@@ -310,8 +326,7 @@ std::string SkinnyGemm::qk_norm_rope_refusal(const DeviceTensor& x, const Device
       N / kQkHeadDim < int64_t{e.q_heads} + e.k_heads)
     return fmt::format("w {}: {} query and {} key heads of {} (then value heads) taken",
                        w.describe(), e.q_heads, e.k_heads, kQkHeadDim);
-  if (bias && (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N))
-    return fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N);
+  if (std::string why = bias_refusal(bias, N, x.device()); !why.empty()) return why;
   auto on_device = [&](const DeviceTensor* t) { return t && t->device() == x.device(); };
   if (!on_device(e.positions) || !same_dtype(e.positions->dtype(), kI64) ||
       e.positions->numel() != M)
@@ -359,15 +374,8 @@ std::string SkinnyGemm::residual_refusal(const DeviceTensor& x, const DeviceTens
                        module_.device());
   if (std::string why = refusal(x, w, h); !why.empty()) return why;
   const int64_t N = w.dim(0);
-  if (bias &&
-      (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N || bias->device() != x.device()))
-    return fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N);
-  const int64_t tiles = skinny_residual_tiles(N);
-  if (!same_dtype(ss.dtype(), kF32) || ss.device() != x.device() ||
-      ss.numel() < tiles * kSkinnyMaxRows)
-    return fmt::format("ss is {}; float32 of at least {} tiles x {} rows on device {} taken",
-                       ss.describe(), tiles, kSkinnyMaxRows, x.device());
-  return {};
+  if (std::string why = bias_refusal(bias, N, x.device()); !why.empty()) return why;
+  return sums_refusal(&ss, skinny_residual_tiles(N), x.device(), "ss");
 }
 
 int SkinnyGemm::run_residual(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
@@ -385,7 +393,7 @@ int SkinnyGemm::run_residual(DeviceStream& stream, const DeviceTensor& x, const 
   if (plan.epilogue != SkinnyEpilogue::kResidual || plan.n_tile != 64)
     invalid(plan.kernel() + " has no residual epilogue of 64-column tiles");
   launch_plan(stream, x, w, bias, h, plan, nullptr, &ss);
-  return static_cast<int>((w.dim(0) + plan.n_tile - 1) / plan.n_tile);
+  return static_cast<int>(skinny_residual_tiles(w.dim(0)));
 }
 
 void SkinnyGemm::launch_plan(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
@@ -403,9 +411,7 @@ void SkinnyGemm::launch_plan(DeviceStream& stream, const DeviceTensor& x, const 
     invalid(plan.kernel() +
             ": the operands of its folded norm or residual epilogue are missing "
             "or not its own");
-  if (bias &&
-      (!same_dtype(bias->dtype(), kBF16) || bias->numel() != N || bias->device() != x.device()))
-    invalid(fmt::format("bias is {}; bfloat16 [{}] expected", bias->describe(), N));
+  if (std::string why = bias_refusal(bias, N, x.device()); !why.empty()) invalid(why);
   const int64_t cols =  // y's, a tile
       plan.epilogue == SkinnyEpilogue::kSiluAndMul ? plan.n_tile / 2 : plan.n_tile;
   const int64_t tiles = (N + cols - 1) / cols;
