@@ -4,7 +4,9 @@ graph launched most often is the step (another graph and kernels outside graphs 
 its median replay is the one reported, each kernel's added wall time is its end past every earlier
 end (an idle gap counts to the kernel after it, overlap under PDL counts once), the added times
 sum to the step, kernels are sorted into their kinds by name, and one layer is the period between
-two attentions. Usage: test_kernel_timeline.py (exit 0 = pass)."""
+two attentions. With --train, the kernels outside graphs after the second-to-last run of AdamW
+launches up to the end of the last run are one training step, summed by kind and by name. Usage:
+test_kernel_timeline.py (exit 0 = pass)."""
 import json
 import os
 import subprocess
@@ -89,7 +91,43 @@ def main():
     assert kernel_timeline.kind_of("kh_rms_norm_bf16") == "runtime fallbacks"
     assert kernel_timeline.kind_of("norm_fwd_add_rms_bf16_vec_reg") == "hub kernels"
     assert kernel_timeline.kind_of("kh_argmax_advance_bf16") == "other"
+    assert kernel_timeline.kind_of("lce_grad_bf16") == "hub kernels"
+    assert kernel_timeline.kind_of("ce_train_bf16") == "hub kernels"
+    train()
     print("kernel_timeline: ok")
+
+
+def train():
+    """Three training steps outside graphs (a graph replay between them is left out): the last
+    one, from after the second run of AdamW launches to the end of the third, is reported."""
+    rows, t = [], 1000
+    for step in range(3):
+        # Step 2's GEMM is longer: only its figures may show.
+        for name, dur in (("norm_fwd_rms_bf16", 1000), ("nvjet_gemm", 4000 if step == 2 else 2000),
+                          ("attn_fwd90_bf16_d128", 6000), ("lce_grad_bf16", 3000),
+                          ("kh_adamw_f32", 500), ("kh_adamw_f32", 500)):
+            rows.append((t, t + dur, 7, len(rows), 0, name))
+            t += dur + 100
+        rows.append((t, t + 50, 7, len(rows), 5, "kh_skinny_wgmma_n1_s4"))
+        t += 150
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.tsv")
+        with open(path, "w") as f:
+            f.write(HEADER)
+            for start, end, stream, corr, graph, name in rows:
+                f.write(f"{start}\t{end}\t{stream}\t{corr}\t{graph}\t0\t1,1,1\t32,1,1\t{name}\n")
+        table = subprocess.run([sys.executable, TOOL, path, "--train"], check=True,
+                               capture_output=True, text=True).stdout
+        one = os.path.join(d, "one.tsv")
+        with open(one, "w") as f:
+            f.write(HEADER)
+            f.write("0\t10\t7\t1\t0\t0\t1,1,1\t32,1,1\tkh_adamw_f32\n")
+        bad = subprocess.run([sys.executable, TOOL, one, "--train"], capture_output=True, text=True)
+    assert "one training step: 6 kernels" in table, table
+    assert "| nvjet_gemm | GEMM (cuBLASLt) | 1 | 0.00 | 0.00 | 4.0 |" in table, table
+    assert "| kh_adamw_f32 | other | 2 |" in table, table
+    assert "| hub kernels | 2 |" in table and "kh_skinny" not in table, table
+    assert bad.returncode != 0 and "fewer than two AdamW updates" in bad.stderr, bad.stderr
 
 
 if __name__ == "__main__":

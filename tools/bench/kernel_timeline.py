@@ -4,11 +4,15 @@ injection library): the replays of the graph launched most often (a decode step)
 taken, its kernels in GPU order with each one's duration, its gap after the kernel before (negative:
 it overlapped, as PDL lets it) and the wall time it added to the step (its end past every earlier
 kernel's end); then those added times summed by kind (GEMM, attention, hub kernels, the runtime's
-fallbacks, other) and the kernels of one layer in the middle of the step.
+fallbacks, other) and the kernels of one layer in the middle of the step. With --train, a training
+step instead (no graph): the kernels from the end of the second-to-last AdamW update up to the end
+of the last one, by kind and by kernel name (where a training step's time goes).
 
   CUDA_INJECTION64_PATH=$g/bin/libkh_kernel_timeline.so KH_TIMELINE_OUT=/tmp/t.tsv \\
       kernel-hub demo --device cuda:0 --model qwen3-0.6b ...
   python3 tools/bench/kernel_timeline.py /tmp/t.tsv [--json]
+  ... kernel-hub demo --device cuda:0 --model qwen3-0.6b --batch 8 --seq 2048 --steps 3
+  python3 tools/bench/kernel_timeline.py /tmp/t.tsv --train
 """
 import argparse
 import collections
@@ -26,7 +30,8 @@ KINDS = [
     # The runtime's own kernels for layers no package serves (tools/demo/device_*.cu).
     ("runtime fallbacks", ("kh_rms_norm", "kh_rotary", "kh_silu_and_mul", "kh_paged_append",
                            "kh_add_", "kh_bias_add", "kh_cast_")),
-    ("hub kernels", ("norm_", "rope_", "qk_norm_rope", "act_", "paged_kv_append")),
+    ("hub kernels", ("norm_", "rope_", "qk_norm_rope", "act_", "paged_kv_append", "lce_",
+                     "ce_fwd", "ce_bwd", "ce_train", "softmax_")),
 ]
 
 
@@ -98,6 +103,42 @@ def one_layer(kernels):
     return kernels[attn[mid - 1] + 1:attn[mid] + 1]
 
 
+def train_step(rows, optimizer="adamw"):
+    """The last whole training step outside graphs: the kernels after the second-to-last run of
+    consecutive optimizer launches up to the end of the last run, in start order."""
+    ks = sorted((r for r in rows if not r["graph"]), key=lambda r: r["start_ns"])
+    ends = [i for i, r in enumerate(ks)
+            if optimizer in r["name"] and (i + 1 == len(ks) or optimizer not in ks[i + 1]["name"])]
+    if len(ends) < 2:
+        return []
+    return ks[ends[-2] + 1:ends[-1] + 1]
+
+
+def print_train(step, top=30):
+    kernels = annotate(step)
+    wall = (max(r["end_ns"] for r in step) - step[0]["start_ns"]) / 1e3
+    print(f"one training step: {len(kernels)} kernels, {wall / 1e3:.2f} ms from the first "
+          f"kernel's start to the last one's end\n")
+    print("| kind | kernels | busy ms (sum of durations) | wall ms added | share of step |")
+    print("|---|---|---|---|---|")
+    total = sum(k["added_us"] for k in kernels)
+    for kind, b in breakdown(kernels).items():
+        print(f"| {kind} | {b['kernels']} | {b['busy_us'] / 1e3:.2f} | "
+              f"{b['added_us'] / 1e3:.2f} | {100 * b['added_us'] / total:.1f}% |")
+    by_name = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for k in kernels:
+        e = by_name[k["name"]]
+        e[0] += 1
+        e[1] += k["dur_us"]
+        e[2] += k["added_us"]
+    print(f"\nThe {top} kernels that added the most wall time:\n")
+    print("| kernel | kind | launches | busy ms | wall ms added | us a launch |")
+    print("|---|---|---|---|---|---|")
+    for name, (n, busy, added) in sorted(by_name.items(), key=lambda x: -x[1][2])[:top]:
+        print(f"| {short(name, 60)} | {kind_of(name)} | {n} | {busy / 1e3:.2f} | "
+              f"{added / 1e3:.2f} | {busy / n:.1f} |")
+
+
 def short(name, n=48):
     return name if len(name) <= n else name[: n - 3] + "..."
 
@@ -106,7 +147,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("tsv", help="kernel_timeline's output ($KH_TIMELINE_OUT)")
     ap.add_argument("--json", action="store_true", help="print the breakdown as JSON")
+    ap.add_argument("--train", action="store_true",
+                    help="the last training step (between AdamW updates) instead of a graph step")
     a = ap.parse_args()
+    if a.train:
+        step = train_step(read_rows(a.tsv))
+        if not step:
+            sys.exit(f"{a.tsv}: fewer than two AdamW updates outside graphs (--steps 2 or more?)")
+        print_train(step)
+        return
     steps = graph_steps(read_rows(a.tsv))
     if not steps:
         sys.exit(f"{a.tsv}: no CUDA-graph kernels (was the step captured? CUDA_INJECTION64_PATH set?)")
