@@ -28,6 +28,16 @@ LAYER = [("norm_fwd_add_rms_bf16_vec_reg", 2000, 500),
          ("kh_skinny_wgmma_n1_s4", 8000, -4000)]
 
 
+def write_rows(path, rows):
+    """rows of (start, end, stream, correlation, graph, name) as the injection library writes
+    them; returns path."""
+    with open(path, "w") as f:
+        f.write(HEADER)
+        for start, end, stream, corr, graph, name in rows:
+            f.write(f"{start}\t{end}\t{stream}\t{corr}\t{graph}\t0\t1,1,1\t32,1,1\t{name}\n")
+    return path
+
+
 def step_rows(t0, correlation, graph, stretch):
     rows, end = [], t0
     for _ in range(3):
@@ -51,18 +61,12 @@ def main():
     rows += step_rows(90_000_000, 300, 9, 1)
     rows.append((5, 10, 7, 400, 0, "kh_embedding_fwd_bf16"))
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "t.tsv")
-        with open(path, "w") as f:
-            f.write(HEADER)
-            for start, end, stream, corr, graph, name in rows:
-                f.write(f"{start}\t{end}\t{stream}\t{corr}\t{graph}\t0\t1,1,1\t32,1,1\t{name}\n")
+        path = write_rows(os.path.join(d, "t.tsv"), rows)
         out = json.loads(subprocess.run([sys.executable, TOOL, path, "--json"], check=True,
                                         capture_output=True, text=True).stdout)
         table = subprocess.run([sys.executable, TOOL, path], check=True, capture_output=True,
                                text=True).stdout
-        empty = os.path.join(d, "empty.tsv")
-        with open(empty, "w") as f:
-            f.write(HEADER)
+        empty = write_rows(os.path.join(d, "empty.tsv"), [])
         bad = subprocess.run([sys.executable, TOOL, empty], capture_output=True, text=True)
     assert out["replays"] == 3, out
     assert out["kernels_per_step"] == 3 * len(LAYER) + 2, out
@@ -111,17 +115,10 @@ def train():
         rows.append((t, t + 50, 7, len(rows), 5, "kh_skinny_wgmma_n1_s4"))
         t += 150
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "t.tsv")
-        with open(path, "w") as f:
-            f.write(HEADER)
-            for start, end, stream, corr, graph, name in rows:
-                f.write(f"{start}\t{end}\t{stream}\t{corr}\t{graph}\t0\t1,1,1\t32,1,1\t{name}\n")
+        path = write_rows(os.path.join(d, "t.tsv"), rows)
         table = subprocess.run([sys.executable, TOOL, path, "--train"], check=True,
                                capture_output=True, text=True).stdout
-        one = os.path.join(d, "one.tsv")
-        with open(one, "w") as f:
-            f.write(HEADER)
-            f.write("0\t10\t7\t1\t0\t0\t1,1,1\t32,1,1\tkh_adamw_f32\n")
+        one = write_rows(os.path.join(d, "one.tsv"), [(0, 10, 7, 1, 0, "kh_adamw_f32")])
         bad = subprocess.run([sys.executable, TOOL, one, "--train"], capture_output=True, text=True)
     assert "one training step: 6 kernels" in table, table
     assert "| nvjet_gemm | GEMM (cuBLASLt) | 1 | 0.00 | 0.00 | 4.0 |" in table, table
