@@ -78,6 +78,15 @@ ModelConfig qwen3_d128(int hidden) {
   return c;
 }
 
+// Hidden 128 under 256-wide q/k/v heads and an FFN of 384, `layers` deep: on Hopper the o and
+// down projections run on the skinny GEMM, so the norms between projections fold into them.
+ModelConfig qwen3_folding(int layers) {
+  ModelConfig c = qwen3_d128(128);
+  c.ffn = 384;
+  c.layers = layers;
+  return c;
+}
+
 // A bf16 model (fp32 master weights), the decode fusions' dtype.
 DeviceModelOptions bf16_model() {
   DeviceModelOptions o;
@@ -390,9 +399,7 @@ TEST_F(GpuDemoDecode, Bf16Qwen3HeadDim128FoldsTheQkNormsIntoTheQkvGemm) {
 TEST_F(GpuDemoDecode, Bf16Qwen3FoldsTheNormsBetweenProjections) {
   Runtime rt;
   const DemoSlots slots = bind_decode_packages(rt);
-  ModelConfig cfg = qwen3_d128(128);
-  cfg.ffn = 384;
-  cfg.layers = 3;
+  const ModelConfig cfg = qwen3_folding(3);
   const bool hopper = kh::device_info(0).sm_major == 9;
   fused_and_unfused(cfg, rt, slots, [&](DeviceCausalLM& dev, bool folds) {
     EXPECT_TRUE(dev.decode_fuses_qkv());
@@ -412,9 +419,7 @@ TEST_F(GpuDemoDecode, Bf16Qwen3FoldsTheNormsBetweenProjections) {
 TEST_F(GpuDemoDecode, FoldedNormWeightsFollowATrainStep) {
   Runtime rt;
   const DemoSlots slots = bind_decode_packages(rt);
-  ModelConfig cfg = qwen3_d128(128);
-  cfg.ffn = 384;
-  cfg.layers = 2;
+  const ModelConfig cfg = qwen3_folding(2);
   const DeviceModelOptions bf16 = bf16_model();
   CausalLM host(cfg, slots, 5);
   DeviceCausalLM dev(host, slots, rt, 0, bf16);

@@ -725,7 +725,7 @@ void DeviceCausalLM::decode_mlp(size_t layer, DecodeRows& r) {
   const DeviceTensor* bo = L.bo ? &run(*L.bo) : nullptr;
   // The residual add + norm folded into the o projection (adding into h) and the gate/up GEMM
   // (the raw h times the weight with the norm's folded in), where both take it.
-  const SkinnyPrenorm pre{&d.norm_ss, static_cast<int>(skinny_residual_tiles(wo.dim(0))), cfg_.eps};
+  const SkinnyPrenorm pre = d.prenorm(cfg_.eps);
   if (d.folds_norm() && d.skinny_takes(r.attn, wo, r.h) &&
       d.skinny->residual_refusal(r.attn, wo, bo, r.h, d.norm_ss).empty() &&
       d.skinny->silu_refusal(r.h, d.gate_up_normed[layer], r.s, &pre).empty()) {
