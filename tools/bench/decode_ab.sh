@@ -12,6 +12,8 @@
 # refused as a rollback where a newer one was seen):
 #   tools/bench/decode_ab.sh "new=" "old=KERNEL_HUB_DATA_DIR=$PWD/.devlibs/oldhub \
 #     KERNEL_HUB_CACHE=/tmp/kh-cache-old KERNEL_HUB_TRUST_DIR=/tmp/kh-trust-old"
+# Another build's runtime (its kernel-hub binary, carried beside the bundle): BIN=PATH.
+#   tools/bench/decode_ab.sh "new=" "old=BIN=$PWD/.devlibs/kernel-hub.main"
 set -uo pipefail
 root=$(pwd); out=${OUT:-/tmp/kh-gpu-out}; mkdir -p "$out"
 . "$root/tools/bench/gpu_env.sh"
@@ -21,12 +23,13 @@ printf '%-12s %5s %9s %11s %7s %7s %8s %9s %12s\n' variant round ms/step tokens/
 for r in $(seq 1 "$rounds"); do
   for v in "$@"; do
     label=${v%%=*}; words=${v#*=}
-    envs=(); opts=()
+    envs=(); opts=(); bin=$g/bin/kernel-hub
     for w in $words; do
-      if [[ $w == [A-Z_]*=* ]]; then envs+=("$w"); else opts+=("$w"); fi
+      if [[ $w == BIN=* ]]; then bin=${w#BIN=}
+      elif [[ $w == [A-Z_]*=* ]]; then envs+=("$w"); else opts+=("$w"); fi
     done
     log=/tmp/kh-decode-ab.json
-    env "${envs[@]}" "$g/bin/kernel-hub" demo --device cuda:0 --model qwen3-0.6b --seq "$ctx" \
+    env "${envs[@]}" "$bin" demo --device cuda:0 --model qwen3-0.6b --seq "$ctx" \
       --decode-context "$ctx" --batch 1 --steps 2 --json "${opts[@]}" >"$log" 2>/tmp/kh-decode-ab.err ||
       { echo "$label: failed"; tail -5 /tmp/kh-decode-ab.err | tee -a "$out/decode_ab.err"; continue; }
     # Every run's JSON, one line each, in one file (the device tool brings back few files).
