@@ -121,8 +121,8 @@ def train():
         one = write_rows(os.path.join(d, "one.tsv"), [(0, 10, 7, 1, 0, "kh_adamw_f32")])
         bad = subprocess.run([sys.executable, TOOL, one, "--train"], capture_output=True, text=True)
     assert "one training step: 6 kernels" in table, table
-    assert "| nvjet_gemm | GEMM (cuBLASLt) | 1 | 0.00 | 0.00 | 4.0 |" in table, table
-    assert "| kh_adamw_f32 | other | 2 |" in table, table
+    assert "| nvjet_gemm | GEMM (cuBLASLt) | 1,1,1 | 1 | 0.00 | 0.00 | 4.0 |" in table, table
+    assert "| kh_adamw_f32 | other | 1,1,1 | 2 |" in table, table
     assert "| hub kernels | 2 |" in table and "kh_skinny" not in table, table
     assert bad.returncode != 0 and "fewer than two AdamW updates" in bad.stderr, bad.stderr
 

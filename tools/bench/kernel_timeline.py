@@ -125,17 +125,19 @@ def print_train(step, top=30):
     for kind, b in breakdown(kernels).items():
         print(f"| {kind} | {b['kernels']} | {b['busy_us'] / 1e3:.2f} | "
               f"{b['added_us'] / 1e3:.2f} | {100 * b['added_us'] / total:.1f}% |")
-    by_name = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    # By kernel and grid: one kernel's launches at different shapes (a norm over the hidden size
+    # and over the q/k heads) are different rows.
+    by_launch = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for k in kernels:
-        e = by_name[k["name"]]
+        e = by_launch[(k["name"], k["grid"])]
         e[0] += 1
         e[1] += k["dur_us"]
         e[2] += k["added_us"]
-    print(f"\nThe {top} kernels that added the most wall time:\n")
-    print("| kernel | kind | launches | busy ms | wall ms added | us a launch |")
-    print("|---|---|---|---|---|---|")
-    for name, (n, busy, added) in sorted(by_name.items(), key=lambda x: -x[1][2])[:top]:
-        print(f"| {short(name, 60)} | {kind_of(name)} | {n} | {busy / 1e3:.2f} | "
+    print(f"\nThe {top} kernels (by grid) that added the most wall time:\n")
+    print("| kernel | kind | grid | launches | busy ms | wall ms added | us a launch |")
+    print("|---|---|---|---|---|---|---|")
+    for (name, grid), (n, busy, added) in sorted(by_launch.items(), key=lambda x: -x[1][2])[:top]:
+        print(f"| {short(name, 60)} | {kind_of(name)} | {grid} | {n} | {busy / 1e3:.2f} | "
               f"{added / 1e3:.2f} | {busy / n:.1f} |")
 
 
