@@ -198,6 +198,12 @@ KH_HD constexpr int kh_attn_bwd_smem_bytes(int head_dim) {
   return 4 * 64 * head_dim * 2 + 64 * 64 * 2 + 2 * 64 * 4;
 }
 
+// Columns a thread of attn_bwd_pre and attn_bwd_post (16-byte loads and stores of bf16/fp16):
+// their grids have tokens * q_heads * head_dim / this threads.
+KH_HD constexpr int kh_attn_bwd_vec() {
+  return 8;
+}
+
 // A paged KV cache: K and V are [pages, page_size, kv_heads, head_dim] with strides; sequence
 // b has seq_lens[b] tokens in it, its token t being row t % page_size of page
 // block_table[b * table_stride + t / page_size].

@@ -26,7 +26,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/attention";
-constexpr const char* kPackageVersion = "1.3.1";
+constexpr const char* kPackageVersion = "1.3.2";
 constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
 // Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
 constexpr int kMinSplitTokens = 256;
@@ -498,8 +498,8 @@ int32_t attention_backward(const Args<kBackward>& a, void* stream) {
   char name[48];
   LaunchDims pre;
   pre.flags = kPdlEntry;
-  pre.grid[0] = static_cast<uint32_t>((q.tokens * q.heads + 3) / 4);
   pre.block[0] = 128;
+  pre.grid[0] = static_cast<uint32_t>((q.tokens * q.heads * d / kh_attn_bwd_vec() + 127) / 128);
   snprintf(name, sizeof name, "attn_bwd_pre_%s_d%d", dtype_tag(q.dtype), d);
   if (q.tokens > 0) KH_TRY(launch_kernel(q.device.device_id, name, pre, params, stream));
   if (bp.max_seqlen_k > 0) {
@@ -528,8 +528,8 @@ int32_t attention_backward(const Args<kBackward>& a, void* stream) {
   if (q.tokens == 0) return KH_OK;
   LaunchDims post;
   post.flags = kPdlEntry;
-  post.grid[0] = static_cast<uint32_t>(q.tokens * q.heads);
-  post.block[0] = 128;
+  post.block[0] = 256;
+  post.grid[0] = static_cast<uint32_t>((q.tokens * q.heads * d / kh_attn_bwd_vec() + 255) / 256);
   snprintf(name, sizeof name, "attn_bwd_post_%s_d%d", dtype_tag(q.dtype), d);
   return launch_kernel(q.device.device_id, name, post, params, stream);
 }
