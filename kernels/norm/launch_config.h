@@ -63,17 +63,21 @@ inline RowLaunch backward_launch(int64_t walkers, int64_t cols, int vec) {
 }  // namespace khk
 
 // Recommended number of workspace rows W for the norm backward ops on a GPU with `sm_count`
-// multiprocessors: walkers for about 512 threads per multiprocessor (16-byte bf16/fp16 vectors
-// assumed; at most 16 walkers per multiprocessor), never more than the rows. A walker loads its
+// multiprocessors: one row per backward CTA (a walker, or for short rows a CTA of rows_per_block
+// walkers that sum their partials in shared memory first), CTAs for about 512 threads per
+// multiprocessor (16-byte bf16/fp16 vectors assumed), never more than the rows. A walker loads its
 // row, reduces it and stores dx in series: with one walker CTA per multiprocessor nothing hides
 // those phases; with two, one walker's loads overlap the other's reduction and stores. That is
 // twice Quack's rmsnorm config (which pipelines rows inside a CTA instead). The partials the
 // reduce kernel reads grow with W: 2 x 132 x 8192 fp32 is 8.7 MB, against 805 MB for dy, x and
-// dx at 16384 x 8192 bf16. Any W >= 1 is correct; this is only about speed.
+// dx at 16384 x 8192 bf16. Short rows had 4x as many (the walkers of a CTA counted as rows of
+// their own): Qwen3-0.6B's training step on an H200 ran 1 ms faster with the 4 rows a
+// multiprocessor of this count than with 16 (tools/bench/RESULTS.md, session 19). Any W >= 1 is
+// correct; this is only about speed.
 inline int64_t kh_norm_workspace_rows(int64_t rows, int64_t cols, int sm_count) {
   const khk::RowLaunch c = khk::backward_launch(1, cols, 8);
   const int64_t threads = int64_t{c.threads_per_row} * c.rows_per_block;
-  int64_t per_sm = c.reg && threads < 512 ? 512 / threads * c.rows_per_block : 1;
+  int64_t per_sm = c.reg && threads < 512 ? 512 / threads : 1;
   if (per_sm > 16) per_sm = 16;  // bounded partials (REFERENCE 6.3 item 5)
   int64_t w = int64_t{sm_count > 0 ? sm_count : 1} * per_sm;
   if (w > rows) w = rows;

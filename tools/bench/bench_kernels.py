@@ -111,14 +111,15 @@ def pow2_at_least(n):
 
 
 def ws_rows(cols, sms):
-    """kh_norm_workspace_rows (kernels/norm/launch_config.h) for bf16: walkers for ~512 threads
-    per SM (threads per row for 4 vectors of 8 each, 32..512; 128-thread CTAs for short rows)."""
+    """kh_norm_workspace_rows (kernels/norm/launch_config.h) for bf16: a row per backward CTA,
+    CTAs for ~512 threads per SM (threads per row for 4 vectors of 8 each, 32..512; 128-thread
+    CTAs for short rows)."""
     nvec = cols // 8
     if nvec > 512 * 4:
         return sms
     tpr = max(pow2_at_least((nvec + 3) // 4), pow2_at_least(min(nvec, 32)))
     rpb = 1 if tpr >= 128 else 128 // tpr
-    per_sm = min(16, 512 // (tpr * rpb) * rpb) if tpr * rpb < 512 else 1
+    per_sm = min(16, 512 // (tpr * rpb)) if tpr * rpb < 512 else 1
     return sms * per_sm
 
 

@@ -35,13 +35,16 @@ void DeviceCausalLM::norm(const DeviceTensor& x, const Param& w, DeviceTensor& y
   kernels_.rms_norm(stream_, x, run(w), cfg_.eps, y, rstd);
 }
 
-// The partial rows the norm package's backward reduces dweight through: one per walker, and W
-// sets the backward's parallelism, so it is sized for the whole GPU (16 walkers per
-// multiprocessor, kh_device_get_info's count: the norm package's own recommendation for short
-// rows; the q/k norms have T * heads rows of head_dim), not the host model's 64, which made the
-// Qwen3-0.6B step's RMSNorm backward 200 ms.
+// The partial rows the norm package's backward reduces dweight through: one per backward CTA,
+// and W sets the backward's parallelism, so it is sized for the whole GPU as the package
+// recommends (kh_norm_workspace_rows: CTAs for about 512 threads a multiprocessor of
+// kh_device_get_info's count, which for bf16 rows of up to 4096 columns and the q/k norms' head_dim
+// rows is 4 CTAs of 128 threads; fewer for longer rows), not the host model's 64, which made the
+// Qwen3-0.6B step's RMSNorm backward 200 ms; 16 a multiprocessor was 1 ms a step slower than 4.
 DeviceTensor DeviceCausalLM::norm_workspace(int64_t rows, int64_t cols) {
-  return empty({std::max<int64_t>(1, std::min(norm_walkers_, rows)), cols});
+  const int64_t per_sm = cols <= 4096 ? 4 : std::max<int64_t>(1, 4 * 4096 / cols);
+  return empty(
+      {std::clamp<int64_t>(per_sm * multiprocessors_, 1, std::max<int64_t>(1, rows)), cols});
 }
 
 void DeviceCausalLM::norm_backward(const DeviceTensor& dy, const DeviceTensor& x, Param& w,

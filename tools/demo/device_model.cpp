@@ -29,7 +29,7 @@ DeviceCausalLM::DeviceCausalLM(const ModelConfig& config, const DemoSlots& slots
       pool_(device),
       stream_(device),
       kernels_(device),
-      norm_walkers_(16 * int64_t{device_info(device).multiprocessors}) {}
+      multiprocessors_(device_info(device).multiprocessors) {}
 
 DeviceCausalLM::DeviceCausalLM(const CausalLM& host, const DemoSlots& slots, const Runtime& runtime,
                                int device, DeviceModelOptions options)

@@ -296,8 +296,8 @@ class DeviceCausalLM {
   DevicePool pool_;
   DeviceStream stream_;
   DeviceKernels kernels_;
-  // The norm package's backward walkers: 16 per multiprocessor of this GPU (norm_backward).
-  int64_t norm_walkers_;
+  // This GPU's multiprocessors (the norm backward's workspace rows: norm_workspace).
+  int64_t multiprocessors_;
   std::map<std::string, Param> params_;  // by Transformers name; "…mlp.gate_up" for the fused one
   std::vector<Param> qkv_;  // per layer, w16 only: the q, k and v weights' shared rows (build)
   std::vector<Layer> layers_;

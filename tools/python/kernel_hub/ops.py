@@ -65,13 +65,16 @@ def _(x, weight, eps, rt):
 
 
 def _norm_workspace_rows(x):
-    # kh_norm_workspace_rows (kernels/norm/launch_config.h): about #SMs x rows per CTA walkers;
-    # on cpu one walker.
+    # kh_norm_workspace_rows (kernels/norm/launch_config.h): a row per backward CTA, about
+    # 512 threads a multiprocessor (4 CTAs of 128 threads for the short rows of hidden sizes up
+    # to 4096 and the q/k norms; fewer for longer rows, whose CTAs are larger); on cpu one walker.
     rows = _rows(x)
     if x.device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    return max(1, min(rows, sms * 16))
+    cols = x.shape[-1]
+    per_sm = 4 if cols <= 4096 else max(1, 4 * 4096 // cols)
+    return max(1, min(rows, sms * per_sm))
 
 
 @torch.library.custom_op("kernel_hub::rms_norm_backward", mutates_args=())
