@@ -186,7 +186,9 @@ __device__ __forceinline__ void attn_fwd(const kh_attn_params& p) {
 // attn_bwd_post: dq = dq_accum in the tensor dtype.
 namespace {
 
-// 8 consecutive elements of a row as floats: one 16-byte load where `src` is 16-byte aligned.
+// 8 consecutive elements of a row as floats: one 16-byte load where `src` is 16-byte aligned
+// (always, for out and dout on cuda: host.cpp's cuda_layout_ok; the scalar path is defensive. The
+// fp32 workspace only promises 4 bytes, so its paths below are both live).
 template <typename T>
 KH_DEV void kh_load8_f32(const T* src, float (&f)[8]) {
   if (((unsigned long long)src & 15) == 0) {
