@@ -498,8 +498,10 @@ int32_t attention_backward(const Args<kBackward>& a, void* stream) {
   char name[48];
   LaunchDims pre;
   pre.flags = kPdlEntry;
+  // attn_bwd_pre and attn_bwd_post: a thread per kh_attn_bwd_vec() columns of every row.
+  const int64_t vec_threads = q.tokens * q.heads * d / kh_attn_bwd_vec();
   pre.block[0] = 128;
-  pre.grid[0] = static_cast<uint32_t>((q.tokens * q.heads * d / kh_attn_bwd_vec() + 127) / 128);
+  pre.grid[0] = static_cast<uint32_t>((vec_threads + 127) / 128);
   snprintf(name, sizeof name, "attn_bwd_pre_%s_d%d", dtype_tag(q.dtype), d);
   if (q.tokens > 0) KH_TRY(launch_kernel(q.device.device_id, name, pre, params, stream));
   if (bp.max_seqlen_k > 0) {
@@ -529,7 +531,7 @@ int32_t attention_backward(const Args<kBackward>& a, void* stream) {
   LaunchDims post;
   post.flags = kPdlEntry;
   post.block[0] = 256;
-  post.grid[0] = static_cast<uint32_t>((q.tokens * q.heads * d / kh_attn_bwd_vec() + 255) / 256);
+  post.grid[0] = static_cast<uint32_t>((vec_threads + 255) / 256);
   snprintf(name, sizeof name, "attn_bwd_post_%s_d%d", dtype_tag(q.dtype), d);
   return launch_kernel(q.device.device_id, name, post, params, stream);
 }

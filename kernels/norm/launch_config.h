@@ -77,8 +77,9 @@ inline RowLaunch backward_launch(int64_t walkers, int64_t cols, int vec) {
 inline int64_t kh_norm_workspace_rows(int64_t rows, int64_t cols, int sm_count) {
   const khk::RowLaunch c = khk::backward_launch(1, cols, 8);
   const int64_t threads = int64_t{c.threads_per_row} * c.rows_per_block;
-  int64_t per_sm = c.reg && threads < 512 ? 512 / threads : 1;
-  if (per_sm > 16) per_sm = 16;  // bounded partials (REFERENCE 6.3 item 5)
+  // A reg CTA has at least 128 threads: at most 4 rows a multiprocessor (bounded partials,
+  // REFERENCE 6.3 item 5).
+  const int64_t per_sm = c.reg && threads < 512 ? 512 / threads : 1;
   int64_t w = int64_t{sm_count > 0 ? sm_count : 1} * per_sm;
   if (w > rows) w = rows;
   return w < 1 ? 1 : w;

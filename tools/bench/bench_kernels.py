@@ -119,7 +119,7 @@ def ws_rows(cols, sms):
         return sms
     tpr = max(pow2_at_least((nvec + 3) // 4), pow2_at_least(min(nvec, 32)))
     rpb = 1 if tpr >= 128 else 128 // tpr
-    per_sm = min(16, 512 // (tpr * rpb)) if tpr * rpb < 512 else 1
+    per_sm = 512 // (tpr * rpb) if tpr * rpb < 512 else 1
     return sms * per_sm
 
 
