@@ -21,7 +21,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/activation";
-constexpr const char* kPackageVersion = "1.0.1";
+constexpr const char* kPackageVersion = "1.0.2";
 
 const char* op_kernel_name(int op) {
   switch (op) {

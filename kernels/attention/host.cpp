@@ -26,7 +26,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/attention";
-constexpr const char* kPackageVersion = "1.3.2";
+constexpr const char* kPackageVersion = "1.3.3";
 constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
 // Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
 constexpr int kMinSplitTokens = 256;
@@ -90,29 +90,6 @@ int64_t decode_splits(const DecodeGpu& g, int64_t ctas, int64_t per_sm, int64_t 
 
 const char* dtype_tag(int dtype) {
   return dtype == kBF16 ? "bf16" : "fp16";
-}
-
-// q, k, v, out agree: dtype, device; k and v the same heads and head_dim.
-int32_t same_kind(const TensorArg& a, const HeadsView& v, const HeadsView& like,
-                  const char* like_name) {
-  KH_TRY(expect_dtype(a, v.dtype, like.dtype, like_name));
-  KH_TRY(expect_device(a, v.device, like.device));
-  if (v.head_dim != like.head_dim)
-    return fail(KH_ERR_INVALID_ARGUMENT, "%s: %s has head_dim %lld, %s has %lld", a.op, a.name,
-                static_cast<long long>(v.head_dim), like_name,
-                static_cast<long long>(like.head_dim));
-  return KH_OK;
-}
-
-int32_t same_shape(const TensorArg& a, const HeadsView& v, const HeadsView& like,
-                   const char* like_name) {
-  KH_TRY(same_kind(a, v, like, like_name));
-  if (v.tokens != like.tokens || v.heads != like.heads)
-    return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: %s is [%lld tokens, %lld heads]; expected the shape of %s [%lld, %lld]", a.op,
-                a.name, static_cast<long long>(v.tokens), static_cast<long long>(v.heads),
-                like_name, static_cast<long long>(like.tokens), static_cast<long long>(like.heads));
-  return KH_OK;
 }
 
 // The device kernels read rows in 16-byte chunks and take head_dim 64, 128 or 256.

@@ -350,4 +350,26 @@ int32_t heads_view(const TensorArg& a, HeadsView* out, bool allow_batch) {
   return KH_OK;
 }
 
+int32_t same_kind(const TensorArg& a, const HeadsView& v, const HeadsView& like,
+                  const char* like_name) {
+  KH_TRY(expect_dtype(a, v.dtype, like.dtype, like_name));
+  KH_TRY(expect_device(a, v.device, like.device));
+  if (v.head_dim != like.head_dim)
+    return fail(KH_ERR_INVALID_ARGUMENT, "%s: %s has head_dim %lld, %s has %lld", a.op, a.name,
+                static_cast<long long>(v.head_dim), like_name,
+                static_cast<long long>(like.head_dim));
+  return KH_OK;
+}
+
+int32_t same_shape(const TensorArg& a, const HeadsView& v, const HeadsView& like,
+                   const char* like_name) {
+  KH_TRY(same_kind(a, v, like, like_name));
+  if (v.tokens != like.tokens || v.heads != like.heads)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: %s is [%lld tokens, %lld heads]; expected the shape of %s [%lld, %lld]", a.op,
+                a.name, static_cast<long long>(v.tokens), static_cast<long long>(v.heads),
+                like_name, static_cast<long long>(like.tokens), static_cast<long long>(like.heads));
+  return KH_OK;
+}
+
 }  // namespace khk

@@ -84,6 +84,13 @@ struct HeadsView {
 // that do not overlap, sizes the kernels index (tokens < 2^31, heads * head_dim < 2^31).
 int32_t heads_view(const TensorArg& a, HeadsView* out, bool allow_batch = false);
 
+// `v` (the view of `a`) agrees with `like` (named like_name in the message): dtype, device and
+// head_dim (same_kind), and tokens and heads too (same_shape).
+int32_t same_kind(const TensorArg& a, const HeadsView& v, const HeadsView& like,
+                  const char* like_name);
+int32_t same_shape(const TensorArg& a, const HeadsView& v, const HeadsView& like,
+                   const char* like_name);
+
 // An int32 contiguous tensor of `expected_count` elements (sequence boundaries, lengths, block
 // tables) on `device`. Sets *out to its first element.
 int32_t int32_tensor_arg(const TensorArg& a, int64_t expected_count, const char* per_what,

@@ -29,7 +29,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/norm";
-constexpr const char* kPackageVersion = "1.0.3";
+constexpr const char* kPackageVersion = "1.0.4";
 
 enum Kind { kRms = 0, kAddRms = 1, kLayer = 2 };
 const char* kind_name(int kind) {
@@ -305,7 +305,7 @@ int32_t run_backward(const char* op, const Backward& b, void* stream) {
   rdims.flags = kPdlEntry;
   rdims.grid[0] = static_cast<uint32_t>((int64_t{k} * cols + 31) / 32);
   rdims.block[0] = 32;
-  rdims.block[1] = 32;  // walker slices (norm.cu: at most kReduceMaxSlices)
+  rdims.block[1] = 32;  // walker slices (reduce_partials.cuh: at most KH_REDUCE_MAX_SLICES)
   return launch_kernel(device, rname, rdims, rparams, stream);
 }
 

@@ -16,12 +16,13 @@
 //  - Backward weight gradients: no atomics. `walkers` groups of threads each walk rows
 //    w, w + walkers, ... and keep one fp32 partial row in registers (reg) or in their own
 //    workspace row (loop); a reg CTA of several walkers (short rows) sums theirs in shared
-//    memory into one workspace row per CTA; norm_reduce_partials then sums the workspace rows
-//    in a fixed order, so results are deterministic.
+//    memory into one workspace row per CTA; norm_reduce_partials (reduce_partials.cuh) then sums
+//    the workspace rows in a fixed order, so results are deterministic.
 // Aliasing: y may be x and residual_out may be residual (same pointer and stride); every
 // element is read by the thread that later writes it.
 #include "kh_prelude.cuh"
 #include "pdl.cuh"
+#include "reduce_partials.cuh"
 
 namespace {
 
@@ -599,37 +600,6 @@ __device__ __forceinline__ void norm_bwd_loop(const T* dy, kh_i64 sdy, const T* 
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// dweight[c] (and dbias[c]) = sum over walkers of the workspace partials, in walker order.
-// blockDim (32, S <= kReduceMaxSlices; the host launches 32): 32 columns per CTA, S slices of
-// walkers combined in a fixed order. 32 slices with 8 loads in flight each: with 8 slices each
-// thread's chain of loads through a few thousand partial rows took 27-38 us on an H200 (Qwen3's
-// 2048 x 1024 partials), a latency chain on 32 SMs rather than a read.
-constexpr int kReduceMaxSlices = 32;
-template <typename T>
-__device__ __forceinline__ void norm_reduce_partials(const float* ws, kh_i64 sws, int walkers,
-                                                     int cols, int k, T* dw, T* db) {
-  __shared__ float part[kReduceMaxSlices][33];
-  const int tx = threadIdx.x, ty = threadIdx.y, slices = blockDim.y;
-  const int c = blockIdx.x * 32 + tx;
-  const int total = k * cols;
-  float s = 0.f;
-  if (c < total) {
-#pragma unroll 8
-    for (int wk = ty; wk < walkers; wk += slices) s += ws[(kh_i64)wk * sws + c];
-  }
-  part[ty][tx] = s;
-  __syncthreads();
-  if (ty == 0 && c < total) {
-    float t = 0.f;
-    for (int j = 0; j < slices; ++j) t += part[j][tx];
-    if (c < cols)
-      dw[c] = kh_convert<T>::from_float(t);
-    else
-      db[c - cols] = kh_convert<T>::from_float(t);
-  }
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -671,22 +641,18 @@ __device__ __forceinline__ void norm_reduce_partials(const float* ws, kh_i64 sws
     norm_bwd_loop<T, VEC, LN>(KH_NORM_BWD_ARGS);                           \
   }
 
-#define KH_NORM_DTYPE(TNAME, T)                                                    \
-  KH_NORM_FWD_KERNEL(rms, TNAME, T, kh_vec16<T>::n, vec, kRms)                     \
-  KH_NORM_FWD_KERNEL(rms, TNAME, T, 1, scalar, kRms)                               \
-  KH_NORM_FWD_KERNEL(add_rms, TNAME, T, kh_vec16<T>::n, vec, kAddRms)              \
-  KH_NORM_FWD_KERNEL(add_rms, TNAME, T, 1, scalar, kAddRms)                        \
-  KH_NORM_FWD_KERNEL(ln, TNAME, T, kh_vec16<T>::n, vec, kLayer)                    \
-  KH_NORM_FWD_KERNEL(ln, TNAME, T, 1, scalar, kLayer)                              \
-  KH_NORM_BWD_KERNEL(rms, TNAME, T, kh_vec16<T>::n, vec, false)                    \
-  KH_NORM_BWD_KERNEL(rms, TNAME, T, 1, scalar, false)                              \
-  KH_NORM_BWD_KERNEL(ln, TNAME, T, kh_vec16<T>::n, vec, true)                      \
-  KH_NORM_BWD_KERNEL(ln, TNAME, T, 1, scalar, true)                                \
-  extern "C" __global__ void __launch_bounds__(1024) norm_reduce_partials_##TNAME( \
-      const float* ws, kh_i64 sws, int walkers, int cols, int k, T* dw, T* db) {   \
-    kh_pdl_enter();                                                                \
-    norm_reduce_partials<T>(ws, sws, walkers, cols, k, dw, db);                    \
-  }
+#define KH_NORM_DTYPE(TNAME, T)                                       \
+  KH_NORM_FWD_KERNEL(rms, TNAME, T, kh_vec16<T>::n, vec, kRms)        \
+  KH_NORM_FWD_KERNEL(rms, TNAME, T, 1, scalar, kRms)                  \
+  KH_NORM_FWD_KERNEL(add_rms, TNAME, T, kh_vec16<T>::n, vec, kAddRms) \
+  KH_NORM_FWD_KERNEL(add_rms, TNAME, T, 1, scalar, kAddRms)           \
+  KH_NORM_FWD_KERNEL(ln, TNAME, T, kh_vec16<T>::n, vec, kLayer)       \
+  KH_NORM_FWD_KERNEL(ln, TNAME, T, 1, scalar, kLayer)                 \
+  KH_NORM_BWD_KERNEL(rms, TNAME, T, kh_vec16<T>::n, vec, false)       \
+  KH_NORM_BWD_KERNEL(rms, TNAME, T, 1, scalar, false)                 \
+  KH_NORM_BWD_KERNEL(ln, TNAME, T, kh_vec16<T>::n, vec, true)         \
+  KH_NORM_BWD_KERNEL(ln, TNAME, T, 1, scalar, true)                   \
+  KH_REDUCE_PARTIALS_KERNEL(norm_reduce_partials_##TNAME, T)
 
 KH_NORM_DTYPE(bf16, kh_bf16)
 KH_NORM_DTYPE(fp16, kh_fp16)

@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include <vector>
+
 #include "kernels/common/kh_prelude.cuh"
 #include "kernels/common/tensor_args.h"
 #include "kernels/rotary/rope_math.h"
@@ -58,7 +60,73 @@ void qk_norm_t(int64_t tokens, int64_t head_dim, const Heads& q, const void* qw,
   if (k.data) norm_heads<T>(k, tokens, head_dim, static_cast<const T*>(kw), eps);
 }
 
+template <typename T, typename C>
+void qk_norm_backward_t(bool neox, const int64_t* positions, int64_t tokens, int64_t head_dim,
+                        const Cache& cos, const Cache& sin, int64_t max_pos, int half, float eps,
+                        const NormGrad& g) {
+  const T* w = static_cast<const T*>(g.w);
+  std::vector<double> dw(head_dim, 0.0);
+  std::vector<float> x(head_dim), d(head_dim);
+  const float inv_n = 1.0f / static_cast<float>(head_dim);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t pos = positions[t];
+    const bool rotate = pos >= 0 && pos < max_pos;
+    const C* cr = static_cast<const C*>(cos.data) + (rotate ? pos : 0) * cos.stride;
+    const C* sr = static_cast<const C*>(sin.data) + (rotate ? pos : 0) * sin.stride;
+    for (int64_t h = 0; h < g.heads; ++h) {
+      const T* xs = static_cast<const T*>(g.in) + t * g.in_t + h * g.in_h;
+      const T* ds = static_cast<const T*>(g.d) + t * g.d_t + h * g.d_h;
+      float ss = 0.f;
+      for (int64_t e = 0; e < head_dim; ++e) {
+        x[e] = kh_to_float(xs[e]);
+        d[e] = kh_to_float(ds[e]);
+        ss += x[e] * x[e];
+      }
+      for (int j = 0; rotate && j < half; ++j) {
+        const int a = kh_rope_first(neox, j), b = kh_rope_second(neox, j, half);
+        kh_rope_rotate(d[a], d[b], kh_to_float(cr[j]), -kh_to_float(sr[j]), &d[a], &d[b]);
+      }
+      const float rstd = 1.0f / sqrtf(ss * inv_n + eps);
+      float sgx = 0.f;
+      for (int64_t e = 0; e < head_dim; ++e) sgx += d[e] * kh_to_float(w[e]) * x[e] * rstd;
+      const float c1 = sgx * inv_n;
+      T* out = static_cast<T*>(g.out) + t * g.out_t + h * g.out_h;
+      for (int64_t e = 0; e < head_dim; ++e) {
+        const float xhat = x[e] * rstd;
+        out[e] = kh_convert<T>::from_float(rstd * (d[e] * kh_to_float(w[e]) - xhat * c1));
+        dw[e] += static_cast<double>(d[e]) * xhat;
+      }
+    }
+  }
+  for (int64_t e = 0; e < head_dim; ++e)
+    static_cast<T*>(g.dw)[e] = kh_convert<T>::from_float(static_cast<float>(dw[e]));
+}
+
+// f(T{}, C{}) with T the storage type of `dtype` and C the cache's: float for an fp32 cache,
+// else T (an fp32 tensor always has an fp32 cache).
+template <typename F>
+void with_types(int dtype, int cache_dtype, F&& f) {
+  const bool f32 = cache_dtype == kFP32;
+  switch (dtype) {
+    case kBF16:
+      return f32 ? f(kh_bf16{}, float{}) : f(kh_bf16{}, kh_bf16{});
+    case kFP16:
+      return f32 ? f(kh_fp16{}, float{}) : f(kh_fp16{}, kh_fp16{});
+    default:
+      return f(float{}, float{});
+  }
+}
+
 }  // namespace
+
+void qk_norm_backward(int dtype, int cache_dtype, bool neox, const int64_t* positions,
+                      int64_t tokens, int64_t head_dim, const Cache& cos, const Cache& sin,
+                      int64_t max_pos, int half, float eps, const NormGrad& g) {
+  with_types(dtype, cache_dtype, [&](auto t, auto c) {
+    qk_norm_backward_t<decltype(t), decltype(c)>(neox, positions, tokens, head_dim, cos, sin,
+                                                 max_pos, half, eps, g);
+  });
+}
 
 void qk_norm(int dtype, int64_t tokens, int64_t head_dim, const Heads& q, const void* qw,
              const Heads& k, const void* kw, float eps) {
@@ -75,23 +143,9 @@ void qk_norm(int dtype, int64_t tokens, int64_t head_dim, const Heads& q, const 
 void apply(int dtype, int cache_dtype, bool neox, const int64_t* positions, int64_t tokens,
            const Heads& q, const Heads& k, const Cache& cos, const Cache& sin, int64_t max_pos,
            int half, float sign) {
-  const bool f32 = cache_dtype == kFP32;
-  switch (dtype) {
-    case kBF16:
-      if (f32)
-        return apply_t<kh_bf16, float>(neox, positions, tokens, q, k, cos, sin, max_pos, half,
-                                       sign);
-      return apply_t<kh_bf16, kh_bf16>(neox, positions, tokens, q, k, cos, sin, max_pos, half,
-                                       sign);
-    case kFP16:
-      if (f32)
-        return apply_t<kh_fp16, float>(neox, positions, tokens, q, k, cos, sin, max_pos, half,
-                                       sign);
-      return apply_t<kh_fp16, kh_fp16>(neox, positions, tokens, q, k, cos, sin, max_pos, half,
-                                       sign);
-    default:
-      return apply_t<float, float>(neox, positions, tokens, q, k, cos, sin, max_pos, half, sign);
-  }
+  with_types(dtype, cache_dtype, [&](auto t, auto c) {
+    apply_t<decltype(t), decltype(c)>(neox, positions, tokens, q, k, cos, sin, max_pos, half, sign);
+  });
 }
 
 }  // namespace khk::rope_cpu

@@ -32,4 +32,24 @@ void apply(int dtype, int cache_dtype, bool neox, const int64_t* positions, int6
 void qk_norm(int dtype, int64_t tokens, int64_t head_dim, const Heads& q, const void* qw,
              const Heads& k, const void* kw, float eps);
 
+// QKNormRotaryEmbedding's backward for one of query and key: for every row (token, head) of
+// `in` (the forward's input), d (the gradient of the forward's output) rotated back (sign -1,
+// tokens with positions outside [0, max_pos) as they are), then RMSNorm's backward with rstd
+// recomputed from `in`: out = rstd * (g - xhat * mean(g * xhat)), g = d' * w, xhat = in * rstd,
+// in fp32; dw = the sum over rows of d' * xhat (accumulated in double), rounded to `dtype`.
+struct NormGrad {
+  const void* in = nullptr;
+  int64_t in_t = 0, in_h = 0;
+  const void* d = nullptr;
+  int64_t d_t = 0, d_h = 0;
+  void* out = nullptr;
+  int64_t out_t = 0, out_h = 0;
+  int64_t heads = 0;
+  const void* w = nullptr;  // head_dim elements
+  void* dw = nullptr;       // head_dim elements, written
+};
+void qk_norm_backward(int dtype, int cache_dtype, bool neox, const int64_t* positions,
+                      int64_t tokens, int64_t head_dim, const Cache& cos, const Cache& sin,
+                      int64_t max_pos, int half, float eps, const NormGrad& g);
+
 }  // namespace khk::rope_cpu

@@ -1,11 +1,12 @@
 // Host library of the kernel-hub/rotary package: layer RotaryEmbedding, applied in place to the
-// query and the key, and layer QKNormRotaryEmbedding (eval only: each head RMS-normed over
-// head_dim with a query and a key weight, eps, then rotated, in place: Qwen3's q/k norms and RoPE
-// in one pass), NeoX (is_neox = 1, rotate halves) or GPT-J (is_neox = 0, interleaved)
-// layout, from int64 positions and a cos/sin cache. forward_train is the forward op (the
-// rotation needs nothing saved); backward applies the inverse rotation to the gradients, in
-// place. Ops check their DLPack arguments, then run cpu.cpp on kDLCPU tensors or launch
-// rotary.cu's kernels through the loader on kDLCUDA tensors.
+// query and the key, and layer QKNormRotaryEmbedding (each head RMS-normed over head_dim with a
+// query and a key weight, eps, then rotated: Qwen3's q/k norms and RoPE in one pass; in place
+// for eval, out of place with a backward for training), NeoX (is_neox = 1, rotate halves) or
+// GPT-J (is_neox = 0, interleaved) layout, from int64 positions and a cos/sin cache.
+// RotaryEmbedding's forward_train is its forward op (the rotation needs nothing saved); its
+// backward applies the inverse rotation to the gradients, in place. Ops check their DLPack
+// arguments, then run cpu.cpp on kDLCPU tensors or launch rotary.cu's kernels through the loader
+// on kDLCUDA tensors.
 //
 // Tensors: query [tokens, q_heads, head_dim] and key [tokens, k_heads, key_head_dim] (key may be
 // NULL; k_heads may differ from q_heads), any token and head strides (non-overlapping), the last
@@ -15,6 +16,9 @@
 // are left as they are (partial rotary). A token whose position is outside [0, max_pos) is left
 // unchanged (the device cannot report it; check positions upstream).
 #include <stdio.h>
+#include <string.h>
+
+#include <initializer_list>
 
 #include <utility>
 
@@ -23,12 +27,13 @@
 #include "kernels/common/tensor_args.h"
 #include "kernels/rotary/cpu.h"
 #include "kernels/rotary/launch_config.h"
+#include "kernels/rotary/qk_norm_params.h"
 
 namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/rotary";
-constexpr const char* kPackageVersion = "1.1.0";
+constexpr const char* kPackageVersion = "1.2.0";
 
 const char* dtype_tag(int dtype) {
   return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
@@ -49,7 +54,17 @@ constexpr OpSchema kRotaryEmbeddingBackward{
     "rotary_embedding_backward(Tensor positions, Tensor(a!) dquery, Tensor(b!)? dkey, Tensor "
     "cos, Tensor sin, int is_neox) -> ()"};
 
-// The arguments of the three ops: the rotation (sign 1) or its inverse (sign -1) of query and
+constexpr OpSchema kQkNormRotaryEmbeddingTrain{
+    "qk_norm_rotary_embedding_train(Tensor positions, Tensor query_in, Tensor? key_in, Tensor "
+    "query_weight, Tensor? key_weight, float eps, Tensor cos, Tensor sin, int is_neox, "
+    "Tensor(a!) query, Tensor(b!)? key) -> ()"};
+constexpr OpSchema kQkNormRotaryEmbeddingBackward{
+    "qk_norm_rotary_embedding_backward(Tensor positions, Tensor dquery, Tensor? dkey, Tensor "
+    "query_in, Tensor? key_in, Tensor query_weight, Tensor? key_weight, float eps, Tensor cos, "
+    "Tensor sin, int is_neox, Tensor(a!) dquery_in, Tensor(b!)? dkey_in, Tensor(c!) "
+    "dquery_weight, Tensor(d!)? dkey_weight, Tensor(e!)? workspace) -> ()"};
+
+// The arguments of the rotation ops: the rotation (sign 1) or its inverse (sign -1) of query and
 // key (the backward op's dquery and dkey); with `norm`, each head RMS-normed first (weights of
 // head_dim elements of the query's dtype, eps).
 struct Rope {
@@ -137,16 +152,26 @@ int32_t qk_norm_rope(const Rope& r, const HeadsView& q, const HeadsView* k, cons
   return launch_kernel(q.device.device_id, name, dims, params, stream);
 }
 
-int32_t rope(const Rope& r, void* stream) {
+// The checked tensors of a rotation: query and key (has_k: given), positions and the cos/sin
+// cache.
+struct RopeViews {
+  HeadsView q, k;
+  bool has_k = false;
+  const int64_t* positions = nullptr;
+  RowsView cos, sin;
+  const HeadsView* key() const { return has_k ? &k : nullptr; }
+};
+
+int32_t rope_views(const Rope& r, RopeViews* out) {
   const char* op = r.query.op;
   const int64_t is_neox = r.is_neox;
-  const float sign = r.sign;
   const DLTensor* kt = r.key.t;
   if (is_neox != 0 && is_neox != 1)
     return fail(KH_ERR_INVALID_ARGUMENT,
                 "%s: is_neox must be 1 (NeoX, rotate halves) or 0 (GPT-J, interleaved), got %lld",
                 op, static_cast<long long>(is_neox));
-  HeadsView q, k;
+  RopeViews v;
+  HeadsView &q = v.q, &k = v.k;
   KH_TRY(heads_view(r.query, &q));
   if (kt) {
     KH_TRY(heads_view(r.key, &k));
@@ -155,10 +180,10 @@ int32_t rope(const Rope& r, void* stream) {
     if (k.tokens != q.tokens)
       return fail(KH_ERR_INVALID_ARGUMENT, "%s: %s has %lld tokens, %s has %lld", op, r.key.name,
                   static_cast<long long>(k.tokens), r.query.name, static_cast<long long>(q.tokens));
+    v.has_k = true;
   }
-  const int64_t* positions = nullptr;
-  KH_TRY(index_vector_arg(r.positions, q.tokens, "token", q.device, &positions));
-  RowsView cos, sin;
+  KH_TRY(index_vector_arg(r.positions, q.tokens, "token", q.device, &v.positions));
+  RowsView &cos = v.cos, &sin = v.sin;
   KH_TRY(rows_view(r.cos, &cos));
   KH_TRY(rows_view(r.sin, &sin));
   KH_TRY(expect_device(r.cos, cos.device, q.device));
@@ -168,7 +193,7 @@ int32_t rope(const Rope& r, void* stream) {
                 dtype_name(cos.dtype), dtype_name(q.dtype), r.query.name);
   KH_TRY(expect_dtype(r.sin, sin.dtype, cos.dtype, "the dtype of cos"));
   KH_TRY(expect_shape(r.sin, sin, cos.rows, cos.cols, "cos"));
-  const int64_t half = cos.cols, max_pos = cos.rows;
+  const int64_t half = cos.cols;
   if (2 * half > q.head_dim || (kt && 2 * half > k.head_dim))
     return fail(KH_ERR_INVALID_ARGUMENT,
                 "%s: cos/sin have %lld columns (rot_dim %lld) but %s has head_dim %lld and %s "
@@ -176,6 +201,20 @@ int32_t rope(const Rope& r, void* stream) {
                 op, static_cast<long long>(half), static_cast<long long>(2 * half), r.query.name,
                 static_cast<long long>(q.head_dim), r.key.name,
                 static_cast<long long>(kt ? k.head_dim : 0));
+  *out = v;
+  return KH_OK;
+}
+
+int32_t rope(const Rope& r, void* stream) {
+  const int64_t is_neox = r.is_neox;
+  const float sign = r.sign;
+  const DLTensor* kt = r.key.t;
+  RopeViews views;
+  KH_TRY(rope_views(r, &views));
+  const HeadsView &q = views.q, &k = views.k;
+  const int64_t* positions = views.positions;
+  const RowsView &cos = views.cos, &sin = views.sin;
+  const int64_t half = cos.cols, max_pos = cos.rows;
   VectorView qw, kw;
   if (r.norm) KH_TRY(norm_weights(r, q, kt ? &k : nullptr, &qw, &kw));
   if (r.norm && q.tokens > 0 && q.head_dim > 0)
@@ -242,16 +281,287 @@ int32_t rotary_embedding_backward(const Args<kRotaryEmbeddingBackward>& a, void*
               stream);
 }
 
-constexpr kh_op_v1_t kOps[] = {op<rotary_embedding>(), op<rotary_embedding_backward>(),
-                               op<qk_norm_rotary_embedding>()};
+// ---- QKNormRotaryEmbedding for training ------------------------------------------------------
+// forward_train writes query (and key) from query_in (and key_in), which the backward needs: the
+// eval op's result, out of place. The backward takes the forward's inputs and the gradients of
+// its outputs and writes the inputs' gradients and both weights' (overwritten, not added), with
+// no saved statistics: each row's rstd is recomputed from its input in the same pass. The
+// weights' gradients go through `workspace` (cuda: fp32 [W, 2 * head_dim], one partial row per
+// walker CTA, then summed in row order, so the result is deterministic; W about
+// kh_qknr_workspace_rows(); the cpu path takes none).
+//
+// The cuda kernels take NeoX with full rotary (rot_dim == head_dim), 16-byte aligned heads and
+// head_dim / (2 * elements per 16 bytes) a power of two of at most 32 (head_dim 16 to 512 in
+// bf16/fp16, 8 to 256 in fp32); anything else is KH_ERR_UNSUPPORTED on cuda (the caller runs
+// RMSNorm and RotaryEmbedding instead) and runs on the cpu.
 
-// forward_train is the forward op: the rotation needs nothing saved. QKNormRotaryEmbedding is for
-// inference (decode): training keeps the norms' statistics for backward (RMSNorm, then
-// RotaryEmbedding).
+constexpr uint32_t kQknrThreads = 256;  // __launch_bounds__ of rotary.cu's qknr_* kernels
+
+// The checked arguments of both ops. Rope r: its query and key are query_in and key_in.
+struct QkNormTrain {
+  Rope r;
+  RopeViews v;
+  VectorView qw, kw;
+  HeadsView out_q, out_k;  // query / key (forward), dquery_in / dkey_in (backward)
+  HeadsView d_q, d_k;      // backward: dquery, dkey
+  VectorView dqw, dkw;     // backward
+  RowsView workspace;      // backward, cuda
+  bool has_workspace = false;
+};
+
+// A tensor given exactly when the key is (`with` = key_in), of key_in's shape.
+int32_t key_like(const TensorArg& a, const QkNormTrain& t, HeadsView* out) {
+  if (!a.t != !t.v.has_k)
+    return fail(KH_ERR_INVALID_ARGUMENT, "%s: %s must be given %s", a.op, a.name,
+                t.v.has_k ? "with key_in" : "only with key_in");
+  if (!a.t) return KH_OK;
+  KH_TRY(heads_view(a, out));
+  return same_shape(a, *out, t.v.k, "key_in");
+}
+
+int32_t check_inputs(QkNormTrain& t, const TensorArg& out_q, const TensorArg& out_k) {
+  t.r.norm = true;
+  KH_TRY(rope_views(t.r, &t.v));
+  KH_TRY(norm_weights(t.r, t.v.q, t.v.key(), &t.qw, &t.kw));
+  KH_TRY(heads_view(out_q, &t.out_q));
+  KH_TRY(same_shape(out_q, t.out_q, t.v.q, "query_in"));
+  return key_like(out_k, t, &t.out_k);
+}
+
+// Whether the cuda kernels take these tensors (see above); *G: lanes a row.
+int32_t qknr_cuda_ok(const QkNormTrain& t, std::initializer_list<const HeadsView*> heads, int* G) {
+  const char* op = t.r.query.op;
+  const HeadsView& q = t.v.q;
+  const int vec = dtype_vec16(q.dtype);
+  const int64_t g = q.head_dim / (2 * vec);
+  if (t.r.is_neox != 1 || 2 * t.v.cos.cols != q.head_dim)
+    return fail(
+        KH_ERR_UNSUPPORTED,
+        "%s: the cuda kernels take NeoX (is_neox = 1) with full rotary (cos/sin of head_dim "
+        "/ 2 columns); got is_neox %lld, %lld columns for head_dim %lld",
+        op, static_cast<long long>(t.r.is_neox), static_cast<long long>(t.v.cos.cols),
+        static_cast<long long>(q.head_dim));
+  if (q.head_dim % (2 * vec) != 0 || g < 1 || g > 32 || (g & (g - 1)) != 0)
+    return fail(KH_ERR_UNSUPPORTED,
+                "%s: the cuda kernels take head_dim = 2 x %d x a power of two up to 32 for %s; "
+                "got %lld",
+                op, vec, dtype_name(q.dtype), static_cast<long long>(q.head_dim));
+  for (const HeadsView* h : heads)
+    if (h && !heads_vectorizable(*h))
+      return fail(KH_ERR_UNSUPPORTED,
+                  "%s: the cuda kernels need 16-byte aligned heads (start, token and head strides)",
+                  op);
+  if (!aligned16(t.qw.data) || (t.v.has_k && !aligned16(t.kw.data)))
+    return fail(KH_ERR_UNSUPPORTED, "%s: the cuda kernels need 16-byte aligned weights", op);
+  *G = static_cast<int>(g);
+  return KH_OK;
+}
+
+kh_qknr_tensor qknr_tensor(const HeadsView& in, const HeadsView* d, const HeadsView& out,
+                           const VectorView& w) {
+  return {in.data,
+          d ? d->data : nullptr,
+          out.data,
+          w.data,
+          in.token_stride,
+          in.head_stride,
+          d ? d->token_stride : 0,
+          d ? d->head_stride : 0,
+          out.token_stride,
+          out.head_stride,
+          in.heads};
+}
+
+kh_qknr_params qknr_params(const QkNormTrain& t, bool backward) {
+  kh_qknr_params p{};
+  p.t[0] = qknr_tensor(t.v.q, backward ? &t.d_q : nullptr, t.out_q, t.qw);
+  if (t.v.has_k) p.t[1] = qknr_tensor(t.v.k, backward ? &t.d_k : nullptr, t.out_k, t.kw);
+  p.positions = reinterpret_cast<const kh_i64*>(t.v.positions);
+  p.cos = t.v.cos.data;
+  p.sin = t.v.sin.data;
+  p.tokens = t.v.q.tokens;
+  p.scos = t.v.cos.stride;
+  p.ssin = t.v.sin.stride;
+  p.max_pos = t.v.cos.rows;
+  p.eps = static_cast<float>(t.r.eps);
+  p.head_dim = static_cast<int>(t.v.q.head_dim);
+  return p;
+}
+
+void qknr_kernel_name(char (&name)[64], const char* dir, const QkNormTrain& t) {
+  snprintf(name, sizeof name, "qknr_%s_neox_%s_%s", dir, dtype_tag(t.v.q.dtype),
+           t.v.cos.dtype == kFP32 ? "f32" : "same");
+}
+
+// Copies one [tokens, heads, head_dim] view into another of the same shape (cpu).
+void copy_heads(const HeadsView& from, const HeadsView& to) {
+  const int64_t row = from.head_dim * dtype_bytes(from.dtype), b = dtype_bytes(from.dtype);
+  for (int64_t t = 0; t < from.tokens; ++t)
+    for (int64_t h = 0; h < from.heads; ++h)
+      memmove(to.data + (t * to.token_stride + h * to.head_stride) * b,
+              from.data + (t * from.token_stride + h * from.head_stride) * b, row);
+}
+
+// The inputs both training ops take by the same names: query_in and key_in as the rotation's
+// query and key.
+template <const OpSchema& S>
+Rope train_inputs(const Args<S>& a) {
+  Rope r{a.tensor("positions"),
+         a.tensor("query_in"),
+         a.optional_tensor("key_in"),
+         a.tensor("cos"),
+         a.tensor("sin"),
+         a.integer("is_neox"),
+         1.0f};
+  r.query_weight = a.tensor("query_weight");
+  r.key_weight = a.optional_tensor("key_weight");
+  r.eps = a.real("eps");
+  return r;
+}
+
+int32_t qk_norm_rotary_embedding_train(const Args<kQkNormRotaryEmbeddingTrain>& a, void* stream) {
+  QkNormTrain t;
+  t.r = train_inputs(a);
+  KH_TRY(check_inputs(t, a.tensor("query"), a.optional_tensor("key")));
+  const HeadsView& q = t.v.q;
+  if (q.tokens == 0 || q.head_dim == 0) return KH_OK;
+  if (is_cpu(q.device)) {  // the eval op's computation on a copy of the inputs
+    copy_heads(q, t.out_q);
+    if (t.v.has_k) copy_heads(t.v.k, t.out_k);
+    return qk_norm_rope(t.r, t.out_q, t.v.has_k ? &t.out_k : nullptr, t.qw, t.kw, t.v.positions,
+                        t.v.cos, t.v.sin, stream);
+  }
+  int G = 0;
+  KH_TRY(qknr_cuda_ok(t, {&q, t.v.key(), &t.out_q, t.v.has_k ? &t.out_k : nullptr}, &G));
+  kh_qknr_params p = qknr_params(t, false);
+  // Two rows a group of G lanes (rotary.cu).
+  const int64_t rows = q.tokens * (q.heads + (t.v.has_k ? t.v.k.heads : 0));
+  if (rows == 0) return KH_OK;
+  const int64_t threads = (rows + 1) / 2 * G;
+  const int64_t blocks = (threads + kQknrThreads - 1) / kQknrThreads;
+  if (blocks > 0x7FFFFFFF)
+    return fail(KH_ERR_UNSUPPORTED, "%s: %lld rows need more than 2^31-1 CTAs", t.r.query.op,
+                static_cast<long long>(rows));
+  char name[64];
+  qknr_kernel_name(name, "fwd", t);
+  LaunchDims dims;
+  dims.flags = kPdlEntry;
+  dims.grid[0] = static_cast<uint32_t>(blocks);
+  dims.block[0] = kQknrThreads;
+  void* params[] = {&p};
+  return launch_kernel(q.device.device_id, name, dims, params, stream);
+}
+
+int32_t qk_norm_rotary_embedding_backward(const Args<kQkNormRotaryEmbeddingBackward>& a,
+                                          void* stream) {
+  QkNormTrain t;
+  t.r = train_inputs(a);
+  KH_TRY(check_inputs(t, a.tensor("dquery_in"), a.optional_tensor("dkey_in")));
+  const HeadsView& q = t.v.q;
+  const TensorArg dq = a.tensor("dquery"), dk = a.optional_tensor("dkey");
+  KH_TRY(heads_view(dq, &t.d_q));
+  KH_TRY(same_shape(dq, t.d_q, q, "query_in"));
+  KH_TRY(key_like(dk, t, &t.d_k));
+  const TensorArg dqw = a.tensor("dquery_weight"), dkw = a.optional_tensor("dkey_weight");
+  const std::pair<const TensorArg*, VectorView*> grads[2] = {{&dqw, &t.dqw}, {&dkw, &t.dkw}};
+  for (int i = 0; i < 2; ++i) {
+    const TensorArg& g = *grads[i].first;
+    if (i == 1 && !g.t != !t.v.has_k)
+      return fail(KH_ERR_INVALID_ARGUMENT, "%s: %s must be given %s", g.op, g.name,
+                  t.v.has_k ? "with key_in" : "only with key_in");
+    if (!g.t) continue;
+    KH_TRY(vector_view(g, q.head_dim, grads[i].second));
+    KH_TRY(expect_dtype(g, grads[i].second->dtype, q.dtype, "the query's dtype"));
+    KH_TRY(expect_device(g, grads[i].second->device, q.device));
+  }
+  const TensorArg ws = a.optional_tensor("workspace");
+  if (ws.t) {
+    KH_TRY(rows_view(ws, &t.workspace));
+    KH_TRY(expect_dtype(ws, t.workspace.dtype, kFP32, "the workspace holds fp32 partials"));
+    KH_TRY(expect_device(ws, t.workspace.device, q.device));
+    if (t.workspace.cols != 2 * q.head_dim || t.workspace.rows < 1 || t.workspace.rows > 0x7FFFFFFF)
+      return fail(KH_ERR_INVALID_ARGUMENT,
+                  "%s: %s is %lld x %lld; expected float32 [W, 2 * head_dim] = [W, %lld] with "
+                  "1 <= W < 2^31 (see kh_qknr_workspace_rows)",
+                  ws.op, ws.name, static_cast<long long>(t.workspace.rows),
+                  static_cast<long long>(t.workspace.cols), static_cast<long long>(2 * q.head_dim));
+    t.has_workspace = true;
+  }
+  if (is_cpu(q.device)) {
+    const rope_cpu::Cache cos{t.v.cos.data, t.v.cos.stride}, sin{t.v.sin.data, t.v.sin.stride};
+    for (int i = 0; i < (t.v.has_k ? 2 : 1); ++i) {
+      const HeadsView &in = i ? t.v.k : q, &d = i ? t.d_k : t.d_q, &out = i ? t.out_k : t.out_q;
+      const rope_cpu::NormGrad g{in.data,  in.token_stride,        in.head_stride,
+                                 d.data,   d.token_stride,         d.head_stride,
+                                 out.data, out.token_stride,       out.head_stride,
+                                 in.heads, (i ? t.kw : t.qw).data, (i ? t.dkw : t.dqw).data};
+      rope_cpu::qk_norm_backward(q.dtype, t.v.cos.dtype, t.r.is_neox == 1, t.v.positions, q.tokens,
+                                 q.head_dim, cos, sin, t.v.cos.rows, static_cast<int>(t.v.cos.cols),
+                                 static_cast<float>(t.r.eps), g);
+    }
+    return KH_OK;
+  }
+  if (!t.has_workspace)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: workspace is required on cuda: float32 [W, 2 * head_dim] (W about "
+                "kh_qknr_workspace_rows)",
+                t.r.query.op);
+  int G = 0;
+  KH_TRY(qknr_cuda_ok(t,
+                      {&q, t.v.key(), &t.out_q, t.v.has_k ? &t.out_k : nullptr, &t.d_q,
+                       t.v.has_k ? &t.d_k : nullptr},
+                      &G));
+  kh_qknr_params p = qknr_params(t, true);
+  p.ws = reinterpret_cast<float*>(t.workspace.data);
+  p.sws = t.workspace.stride;
+  const int device = q.device.device_id;
+  // Walker CTAs: the workspace's rows, fewer when the query and the key have fewer rows than
+  // that many CTAs take in one turn.
+  const int64_t groups = kQknrThreads / G;
+  const int64_t heads = t.v.has_k && t.v.k.heads > q.heads ? t.v.k.heads : q.heads;
+  int64_t walkers = (q.tokens * heads + groups - 1) / groups;
+  if (walkers > t.workspace.rows) walkers = t.workspace.rows;
+  if (q.tokens > 0 && walkers > 0) {
+    char name[64];
+    qknr_kernel_name(name, "bwd", t);
+    LaunchDims dims;
+    dims.flags = kPdlEntry;
+    dims.grid[0] = static_cast<uint32_t>(walkers);
+    dims.block[0] = kQknrThreads;
+    dims.shared_mem_bytes =
+        static_cast<uint32_t>(kQknrThreads / 32 * 2 * q.head_dim * sizeof(float));
+    void* params[] = {&p};
+    KH_TRY(launch_kernel(device, name, dims, params, stream));
+  } else {
+    walkers = 0;  // the reduce then writes zero gradients
+  }
+  char rname[64];
+  snprintf(rname, sizeof rname, "qknr_reduce_partials_%s", dtype_tag(q.dtype));
+  const float* wsp = p.ws;
+  long long sws = p.sws;
+  int iwalkers = static_cast<int>(walkers), cols = static_cast<int>(q.head_dim),
+      k = t.v.has_k ? 2 : 1;
+  void* dqp = t.dqw.data;
+  void* dkp = t.v.has_k ? t.dkw.data : nullptr;
+  void* rparams[] = {&wsp, &sws, &iwalkers, &cols, &k, &dqp, &dkp};
+  LaunchDims rdims;
+  rdims.flags = kPdlEntry;
+  rdims.grid[0] = static_cast<uint32_t>((k * q.head_dim + 31) / 32);
+  rdims.block[0] = 32;
+  rdims.block[1] = 32;  // row slices (reduce_partials.cuh: at most KH_REDUCE_MAX_SLICES)
+  return launch_kernel(device, rname, rdims, rparams, stream);
+}
+
+constexpr kh_op_v1_t kOps[] = {op<rotary_embedding>(), op<rotary_embedding_backward>(),
+                               op<qk_norm_rotary_embedding>(), op<qk_norm_rotary_embedding_train>(),
+                               op<qk_norm_rotary_embedding_backward>()};
+
+// forward_train is the forward op for RotaryEmbedding: the rotation needs nothing saved.
+// QKNormRotaryEmbedding trains out of place (its backward reads the forward's input).
 constexpr kh_layer_v1_t kLayers[] = {
     layer("RotaryEmbedding", kRotaryEmbedding, kRotaryEmbedding, kRotaryEmbeddingBackward),
-    layer("QKNormRotaryEmbedding", kQkNormRotaryEmbedding, kQkNormRotaryEmbedding, kOpFlags,
-          kDtypes),
+    layer("QKNormRotaryEmbedding", kQkNormRotaryEmbedding, kQkNormRotaryEmbeddingTrain,
+          kQkNormRotaryEmbeddingBackward),
 };
 
 constexpr kh_module_v1_t kModule =

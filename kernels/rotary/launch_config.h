@@ -20,3 +20,11 @@ inline uint32_t rotary_threads(int64_t units) {
 }
 
 }  // namespace khk
+
+// Recommended workspace rows W of QKNormRotaryEmbedding's backward (host.cpp): one partial row
+// per walker CTA, as many walkers as are resident at once (rotary.cu's qknr_bwd kernels: 2 CTAs
+// of 256 threads a multiprocessor for bf16/fp16, at 128 registers a thread), so that they run
+// in one wave. Any W >= 1 is correct; this is only about speed.
+inline int64_t kh_qknr_workspace_rows(int sm_count) {
+  return 2 * int64_t{sm_count > 0 ? sm_count : 1};
+}

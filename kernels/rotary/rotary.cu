@@ -1,12 +1,15 @@
 // Device code of the rotary package: RotaryEmbedding applied in place to query and key, NeoX
 // (rotate halves) and GPT-J (interleaved) layouts, forward and backward (the inverse rotation),
-// and QKNormRotaryEmbedding (per-head RMSNorm of q and k, then the rotation; eval only),
-// bf16/fp16/fp32 storage with fp32 math (rope_math.h, the expression the cpu code uses).
+// and QKNormRotaryEmbedding (per-head RMSNorm of q and k, then the rotation: in place for eval,
+// out of place with its backward for training), bf16/fp16/fp32 storage with fp32 math
+// (rope_math.h, the expression the cpu code uses).
 //
-// Header-free for NVRTC: the build inlines rope_math.h and kh_prelude.cuh. Kernels are
-// extern "C", named
+// Header-free for NVRTC: the build inlines rope_math.h, qk_norm_params.h, reduce_partials.cuh
+// and kh_prelude.cuh. Kernels are extern "C", named
 //   rope_<neox|gptj>_<bf16|fp16|fp32>_<cache: f32|same>_<vec|scalar>
-//   qk_norm_rope_<neox|gptj>_<bf16|fp16|fp32>_<cache: f32|same>.
+//   qk_norm_rope_<neox|gptj>_<bf16|fp16|fp32>_<cache: f32|same>            (eval)
+//   qknr_<fwd|bwd>_neox_<bf16|fp16|fp32>_<cache: f32|same>, qknr_reduce_partials_<dtype>
+//                                                                         (training).
 // Tensors: query [tokens, q_heads, head_dim] and key [tokens, k_heads, head_dim] (key may be
 // NULL), each with its own token and head strides (elements) and a contiguous last dimension;
 // positions int64 [tokens]; cos and sin [max_pos, half] (half = rot_dim / 2) with a row stride,
@@ -16,6 +19,8 @@
 // the accesses are coalesced and cos/sin are re-read from L1 for every head. vec: 16-byte
 // accesses when every head start is 16-byte aligned and half divides into whole vectors.
 #include "pdl.cuh"
+#include "qk_norm_params.h"
+#include "reduce_partials.cuh"
 #include "rope_math.h"
 
 namespace {
@@ -134,6 +139,216 @@ __device__ __forceinline__ void qk_norm_rope_kernel(const kh_i64* positions, T* 
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// QKNormRotaryEmbedding for training (qk_norm_params.h): the forward out of place (the backward
+// needs the input), and the backward from that input, NeoX with full rotary (2 * half ==
+// head_dim) and 16-byte vectors only (host.cpp refuses the rest; the runtime then runs RMSNorm
+// and RotaryEmbedding). A row (one head of one token) is G = head_dim / (2 * VEC) lanes: lane l
+// holds vector l (pairs [l * VEC, +VEC): their first elements) and vector l + G (their second
+// elements, half further), so every NeoX pair is in one thread and the row's sums are a
+// shuffle over G lanes (G a power of two, at most 32: groups never straddle a warp).
+template <typename T>
+struct kh_qknr_row {
+  float a[kh_vec16<T>::n], b[kh_vec16<T>::n];
+};
+// A row's two vectors as loaded (unpacked only when used, so that the next rows' loads can be
+// in flight in few registers).
+template <typename T>
+struct kh_qknr_raw {
+  kh_raw<T, kh_vec16<T>::n> a, b;
+};
+
+template <typename T, int KIND>
+__device__ __forceinline__ kh_qknr_raw<T> kh_qknr_load(const T* p, int l, int G) {
+  constexpr int VEC = kh_vec16<T>::n;
+  return {kh_load_raw<T, VEC, KIND>(p + l * VEC), kh_load_raw<T, VEC, KIND>(p + (l + G) * VEC)};
+}
+
+template <typename T>
+__device__ __forceinline__ kh_qknr_row<T> kh_qknr_unpack(const kh_qknr_raw<T>& r) {
+  constexpr int VEC = kh_vec16<T>::n;
+  kh_qknr_row<T> f;
+  kh_unpack<T, VEC>(r.a, f.a);
+  kh_unpack<T, VEC>(r.b, f.b);
+  return f;
+}
+
+// The lanes of this thread's row: G consecutive lanes (G a power of two, at most 32), so the
+// shuffles below never wait for a lane of another row, which may have left its loop or exited.
+__device__ __forceinline__ unsigned kh_qknr_mask(int G) {
+  return G == 32 ? 0xFFFFFFFFu : ((1u << G) - 1u) << ((threadIdx.x & 31) & ~(G - 1));
+}
+
+// Sum over the G lanes of a row.
+__device__ __forceinline__ float kh_qknr_sum(float v, int G, unsigned mask) {
+  for (int off = G >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(mask, v, off);
+  return v;
+}
+
+// Row `row` of the query rows then the key rows: its tensor, token and head.
+struct kh_qknr_where {
+  int which;
+  kh_i64 tok, head;
+};
+__device__ __forceinline__ kh_qknr_where kh_qknr_locate(const kh_qknr_params& p, kh_i64 row) {
+  const kh_i64 qrows = p.tokens * p.t[0].heads;
+  const int which = row < qrows ? 0 : 1;
+  const kh_i64 r = which ? row - qrows : row;
+  return {which, r / p.t[which].heads, r % p.t[which].heads};
+}
+
+// Forward: two rows per group of G lanes (2 * group and the row after it, both loaded before
+// either is computed). rstd and the rounding as qk_norm_rope_kernel (the normed row rounded to T,
+// then rotated), so training's q and k equal what eval computes.
+template <typename T, typename C>
+__device__ __forceinline__ void qknr_fwd(const kh_qknr_params& p) {
+  constexpr int VEC = kh_vec16<T>::n;
+  const int G = p.head_dim / (2 * VEC);
+  const unsigned mask = kh_qknr_mask(G);
+  const kh_i64 gid = (kh_i64)blockIdx.x * blockDim.x + threadIdx.x;
+  const kh_i64 row0 = gid / G * 2;
+  const int l = (int)(gid % G);
+  const kh_i64 rows = p.tokens * (p.t[0].heads + p.t[1].heads);
+  if (row0 >= rows) return;  // whole groups; the shuffles take this group's lanes only
+  kh_qknr_where at[2];
+  kh_qknr_raw<T> xr[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (row0 + i >= rows) break;
+    at[i] = kh_qknr_locate(p, row0 + i);
+    const kh_qknr_tensor& s = p.t[at[i].which];
+    xr[i] = kh_qknr_load<T, KH_LOAD_STREAM>(
+        (const T*)s.in + at[i].tok * s.in_t + at[i].head * s.in_h, l, G);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (row0 + i >= rows) break;
+    const kh_qknr_tensor& s = p.t[at[i].which];
+    const kh_qknr_row<T> x = kh_qknr_unpack<T>(xr[i]);
+    const kh_qknr_row<T> w =
+        kh_qknr_unpack<T>(kh_qknr_load<T, KH_LOAD_READONLY>((const T*)s.w, l, G));
+    const kh_i64 pos = p.positions[at[i].tok];
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) ss += x.a[e] * x.a[e] + x.b[e] * x.b[e];
+    const float rstd = rsqrtf(kh_qknr_sum(ss, G, mask) / (float)p.head_dim + p.eps);
+    float o1[VEC], o2[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      o1[e] = kh_to_float(kh_convert<T>::from_float(x.a[e] * rstd * w.a[e]));
+      o2[e] = kh_to_float(kh_convert<T>::from_float(x.b[e] * rstd * w.b[e]));
+    }
+    if (pos >= 0 && pos < p.max_pos) {
+      const C* cr = (const C*)p.cos + pos * p.scos + l * VEC;
+      const C* sr = (const C*)p.sin + pos * p.ssin + l * VEC;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float y1 = o1[e], y2 = o2[e];
+        kh_rope_rotate(y1, y2, kh_to_float(cr[e]), kh_to_float(sr[e]), &o1[e], &o2[e]);
+      }
+    }
+    T* out = (T*)s.out + at[i].tok * s.out_t + at[i].head * s.out_h;
+    kh_store_raw<T, VEC>(out + l * VEC, kh_pack<T, VEC>(o1));
+    kh_store_raw<T, VEC>(out + (l + G) * VEC, kh_pack<T, VEC>(o2));
+  }
+}
+
+// Backward: gridDim.x walkers (CTAs) each take rows blockIdx.x * groups + group, + gridDim.x *
+// groups, ... of the query, then of the key, the next row's input and gradient loaded before
+// the current one is computed. Per row: the inverse rotation of d (in fp32), then RMSNorm's
+// backward with rstd recomputed from the input: dx = rstd * (g - xhat * mean(g * xhat)),
+// g = dn * w, and dweight's partial += dn * xhat. The CTA's partials meet by shuffles across the
+// groups of a warp, then across warps in shared memory, in a fixed order, into its workspace row
+// (query columns, then key columns) for kh_reduce_partials.
+template <typename T, typename C>
+__device__ __forceinline__ void qknr_bwd(const kh_qknr_params& p) {
+  constexpr int VEC = kh_vec16<T>::n;
+  extern __shared__ float kh_qknr_part[];  // [warps][2 * head_dim]
+  const int G = p.head_dim / (2 * VEC);
+  const unsigned mask = kh_qknr_mask(G);
+  const int groups = blockDim.x / G, group = threadIdx.x / G, l = threadIdx.x % G;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int cols = 2 * p.head_dim;
+  const float inv_n = 1.f / (float)p.head_dim;
+  const kh_i64 step = (kh_i64)gridDim.x * groups;
+#pragma unroll 1
+  for (int which = 0; which < 2; ++which) {  // one tensor's partials live at a time
+    const kh_qknr_tensor& s = p.t[which];
+    const kh_i64 rows = p.tokens * s.heads;
+    float dw[2 * VEC];
+#pragma unroll
+    for (int e = 0; e < 2 * VEC; ++e) dw[e] = 0.f;
+    kh_i64 r = (kh_i64)blockIdx.x * groups + group;
+    auto load = [&](kh_i64 row, kh_qknr_raw<T>& x, kh_qknr_raw<T>& d) {
+      const kh_i64 tok = row / s.heads, head = row % s.heads;
+      x = kh_qknr_load<T, KH_LOAD_STREAM>((const T*)s.in + tok * s.in_t + head * s.in_h, l, G);
+      d = kh_qknr_load<T, KH_LOAD_STREAM>((const T*)s.d + tok * s.d_t + head * s.d_h, l, G);
+    };
+    kh_qknr_raw<T> xn, dn;
+    if (r < rows) load(r, xn, dn);
+    kh_qknr_row<T> w;
+    if (r < rows) w = kh_qknr_unpack<T>(kh_qknr_load<T, KH_LOAD_READONLY>((const T*)s.w, l, G));
+    for (; r < rows; r += step) {
+      kh_qknr_row<T> x = kh_qknr_unpack<T>(xn), d = kh_qknr_unpack<T>(dn);
+      if (r + step < rows) load(r + step, xn, dn);
+      const kh_i64 tok = r / s.heads, head = r % s.heads;
+      const kh_i64 pos = p.positions[tok];
+      if (pos >= 0 && pos < p.max_pos) {
+        const C* cr = (const C*)p.cos + pos * p.scos + l * VEC;
+        const C* sr = (const C*)p.sin + pos * p.ssin + l * VEC;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float d1 = d.a[e], d2 = d.b[e];
+          kh_rope_rotate(d1, d2, kh_to_float(cr[e]), -kh_to_float(sr[e]), &d.a[e], &d.b[e]);
+        }
+      }
+      float ss = 0.f;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) ss += x.a[e] * x.a[e] + x.b[e] * x.b[e];
+      const float rstd = rsqrtf(kh_qknr_sum(ss, G, mask) * inv_n + p.eps);
+      float sgx = 0.f;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        x.a[e] *= rstd;  // xhat from here on
+        x.b[e] *= rstd;
+        sgx += d.a[e] * w.a[e] * x.a[e] + d.b[e] * w.b[e] * x.b[e];
+      }
+      const float c1 = kh_qknr_sum(sgx, G, mask) * inv_n;
+      float o1[VEC], o2[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        o1[e] = rstd * (d.a[e] * w.a[e] - x.a[e] * c1);
+        o2[e] = rstd * (d.b[e] * w.b[e] - x.b[e] * c1);
+        dw[e] += d.a[e] * x.a[e];
+        dw[VEC + e] += d.b[e] * x.b[e];
+      }
+      T* out = (T*)s.out + tok * s.out_t + head * s.out_h;
+      kh_store_raw<T, VEC>(out + l * VEC, kh_pack<T, VEC>(o1));
+      kh_store_raw<T, VEC>(out + (l + G) * VEC, kh_pack<T, VEC>(o2));
+    }
+    // Every lane of the warp is here (no lane returned): the groups of a warp hold the same
+    // columns, summed across the group bits of the lane, then left in this warp's shared row.
+#pragma unroll
+    for (int e = 0; e < 2 * VEC; ++e)
+      for (int off = G; off < 32; off <<= 1) dw[e] += __shfl_xor_sync(0xFFFFFFFFu, dw[e], off);
+    if (lane < G) {
+      float* part = kh_qknr_part + warp * cols + which * p.head_dim;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        part[l * VEC + e] = dw[e];
+        part[(l + G) * VEC + e] = dw[VEC + e];
+      }
+    }
+  }
+  __syncthreads();
+  float* ws = p.ws + (kh_i64)blockIdx.x * p.sws;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    float t = 0.f;
+    for (int j = 0; j < warps; ++j) t += kh_qknr_part[j * cols + c];
+    ws[c] = t;
+  }
+}
+
 }  // namespace
 
 #define KH_ROPE_KERNEL(LNAME, NEOX, TNAME, T, CNAME, C, VEC, VNAME)                               \
@@ -179,3 +394,26 @@ KH_ROPE_LAYOUT(gptj, 0)
 
 KH_QK_NORM_ROPE_LAYOUT(neox, 1)
 KH_QK_NORM_ROPE_LAYOUT(gptj, 0)
+
+// The training ops' kernels (256 threads: host.cpp's kQknrThreads).
+#define KH_QKNR_KERNELS(TNAME, T, CNAME, C)                     \
+  extern "C" __global__ void __launch_bounds__(256)             \
+      qknr_fwd_neox_##TNAME##_##CNAME(const kh_qknr_params p) { \
+    kh_pdl_enter();                                             \
+    qknr_fwd<T, C>(p);                                          \
+  }                                                             \
+  extern "C" __global__ void __launch_bounds__(256)             \
+      qknr_bwd_neox_##TNAME##_##CNAME(const kh_qknr_params p) { \
+    kh_pdl_enter();                                             \
+    qknr_bwd<T, C>(p);                                          \
+  }
+
+KH_QKNR_KERNELS(bf16, kh_bf16, f32, float)
+KH_QKNR_KERNELS(bf16, kh_bf16, same, kh_bf16)
+KH_QKNR_KERNELS(fp16, kh_fp16, f32, float)
+KH_QKNR_KERNELS(fp16, kh_fp16, same, kh_fp16)
+KH_QKNR_KERNELS(fp32, float, f32, float)
+
+KH_REDUCE_PARTIALS_KERNEL(qknr_reduce_partials_bf16, kh_bf16)
+KH_REDUCE_PARTIALS_KERNEL(qknr_reduce_partials_fp16, kh_fp16)
+KH_REDUCE_PARTIALS_KERNEL(qknr_reduce_partials_fp32, float)

@@ -31,7 +31,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/softmax";
-constexpr const char* kPackageVersion = "1.1.1";
+constexpr const char* kPackageVersion = "1.1.2";
 
 // A row tensor shaped like x (same rows, cols, dtype and device; its own row stride).
 int32_t like_arg(const TensorArg& t, const RowsView& x, const char* like, RowsView* out) {

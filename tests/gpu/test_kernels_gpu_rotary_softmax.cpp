@@ -85,6 +85,30 @@ TEST_F(KernelsGpuRotarySoftmax, QkNormRotaryEveryLayoutDtypeAndShapeMatchesFloat
     }
 }
 
+// QKNormRotaryEmbedding's training ops on the device: the cpu cases (the kernels refuse the
+// ones they do not take, which the test checks) and Qwen3-0.6B's training shape (16 x 2048 tokens
+// would be the step's; 4096 tokens, 16/8 heads of 128 keep the float64 reference quick).
+TEST_F(KernelsGpuRotarySoftmax, QkNormRotaryTrainingOpsMatchFloat64) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  Package pkg("rotary");
+  GpuExecutor gpu;
+  const rope_cases::Case train{4096, 16, 8, 128, 128, 0, 0, 4096, true};
+  const rope_cases::Case fused_row{777, 16, 8, 128, 128, 0, 1024, 2048, false};
+  for (bool neox : {true, false})
+    for (int dtype : {kBF16, kFP16, kFP32}) {
+      for (const auto& k : rope_cases::kCases) {
+        rope_cases::run_qk_norm_train_case(gpu, pkg, dtype, neox, k, rng, /*cuda=*/true);
+        if (HasFatalFailure()) return;
+      }
+      for (const auto& k : {train, fused_row}) {
+        rope_cases::run_qk_norm_train_case(gpu, pkg, dtype, neox, k, rng, /*cuda=*/true);
+        if (HasFatalFailure()) return;
+      }
+    }
+}
+
 const softmax_cases::Case kGpuSoftmaxCases[] = {
     {512, 8192, 0}, {1000, 4096, 0}, {3, 2048, 1}, {2, 300000, 0}, {70000, 16, 0}, {64, 32768, 8},
 };

@@ -258,4 +258,151 @@ inline void run_qk_norm_case(Executor& ex, const Package& pkg, int dtype, bool n
   EXPECT_TRUE(kk.gaps_untouched());
 }
 
+// Whether the cuda kernels of QKNormRotaryEmbedding's training ops take a case (host.cpp): NeoX,
+// full rotary, head_dim 2 x (elements a 16-byte vector) x a power of two up to 32, 16-byte
+// aligned heads and tokens. Elsewhere they refuse with KH_ERR_UNSUPPORTED.
+inline bool qk_norm_train_cuda_takes(int dtype, bool neox, const Case& k) {
+  const int64_t vec = 16 / dtype_bytes(dtype), g = k.head_dim / (2 * vec);
+  const int64_t hs = k.head_dim + k.head_pad, b = dtype_bytes(dtype);
+  const bool aligned = (hs * b) % 16 == 0 && ((k.q_heads * hs + k.token_pad) * b) % 16 == 0 &&
+                       (k.k_heads == 0 || ((k.k_heads * hs + k.token_pad) * b) % 16 == 0);
+  return neox && k.rot_dim == k.head_dim && k.head_dim % (2 * vec) == 0 && g >= 1 && g <= 32 &&
+         (g & (g - 1)) == 0 && aligned;
+}
+
+// QKNormRotaryEmbedding's training ops on fresh random inputs against float64:
+// qk_norm_rotary_embedding_train (query and key written from query_in and key_in, which stay as
+// they were) and qk_norm_rotary_embedding_backward (the inputs' gradients and both weights', from
+// random gradients of the outputs; rstd recomputed from the inputs). `cuda`: where the case is
+// one the cuda kernels refuse, both ops must say KH_ERR_UNSUPPORTED and write nothing.
+inline void run_qk_norm_train_case(Executor& ex, const Package& pkg, int dtype, bool neox,
+                                   const Case& k, std::mt19937_64& rng, bool cuda) {
+  SCOPED_TRACE(testing::Message() << "qk_norm train " << (neox ? "neox " : "gptj ")
+                                  << dtype_name(dtype) << " tokens " << k.tokens << " heads "
+                                  << k.q_heads << "/" << k.k_heads << " head_dim " << k.head_dim
+                                  << " rot " << k.rot_dim);
+  const int64_t half = k.rot_dim / 2, hs = k.head_dim + k.head_pad, HD = k.head_dim;
+  const int cdt = k.cache_f32 ? kFP32 : dtype;
+  const double eps = 1e-6;
+  const bool key = k.k_heads > 0;
+  const bool refused = cuda && !qk_norm_train_cuda_takes(dtype, neox, k);
+  HostTensor cache = rope_cache(k, cdt);
+  const std::vector<int64_t> pv = case_positions(k, rng);  // pv[1] out of range: normed only
+  std::normal_distribution<double> n(0.0, 1.0);
+  const int64_t qcols = k.q_heads * hs, kcols = key ? k.k_heads * hs : 1;
+  auto heads_tensor = [&](int64_t cols) {
+    return HostTensor(dtype, k.tokens, cols, cols + k.token_pad);
+  };
+  HostTensor qi = heads_tensor(qcols), ki = heads_tensor(kcols), qo = heads_tensor(qcols),
+             ko = heads_tensor(kcols), dq = heads_tensor(qcols), dk = heads_tensor(kcols),
+             dqi = heads_tensor(qcols), dki = heads_tensor(kcols);
+  HostTensor qw(dtype, 1, HD), kw(dtype, 1, HD), dqw(dtype, 1, HD), dkw(dtype, 1, HD);
+  HostTensor ws(kFP32, 3, 2 * HD);
+  qi.fill([&](int64_t, int64_t) { return 3.0 * n(rng); });
+  ki.fill([&](int64_t, int64_t) { return 0.5 * n(rng); });
+  dq.fill([&](int64_t, int64_t) { return n(rng); });
+  dk.fill([&](int64_t, int64_t) { return n(rng); });
+  qw.fill([&](int64_t, int64_t) { return 1.0 + 0.2 * n(rng); });
+  kw.fill([&](int64_t, int64_t) { return 1.0 + 0.2 * n(rng); });
+  const V qin = qi.values(), kin = ki.values(), dqv = dq.values(), dkv = dk.values();
+  const V cv = cache.values(), qwv = qw.values(), kwv = kw.values();
+
+  // float64: forward rows and the backward's input and weight gradients.
+  V qref(qin.size()), kref(kin.size()), dqref(qin.size()), dkref(kin.size());
+  V dqw_ref(HD, 0.0), dkw_ref(HD, 0.0);
+  auto row = [&](const V& x, const V& d, const V& w, V& y, V& dx, V& dw, int64_t off, int64_t t) {
+    double ss = 0;
+    for (int64_t e = 0; e < HD; ++e) ss += x[off + e] * x[off + e];
+    const double r = 1.0 / std::sqrt(ss / static_cast<double>(HD) + eps);
+    const bool rot = pv[t] >= 0 && pv[t] < k.max_pos;
+    const double* c = rot ? &cv[pv[t] * k.rot_dim] : nullptr;
+    for (int64_t e = 0; e < HD; ++e) y[off + e] = x[off + e] * r * w[e];
+    if (rot) rotate_ref(&y[off], c, c + half, half, neox, 1);
+    V dn(d.begin() + off, d.begin() + off + HD);
+    if (rot) rotate_ref(dn.data(), c, c + half, half, neox, -1);
+    double mgx = 0;
+    for (int64_t e = 0; e < HD; ++e) mgx += dn[e] * w[e] * x[off + e] * r;
+    mgx /= static_cast<double>(HD);
+    for (int64_t e = 0; e < HD; ++e) {
+      const double xhat = x[off + e] * r;
+      dx[off + e] = r * (dn[e] * w[e] - xhat * mgx);
+      dw[e] += dn[e] * xhat;
+    }
+  };
+  for (int64_t t = 0; t < k.tokens; ++t) {
+    for (int64_t h = 0; h < k.q_heads; ++h)
+      row(qin, dqv, qwv, qref, dqref, dqw_ref, t * qcols + h * hs, t);
+    for (int64_t h = 0; h < k.k_heads; ++h)
+      row(kin, dkv, kwv, kref, dkref, dkw_ref, t * kcols + h * hs, t);
+  }
+
+  Int64Tensor positions(pv);
+  HeadsDl qid(ex.arg(qi), k.q_heads, HD, hs), kid(ex.arg(ki), k.k_heads, HD, hs);
+  HeadsDl qod(ex.arg(qo), k.q_heads, HD, hs), kod(ex.arg(ko), k.k_heads, HD, hs);
+  const DLTensor* cache_dl = ex.arg(cache);
+  CacheDl cos(cache_dl, half, 0, cdt), sin(cache_dl, half, half, cdt);
+  std::string err;
+  const int32_t st =
+      ex.call(pkg, "qk_norm_rotary_embedding_train",
+              {targ(positions.view(ex)), targ(&qid.t), targ(key ? &kid.t : nullptr),
+               targ(ex.arg(qw)), targ(key ? ex.arg(kw) : nullptr), farg(eps), targ(&cos.t),
+               targ(&sin.t), iarg(neox ? 1 : 0), targ(&qod.t), targ(key ? &kod.t : nullptr)},
+              &err);
+  // Rows of the heads only (gaps between heads and after each token are not part of them).
+  auto heads_only = [&](const V& v, int64_t heads, int64_t cols) {
+    V out;
+    for (int64_t t = 0; t < k.tokens; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t e = 0; e < HD; ++e) out.push_back(v[t * cols + h * hs + e]);
+    return out;
+  };
+  if (refused) {
+    EXPECT_EQ(st, KH_ERR_UNSUPPORTED) << err;
+    EXPECT_EQ(first_nonfinite(heads_only(qo.values(), k.q_heads, qcols)), 0)
+        << "a refused call wrote query";
+  } else {
+    KH_EXPECT_OK(st, err);
+    KH_EXPECT_CLOSE(heads_only(qo.values(), k.q_heads, qcols), heads_only(qref, k.q_heads, qcols),
+                    tolerance(dtype), "query");
+    if (key) {
+      KH_EXPECT_CLOSE(heads_only(ko.values(), k.k_heads, kcols), heads_only(kref, k.k_heads, kcols),
+                      tolerance(dtype), "key");
+    }
+    EXPECT_EQ(qi.values(), qin) << "query_in was written";
+    EXPECT_TRUE(qo.gaps_untouched());
+    EXPECT_TRUE(ko.gaps_untouched());
+  }
+
+  // A device executor's mirrors last one call: every argument is mirrored again.
+  HeadsDl dqd(ex.arg(dq), k.q_heads, HD, hs), dkd(ex.arg(dk), k.k_heads, HD, hs);
+  HeadsDl dqid(ex.arg(dqi), k.q_heads, HD, hs), dkid(ex.arg(dki), k.k_heads, HD, hs);
+  HeadsDl qib(ex.arg(qi), k.q_heads, HD, hs), kib(ex.arg(ki), k.k_heads, HD, hs);
+  const DLTensor* cache_b = ex.arg(cache);
+  CacheDl cos_b(cache_b, half, 0, cdt), sin_b(cache_b, half, half, cdt);
+  const int32_t bst =
+      ex.call(pkg, "qk_norm_rotary_embedding_backward",
+              {targ(positions.view(ex)), targ(&dqd.t), targ(key ? &dkd.t : nullptr), targ(&qib.t),
+               targ(key ? &kib.t : nullptr), targ(ex.arg(qw)), targ(key ? ex.arg(kw) : nullptr),
+               farg(eps), targ(&cos_b.t), targ(&sin_b.t), iarg(neox ? 1 : 0), targ(&dqid.t),
+               targ(key ? &dkid.t : nullptr), targ(ex.arg(dqw)), targ(key ? ex.arg(dkw) : nullptr),
+               targ(ex.arg(ws))},
+              &err);
+  if (refused) {
+    EXPECT_EQ(bst, KH_ERR_UNSUPPORTED) << err;
+    EXPECT_EQ(first_nonfinite(dqw.values()), 0) << "a refused call wrote dquery_weight";
+    return;
+  }
+  KH_EXPECT_OK(bst, err);
+  KH_EXPECT_CLOSE(heads_only(dqi.values(), k.q_heads, qcols), heads_only(dqref, k.q_heads, qcols),
+                  tolerance(dtype), "dquery_in");
+  KH_EXPECT_CLOSE(dqw.values(), dqw_ref, tolerance(dtype), "dquery_weight");
+  if (key) {
+    KH_EXPECT_CLOSE(heads_only(dki.values(), k.k_heads, kcols), heads_only(dkref, k.k_heads, kcols),
+                    tolerance(dtype), "dkey_in");
+    KH_EXPECT_CLOSE(dkw.values(), dkw_ref, tolerance(dtype), "dkey_weight");
+  }
+  EXPECT_TRUE(dqi.gaps_untouched());
+  EXPECT_TRUE(dki.gaps_untouched());
+}
+
 }  // namespace kh::kernels_test::rope_cases

@@ -85,6 +85,13 @@ TEST_F(RotarySoftmaxCpu, QkNormRotaryEveryLayoutDtypeAndShapeMatchesFloat64) {
   every_rotary_case(*rotary_, rope_cases::run_qk_norm_case);
 }
 
+TEST_F(RotarySoftmaxCpu, QkNormRotaryTrainingOpsMatchFloat64) {
+  every_rotary_case(*rotary_, [](Executor& ex, const Package& pkg, int dtype, bool neox,
+                                 const rope_cases::Case& k, std::mt19937_64& rng) {
+    rope_cases::run_qk_norm_train_case(ex, pkg, dtype, neox, k, rng, /*cuda=*/false);
+  });
+}
+
 TEST_F(RotarySoftmaxCpu, SoftmaxEveryDtypeAndShapeMatchesFloat64) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
@@ -170,6 +177,37 @@ TEST_F(RotarySoftmaxCpu, BadArgumentsAreRefusedWithAMessage) {
   EXPECT_NE(err.find("query_weight"), std::string::npos) << err;
   EXPECT_NE(qk(&kd.t, w8.dl(), w8f.dl(), 1e-6), KH_OK);
   EXPECT_NE(err.find("key_weight"), std::string::npos) << err;
+  // Its training ops: an output of another shape, a key output without key_in, a key gradient
+  // missing, a workspace of the wrong width.
+  HostTensor qo(kBF16, 3, 2 * 8), qo_short(kBF16, 2, 2 * 8), ko(kBF16, 3, 8);
+  rope_cases::HeadsDl qod(qo.dl(), 2, 8, 8), qos(qo_short.dl(), 2, 8, 8), kod(ko.dl(), 1, 8, 8);
+  auto train = [&](const DLTensor* key_in, const DLTensor* q_out, const DLTensor* k_out) {
+    return rotary_->call(
+        "qk_norm_rotary_embedding_train",
+        {targ(p), targ(&qd.t), targ(key_in), targ(w8.dl()), targ(key_in ? w8.dl() : nullptr),
+         farg(1e-6), targ(&cos.t), targ(&sin.t), iarg(1), targ(q_out), targ(k_out)},
+        &err);
+  };
+  EXPECT_EQ(train(&kd.t, &qod.t, &kod.t), KH_OK) << err;
+  EXPECT_EQ(train(&kd.t, &qos.t, &kod.t), KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("query_in"), std::string::npos) << err;
+  EXPECT_EQ(train(nullptr, &qod.t, &kod.t), KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("only with key_in"), std::string::npos) << err;
+  HostTensor dqw = vector_tensor(kBF16, 8), dkw = vector_tensor(kBF16, 8), ws(kFP32, 2, 16),
+             ws_narrow(kFP32, 2, 8);
+  auto backward = [&](const DLTensor* dkey, const DLTensor* workspace) {
+    return rotary_->call(
+        "qk_norm_rotary_embedding_backward",
+        {targ(p), targ(&qod.t), targ(dkey), targ(&qd.t), targ(&kd.t), targ(w8.dl()), targ(w8.dl()),
+         farg(1e-6), targ(&cos.t), targ(&sin.t), iarg(1), targ(&qod.t), targ(&kod.t),
+         targ(dqw.dl()), targ(dkw.dl()), targ(workspace)},
+        &err);
+  };
+  EXPECT_EQ(backward(&kod.t, ws.dl()), KH_OK) << err;
+  EXPECT_EQ(backward(nullptr, ws.dl()), KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("dkey must be given with key_in"), std::string::npos) << err;
+  EXPECT_EQ(backward(&kod.t, ws_narrow.dl()), KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("2 * head_dim"), std::string::npos) << err;
 
   // Softmax / cross-entropy: shape and dtype mismatches.
   HostTensor x(kFP16, 4, 10), y(kFP16, 4, 9), y32(kFP32, 4, 10);

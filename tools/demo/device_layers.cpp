@@ -108,11 +108,21 @@ void DeviceCausalLM::add_norm_backward(const DeviceTensor& dy, const DeviceTenso
   if (dresidual) kernels_.add(stream_, dx, *dresidual, dx);
 }
 
-void DeviceCausalLM::qk_from_projections(const Layer& L, const DeviceTensor& q_pre,
+bool DeviceCausalLM::qk_from_projections(const Layer& L, const DeviceTensor& q_pre,
                                          const DeviceTensor& k_pre, DeviceTensor& q,
                                          DeviceTensor& k, DeviceTensor* rstd_q,
                                          DeviceTensor* rstd_k) {
   const int64_t T = q_pre.shape()[0], NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
+  if (train_ && bound(slots_.qk_norm_rotary)) {
+    const DeviceTensor qi = q_pre.view({T, NH, HD}), ki = k_pre.view({T, NKV, HD});
+    DeviceTensor qo = q.view({T, NH, HD}), ko = k.view({T, NKV, HD});
+    if (call_slot(
+            slots_.qk_norm_rotary, kQKNormRotaryEmbedding, false,
+            {tensor_arg(&positions_), tensor_arg(&qi), tensor_arg(&ki), tensor_arg(&run(*L.q_norm)),
+             tensor_arg(&run(*L.k_norm)), float_arg(cfg_.eps), tensor_arg(&cos_), tensor_arg(&sin_),
+             int_arg(1), tensor_arg(&qo), tensor_arg(&ko)}))
+      return true;
+  }
   DeviceTensor qn = q.view({T * NH, HD}), kn = k.view({T * NKV, HD});
   if (rstd_q) {
     norm(q_pre.view({T * NH, HD}), *L.q_norm, qn, rstd_q);
@@ -123,6 +133,31 @@ void DeviceCausalLM::qk_from_projections(const Layer& L, const DeviceTensor& q_p
   }
   DeviceTensor q3 = q.view({T, NH, HD}), k3 = k.view({T, NKV, HD});
   rotary(q3, k3, false);
+  return false;
+}
+
+bool DeviceCausalLM::qk_norm_rotary_backward(Layer& L, const Saved& s, const DeviceTensor& dq3,
+                                             const DeviceTensor& dk3, DeviceTensor& dq_pre,
+                                             DeviceTensor& dk_pre) {
+  if (!bound(slots_.qk_norm_rotary)) return false;
+  const int64_t T = s.q_pre.shape()[0], NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
+  const DeviceTensor qi = s.q_pre.view({T, NH, HD}), ki = s.k_pre.view({T, NKV, HD});
+  DeviceTensor dqi = dq_pre.view({T, NH, HD}), dki = dk_pre.view({T, NKV, HD});
+  DeviceTensor dqw = act({HD}), dkw = act({HD});
+  // One partial row of both weights' gradients per walker CTA: the package's bf16 kernel keeps
+  // 2 of its 256-thread CTAs resident a multiprocessor (128 registers a thread), so 2 a
+  // multiprocessor run in one wave.
+  DeviceTensor workspace = empty({2 * multiprocessors_, 2 * HD});
+  if (!call_slot(
+          slots_.qk_norm_rotary, kQKNormRotaryEmbedding, true,
+          {tensor_arg(&positions_), tensor_arg(&dq3), tensor_arg(&dk3), tensor_arg(&qi),
+           tensor_arg(&ki), tensor_arg(&run(*L.q_norm)), tensor_arg(&run(*L.k_norm)),
+           float_arg(cfg_.eps), tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1), tensor_arg(&dqi),
+           tensor_arg(&dki), tensor_arg(&dqw), tensor_arg(&dkw), tensor_arg(&workspace)}))
+    return false;
+  add_grad(L.q_norm->g, dqw);
+  add_grad(L.k_norm->g, dkw);
+  return true;
 }
 
 void DeviceCausalLM::rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward) {
@@ -159,8 +194,11 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
       s.rstd_q = empty({T * NH});
       s.rstd_k = empty({T * NKV});
     }
-    qk_from_projections(L, s.q_pre, s.k_pre, s.q, s.k, train_ ? &s.rstd_q : nullptr,
-                        train_ ? &s.rstd_k : nullptr);
+    if (qk_from_projections(L, s.q_pre, s.k_pre, s.q, s.k, train_ ? &s.rstd_q : nullptr,
+                            train_ ? &s.rstd_k : nullptr)) {
+      s.rstd_q = DeviceTensor();  // not written: the fused backward recomputes them
+      s.rstd_k = DeviceTensor();
+    }
   } else {
     linear(a, *L.wq, L.bq, s.q);
     linear(a, *L.wk, L.bk, s.k);
@@ -276,14 +314,26 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   s.q = DeviceTensor();
   s.k = DeviceTensor();
   DeviceTensor dq3 = dq.view({T, NH, HD}), dk3 = dk.view({T, NKV, HD});
-  rotary(dq3, dk3, true);
   DeviceTensor dq2 = dq.view({T, Q}), dk2 = dk.view({T, KV});
   if (L.q_norm) {
     DeviceTensor dq_pre = act({T * NH, HD}), dk_pre = act({T * NKV, HD});
-    norm_backward(dq.view({T * NH, HD}), s.q_pre.view({T * NH, HD}), *L.q_norm, s.rstd_q, dq_pre);
-    norm_backward(dk.view({T * NKV, HD}), s.k_pre.view({T * NKV, HD}), *L.k_norm, s.rstd_k, dk_pre);
+    if (!qk_norm_rotary_backward(L, s, dq3, dk3, dq_pre, dk_pre)) {
+      rotary(dq3, dk3, true);
+      if (s.rstd_q.shape().empty()) {  // the fused forward ran but its backward was refused
+        s.rstd_q = empty({T * NH});
+        s.rstd_k = empty({T * NKV});
+        DeviceTensor qn = act({T * NH, HD}), kn = act({T * NKV, HD});
+        norm(s.q_pre.view({T * NH, HD}), *L.q_norm, qn, &s.rstd_q);
+        norm(s.k_pre.view({T * NKV, HD}), *L.k_norm, kn, &s.rstd_k);
+      }
+      norm_backward(dq.view({T * NH, HD}), s.q_pre.view({T * NH, HD}), *L.q_norm, s.rstd_q, dq_pre);
+      norm_backward(dk.view({T * NKV, HD}), s.k_pre.view({T * NKV, HD}), *L.k_norm, s.rstd_k,
+                    dk_pre);
+    }
     dq2 = dq_pre.view({T, Q});
     dk2 = dk_pre.view({T, KV});
+  } else {
+    rotary(dq3, dk3, true);
   }
   DeviceTensor da = act({T, H});
   {

@@ -253,10 +253,17 @@ class DeviceCausalLM {
   void add_norm_backward(const DeviceTensor& dy, const DeviceTensor* dresidual,
                          const DeviceTensor& residual_out, Param& w, const DeviceTensor& rstd,
                          DeviceTensor& dx);
-  // q and k of a layer ([T, q_dim] and [T, kv_dim]) after the q/k-norm (Qwen3) and RoPE.
-  void qk_from_projections(const Layer& L, const DeviceTensor& q_pre, const DeviceTensor& k_pre,
+  // q and k of a layer ([T, q_dim] and [T, kv_dim]) after the q/k-norm (Qwen3) and RoPE. In
+  // training, QKNormRotaryEmbedding's package op when bound (true: rstd_q and rstd_k were not
+  // written; its backward recomputes them), else the RMSNorm and RotaryEmbedding slots.
+  bool qk_from_projections(const Layer& L, const DeviceTensor& q_pre, const DeviceTensor& k_pre,
                            DeviceTensor& q, DeviceTensor& k, DeviceTensor* rstd_q,
                            DeviceTensor* rstd_k);
+  // Its backward through QKNormRotaryEmbedding's package op, from dq and dk (the gradients of q
+  // and k, [T, heads, head_dim]) into dq_pre and dk_pre ([T * heads, head_dim]), the weights'
+  // gradients added; false: not bound or refused (nothing written).
+  bool qk_norm_rotary_backward(Layer& L, const Saved& s, const DeviceTensor& dq3,
+                               const DeviceTensor& dk3, DeviceTensor& dq_pre, DeviceTensor& dk_pre);
   void rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward);
   void silu_and_mul(const DeviceTensor& gu, DeviceTensor& out);
   // h + branch: the residual stream into the layer (branch: the previous layer's MLP output,

@@ -525,8 +525,9 @@ DemoSlots add_device_demo_slots(Runtime& rt) {
   s.fused_add_rms_norm =
       rt.add_slot(kFusedAddRMSNorm, {fused_add_rms_norm_unserved, fused_add_rms_norm_unserved,
                                      fused_add_rms_norm_unserved, KH_FLAG_HAS_BACKWARD});
-  s.qk_norm_rotary = rt.add_slot(kQKNormRotaryEmbedding,
-                                 {qk_norm_rotary_unserved, qk_norm_rotary_unserved, nullptr, 0});
+  s.qk_norm_rotary =
+      rt.add_slot(kQKNormRotaryEmbedding, {qk_norm_rotary_unserved, qk_norm_rotary_unserved,
+                                           qk_norm_rotary_unserved, KH_FLAG_HAS_BACKWARD});
   return s;
 }
 
