@@ -288,7 +288,7 @@ int32_t rotary_embedding_backward(const Args<kRotaryEmbeddingBackward>& a, void*
 // no saved statistics: each row's rstd is recomputed from its input in the same pass. The
 // weights' gradients go through `workspace` (cuda: fp32 [W, 2 * head_dim], one partial row per
 // walker CTA, then summed in row order, so the result is deterministic; W about
-// kh_qknr_workspace_rows(); the cpu path takes none).
+// kh_qknr_workspace_rows(); the cpu path needs none and ignores one given).
 //
 // The cuda kernels take NeoX with full rotary (rot_dim == head_dim), 16-byte aligned heads and
 // head_dim / (2 * elements per 16 bytes) a power of two of at most 32 (head_dim 16 to 512 in

@@ -66,12 +66,14 @@ TEST_F(RotarySoftmaxCudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsIt
       const auto& c = l.cfg;
       const uint64_t threads = uint64_t{c.block[0]} * c.block[1] * c.block[2];
       EXPECT_GE(threads, 32u);
-      EXPECT_LE(threads, bound);
+      // The weight gradients' reduce (reduce_partials.cuh) runs 1024 threads.
+      EXPECT_LE(threads, l.kernel.rfind("qknr_reduce_partials", 0) == 0 ? 1024u : bound);
       EXPECT_EQ(c.block[0] & (c.block[0] - 1), 0u);
       EXPECT_GE(c.block[0], 32u);  // the row reductions use whole warps
       EXPECT_GE(c.grid[0], 1u);
-      if (l.kernel.rfind("qk_norm_rope_", 0) == 0) {
-        // A normed head row (head_dim floats) per warp; within what every sm gives without opt-in.
+      if (l.kernel.rfind("qk_norm_rope_", 0) == 0 || l.kernel.rfind("qknr_bwd", 0) == 0) {
+        // A normed head row (head_dim floats) per warp, or a warp's partial row of both weights'
+        // gradients; within what every sm gives without opt-in.
         EXPECT_GT(c.shared_mem_bytes, 0u);
         EXPECT_EQ(c.shared_mem_bytes % (c.block[0] / 32), 0u);
         EXPECT_LE(c.shared_mem_bytes, 48u * 1024);
@@ -131,6 +133,31 @@ TEST_F(RotarySoftmaxCudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsIt
                                 &err),
                     KH_OK)
               << err;
+          // The training ops: NeoX with full rotary and head_dim 2 x (a 16-byte vector) x a power
+          // of two up to 32 (not head_dim 2); refused on cuda otherwise.
+          const int64_t vec = 16 / dtype_bytes(dtype);
+          const int32_t want = neox && hd % (2 * vec) == 0 ? KH_OK : KH_ERR_UNSUPPORTED;
+          HostTensor q2(dtype, 4, 32 * hd), k2(dtype, 4, 8 * hd), dw(dtype, 1, hd),
+              ws(kFP32, 4, 2 * hd);
+          rope_cases::HeadsDl q2d(q2.dl(), 32, hd, hd), k2d(k2.dl(), 8, hd, hd);
+          DLTensor Q2 = on_cuda(&q2d.t), K2 = on_cuda(&k2d.t), DW = on_cuda(dw.dl()),
+                   WS = on_cuda(ws.dl());
+          EXPECT_EQ(rotary.call("qk_norm_rotary_embedding_train",
+                                {targ(&P), targ(&Q), targ(&K), targ(&W), targ(&W), farg(1e-6),
+                                 targ(&C), targ(&S), iarg(neox), targ(&Q2), targ(&K2)},
+                                &err),
+                    want)
+              << err;
+          EXPECT_EQ(rotary.call("qk_norm_rotary_embedding_backward",
+                                {targ(&P), targ(&Q2), targ(&K2), targ(&Q), targ(&K), targ(&W),
+                                 targ(&W), farg(1e-6), targ(&C), targ(&S), iarg(neox), targ(&Q2),
+                                 targ(&K2), targ(&DW), targ(&DW), targ(&WS)},
+                                &err),
+                    want)
+              << err;
+          if (want != KH_OK) {
+            EXPECT_NE(err.find("the cuda kernels take"), std::string::npos) << err;
+          }
         }
         check("rotary", 256);
       }
@@ -139,7 +166,8 @@ TEST_F(RotarySoftmaxCudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsIt
         "ce_fwd_bf16_vec", "ce_train_bf16_vec", "ce_train_fp32_scalar", "ce_bwd_fp16_vec",
         "rope_neox_bf16_f32_vec", "rope_gptj_fp16_same_vec", "rope_neox_bf16_f32_scalar",
         "rope_neox_fp32_f32_vec", "rope_gptj_fp32_f32_scalar", "qk_norm_rope_neox_bf16_f32",
-        "qk_norm_rope_gptj_fp16_same", "qk_norm_rope_neox_fp32_f32"})
+        "qk_norm_rope_gptj_fp16_same", "qk_norm_rope_neox_fp32_f32", "qknr_fwd_neox_bf16_f32",
+        "qknr_bwd_neox_fp16_same", "qknr_bwd_neox_fp32_f32", "qknr_reduce_partials_bf16"})
     EXPECT_TRUE(seen.count(k)) << k << " was never chosen";
 }
 
@@ -169,6 +197,56 @@ TEST_F(RotarySoftmaxCudaDispatch, HeadlineShapesGetTheIntendedGeometry) {
   EXPECT_EQ(l[0].cfg.block[0], 32u);
   EXPECT_EQ(l[0].cfg.block[1], 8u);
   EXPECT_EQ(l[0].cfg.grid[0], 125u);
+}
+
+// QKNormRotaryEmbedding's training ops at Qwen3-0.6B's step (8 x 2048 tokens, 16/8 heads of
+// 128, bf16): the forward two rows a group of 8 lanes; the backward a walker CTA per workspace
+// row, fewer when the rows run out (as for a key with more heads than the query), then the
+// reduce.
+TEST_F(RotarySoftmaxCudaDispatch, QkNormTrainingOpsGetTheIntendedGeometry) {
+  Package rotary("rotary");
+  std::string err;
+  CpuExecutor cpu;
+  const int64_t T = 16384, HD = 128;
+  auto run = [&](int64_t tokens, int64_t qh, int64_t kh, int64_t w) {
+    HostTensor q(kBF16, tokens, qh * HD), k(kBF16, tokens, kh * HD), cache(kFP32, 4096, HD),
+        wt(kBF16, 1, HD), ws(kFP32, w, 2 * HD);
+    std::vector<int64_t> pv(static_cast<size_t>(tokens), 0);
+    rope_cases::Int64Tensor pos(pv);
+    rope_cases::HeadsDl qd(q.dl(), qh, HD, HD), kd(k.dl(), kh, HD, HD);
+    rope_cases::CacheDl cos(cache.dl(), HD / 2, 0, kFP32), sin(cache.dl(), HD / 2, HD / 2, kFP32);
+    DLTensor Q = on_cuda(&qd.t), K = on_cuda(&kd.t), C = on_cuda(&cos.t), S = on_cuda(&sin.t),
+             P = on_cuda(pos.view(cpu)), W = on_cuda(wt.dl()), WS = on_cuda(ws.dl());
+    EXPECT_EQ(rotary.call("qk_norm_rotary_embedding_train",
+                          {targ(&P), targ(&Q), targ(&K), targ(&W), targ(&W), farg(1e-6), targ(&C),
+                           targ(&S), iarg(1), targ(&Q), targ(&K)},
+                          &err),
+              KH_OK)
+        << err;
+    EXPECT_EQ(rotary.call(
+                  "qk_norm_rotary_embedding_backward",
+                  {targ(&P), targ(&Q), targ(&K), targ(&Q), targ(&K), targ(&W), targ(&W), farg(1e-6),
+                   targ(&C), targ(&S), iarg(1), targ(&Q), targ(&K), targ(&W), targ(&W), targ(&WS)},
+                  &err),
+              KH_OK)
+        << err;
+    return backend_.take();
+  };
+  std::vector<Launch> l = run(T, 16, 8, 264);
+  ASSERT_EQ(l.size(), 3u);
+  EXPECT_EQ(l[0].kernel, "qknr_fwd_neox_bf16_f32");
+  EXPECT_EQ(l[0].cfg.block[0], 256u);
+  EXPECT_EQ(l[0].cfg.grid[0], T * 24 / 2 * 8 / 256);  // 6144
+  EXPECT_EQ(l[1].kernel, "qknr_bwd_neox_bf16_f32");
+  EXPECT_EQ(l[1].cfg.grid[0], 264u);
+  EXPECT_EQ(l[1].cfg.shared_mem_bytes, 8u * 2 * HD * 4);
+  EXPECT_EQ(l[2].kernel, "qknr_reduce_partials_bf16");
+  EXPECT_EQ(l[2].cfg.grid[0], 2u * HD / 32);
+  EXPECT_EQ(l[2].cfg.block[0] * l[2].cfg.block[1], 1024u);
+  // 10 tokens, 1 query head and 4 key heads: 40 key rows, 32 rows a CTA: 2 walkers of 264.
+  l = run(10, 1, 4, 264);
+  ASSERT_EQ(l.size(), 3u);
+  EXPECT_EQ(l[1].cfg.grid[0], 2u);
 }
 
 TEST(KernelsRotarySoftmaxPackage, KernelHubCheckAcceptsEachPackageDirectory) {

@@ -80,7 +80,7 @@ inline const std::vector<std::string>& pdl_packages() {
 }
 inline bool pdl_kernel(const std::string& kernel) {
   for (const char* prefix :
-       {"norm_", "act_", "rope_", "qk_norm_rope_", "attn_", "paged_kv_append_"})
+       {"norm_", "act_", "rope_", "qk_norm_rope_", "qknr_", "attn_", "paged_kv_append_"})
     if (kernel.rfind(prefix, 0) == 0) return true;
   return false;
 }
