@@ -288,7 +288,7 @@ int32_t rotary_embedding_backward(const Args<kRotaryEmbeddingBackward>& a, void*
 // no saved statistics: each row's rstd is recomputed from its input in the same pass. The
 // weights' gradients go through `workspace` (cuda: fp32 [W, 2 * head_dim], one partial row per
 // walker CTA, then summed in row order, so the result is deterministic; W about
-// kh_qknr_workspace_rows(); the cpu path needs none and ignores one given).
+// kh_qknr_workspace_rows(); the cpu path needs none, and checks one given all the same).
 //
 // The cuda kernels take NeoX with full rotary (rot_dim == head_dim), 16-byte aligned heads and
 // head_dim / (2 * elements per 16 bytes) a power of two of at most 32 (head_dim 16 to 512 in
@@ -501,16 +501,17 @@ int32_t qk_norm_rotary_embedding_backward(const Args<kQkNormRotaryEmbeddingBackw
     }
     return KH_OK;
   }
-  if (!t.has_workspace)
-    return fail(KH_ERR_INVALID_ARGUMENT,
-                "%s: workspace is required on cuda: float32 [W, 2 * head_dim] (W about "
-                "kh_qknr_workspace_rows)",
-                t.r.query.op);
+  if (q.head_dim == 0) return KH_OK;  // no elements, no weights
   int G = 0;
   KH_TRY(qknr_cuda_ok(t,
                       {&q, t.v.key(), &t.out_q, t.v.has_k ? &t.out_k : nullptr, &t.d_q,
                        t.v.has_k ? &t.d_k : nullptr},
                       &G));
+  if (!t.has_workspace)
+    return fail(KH_ERR_INVALID_ARGUMENT,
+                "%s: workspace is required on cuda: float32 [W, 2 * head_dim] (W about "
+                "kh_qknr_workspace_rows)",
+                t.r.query.op);
   kh_qknr_params p = qknr_params(t, true);
   p.ws = reinterpret_cast<float*>(t.workspace.data);
   p.sws = t.workspace.stride;

@@ -147,7 +147,7 @@ bool DeviceCausalLM::qk_norm_rotary_backward(Layer& L, const Saved& s, const Dev
   // One partial row of both weights' gradients per walker CTA: the package's bf16 kernel keeps
   // 2 of its 256-thread CTAs resident a multiprocessor (128 registers a thread), so 2 a
   // multiprocessor run in one wave.
-  DeviceTensor workspace = empty({2 * multiprocessors_, 2 * HD});
+  DeviceTensor workspace = empty({std::max<int64_t>(1, 2 * multiprocessors_), 2 * HD});
   if (!call_slot(
           slots_.qk_norm_rotary, kQKNormRotaryEmbedding, true,
           {tensor_arg(&positions_), tensor_arg(&dq3), tensor_arg(&dk3), tensor_arg(&qi),
