@@ -77,6 +77,18 @@ int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& d
   return h->launch(h->ctx, fn, &cfg, params, stream);
 }
 
+int32_t launch_reduce_partials(int32_t device_id, const char* kernel, const float* ws,
+                               long long sws, int walkers, int cols, int k, void* out0, void* out1,
+                               void* stream) {
+  void* params[] = {&ws, &sws, &walkers, &cols, &k, &out0, &out1};
+  LaunchDims dims;
+  dims.flags = kPdlEntry;
+  dims.grid[0] = static_cast<uint32_t>((int64_t{k} * cols + 31) / 32);
+  dims.block[0] = 32;
+  dims.block[1] = 32;  // row slices (reduce_partials.cuh: at most KH_REDUCE_MAX_SLICES)
+  return launch_kernel(device_id, kernel, dims, params, stream);
+}
+
 bool device_info(int32_t device_id, kh_device_info_t* info) {
   const kh_host_v1_t* h = host();
   if (!h || h->h.abi_minor < 4 || h->h.struct_size < KH_HOST_V1_4_SIZE || !h->device_info)

@@ -50,6 +50,14 @@ constexpr uint32_t kPdlEntry = KH_LAUNCH_PDL;
 int32_t launch_kernel(int32_t device_id, const char* kernel, const LaunchDims& dims, void** params,
                       void* stream);
 
+// Launches a weight-gradient reduce, `kernel` being a KH_REDUCE_PARTIALS_KERNEL of
+// kernels/common/reduce_partials.cuh: the fp32 rows [0, walkers) of `ws` (sws elements apart),
+// k * cols columns each, summed in row order into out0 (the first cols columns) and out1 (the
+// rest, k = 2), in the kernel's dtype. With 0 walkers it writes zeros.
+int32_t launch_reduce_partials(int32_t device_id, const char* kernel, const float* ws,
+                               long long sws, int walkers, int cols, int k, void* out0, void* out1,
+                               void* stream);
+
 // Asks the loader what CUDA device `device_id` holds (the device-info service, ABI 1.4) into
 // *info. False, with *info untouched, where the loader is older or does not answer (no such
 // device, no backend): the caller then plans with its own assumption (the loader's message

@@ -296,17 +296,8 @@ int32_t run_backward(const char* op, const Backward& b, void* stream) {
   // The reduce runs with 0 walkers too: then it writes zero gradients.
   char rname[64];
   snprintf(rname, sizeof rname, "norm_reduce_partials_%s", dtype_tag(x.dtype));
-  int iwalkers = static_cast<int>(partial_rows);
-  void* dwp = b.dweight.data;
-  void* dbp = b.layer ? b.dbias.data : nullptr;
-  const float* wsc = ws;
-  void* rparams[] = {&wsc, &sws, &iwalkers, &cols, const_cast<int*>(&k), &dwp, &dbp};
-  LaunchDims rdims;
-  rdims.flags = kPdlEntry;
-  rdims.grid[0] = static_cast<uint32_t>((int64_t{k} * cols + 31) / 32);
-  rdims.block[0] = 32;
-  rdims.block[1] = 32;  // walker slices (reduce_partials.cuh: at most KH_REDUCE_MAX_SLICES)
-  return launch_kernel(device, rname, rdims, rparams, stream);
+  return launch_reduce_partials(device, rname, ws, sws, static_cast<int>(partial_rows), cols, k,
+                                b.dweight.data, b.layer ? b.dbias.data : nullptr, stream);
 }
 
 constexpr OpSchema kRmsNormBackward{

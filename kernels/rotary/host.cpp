@@ -388,9 +388,19 @@ kh_qknr_params qknr_params(const QkNormTrain& t, bool backward) {
   return p;
 }
 
-void qknr_kernel_name(char (&name)[64], const char* dir, const QkNormTrain& t) {
+// Launches qknr_<dir>_neox_<dtype>_<cache> with `p`: `blocks` CTAs of kQknrThreads.
+int32_t launch_qknr(const char* dir, const QkNormTrain& t, kh_qknr_params& p, int64_t blocks,
+                    uint32_t shared_mem_bytes, void* stream) {
+  char name[64];
   snprintf(name, sizeof name, "qknr_%s_neox_%s_%s", dir, dtype_tag(t.v.q.dtype),
            t.v.cos.dtype == kFP32 ? "f32" : "same");
+  LaunchDims dims;
+  dims.flags = kPdlEntry;
+  dims.grid[0] = static_cast<uint32_t>(blocks);
+  dims.block[0] = kQknrThreads;
+  dims.shared_mem_bytes = shared_mem_bytes;
+  void* params[] = {&p};
+  return launch_kernel(t.v.q.device.device_id, name, dims, params, stream);
 }
 
 // Copies one [tokens, heads, head_dim] view into another of the same shape (cpu).
@@ -442,14 +452,7 @@ int32_t qk_norm_rotary_embedding_train(const Args<kQkNormRotaryEmbeddingTrain>& 
   if (blocks > 0x7FFFFFFF)
     return fail(KH_ERR_UNSUPPORTED, "%s: %lld rows need more than 2^31-1 CTAs", t.r.query.op,
                 static_cast<long long>(rows));
-  char name[64];
-  qknr_kernel_name(name, "fwd", t);
-  LaunchDims dims;
-  dims.flags = kPdlEntry;
-  dims.grid[0] = static_cast<uint32_t>(blocks);
-  dims.block[0] = kQknrThreads;
-  void* params[] = {&p};
-  return launch_kernel(q.device.device_id, name, dims, params, stream);
+  return launch_qknr("fwd", t, p, blocks, 0, stream);
 }
 
 int32_t qk_norm_rotary_embedding_backward(const Args<kQkNormRotaryEmbeddingBackward>& a,
@@ -523,34 +526,16 @@ int32_t qk_norm_rotary_embedding_backward(const Args<kQkNormRotaryEmbeddingBackw
   int64_t walkers = (q.tokens * heads + groups - 1) / groups;
   if (walkers > t.workspace.rows) walkers = t.workspace.rows;
   if (q.tokens > 0 && walkers > 0) {
-    char name[64];
-    qknr_kernel_name(name, "bwd", t);
-    LaunchDims dims;
-    dims.flags = kPdlEntry;
-    dims.grid[0] = static_cast<uint32_t>(walkers);
-    dims.block[0] = kQknrThreads;
-    dims.shared_mem_bytes =
-        static_cast<uint32_t>(kQknrThreads / 32 * 2 * q.head_dim * sizeof(float));
-    void* params[] = {&p};
-    KH_TRY(launch_kernel(device, name, dims, params, stream));
+    const auto smem = static_cast<uint32_t>(kQknrThreads / 32 * 2 * q.head_dim * sizeof(float));
+    KH_TRY(launch_qknr("bwd", t, p, walkers, smem, stream));
   } else {
     walkers = 0;  // the reduce then writes zero gradients
   }
   char rname[64];
   snprintf(rname, sizeof rname, "qknr_reduce_partials_%s", dtype_tag(q.dtype));
-  const float* wsp = p.ws;
-  long long sws = p.sws;
-  int iwalkers = static_cast<int>(walkers), cols = static_cast<int>(q.head_dim),
-      k = t.v.has_k ? 2 : 1;
-  void* dqp = t.dqw.data;
-  void* dkp = t.v.has_k ? t.dkw.data : nullptr;
-  void* rparams[] = {&wsp, &sws, &iwalkers, &cols, &k, &dqp, &dkp};
-  LaunchDims rdims;
-  rdims.flags = kPdlEntry;
-  rdims.grid[0] = static_cast<uint32_t>((k * q.head_dim + 31) / 32);
-  rdims.block[0] = 32;
-  rdims.block[1] = 32;  // row slices (reduce_partials.cuh: at most KH_REDUCE_MAX_SLICES)
-  return launch_kernel(device, rname, rdims, rparams, stream);
+  return launch_reduce_partials(device, rname, p.ws, p.sws, static_cast<int>(walkers),
+                                static_cast<int>(q.head_dim), t.v.has_k ? 2 : 1, t.dqw.data,
+                                t.v.has_k ? t.dkw.data : nullptr, stream);
 }
 
 constexpr kh_op_v1_t kOps[] = {op<rotary_embedding>(), op<rotary_embedding_backward>(),
