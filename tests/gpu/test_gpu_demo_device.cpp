@@ -373,33 +373,37 @@ TEST_F(GpuDemoDevice, CrossEntropyMatchesTheHostFallback) {
   expect_close(download(DX), dx, 1e-7f, 1e-4f, "cross_entropy dlogits");
 }
 
+// 5000: every element through the kernel's 16-byte path; 5003: its scalar loop takes the last
+// 3; 3: no 16-byte group at all.
 TEST_F(GpuDemoDevice, AdamWMatchesAFloat64Reference) {
-  const int64_t n = 5000;
-  AdamConfig a;
-  a.lr = 1e-2f;
-  a.weight_decay = 0.1f;
-  std::vector<float> w = randn(n, 50), m(n, 0.f), v(n, 0.f);
-  std::vector<double> rw(w.begin(), w.end()), rm(n, 0.0), rv(n, 0.0);
-  DeviceTensor W = upload(w, {n}), M = upload(m, {n}), V = upload(v, {n});
-  DeviceTensor Wb = empty({n}, kBF16);
-  for (int64_t step = 1; step <= 3; ++step) {
-    std::vector<float> g = randn(n, 60 + static_cast<uint32_t>(step));
-    kernels_->adamw(*stream_, W, upload(g, {n}), M, V, &Wb, a, step);
-    const double c1 = 1 - std::pow(double{a.beta1}, double(step));
-    const double c2 = 1 - std::pow(double{a.beta2}, double(step));
-    for (int64_t i = 0; i < n; ++i) {
-      rm[i] = a.beta1 * rm[i] + (1 - double{a.beta1}) * g[i];
-      rv[i] = a.beta2 * rv[i] + (1 - double{a.beta2}) * g[i] * double{g[i]};
-      rw[i] = rw[i] * (1 - double{a.lr} * a.weight_decay) -
-              (a.lr / c1) * rm[i] / (std::sqrt(rv[i]) / std::sqrt(c2) + a.eps);
+  for (const int64_t n : {int64_t{5000}, int64_t{5003}, int64_t{3}}) {
+    SCOPED_TRACE(n);
+    AdamConfig a;
+    a.lr = 1e-2f;
+    a.weight_decay = 0.1f;
+    std::vector<float> w = randn(n, 50), m(n, 0.f), v(n, 0.f);
+    std::vector<double> rw(w.begin(), w.end()), rm(n, 0.0), rv(n, 0.0);
+    DeviceTensor W = upload(w, {n}), M = upload(m, {n}), V = upload(v, {n});
+    DeviceTensor Wb = empty({n}, kBF16);
+    for (int64_t step = 1; step <= 3; ++step) {
+      std::vector<float> g = randn(n, 60 + static_cast<uint32_t>(step));
+      kernels_->adamw(*stream_, W, upload(g, {n}), M, V, &Wb, a, step);
+      const double c1 = 1 - std::pow(double{a.beta1}, double(step));
+      const double c2 = 1 - std::pow(double{a.beta2}, double(step));
+      for (int64_t i = 0; i < n; ++i) {
+        rm[i] = a.beta1 * rm[i] + (1 - double{a.beta1}) * g[i];
+        rv[i] = a.beta2 * rv[i] + (1 - double{a.beta2}) * g[i] * double{g[i]};
+        rw[i] = rw[i] * (1 - double{a.lr} * a.weight_decay) -
+                (a.lr / c1) * rm[i] / (std::sqrt(rv[i]) / std::sqrt(c2) + a.eps);
+      }
     }
+    std::vector<float> want(rw.begin(), rw.end());
+    std::vector<float> got = download(W);
+    expect_close(got, want, 1e-5f, 1e-5f, "adamw master weights");
+    std::vector<float> wb = download(to_f32(Wb));
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(wb[i], kh_bf16_bits_to_float(kh_float_to_bf16_bits(got[i]))) << i;
   }
-  std::vector<float> want(rw.begin(), rw.end());
-  std::vector<float> got = download(W);
-  expect_close(got, want, 1e-5f, 1e-5f, "adamw master weights");
-  std::vector<float> wb = download(to_f32(Wb));
-  for (int64_t i = 0; i < n; ++i)
-    ASSERT_EQ(wb[i], kh_bf16_bits_to_float(kh_float_to_bf16_bits(got[i]))) << i;
 }
 
 TEST_F(GpuDemoDevice, LinearOnTheGemmServiceMatchesTheHostLinear) {

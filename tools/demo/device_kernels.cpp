@@ -517,7 +517,7 @@ void DeviceKernels::adamw(DeviceStream& s, DeviceTensor& w, const DeviceTensor& 
   void* mp = m.data();
   void* vp = v.data();
   void* bp = w_bf16 ? w_bf16->data() : nullptr;
-  launch(s, fn("kh_adamw_f32"), blocks_for(n), 1, 1, 0,
+  launch(s, fn("kh_adamw_f32"), blocks_for((n + 3) / 4), 1, 1, 0,
          {&wp, &gp, &mp, &vp, &bp, &n, &beta1, &beta2, &lr_step, &c2_sqrt, &decay, &eps});
 }
 

@@ -443,16 +443,56 @@ KH_GLOBAL void kh_cast_f32_to_bf16(const float* in, kh_bf16* out, long long n) {
 // it: w = w * decay - step * m / (sqrt(v) / c2_sqrt + eps), step = lr / (1 - beta1^t),
 // c2_sqrt = sqrt(1 - beta2^t), decay = 1 - lr * weight_decay (the host computes the scalars).
 // w_bf16 (may be NULL) receives the updated weights rounded to bf16: the copy the model runs on.
+// The step reads and writes 30 bytes an element of every parameter (18 GB for Qwen3-0.6B):
+// threads take four elements with 16-byte loads (8-byte bf16 stores) where every pointer allows
+// it, the scalar loop the rest (the host's grid covers n / 4 threads). On an H200 that took the
+// update from about 2.8 TB/s to 4.2 (the embedding) and 3.6-4.0 (a layer's matrices).
+struct adamw_scalars {
+  float beta1, beta2, step, c2_sqrt, decay, eps;
+  KH_DEV void update(float& w, float g, float& m, float& v) const {
+    m = beta1 * m + (1.0f - beta1) * g;
+    v = beta2 * v + (1.0f - beta2) * g * g;
+    w = w * decay - step * m / (sqrtf(v) / c2_sqrt + eps);
+  }
+};
+
 KH_GLOBAL void kh_adamw_f32(float* w, const float* g, float* m, float* v, kh_bf16* w_bf16,
                             long long n, float beta1, float beta2, float step, float c2_sqrt,
                             float decay, float eps) {
-  for (long long i = global_index(); i < n; i += global_stride()) {
-    const float gi = g[i];
-    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+  const adamw_scalars a{beta1, beta2, step, c2_sqrt, decay, eps};
+  const bool vec = ((unsigned long long)w | (unsigned long long)g | (unsigned long long)m |
+                    (unsigned long long)v) %
+                           16 ==
+                       0 &&
+                   (unsigned long long)w_bf16 % 8 == 0;
+  long long done = 0;
+  if (vec) {
+    const long long n4 = n / 4;
+    for (long long i = global_index(); i < n4; i += global_stride()) {
+      float4 wi = reinterpret_cast<const float4*>(w)[i];
+      const float4 gi = reinterpret_cast<const float4*>(g)[i];
+      float4 mi = reinterpret_cast<const float4*>(m)[i];
+      float4 vi = reinterpret_cast<const float4*>(v)[i];
+      a.update(wi.x, gi.x, mi.x, vi.x);
+      a.update(wi.y, gi.y, mi.y, vi.y);
+      a.update(wi.z, gi.z, mi.z, vi.z);
+      a.update(wi.w, gi.w, mi.w, vi.w);
+      reinterpret_cast<float4*>(m)[i] = mi;
+      reinterpret_cast<float4*>(v)[i] = vi;
+      reinterpret_cast<float4*>(w)[i] = wi;
+      if (w_bf16) {
+        auto bits = [](float x) { return (unsigned)from_f<kh_bf16>(x).bits; };
+        reinterpret_cast<uint2*>(w_bf16)[i] =
+            make_uint2(bits(wi.x) | bits(wi.y) << 16, bits(wi.z) | bits(wi.w) << 16);
+      }
+    }
+    done = n4 * 4;
+  }
+  for (long long i = done + global_index(); i < n; i += global_stride()) {
+    float wi = w[i], mi = m[i], vi = v[i];
+    a.update(wi, g[i], mi, vi);
     m[i] = mi;
     v[i] = vi;
-    const float wi = w[i] * decay - step * mi / (sqrtf(vi) / c2_sqrt + eps);
     w[i] = wi;
     if (w_bf16) w_bf16[i] = from_f<kh_bf16>(wi);
   }
