@@ -42,8 +42,37 @@ struct kh_attn_params {
   // tensor-map service; kh_attn_head_map in host.cpp), so the producer loads whole tiles with
   // TMA instead of cp.async from every producer thread.
   int tma;
+  // Backward: the last tail_ctas CTAs of the grid take their key blocks longest first
+  // (kh_attn_tile). The forward's grid does not read it.
+  int tail_ctas;
   kh_tma_desc q_map, k_map, v_map;
 };
+
+// The tile CTA `lin` (launch order) of a backward grid of nb key blocks x `groups` (KV head +
+// kv_heads * sequence) works on: key block `blk` (0 the longest under a causal mask: it sees
+// every query) of group `group`. CTAs start in launch order, so in group order a group's blocks
+// run side by side and share its Q, dO and dQ through L2. But causal blocks differ in work up to
+// 16x, and in that order the grid's last wave holds some group's longest block started late while
+// the SMs around it run dry. The last tail_ctas CTAs (rounded up to whole groups) therefore take
+// their groups' blocks longest first across the groups (list scheduling's longest-processing-time
+// rule), so that short blocks fill the end.
+struct kh_attn_tile_t {
+  int blk, group;
+};
+KH_HD kh_attn_tile_t kh_attn_tile_of(int lin, int nb, int groups, int tail_ctas) {
+  int tail = tail_ctas > 0 ? (tail_ctas + nb - 1) / nb : 0;
+  if (tail > groups) tail = groups;
+  const int head = (groups - tail) * nb;
+  if (lin < head) return {lin % nb, lin / nb};
+  return {(lin - head) / tail, groups - tail + (lin - head) % tail};
+}
+#ifdef __CUDACC__
+// This CTA's tile: grid (blocks, heads, sequences).
+KH_DEV kh_attn_tile_t kh_attn_tile(int tail_ctas) {
+  return kh_attn_tile_of(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x,
+                         gridDim.y * gridDim.z, tail_ctas);
+}
+#endif
 
 // Keys [n_lo, n_hi) the query rows [m0, m0 + bm) of a sequence can see (n_lo rounded down to a
 // block of bn keys): the causal diagonal and the window cut the range.

@@ -10,6 +10,8 @@
 //    kernels on device 0 and sm_90a's on device 1).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -55,6 +57,38 @@ class AttentionCudaDispatch : public ::testing::Test {
   void TearDown() override { set_device_backend(nullptr); }
   RecordingBackend backend_;
 };
+
+// The backward grid's tile order (kh_attn_tile_of): every (block, group) exactly
+// once; group order (a group's blocks side by side) before the tail; in the tail, blocks longest
+// (0) first across the tail's groups, which are whole groups at the grid's end.
+TEST(AttentionTileOrder, CoversTheGridOnceAndEndsLongestFirst) {
+  for (const int nb : {1, 3, 16})
+    for (const int groups : {1, 5, 64})
+      for (const int tail : {0, 1, nb, 2 * nb + 1, 264, 1 << 30}) {
+        SCOPED_TRACE(testing::Message() << nb << " blocks, " << groups << " groups, tail " << tail);
+        std::set<std::pair<int, int>> seen;
+        const int tail_groups = std::min(groups, tail > 0 ? (tail + nb - 1) / nb : 0);
+        const int head = (groups - tail_groups) * nb;
+        int last_blk = -1;
+        for (int lin = 0; lin < nb * groups; ++lin) {
+          const kh_attn_tile_t t = kh_attn_tile_of(lin, nb, groups, tail);
+          ASSERT_GE(t.blk, 0);
+          ASSERT_LT(t.blk, nb);
+          ASSERT_GE(t.group, 0);
+          ASSERT_LT(t.group, groups);
+          ASSERT_TRUE(seen.insert({t.blk, t.group}).second) << "tile taken twice at " << lin;
+          if (lin < head) {
+            EXPECT_EQ(t.group, lin / nb);
+            EXPECT_EQ(t.blk, lin % nb);
+          } else {
+            EXPECT_GE(t.group, groups - tail_groups);
+            EXPECT_GE(t.blk, last_blk) << "the tail goes longest block first";
+            last_blk = t.blk;
+          }
+        }
+        EXPECT_EQ(seen.size(), static_cast<size_t>(nb * groups));
+      }
+}
 
 const char* kHopperKernels[] = {
     "attn_fwd90_bf16_d64", "attn_fwd90_bf16_d128", "attn_fwd90_fp16_d64", "attn_fwd90_fp16_d128",
@@ -163,6 +197,44 @@ TEST_F(AttentionCudaDispatch, HopperKernelsWhereTheDeviceCodeHasThemPortableElse
         EXPECT_EQ(m.grid[1], static_cast<uint32_t>(HK));
         EXPECT_LE(m.shared_mem_bytes, 227u * 1024u);
       }
+}
+
+// The backward's last two waves of CTAs take their key blocks longest first (kh_attn_tile): the
+// kernel's tail_ctas counts what the GPU holds, from the device-info service where the loader
+// answers, an H100/H200's where it does not.
+TEST_F(AttentionCudaDispatch, BackwardTailIsTwoWavesOfTheDevice) {
+  using attention_cases::NdView;
+  Package pkg("attention");
+  backend_.set_device_info(1, test::a100_device_info());
+  std::map<std::string, int> tails;
+  backend_.on_params = [&](const std::string& kernel, void** params) {
+    if (kernel.starts_with("attn_bwd90_") || kernel.starts_with("attn_bwd_bf16"))
+      tails[kernel] = static_cast<const kh_attn_bwd_params*>(params[0])->f.tail_ctas;
+  };
+  const int64_t B = 2, S = 300, H = 8, HK = 2, d = 128;
+  for (int dev : {0, 1}) {
+    SCOPED_TRACE(testing::Message() << "device " << dev);
+    HostTensor q(kBF16, B * S, H * d), k(kBF16, B * S, HK * d), o(kBF16, B * S, H * d),
+        lse(kFP32, H, B * S), ws(kFP32, 1, B * S * H * (d + 1));
+    NdView qv(q.dl(), {B, S, H, d}), kv(k.dl(), {B, S, HK, d}), ov(o.dl(), {B, S, H, d});
+    DLTensor Q = on_cuda(&qv.t, dev), K = on_cuda(&kv.t, dev), O = on_cuda(&ov.t, dev),
+             L = on_cuda(lse.dl(), dev), W = on_cuda(ws.dl(), dev);
+    std::string err;
+    tails.clear();
+    ASSERT_EQ(pkg.call("attention_backward",
+                       {targ(&O), targ(&Q), targ(&K), targ(&K), targ(&O), targ(&L), targ(nullptr),
+                        targ(nullptr), iarg(S), iarg(S), iarg(1), iarg(-1), farg(0.125), targ(&Q),
+                        targ(&K), targ(&K), targ(&W)},
+                       &err),
+              KH_OK)
+        << err;
+    backend_.take();
+    // One CTA an SM (its shared memory): 2 x 132 SMs with no answer, 2 x 108 on the A100.
+    ASSERT_EQ(tails.size(), 1u);
+    EXPECT_EQ(tails.begin()->first, "attn_bwd90_bf16_d128");
+    EXPECT_EQ(tails.begin()->second, dev == 0 ? 264 : 216);
+  }
+  backend_.on_params = nullptr;
 }
 
 // The decode's split count fills whole waves of the GPU it runs on: the device-info service's

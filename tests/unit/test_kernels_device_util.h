@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <regex>
@@ -128,10 +129,14 @@ class RecordingBackend : public DeviceBackend {
     *fn = reinterpret_cast<void*>(names_.size());  // 1-based index into names_
     return KH_OK;
   }
-  int32_t launch(const PackageIdentity&, void* fn, const kh_launch_cfg_t& cfg, void**, void*,
+  // Called with each launch's kernel and parameters, which live only during the launch: a test
+  // that knows a kernel's parameter layout copies what it checks.
+  std::function<void(const std::string& kernel, void** params)> on_params;
+  int32_t launch(const PackageIdentity&, void* fn, const kh_launch_cfg_t& cfg, void** params, void*,
                  std::string&) override {
     std::lock_guard<std::mutex> lock(mu_);
     const std::string& kernel = names_[reinterpret_cast<size_t>(fn) - 1];
+    if (on_params) on_params(kernel, params);
     // Programmatic dependent launch exactly for the kernels that wait for their predecessor.
     EXPECT_EQ(cfg.flags & KH_LAUNCH_PDL, pdl_kernel(kernel) ? KH_LAUNCH_PDL : 0u) << kernel;
     launches_.push_back({kernel, cfg, {}});
