@@ -279,20 +279,24 @@ __device__ __forceinline__ void qknr_bwd(const kh_qknr_params& p) {
 #pragma unroll
     for (int e = 0; e < 2 * VEC; ++e) dw[e] = 0.f;
     kh_i64 r = (kh_i64)blockIdx.x * groups + group;
-    auto load = [&](kh_i64 row, kh_qknr_raw<T>& x, kh_qknr_raw<T>& d) {
+    // A row's input, gradient and position (its cos/sin rows are read once the position is in).
+    auto load = [&](kh_i64 row, kh_qknr_raw<T>& x, kh_qknr_raw<T>& d, kh_i64& pos) {
       const kh_i64 tok = row / s.heads, head = row % s.heads;
       x = kh_qknr_load<T, KH_LOAD_STREAM>((const T*)s.in + tok * s.in_t + head * s.in_h, l, G);
       d = kh_qknr_load<T, KH_LOAD_STREAM>((const T*)s.d + tok * s.d_t + head * s.d_h, l, G);
+      pos = p.positions[tok];
     };
     kh_qknr_raw<T> xn, dn;
-    if (r < rows) load(r, xn, dn);
+    kh_i64 pos_next = -1;
+    if (r < rows) load(r, xn, dn, pos_next);
     kh_qknr_row<T> w;
     if (r < rows) w = kh_qknr_unpack<T>(kh_qknr_load<T, KH_LOAD_READONLY>((const T*)s.w, l, G));
     for (; r < rows; r += step) {
+      // The row's position came with its loads, so its cos/sin rows are one L2 read away (after
+      // the next row's loads go out), not two.
+      const kh_i64 pos = pos_next;
       kh_qknr_row<T> x = kh_qknr_unpack<T>(xn), d = kh_qknr_unpack<T>(dn);
-      if (r + step < rows) load(r + step, xn, dn);
-      const kh_i64 tok = r / s.heads, head = r % s.heads;
-      const kh_i64 pos = p.positions[tok];
+      if (r + step < rows) load(r + step, xn, dn, pos_next);
       if (pos >= 0 && pos < p.max_pos) {
         const C* cr = (const C*)p.cos + pos * p.scos + l * VEC;
         const C* sr = (const C*)p.sin + pos * p.ssin + l * VEC;
@@ -302,6 +306,7 @@ __device__ __forceinline__ void qknr_bwd(const kh_qknr_params& p) {
           kh_rope_rotate(d1, d2, kh_to_float(cr[e]), -kh_to_float(sr[e]), &d.a[e], &d.b[e]);
         }
       }
+      const kh_i64 tok = r / s.heads, head = r % s.heads;
       float ss = 0.f;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) ss += x.a[e] * x.a[e] + x.b[e] * x.b[e];
@@ -402,7 +407,7 @@ KH_QK_NORM_ROPE_LAYOUT(gptj, 0)
     kh_pdl_enter();                                             \
     qknr_fwd<T, C>(p);                                          \
   }                                                             \
-  extern "C" __global__ void __launch_bounds__(256)             \
+  extern "C" __global__ void __launch_bounds__(256, 2)          \
       qknr_bwd_neox_##TNAME##_##CNAME(const kh_qknr_params p) { \
     kh_pdl_enter();                                             \
     qknr_bwd<T, C>(p);                                          \
