@@ -407,7 +407,7 @@ KH_QK_NORM_ROPE_LAYOUT(gptj, 0)
     kh_pdl_enter();                                             \
     qknr_fwd<T, C>(p);                                          \
   }                                                             \
-  extern "C" __global__ void __launch_bounds__(256, 2)          \
+  extern "C" __global__ void __launch_bounds__(256)             \
       qknr_bwd_neox_##TNAME##_##CNAME(const kh_qknr_params p) { \
     kh_pdl_enter();                                             \
     qknr_bwd<T, C>(p);                                          \
