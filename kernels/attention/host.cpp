@@ -34,9 +34,9 @@ constexpr int kMinSplitTokens = 256;
 constexpr int kMaxSplits = 32;
 // What the GPU the op runs on holds: the decode's split plan fills whole waves of its CTAs
 // (every CTA of a decode does the same work, so a last, partly filled wave costs as much as a
-// full one), and the forward and backward order their last waves (kh_attn_tile). What an SM
-// holds comes from the loader's device-info service (ABI 1.4); with an older loader, or a device
-// that does not answer, an H100/H200 is assumed (still correct elsewhere, with less even waves).
+// full one), and the backward orders its last two waves (kh_attn_tile). What an SM holds comes
+// from the loader's device-info service (ABI 1.4); with an older loader, or a device that does
+// not answer, an H100/H200 is assumed (still correct elsewhere, with less even waves).
 struct GpuSlots {
   int64_t sms = 132;
   int64_t smem_per_sm = 228 * 1024;
