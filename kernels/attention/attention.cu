@@ -274,8 +274,8 @@ __device__ __forceinline__ void attn_bwd(const kh_attn_bwd_params& p) {
   float* s_lse = (float*)(smem + 4 * 64 * D * 2 + BN * BM * 2);
   float* s_delta = s_lse + BM;
 
-  const kh_attn_tile_t tile = kh_attn_tile(f.tail_ctas);
-  const int b = tile.group / gridDim.y, hk = tile.group % gridDim.y, n0 = tile.blk * BN;
+  const kh_attn_cta_t tile = kh_attn_tile(f.tail_ctas);
+  const int b = tile.seq, hk = tile.head, n0 = tile.blk * BN;
   int q0, len_q, k0, len_k;
   kh_attn_seq(f, b, &q0, &len_q, &k0, &len_k);
   if (n0 >= len_k) return;

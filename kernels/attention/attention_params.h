@@ -67,10 +67,15 @@ KH_HD kh_attn_tile_t kh_attn_tile_of(int lin, int nb, int groups, int tail_ctas)
   return {(lin - head) / tail, groups - tail + (lin - head) % tail};
 }
 #ifdef __CUDACC__
-// This CTA's tile: grid (blocks, heads, sequences).
-KH_DEV kh_attn_tile_t kh_attn_tile(int tail_ctas) {
-  return kh_attn_tile_of(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x,
-                         gridDim.y * gridDim.z, tail_ctas);
+// This CTA's key block, KV head and sequence: grid (blocks, kv_heads, sequences).
+struct kh_attn_cta_t {
+  int blk, head, seq;
+};
+KH_DEV kh_attn_cta_t kh_attn_tile(int tail_ctas) {
+  const kh_attn_tile_t t =
+      kh_attn_tile_of(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), gridDim.x,
+                      gridDim.y * gridDim.z, tail_ctas);
+  return {t.blk, t.group % (int)gridDim.y, t.group / (int)gridDim.y};
 }
 #endif
 

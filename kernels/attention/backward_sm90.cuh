@@ -54,8 +54,8 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
   const kh_u32 dq_full = bars + 16 * STAGES, dq_empty = dq_full + 8;
   const float* s_stats = (const float*)(smem + (sStats - base));
 
-  const kh_attn_tile_t tile = kh_attn_tile(f.tail_ctas);
-  const int b = tile.group / gridDim.y, hk = tile.group % gridDim.y, n0 = tile.blk * BN;
+  const kh_attn_cta_t tile = kh_attn_tile(f.tail_ctas);
+  const int b = tile.seq, hk = tile.head, n0 = tile.blk * BN;
   int q0, len_q, k0, len_k;
   kh_attn_seq(f, b, &q0, &len_q, &k0, &len_k);
   if (n0 >= len_k) return;

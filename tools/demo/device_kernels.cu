@@ -460,11 +460,11 @@ KH_GLOBAL void kh_adamw_f32(float* w, const float* g, float* m, float* v, kh_bf1
                             long long n, float beta1, float beta2, float step, float c2_sqrt,
                             float decay, float eps) {
   const adamw_scalars a{beta1, beta2, step, c2_sqrt, decay, eps};
-  const bool vec = ((unsigned long long)w | (unsigned long long)g | (unsigned long long)m |
-                    (unsigned long long)v) %
-                           16 ==
-                       0 &&
-                   (unsigned long long)w_bf16 % 8 == 0;
+  auto aligned = [](const void* p, unsigned long long bytes) {
+    return (unsigned long long)p % bytes == 0;
+  };
+  const bool vec =
+      aligned(w, 16) && aligned(g, 16) && aligned(m, 16) && aligned(v, 16) && aligned(w_bf16, 8);
   long long done = 0;
   if (vec) {
     const long long n4 = n / 4;
