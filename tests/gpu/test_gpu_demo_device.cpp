@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -403,6 +404,62 @@ TEST_F(GpuDemoDevice, AdamWMatchesAFloat64Reference) {
     std::vector<float> wb = download(to_f32(Wb));
     for (int64_t i = 0; i < n; ++i)
       ASSERT_EQ(wb[i], kh_bf16_bits_to_float(kh_float_to_bf16_bits(got[i]))) << i;
+  }
+}
+
+// The multi-tensor AdamW (one launch, what the model's adam_step runs) against one launch a
+// tensor, bit for bit: sizes around its 4096-element CTAs and the 16-byte groups, a tensor without
+// a bf16 copy, 3 steps from the same start.
+TEST_F(GpuDemoDevice, MultiTensorAdamWEqualsOneLaunchATensor) {
+  const std::vector<int64_t> sizes = {5000, 5003, 3, 1, 4096, 4097, 70001, 8192};
+  AdamConfig a;
+  a.lr = 1e-2f;
+  a.weight_decay = 0.1f;
+  struct Set {
+    std::vector<DeviceTensor> w, m, v, wb;
+  };
+  auto make = [&]() {
+    Set s;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int64_t n = sizes[i];
+      s.w.push_back(upload(randn(n, 70 + static_cast<uint32_t>(i)), {n}));
+      s.m.push_back(upload(std::vector<float>(static_cast<size_t>(n), 0.f), {n}));
+      s.v.push_back(upload(std::vector<float>(static_cast<size_t>(n), 0.f), {n}));
+      s.wb.push_back(empty({n}, kBF16));
+    }
+    return s;
+  };
+  Set one = make(), multi = make();
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<DeviceTensor> g;
+    for (size_t i = 0; i < sizes.size(); ++i)
+      g.push_back(upload(randn(sizes[i], 90 + static_cast<uint32_t>(step * 16 + i)), {sizes[i]}));
+    std::vector<DeviceKernels::AdamwParam> list;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      DeviceTensor* wb = i == 2 ? nullptr : &one.wb[i];
+      kernels_->adamw(*stream_, one.w[i], g[i], one.m[i], one.v[i], wb, a, step);
+      list.push_back(
+          {&multi.w[i], &g[i], &multi.m[i], &multi.v[i], i == 2 ? nullptr : &multi.wb[i]});
+    }
+    std::vector<KhAdamwTensor> table = DeviceKernels::adamw_table(list);
+    ASSERT_EQ(table.size(), sizes.size());
+    EXPECT_EQ(table[1].first_block, 2);  // 5000 elements: 2 CTAs of 4096
+    DeviceTensor dev = empty({static_cast<int64_t>(table.size() * sizeof(KhAdamwTensor))}, kU8);
+    dev.upload(*stream_, table.data(), dev.bytes());
+    kernels_->adamw_multi(*stream_, dev, table, a, step);
+    stream_->synchronize();
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    SCOPED_TRACE(sizes[i]);
+    for (auto [x, y] : {std::pair{&one.w[i], &multi.w[i]}, std::pair{&one.m[i], &multi.m[i]},
+                        std::pair{&one.v[i], &multi.v[i]}}) {
+      const std::vector<float> want = download(*x), got = download(*y);
+      ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+    }
+    if (i == 2) continue;
+    const std::vector<float> want = download(to_f32(one.wb[i])),
+                             got = download(to_f32(multi.wb[i]));
+    ASSERT_EQ(want, got);
   }
 }
 

@@ -77,8 +77,9 @@ std::vector<std::string> device_kernel_names() {
     names.push_back(std::string(base) + "_f32");
     names.push_back(std::string(base) + "_bf16");
   }
-  names.insert(names.end(), {"kh_cast_bf16_to_f32", "kh_cast_f32_to_bf16", "kh_adamw_f32",
-                             "kh_init_normal_f32", "kh_fill_f32", "kh_read_u32x4"});
+  names.insert(names.end(),
+               {"kh_cast_bf16_to_f32", "kh_cast_f32_to_bf16", "kh_adamw_f32", "kh_adamw_multi_f32",
+                "kh_init_normal_f32", "kh_fill_f32", "kh_read_u32x4"});
   return names;
 }
 
@@ -491,9 +492,10 @@ void DeviceKernels::cross_entropy_backward(DeviceStream& s, const DeviceTensor& 
          {&lp, &dp, &rows, &cols});
 }
 
-void DeviceKernels::adamw(DeviceStream& s, DeviceTensor& w, const DeviceTensor& g, DeviceTensor& m,
-                          DeviceTensor& v, DeviceTensor* w_bf16, const AdamConfig& a,
-                          int64_t step) {
+namespace {
+
+void expect_adamw_operands(const DeviceTensor& w, const DeviceTensor& g, const DeviceTensor& m,
+                           const DeviceTensor& v, const DeviceTensor* w_bf16) {
   const char* op = "adamw";
   expect_dtype(op, "w", w, kF32);
   expect_same(op, "g", g, w, "w");
@@ -503,13 +505,32 @@ void DeviceKernels::adamw(DeviceStream& s, DeviceTensor& w, const DeviceTensor& 
     expect_shape(op, "w_bf16", *w_bf16, w.shape());
     expect_dtype(op, "w_bf16", *w_bf16, kBF16);
   }
-  expect(step >= 1, op, fmt::format("step {}: steps count from 1", step));
-  // The scalars exactly as CausalLM::adam_step computes them (bias corrections in double).
+}
+
+// The step's scalars exactly as CausalLM::adam_step computes them (bias corrections in double):
+// beta1, beta2, lr / c1, sqrt(c2), decay, eps, in kh_adamw_*'s parameter order.
+struct AdamwScalars {
+  float beta1, beta2, lr_step, c2_sqrt, decay, eps;
+};
+AdamwScalars adamw_scalars(const AdamConfig& a, int64_t step) {
+  expect(step >= 1, "adamw", fmt::format("step {}: steps count from 1", step));
   const double c1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(step));
   const double c2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(step));
-  float lr_step = static_cast<float>(a.lr / c1), c2_sqrt = static_cast<float>(std::sqrt(c2));
-  float decay = 1.0f - a.lr * a.weight_decay;
-  float beta1 = a.beta1, beta2 = a.beta2, eps = a.eps;
+  return {a.beta1,
+          a.beta2,
+          static_cast<float>(a.lr / c1),
+          static_cast<float>(std::sqrt(c2)),
+          1.0f - a.lr * a.weight_decay,
+          a.eps};
+}
+
+}  // namespace
+
+void DeviceKernels::adamw(DeviceStream& s, DeviceTensor& w, const DeviceTensor& g, DeviceTensor& m,
+                          DeviceTensor& v, DeviceTensor* w_bf16, const AdamConfig& a,
+                          int64_t step) {
+  expect_adamw_operands(w, g, m, v, w_bf16);
+  AdamwScalars k = adamw_scalars(a, step);
   long long n = w.numel();
   if (n == 0) return;
   void* wp = w.data();
@@ -517,8 +538,43 @@ void DeviceKernels::adamw(DeviceStream& s, DeviceTensor& w, const DeviceTensor& 
   void* mp = m.data();
   void* vp = v.data();
   void* bp = w_bf16 ? w_bf16->data() : nullptr;
-  launch(s, fn("kh_adamw_f32"), blocks_for((n + 3) / 4), 1, 1, 0,
-         {&wp, &gp, &mp, &vp, &bp, &n, &beta1, &beta2, &lr_step, &c2_sqrt, &decay, &eps});
+  launch(
+      s, fn("kh_adamw_f32"), blocks_for((n + 3) / 4), 1, 1, 0,
+      {&wp, &gp, &mp, &vp, &bp, &n, &k.beta1, &k.beta2, &k.lr_step, &k.c2_sqrt, &k.decay, &k.eps});
+}
+
+std::vector<KhAdamwTensor> DeviceKernels::adamw_table(const std::vector<AdamwParam>& params) {
+  static_assert(KH_ADAMW_CHUNK == kThreads * 16,
+                "a CTA of kh_adamw_multi_f32: 4 x 4 elements a thread");
+  std::vector<KhAdamwTensor> table;
+  long long blocks = 0;
+  for (const AdamwParam& p : params) {
+    expect_adamw_operands(*p.w, *p.g, *p.m, *p.v, p.w_bf16);
+    const long long n = p.w->numel();
+    if (n == 0) continue;  // no CTA: the kernel's search would never land on it
+    table.push_back({p.w->data_as<float>(), p.g->data_as<const float>(), p.m->data_as<float>(),
+                     p.v->data_as<float>(), p.w_bf16 ? p.w_bf16->data() : nullptr, n, blocks});
+    blocks += (n + KH_ADAMW_CHUNK - 1) / KH_ADAMW_CHUNK;
+  }
+  expect(blocks <= 0x7FFFFFFF, "adamw",
+         fmt::format("{} CTAs of {} elements: more than one launch takes", blocks, KH_ADAMW_CHUNK));
+  return table;
+}
+
+void DeviceKernels::adamw_multi(DeviceStream& s, const DeviceTensor& table,
+                                const std::vector<KhAdamwTensor>& entries, const AdamConfig& a,
+                                int64_t step) {
+  AdamwScalars k = adamw_scalars(a, step);
+  if (entries.empty()) return;
+  expect(table.bytes() == entries.size() * sizeof(KhAdamwTensor), "adamw",
+         fmt::format("the device table is {} bytes; {} entries take {}", table.bytes(),
+                     entries.size(), entries.size() * sizeof(KhAdamwTensor)));
+  const KhAdamwTensor& last = entries.back();
+  const long long blocks = last.first_block + (last.n + KH_ADAMW_CHUNK - 1) / KH_ADAMW_CHUNK;
+  const void* tp = table.data();
+  int count = static_cast<int>(entries.size());
+  launch(s, fn("kh_adamw_multi_f32"), static_cast<uint32_t>(blocks), 1, 1, 0,
+         {&tp, &count, &k.beta1, &k.beta2, &k.lr_step, &k.c2_sqrt, &k.decay, &k.eps});
 }
 
 }  // namespace kh::demo

@@ -12,6 +12,8 @@
 
 #include "device_reduce.cuh"  // after the prelude: it uses KH_DEV
 
+#include "adamw_table.h"
+
 #define KH_GLOBAL extern "C" __global__
 
 namespace {
@@ -445,8 +447,9 @@ KH_GLOBAL void kh_cast_f32_to_bf16(const float* in, kh_bf16* out, long long n) {
 // w_bf16 (may be NULL) receives the updated weights rounded to bf16: the copy the model runs on.
 // The step reads and writes 30 bytes an element of every parameter (18 GB for Qwen3-0.6B):
 // threads take four elements with 16-byte loads (8-byte bf16 stores) where every pointer allows
-// it, the scalar loop the rest (the host's grid covers n / 4 threads). On an H200 that took the
-// update from about 2.8 TB/s to 4.2 (the embedding) and 3.6-4.0 (a layer's matrices).
+// it, one at a time otherwise. On an H200 that took the update from about 2.8 TB/s to 4.2 (the
+// embedding) and 3.6-4.0 (a layer's matrices), one launch a tensor; kh_adamw_multi_f32 updates
+// every tensor in one launch (a Qwen3 layer's eight include four of 128 or 1024 elements).
 struct adamw_scalars {
   float beta1, beta2, step, c2_sqrt, decay, eps;
   KH_DEV void update(float& w, float g, float& m, float& v) const {
@@ -456,19 +459,18 @@ struct adamw_scalars {
   }
 };
 
-KH_GLOBAL void kh_adamw_f32(float* w, const float* g, float* m, float* v, kh_bf16* w_bf16,
-                            long long n, float beta1, float beta2, float step, float c2_sqrt,
-                            float decay, float eps) {
-  const adamw_scalars a{beta1, beta2, step, c2_sqrt, decay, eps};
+// Elements [lo, hi) of one parameter; thread t of nt takes every nt-th group of four.
+KH_DEV void adamw_range(const adamw_scalars& a, float* w, const float* g, float* m, float* v,
+                        kh_bf16* w_bf16, long long lo, long long hi, long long t, long long nt) {
   auto aligned = [](const void* p, unsigned long long bytes) {
     return (unsigned long long)p % bytes == 0;
   };
-  const bool vec =
-      aligned(w, 16) && aligned(g, 16) && aligned(m, 16) && aligned(v, 16) && aligned(w_bf16, 8);
-  long long done = 0;
-  if (vec) {
-    const long long n4 = n / 4;
-    for (long long i = global_index(); i < n4; i += global_stride()) {
+  const bool vec = aligned(w, 16) && aligned(g, 16) && aligned(m, 16) && aligned(v, 16) &&
+                   aligned(w_bf16, 8) && lo % 4 == 0;
+  long long done = lo;
+  if (vec && hi - lo >= 4) {
+    const long long q1 = hi / 4;
+    for (long long i = lo / 4 + t; i < q1; i += nt) {
       float4 wi = reinterpret_cast<const float4*>(w)[i];
       const float4 gi = reinterpret_cast<const float4*>(g)[i];
       float4 mi = reinterpret_cast<const float4*>(m)[i];
@@ -486,9 +488,9 @@ KH_GLOBAL void kh_adamw_f32(float* w, const float* g, float* m, float* v, kh_bf1
             make_uint2(bits(wi.x) | bits(wi.y) << 16, bits(wi.z) | bits(wi.w) << 16);
       }
     }
-    done = n4 * 4;
+    done = q1 * 4;
   }
-  for (long long i = done + global_index(); i < n; i += global_stride()) {
+  for (long long i = done + t; i < hi; i += nt) {
     float wi = w[i], mi = m[i], vi = v[i];
     a.update(wi, g[i], mi, vi);
     m[i] = mi;
@@ -496,4 +498,32 @@ KH_GLOBAL void kh_adamw_f32(float* w, const float* g, float* m, float* v, kh_bf1
     w[i] = wi;
     if (w_bf16) w_bf16[i] = from_f<kh_bf16>(wi);
   }
+}
+
+// One parameter; the host's grid covers n / 4 threads.
+KH_GLOBAL void kh_adamw_f32(float* w, const float* g, float* m, float* v, kh_bf16* w_bf16,
+                            long long n, float beta1, float beta2, float step, float c2_sqrt,
+                            float decay, float eps) {
+  const adamw_scalars a{beta1, beta2, step, c2_sqrt, decay, eps};
+  adamw_range(a, w, g, m, v, w_bf16, 0, n, global_index(), global_stride());
+}
+
+// Every parameter of `table` (count entries, first_block ascending): CTA b updates
+// KH_ADAMW_CHUNK elements of the last tensor whose first_block <= b.
+KH_GLOBAL void kh_adamw_multi_f32(const KhAdamwTensor* table, int count, float beta1, float beta2,
+                                  float step, float c2_sqrt, float decay, float eps) {
+  const adamw_scalars a{beta1, beta2, step, c2_sqrt, decay, eps};
+  const long long b = blockIdx.x;
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (table[mid].first_block <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const KhAdamwTensor& p = table[lo];
+  const long long e0 = (b - p.first_block) * KH_ADAMW_CHUNK;
+  const long long e1 = p.n < e0 + KH_ADAMW_CHUNK ? p.n : e0 + KH_ADAMW_CHUNK;
+  adamw_range(a, p.w, p.g, p.m, p.v, (kh_bf16*)p.w_bf16, e0, e1, threadIdx.x, blockDim.x);
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernel_hub/kernel_hub.hpp"
+#include "tools/demo/adamw_table.h"
 #include "tools/demo/device_tensor.h"
 #include "tools/demo/model.h"
 
@@ -94,6 +95,21 @@ class DeviceKernels {
   // m, v (all float32, one shape); w_bf16 (may be null) receives the new weights in bfloat16.
   void adamw(DeviceStream& s, DeviceTensor& w, const DeviceTensor& g, DeviceTensor& m,
              DeviceTensor& v, DeviceTensor* w_bf16, const AdamConfig& config, int64_t step);
+  // The same step over many parameters in one launch (kh_adamw_multi_f32): adamw_table checks
+  // each as adamw does and gives the launch's table; adamw_multi runs it from `table`, that
+  // table's copy in device memory (bytes: entries x sizeof(KhAdamwTensor)), which the caller
+  // uploads once and keeps while the parameters' buffers stay the same.
+  struct AdamwParam {
+    DeviceTensor* w;
+    const DeviceTensor* g;
+    DeviceTensor* m;
+    DeviceTensor* v;
+    DeviceTensor* w_bf16;  // may be null
+  };
+  static std::vector<KhAdamwTensor> adamw_table(const std::vector<AdamwParam>& params);
+  void adamw_multi(DeviceStream& s, const DeviceTensor& table,
+                   const std::vector<KhAdamwTensor>& entries, const AdamConfig& config,
+                   int64_t step);
 
  private:
   kh_device_function_t* fn(const std::string& name) const;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernel_hub/kernel_hub.hpp"
 
@@ -353,6 +354,7 @@ void DeviceCausalLM::zero_grad() {
 
 void DeviceCausalLM::adam_step(const AdamConfig& adam) {
   ++adam_t_;
+  std::vector<DeviceKernels::AdamwParam> list;
   for (auto& [name, p] : params_) {
     if (!p.g.data()) continue;  // no gradient yet
     if (!p.m.data()) {
@@ -361,8 +363,19 @@ void DeviceCausalLM::adam_step(const AdamConfig& adam) {
       p.m.zero(stream_);
       p.v.zero(stream_);
     }
-    kernels_.adamw(stream_, p.w, p.g, p.m, p.v, bf16_ ? &p.w16 : nullptr, adam, adam_t_);
+    list.push_back({&p.w, &p.g, &p.m, &p.v, bf16_ ? &p.w16 : nullptr});
   }
+  // Every parameter in one launch. Its table changes only when the parameters' buffers do (the
+  // first step, which allocates the moments): the upload is then, not every step.
+  std::vector<KhAdamwTensor> table = DeviceKernels::adamw_table(list);
+  const size_t bytes = table.size() * sizeof(KhAdamwTensor);
+  if (table.size() != adam_table_host_.size() ||
+      (bytes && std::memcmp(table.data(), adam_table_host_.data(), bytes) != 0)) {
+    adam_table_host_ = std::move(table);
+    adam_table_ = bytes ? empty({static_cast<int64_t>(bytes)}, kU8) : DeviceTensor();
+    if (bytes) adam_table_.upload(stream_, adam_table_host_.data(), bytes);
+  }
+  kernels_.adamw_multi(stream_, adam_table_, adam_table_host_, adam, adam_t_);
 }
 
 std::vector<float> DeviceCausalLM::download_logits() {

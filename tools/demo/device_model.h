@@ -311,6 +311,9 @@ class DeviceCausalLM {
   Param *emb_ = nullptr, *final_norm_ = nullptr, *head_ = nullptr;
   DeviceTensor cos_, sin_;
   int64_t adam_t_ = 0;
+  // The multi-tensor AdamW's table (DeviceKernels::adamw_table) and its device copy.
+  std::vector<KhAdamwTensor> adam_table_host_;
+  DeviceTensor adam_table_;
 
   // The last forward.
   bool train_ = false;
