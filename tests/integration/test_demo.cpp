@@ -402,12 +402,12 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   EXPECT_FALSE(j.contains("staging")) << "nothing is staged through the host";
   // Eleven slots (the five, FusedLinearCrossEntropy, FusedAddRMSNorm, QKNormRotaryEmbedding,
   // PagedKVAppend, PagedAttention and PagedAttentionWithKVAppend), every one from a package in
-  // both modes but the four inference-only slots, which the config maps for eval only.
+  // both modes but the three decode slots, which the config maps for eval only
+  // (QKNormRotaryEmbedding has served training too since rotary 1.2.0).
   ASSERT_EQ(j["bindings"].size(), kBindings + 12) << j["bindings"].dump(2);
   for (auto& b : j["bindings"]) {
     const bool decode_slot = b["layer"] == "PagedKVAppend" || b["layer"] == "PagedAttention" ||
-                             b["layer"] == "PagedAttentionWithKVAppend" ||
-                             b["layer"] == "QKNormRotaryEmbedding";
+                             b["layer"] == "PagedAttentionWithKVAppend";
     EXPECT_EQ(b["source"] == "fallback", decode_slot && b["mode"] == "train") << b.dump(2);
   }
   const nlohmann::json& d = j["device_run"];

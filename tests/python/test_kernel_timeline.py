@@ -73,6 +73,15 @@ def main():
     median = step_rows(30_000_000, 102, 42, 2)
     span_us = (max(r[1] for r in median) - median[0][0]) / 1e3
     assert abs(out["step_us"] - span_us) < 1e-6, (out["step_us"], span_us)
+    # The replays start 10 ms apart: the gap is the time from one's end to the next one's start
+    # (the median of two: their mean).
+    replays = [step_rows(10_000_000 * (i + 1), 100 + i, 42, stretch)
+               for i, stretch in enumerate((1, 3, 2))]
+    gaps = [b[0][0] - max(r[1] for r in a) for a, b in zip(replays, replays[1:])]
+    gap_us = sum(gaps) / 2 / 1e3
+    assert abs(out["replay_gap_us"] - gap_us) < 1e-6, (out["replay_gap_us"], gap_us)
+    assert "median gap between consecutive replays" in table, table
+    assert "kh_argmax_advance_bf16" in table.split("last 3 kernels")[1], table
     kinds = out["by_kind"]
     assert kinds["attention"]["kernels"] == 3 and kinds["attention combine"]["kernels"] == 3, kinds
     assert kinds["GEMM (cuBLASLt)"]["kernels"] == 3 and kinds["GEMM (skinny)"]["kernels"] == 3

@@ -169,10 +169,14 @@ def main():
     total = sum(k["added_us"] for k in kernels)
     kinds = breakdown(kernels)
     layer = one_layer(kernels)
+    # Idle time from one replay's last kernel to the next one's first (the replays were launched
+    # back to back on one stream): what a graph launch costs at the step boundary.
+    gaps = [(b[0]["start_ns"] - max(r["end_ns"] for r in a)) / 1e3 for a, b in zip(steps, steps[1:])]
+    replay_gap = statistics.median(gaps) if gaps else None
     if a.json:
         print(json.dumps({"replays": len(steps), "kernels_per_step": len(kernels),
                           "step_us": median_span / 1e3,
-                          "step_us_min": spans_sorted[0][0] / 1e3,
+                          "step_us_min": spans_sorted[0][0] / 1e3, "replay_gap_us": replay_gap,
                           "by_kind": kinds, "layer": layer}, indent=1))
         return
     print(f"{len(steps)} replays of the graph, {len(kernels)} kernels each; median step "
@@ -190,8 +194,17 @@ def main():
     for k in layer:
         print(f"| {short(k['name'])} | {k['kind']} | {k['grid']} | {k['dur_us']:.2f} | "
               f"{k['gap_us']:.2f} | {k['added_us']:.2f} |")
+    print("\nThe step's first 2 and last 3 kernels (outside the layers: embedding, LM head, "
+          "argmax):\n")
+    print("| kernel | kind | grid | us | gap after previous us | wall us added |")
+    print("|---|---|---|---|---|---|")
+    for k in kernels[:2] + kernels[-3:]:
+        print(f"| {short(k['name'])} | {k['kind']} | {k['grid']} | {k['dur_us']:.2f} | "
+              f"{k['gap_us']:.2f} | {k['added_us']:.2f} |")
     med = statistics.median(k["gap_us"] for k in kernels[1:]) if len(kernels) > 1 else 0
     print(f"\nmedian gap between consecutive kernels: {med:.2f} us")
+    if replay_gap is not None:
+        print(f"median gap between consecutive replays: {replay_gap:.2f} us")
 
 
 if __name__ == "__main__":
