@@ -356,14 +356,15 @@ TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
     const std::vector<std::string> served = dev.package_slots();
     EXPECT_NE(std::find(served.begin(), served.end(), kPagedAttentionWithKVAppend), served.end());
     // kAuto: on Hopper the skinny GEMM takes the wider-than-tall weights (here o: hidden 128 x
-    // q_dim 256) and the gate/up GEMM with SiluAndMul as its epilogue (DecodeFuse::kOn),
-    // cuBLASLt the rest; elsewhere cuBLASLt all.
+    // q_dim 256), the gate/up GEMM with SiluAndMul as its epilogue and the LM head with the
+    // greedy argmax as its (DecodeFuse::kOn), cuBLASLt the rest; elsewhere cuBLASLt all.
     const bool hopper = kh::device_info(0).sm_major == 9;
     const int per_layer = int{skinny_preferred(2, cfg.hidden, cfg.q_dim(), true)} +
                           int{skinny_preferred(2, cfg.hidden, cfg.ffn, true)} + 1;
     EXPECT_EQ(per_layer, 2);
     EXPECT_EQ(dev.decode_fuses_silu(), hopper);
-    EXPECT_EQ(dev.decode_skinny_gemms(), hopper ? per_layer * cfg.layers : 0);
+    EXPECT_EQ(dev.decode_fuses_head(), hopper);
+    EXPECT_EQ(dev.decode_skinny_gemms(), hopper ? per_layer * cfg.layers + 1 : 0);
     EXPECT_EQ(dev.decode_gemms(), 4 * cfg.layers + 1);
     EXPECT_TRUE(dev.refusals().empty());
   });
@@ -394,8 +395,9 @@ TEST_F(GpuDemoDecode, Bf16Qwen3HeadDim128FoldsTheQkNormsIntoTheQkvGemm) {
 // run on the skinny GEMM, so the residual add + RMSNorm between projections folds into them
 // (DecodeFuse::kOn): o and down add into the residual, gate/up and the next layer's q/k/v GEMM
 // read the raw residual with the norm's weight folded into theirs and scale their rows by its
-// rstd. The steps track the prefill within bf16 tolerance folded and unfolded, and replay from the
-// graph bit for bit; the GEMM count stays 4 a layer and the LM head.
+// rstd; the LM head (with the greedy argmax) norms that residual in its shared memory. The steps
+// track the prefill within bf16 tolerance folded and unfolded, and replay from the graph bit for
+// bit; the GEMM count stays 4 a layer and the LM head.
 TEST_F(GpuDemoDecode, Bf16Qwen3FoldsTheNormsBetweenProjections) {
   Runtime rt;
   const DemoSlots slots = bind_decode_packages(rt);
@@ -407,9 +409,12 @@ TEST_F(GpuDemoDecode, Bf16Qwen3FoldsTheNormsBetweenProjections) {
     EXPECT_EQ(dev.decode_fuses_qk_norm(), folds);
     EXPECT_EQ(dev.decode_fuses_silu(), folds);
     EXPECT_EQ(dev.decode_gemms(), 4 * cfg.layers + 1);
-    // q/k/v, gate/up (their epilogues), o and down (preferred) on the skinny GEMM; the LM head on
-    // cuBLASLt. Unfused: o and down only.
-    EXPECT_EQ(dev.decode_skinny_gemms(), hopper ? (folds ? 4 : 2) * cfg.layers : 0);
+    EXPECT_EQ(dev.decode_fuses_head(), folds);
+    EXPECT_EQ(dev.decode_fuses_final_norm(), folds);
+    // q/k/v, gate/up (their epilogues), o and down (preferred) and the LM head (its argmax) on
+    // the skinny GEMM. Unfused: o and down only, the LM head on cuBLASLt.
+    EXPECT_EQ(dev.decode_skinny_gemms(),
+              hopper ? (folds ? 4 * cfg.layers + 1 : 2 * cfg.layers) : 0);
   });
 }
 

@@ -689,6 +689,191 @@ TEST_F(GpuSkinnyGemm, FoldedNormMatchesTheNormWrittenOut) {
       << "a folded-norm plan without its operands";
 }
 
+// The LM head with the greedy argmax (Hopper): the bf16 logits against float64 (every column of
+// the small shapes, every 37th of Qwen3's 151936 plus the planted ones), each row's token the first
+// index of its largest written logit, with exact ties planted (row 0: two copies of one weight
+// row far apart, in different CTAs; the last row: adjacent copies in one tile), the decode state
+// advanced (tokens, positions, seq_lens, out_tokens at the step, the step) and the scratch left at
+// zero: two launches and two replays of a captured launch, the last past out_tokens' columns.
+// With the final RMSNorm folded in, the logits against the norm written out in float64. Then what
+// it refuses.
+TEST_F(GpuSkinnyGemm, HeadArgmaxWritesTheLogitsAndTheirFirstMaximum) {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  DeviceTensor x4(*pool_, {4, 128}, kBF16), w4(*pool_, {64, 128}, kBF16),
+      y4(*pool_, {4, 64}, kBF16);
+  if (!gemm_->has_wgmma()) {
+    EXPECT_NE(gemm_->head_argmax_refusal(x4, w4, y4, {}).find("Hopper"), std::string::npos);
+    return;
+  }
+  std::mt19937 rng(20261205);
+  const float eps = 1e-6f;
+  for (const Shape& sh :
+       {Shape{1, 8, 64}, Shape{7, 1032, 128}, Shape{33, 40000, 1024}, Shape{64, 151936, 1024}})
+    for (bool norm : {false, true}) {
+      const int64_t M = sh.M, N = sh.N, K = sh.K, cols = 5;
+      const std::string what = std::to_string(M) + "x" + std::to_string(N) + "x" +
+                               std::to_string(K) + (norm ? ", final norm folded" : "");
+      SCOPED_TRACE(what);
+      Operands o = make(Problem{M, N, K, false}, rng);
+      // The planted maxima: bf16(x_row / 2) copied into two weight rows (logit ~ |x|^2 / 2,
+      // far above the others' ~N(0, 0.05^2 K)); with the norm, of the normed row.
+      const std::vector<uint16_t> nw = random_bf16(static_cast<size_t>(K), rng);
+      std::vector<double> xn(static_cast<size_t>(M * K));  // the GEMM's x, as the kernel sees it
+      std::vector<float> sums(static_cast<size_t>(((K + 63) / 64) * 64), 0.f);
+      for (int64_t m = 0; m < M; ++m) {
+        double ss = 0;
+        for (int64_t k = 0; k < K; ++k)
+          ss += static_cast<double>(f(o.x[m * K + k])) * f(o.x[m * K + k]);
+        for (int64_t t = 0; t < K / 64; ++t) {
+          float part = 0.f;
+          for (int64_t k = t * 64; k < t * 64 + 64; ++k)
+            part += f(o.x[m * K + k]) * f(o.x[m * K + k]);
+          sums[t * 64 + m] = part;
+        }
+        const double rstd = 1.0 / std::sqrt(ss / K + eps);
+        for (int64_t k = 0; k < K; ++k)
+          xn[m * K + k] = norm ? f(kh_float_to_bf16_bits(
+                                     static_cast<float>(f(o.x[m * K + k]) * rstd * f(nw[k]))))
+                               : f(o.x[m * K + k]);
+      }
+      auto plant = [&](int64_t m, int64_t a, int64_t b) {
+        for (int64_t k = 0; k < K; ++k)
+          o.w[a * K + k] = o.w[b * K + k] =
+              kh_float_to_bf16_bits(static_cast<float>(xn[m * K + k] / 2));
+      };
+      std::vector<int64_t> planted;
+      if (N >= 16) {
+        plant(0, 5, N - 3);
+        planted = {5, N - 3};
+        if (M > 1) {
+          plant(M - 1, 10, 11);
+          planted.insert(planted.end(), {10, 11});
+        }
+        o.dw.upload(*stream_, o.w.data(), o.w.size() * 2);
+      }
+      DeviceTensor ss(*pool_, {K / 64, 64}, kF32), dnw(*pool_, {K}, kBF16);
+      ss.upload(*stream_, sums.data(), sums.size() * 4);
+      dnw.upload(*stream_, nw.data(), nw.size() * 2);
+      const SkinnyHeadNorm head_norm{{&ss, static_cast<int>(K / 64), eps}, &dnw};
+      // The decode state.
+      std::vector<int64_t> pos0(M), tok_none(M, -7), out0(static_cast<size_t>(M * cols), -1);
+      std::vector<int32_t> lens0(M);
+      for (int64_t m = 0; m < M; ++m) {
+        pos0[m] = 100 + m;
+        lens0[m] = static_cast<int32_t>(101 + m);
+      }
+      const int32_t step0 = 2;
+      DeviceTensor tokens(*pool_, {M}, kI64), positions(*pool_, {M}, kI64),
+          seq_lens(*pool_, {M}, kI32), out(*pool_, {M, cols}, kI64), step(*pool_, {1}, kI32),
+          scratch(*pool_, {greedy_scratch_elems(M)}, kI64);
+      tokens.upload(*stream_, tok_none.data(), M * 8);
+      positions.upload(*stream_, pos0.data(), M * 8);
+      seq_lens.upload(*stream_, lens0.data(), M * 4);
+      out.upload(*stream_, out0.data(), out0.size() * 8);
+      step.upload(*stream_, &step0, 4);
+      scratch.zero(*stream_);
+      const SkinnyGreedy g{&tokens, &positions, &seq_lens, &out, &step, &scratch};
+      ASSERT_EQ(gemm_->head_argmax_refusal(o.dx, o.dw, o.dy, g, norm ? &head_norm : nullptr), "");
+      auto run = [&] {
+        gemm_->run_head_argmax(*stream_, o.dx, o.dw, o.dy, g, norm ? &head_norm : nullptr);
+      };
+      std::vector<int64_t> want_tokens(M);
+      // Launch i (0-based; 2 and 3 replay a graph): the logits and the state after it.
+      auto check = [&](int i) {
+        const std::string call = what + ", call " + std::to_string(i);
+        std::vector<uint16_t> y = download_bf16(o.dy_all, *stream_);
+        std::vector<int64_t> got_tokens(M), got_pos(M), got_out(out0.size()),
+            got_scratch(scratch.numel());
+        std::vector<int32_t> got_lens(M);
+        int32_t got_step = 0;
+        tokens.download(*stream_, got_tokens.data(), M * 8);
+        positions.download(*stream_, got_pos.data(), M * 8);
+        seq_lens.download(*stream_, got_lens.data(), M * 4);
+        out.download(*stream_, got_out.data(), got_out.size() * 8);
+        step.download(*stream_, &got_step, 4);
+        scratch.download(*stream_, got_scratch.data(), got_scratch.size() * 8);
+        stream_->synchronize();
+        if (i == 0) {  // the logits (the same every call)
+          int bad = 0;
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              if (N > 50000 && n % 37 &&
+                  std::find(planted.begin(), planted.end(), n) == planted.end())
+                continue;
+              double ref = 0;
+              for (int64_t k = 0; k < K; ++k) ref += xn[m * K + k] * f(o.w[n * K + k]);
+              const double got = f(y[m * N + n]);
+              if (!(std::fabs(got - ref) <= 2e-3 + 8e-3 * std::fabs(ref)) && ++bad <= 3)
+                ADD_FAILURE() << call << ": logit [" << m << "][" << n << "] = " << got
+                              << ", reference " << ref;
+            }
+          EXPECT_EQ(bad, 0) << call;
+          for (int64_t n = 0; n < N; ++n)
+            if (!std::isnan(f(y[M * N + n]))) {
+              ADD_FAILURE() << call << ": the guard row was written at column " << n;
+              break;
+            }
+          for (int64_t m = 0; m < M; ++m) {
+            const uint16_t* row = y.data() + m * N;
+            int64_t best = 0;
+            for (int64_t n = 1; n < N; ++n)
+              if (f(row[n]) > f(row[best])) best = n;
+            want_tokens[m] = best;
+          }
+          if (!planted.empty()) {
+            EXPECT_EQ(want_tokens[0], 5) << call << ": the planted maximum of row 0";
+            if (M > 1) {
+              EXPECT_EQ(want_tokens[M - 1], 10) << call << ": the planted maximum";
+            }
+          }
+        }
+        EXPECT_EQ(got_tokens, want_tokens) << call;
+        for (int64_t m = 0; m < M; ++m) {
+          EXPECT_EQ(got_pos[m], pos0[m] + i + 1) << call;
+          EXPECT_EQ(got_lens[m], lens0[m] + i + 1) << call;
+          for (int64_t c = 0; c < cols; ++c) {
+            const bool written = c >= step0 && c <= step0 + i;
+            EXPECT_EQ(got_out[m * cols + c], written ? want_tokens[m] : -1)
+                << call << ": out_tokens[" << m << "][" << c << "]";
+          }
+        }
+        EXPECT_EQ(got_step, step0 + i + 1) << call;
+        EXPECT_EQ(got_scratch, std::vector<int64_t>(got_scratch.size(), 0)) << call << ": scratch";
+      };
+      run();
+      check(0);
+      if (HasFailure()) return;
+      run();
+      check(1);
+      stream_->begin_capture();
+      run();
+      DeviceGraph graph = DeviceGraph::end_capture(*stream_);
+      for (int i = 2; i < 4; ++i) {
+        graph.launch(*stream_);
+        check(i);
+      }
+      if (HasFailure()) return;
+    }
+  // Refusals, naming what is taken.
+  DeviceTensor t4(*pool_, {4}, kI64), p4(*pool_, {4}, kI64), l4(*pool_, {4}, kI32),
+      o4(*pool_, {4, 3}, kI64), s1(*pool_, {1}, kI32), sc(*pool_, {greedy_scratch_elems(4)}, kI64),
+      l4wrong(*pool_, {4}, kI64);
+  const SkinnyGreedy g4{&t4, &p4, &l4, &o4, &s1, &sc};
+  EXPECT_EQ(gemm_->head_argmax_refusal(x4, w4, y4, g4), "");
+  DeviceTensor xk(*pool_, {4, 2048}, kBF16), wk(*pool_, {64, 2048}, kBF16);
+  EXPECT_NE(gemm_->head_argmax_refusal(xk, wk, y4, g4).find("K <= 1024"), std::string::npos);
+  const SkinnyGreedy bad{&t4, &p4, &l4wrong, &o4, &s1, &sc};
+  EXPECT_NE(gemm_->head_argmax_refusal(x4, w4, y4, bad).find("int32 seq_lens [4]"),
+            std::string::npos);
+  DeviceTensor ss2(*pool_, {2, 64}, kF32), nw_short(*pool_, {64}, kBF16);
+  const SkinnyHeadNorm short_norm{{&ss2, 2, 1e-6f}, &nw_short};
+  EXPECT_NE(gemm_->head_argmax_refusal(x4, w4, y4, g4, &short_norm).find("bfloat16 [128]"),
+            std::string::npos);
+  EXPECT_THROW(gemm_->run_head_argmax(*stream_, xk, wk, y4, g4), Error);
+}
+
 TEST_F(GpuSkinnyGemm, RefusesWhatItCannotTake) {
   DeviceTensor x(*pool_, {65, 128}, kBF16), w(*pool_, {64, 128}, kBF16), y(*pool_, {65, 64}, kBF16);
   EXPECT_FALSE(gemm_->fits(x, w, y)) << "65 rows";

@@ -446,6 +446,13 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   EXPECT_TRUE(dec["fused_silu"].is_boolean()) << dec.dump(2);
   EXPECT_EQ(dec["fused_qk_norm"], false) << dec.dump(2);
   EXPECT_EQ(dec["fused_norm"], false) << dec.dump(2);  // no fused q/k/v GEMM to fold into
+  // The greedy argmax in the LM head's GEMM where the skinny GEMM runs (Hopper), and the final
+  // norm with it where the last down projection added into the residual (its epilogue).
+  EXPECT_TRUE(dec["fused_head_argmax"].is_boolean()) << dec.dump(2);
+  EXPECT_TRUE(dec["fused_final_norm"].is_boolean()) << dec.dump(2);
+  if (dec["fused_final_norm"] == true) {
+    EXPECT_EQ(dec["fused_head_argmax"], true) << dec.dump(2);
+  }
   EXPECT_TRUE(d["refused_slots"].contains("PagedAttention")) << d.dump(2);
   EXPECT_TRUE(has(d["runtime_slots"], "PagedAttention")) << d.dump(2);
   EXPECT_GT(dec["tokens_per_s"].get<double>(), 0);

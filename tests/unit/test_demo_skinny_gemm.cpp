@@ -35,6 +35,10 @@ TEST(SkinnyGemm, SourceCompilesForAmpereAndHopperWithEveryVariantAndNoSpills) {
       EXPECT_EQ(out.cubin.find(p.kernel() + '\0') != std::string::npos, expected)
           << sm << (expected ? " lacks " : " has ") << p.kernel();
     }
+    // The LM head + argmax (SkinnyGemm::run_head_argmax), Hopper only.
+    for (const std::string name : {"kh_skinny_head_argmax_s6", "kh_skinny_head_argmax_norm_s6"})
+      EXPECT_EQ(out.cubin.find(name + '\0') != std::string::npos, std::string(sm) == "sm_90a")
+          << sm << " " << name;
   }
 }
 

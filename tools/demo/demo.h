@@ -112,6 +112,8 @@ struct DemoRun {
   bool decode_fused_silu = false;     // every MLP ran SiluAndMul in its gate/up GEMM
   bool decode_fused_qk_norm = false;  // every q/k/v GEMM normed and rotated q and k
   bool decode_fused_norm = false;     // every norm between projections folded into them
+  bool decode_fused_head = false;     // the LM head's epilogue took the greedy argmax
+  bool decode_head_norm = false;      // ... and the final norm was folded into it
   int decode_skinny_gemms = 0;        // the step's GEMMs on the runtime's skinny GEMM
   int decode_gemms = 0;               // the step's GEMMs
   std::string decode_cache_dtype;     // "bf16" or "fp32"

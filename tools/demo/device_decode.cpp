@@ -231,6 +231,8 @@ struct DeviceCausalLM::DecodeState {
   bool fused_qk_norm = false;  // ... and normed and rotated q and k in the q/k/v GEMM
   bool fused_silu = false;     // the last step's MLPs all took SiluAndMul in the gate/up GEMM
   bool fused_norm = false;     // ... and every norm between projections was folded into them
+  bool fused_head = false;     // the LM head and the greedy argmax ran as one GEMM (its epilogue)
+  bool fused_final_norm = false;  // ... with the final norm folded into it too
   // The folded norm (folds_norm()): the last residual-epilogue GEMM has added its output into h
   // and left the rows' sums of squares, a partial per 64-column tile of h, in norm_ss (fp32
   // [tiles, 64]).
@@ -394,6 +396,14 @@ bool DeviceCausalLM::decode_fuses_qk_norm() const {
 
 bool DeviceCausalLM::decode_fuses_norm() const {
   return decode_ && decode_->fused_norm;
+}
+
+bool DeviceCausalLM::decode_fuses_head() const {
+  return decode_ && decode_->fused_head;
+}
+
+bool DeviceCausalLM::decode_fuses_final_norm() const {
+  return decode_ && decode_->fused_head && decode_->fused_final_norm;
 }
 
 int DeviceCausalLM::decode_skinny_gemms() const {
@@ -876,11 +886,45 @@ void DeviceCausalLM::decode_launch() {
     DecodeRows all = d.rows(0, B);
     for (size_t l = 0; l < layers_.size(); ++l) decode_layer(l, all);
   }
+  if (decode_head_argmax()) return;
   const DeviceTensor none;  // the last down projection added into h (residual_in_h)
   add_norm(d.residual_in_h ? none : d.branch, d.h.view(d.h.shape()), *final_norm_, d.f, nullptr);
   decode_linear(d.f, *head_, nullptr, d.logits);
   d.kernels.argmax_advance(stream_, d.logits, 0, V, B, V, d.tokens, d.positions, d.seq_lens,
                            d.out_tokens, d.step, d.argmax_scratch);
+}
+
+// The step's end as one skinny GEMM where it takes it (DecodeFuse::kOn on Hopper, hidden <=
+// kSkinnyHeadMaxK): the LM head writes the logits and its epilogue the greedy tokens
+// (SkinnyGemm::run_head_argmax), with the final norm folded in where the last down projection
+// left the raw residual and its sums of squares (folds_norm), else after the norm kernel. False,
+// having launched nothing, where it does not take it.
+bool DeviceCausalLM::decode_head_argmax() {
+  DecodeState& d = *decode_;
+  d.fused_head = d.fused_final_norm = false;
+  if (!d.folds()) return false;
+  const DeviceTensor& W = run(*head_);
+  const SkinnyGreedy g{&d.tokens,     &d.positions, &d.seq_lens,
+                       &d.out_tokens, &d.step,      &d.argmax_scratch};
+  const DeviceTensor h = d.h.view(d.h.shape());
+  std::optional<SkinnyHeadNorm> norm;
+  if (d.residual_in_h && d.folds_norm()) {
+    norm = SkinnyHeadNorm{d.prenorm(cfg_.eps), &run(*final_norm_)};
+    if (!d.skinny->head_argmax_refusal(h, W, d.logits, g, &*norm).empty()) norm.reset();
+  }
+  if (!norm && !d.skinny->head_argmax_refusal(d.f, W, d.logits, g).empty()) return false;
+  if (!norm) {
+    const DeviceTensor none;
+    add_norm(d.residual_in_h ? none : d.branch, d.h.view(d.h.shape()), *final_norm_, d.f, nullptr);
+  }
+  ++d.gemms;
+  ++d.skinny_gemms;
+  timed(Phase::kGemm, [&] {
+    d.skinny->run_head_argmax(stream_, norm ? h : d.f, W, d.logits, g, norm ? &*norm : nullptr);
+  });
+  d.fused_head = true;
+  d.fused_final_norm = norm.has_value();
+  return true;
 }
 
 void DeviceCausalLM::decode_step(const int64_t* tokens, bool graph) {

@@ -14,6 +14,7 @@
 #include "kh_prelude.cuh"
 
 #include "device_reduce.cuh"  // after the prelude: it uses KH_DEV
+#include "greedy_argmax.cuh"
 
 #define KH_GLOBAL extern "C" __global__
 
@@ -109,27 +110,6 @@ KH_DEV void paged_decode(const T* q, const T* k_cache, const T* v_cache, const i
 // arrival advances *step; the last arrivals reset what they used, so the next launch (a graph
 // replay) finds zeros. scratch: batch keys, batch row counters, one row-done counter (zeroed
 // once by the caller).
-KH_DEV void argmax_take(float x, long long c, long long vocab, float& v, long long& idx) {
-  if (x > v || idx == vocab) {  // indices grow along a thread's walk: the first maximum stays
-    v = x;
-    idx = c;
-  }
-}
-
-// Whether candidate (ov, oi) beats (v, idx) (index vocab: no element seen).
-KH_DEV bool argmax_better(float ov, long long oi, float v, long long idx, long long vocab) {
-  return oi != vocab && (idx == vocab || ov > v || (ov == v && oi < idx));
-}
-
-// (v, idx) as one unsigned key whose order is the argmax's: the float's bits made monotonic as
-// an unsigned integer above, the complement of the index below (the lower index wins a tie).
-// Never 0, the empty key, for an index below 2^32 - 1.
-KH_DEV unsigned long long argmax_key(float v, long long idx) {
-  const unsigned int u = __float_as_uint(v);
-  const unsigned int ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return ((unsigned long long)ordered << 32) | (0xFFFFFFFFu - (unsigned int)idx);
-}
-
 template <typename T>
 KH_DEV void argmax_advance(const T* logits, long long row_stride, long long vocab,
                            long long* tokens, long long* positions, int* seq_lens,
@@ -202,13 +182,10 @@ KH_DEV void argmax_advance(const T* logits, long long row_stride, long long voca
     __threadfence();
     const unsigned long long k = atomicExch(key, 0ull);
     *row_count = 0;
-    idx = 0xFFFFFFFFu - (unsigned int)(k & 0xFFFFFFFFu);  // some split saw one: vocab >= 1
+    idx = argmax_key_index(k);  // some split saw one: vocab >= 1
   }
-  tokens[b] = idx;
-  positions[b] += 1;
-  seq_lens[b] += 1;
   const int s = *step;
-  if (s < out_cols) out_tokens[(long long)b * out_cols + s] = idx;
+  greedy_advance(b, idx, s, tokens, positions, seq_lens, out_tokens, out_cols);
   __threadfence();  // this row's read of *step before the count that lets the last row advance it
   if (atomicAdd(rows_done, 1u) != gridDim.y - 1) return;
   *rows_done = 0;

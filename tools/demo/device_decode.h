@@ -26,6 +26,7 @@
 #include "kernel_hub/kernel_hub.hpp"
 #include "tools/demo/device_tensor.h"
 #include "tools/demo/model_config.h"
+#include "tools/demo/skinny_gemm.h"  // greedy_scratch_elems: the LM head's argmax shares scratch
 
 namespace kh::demo {
 
@@ -115,7 +116,7 @@ class DecodeKernels {
                       int64_t row_stride, int64_t batch, int64_t vocab, DeviceTensor& tokens,
                       DeviceTensor& positions, DeviceTensor& seq_lens, DeviceTensor& out_tokens,
                       DeviceTensor& step, DeviceTensor& scratch);
-  static int64_t argmax_scratch_elems(int64_t batch) { return 2 * batch + 1; }
+  static int64_t argmax_scratch_elems(int64_t batch) { return greedy_scratch_elems(batch); }
 
  private:
   kh_device_function_t* typed(const std::string& base, const DeviceTensor& t);

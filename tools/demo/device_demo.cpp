@@ -84,6 +84,8 @@ void decode(Runtime& rt, DeviceCausalLM& model, BigramData& data, const DemoOpti
   run.decode_fused_silu = model.decode_fuses_silu();
   run.decode_fused_qk_norm = model.decode_fuses_qk_norm();
   run.decode_fused_norm = model.decode_fuses_norm();
+  run.decode_fused_head = model.decode_fuses_head();
+  run.decode_head_norm = model.decode_fuses_final_norm();
   run.decode_skinny_gemms = model.decode_skinny_gemms();
   run.decode_gemms = model.decode_gemms();
   // A bound package that refused the model (head_dim) leaves its bf16 cache to the runtime.

@@ -155,6 +155,10 @@ class DeviceCausalLM {
   // ... and every residual add + RMSNorm between two projections was folded into them (the o and
   // down GEMMs add into the residual, the gate/up and next q/k/v GEMMs norm it as they load it).
   bool decode_fuses_norm() const;
+  // Whether the last decode step's LM head ran the greedy argmax as its epilogue (one launch
+  // for the logits and the tokens; Hopper, DecodeFuse::kOn), and the final norm with it.
+  bool decode_fuses_head() const;
+  bool decode_fuses_final_norm() const;
   // How many of the last decode step's GEMMs ran on the runtime's skinny GEMM (DecodeGemm).
   int decode_skinny_gemms() const;
   int decode_gemms() const;  // all of the last decode step's GEMMs
@@ -286,6 +290,7 @@ class DeviceCausalLM {
   void fold_norm_weights();  // DecodeState's folded-norm weights, when the weights changed
   void decode_gate_up(const Layer& L, DecodeRows& r);  // its o, norm and gate/up, unfolded
   void decode_linear(const DeviceTensor& x, const Param& w, const Param* bias, DeviceTensor& y);
+  bool decode_head_argmax();  // the LM head and argmax in one launch, where it takes them
   void decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4,
                      const DecodeRows& r);
   void decode_attend(size_t layer, const DeviceTensor& q4, DeviceTensor& out4, DecodeRows& r);

@@ -29,4 +29,21 @@ struct KhSkinnyNorm {
   float eps;
 };
 
+// The greedy decode step that the LM head's argmax epilogue ends (kh_skinny_head_argmax_*), as
+// kh_argmax_advance takes it: each row's token goes to tokens[m] (the next step's input) and to
+// out_tokens[m * out_cols + *step] (when *step < out_cols), positions[m] and seq_lens[m] advance,
+// then *step; scratch is that kernel's too (a key per row, then counters; zero between launches).
+// norm_w: the final RMSNorm's bf16 weight [K] (the _norm kernel, whose x is the raw residual),
+// else null.
+struct KhSkinnyGreedy {
+  long long* tokens;
+  long long* positions;
+  int* seq_lens;
+  long long* out_tokens;
+  int* step;
+  unsigned long long* scratch;
+  const void* norm_w;
+  int out_cols;
+};
+
 #endif  // KH_DEMO_SKINNY_EPILOGUE_H_

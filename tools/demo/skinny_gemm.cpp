@@ -204,6 +204,15 @@ std::string skinny_plan_refusal(const SkinnyPlan& plan, int64_t K) {
   return {};
 }
 
+namespace {
+
+// The LM head + argmax kernels (skinny_gemm.cu's KH_SKINNY_HEAD_KERNEL lines).
+std::string head_kernel(bool norm) {
+  return fmt::format("kh_skinny_head_argmax_{}s{}", norm ? "norm_" : "", kSkinnyHeadStages);
+}
+
+}  // namespace
+
 SkinnyGemm::SkinnyGemm(int device, DevicePool& pool)
     : module_(device, "demo_skinny_gemm", skinny_gemm_source()), pool_(pool) {
   const kh_device_info_t info = device_info(device);
@@ -211,9 +220,11 @@ SkinnyGemm::SkinnyGemm(int device, DevicePool& pool)
   multiprocessors_ = info.multiprocessors;
   for (const SkinnyPlan& p : skinny_variants())
     if (!p.wgmma || wgmma_) module_.function(p.kernel());  // fail early
-  if (wgmma_)
+  if (wgmma_) {
     for (const EpilogueVariant& v : kEpilogueVariants)
       module_.function(SkinnyPlan{v.n_tile, v.stages, 1, true, v.epilogue, v.prenorm}.kernel());
+    for (bool norm : {false, true}) module_.function(head_kernel(norm));
+  }
 }
 
 SkinnyPlan SkinnyGemm::default_plan(int64_t M, int64_t N, int64_t K) const {
@@ -458,6 +469,71 @@ void SkinnyGemm::launch_plan(DeviceStream& stream, const DeviceTensor& x, const 
     cfg.cluster[2] = 1;
   }
   launch(module_.function(plan.kernel()), cfg, args, stream);
+}
+
+std::string SkinnyGemm::head_argmax_refusal(const DeviceTensor& x, const DeviceTensor& w,
+                                            const DeviceTensor& y, const SkinnyGreedy& g,
+                                            const SkinnyHeadNorm* norm) const {
+  if (!wgmma_)
+    return fmt::format("the LM head + argmax is a Hopper (sm_90) kernel; device {} is not one",
+                       module_.device());
+  if (std::string why = refusal(x, w, y); !why.empty()) return why;
+  const int64_t N = w.dim(0), K = w.dim(1), M = x.numel() / K;
+  if (K > kSkinnyHeadMaxK)
+    return fmt::format("w {}: K = {}; x [64, K] must fit in shared memory (K <= {})", w.describe(),
+                       K, kSkinnyHeadMaxK);
+  if (N >= 0xFFFFFFFFll) return fmt::format("w {}: fewer than 2^32 - 1 rows taken", w.describe());
+  const int dev = x.device();
+  auto is = [&](const DeviceTensor* t, DLDataType dtype, int64_t numel) {
+    return t && t->device() == dev && same_dtype(t->dtype(), dtype) && t->numel() == numel;
+  };
+  if (!is(g.tokens, kI64, M) || !is(g.positions, kI64, M) || !is(g.seq_lens, kI32, M) ||
+      !is(g.step, kI32, 1) || !g.out_tokens || g.out_tokens->device() != dev ||
+      !same_dtype(g.out_tokens->dtype(), kI64) || g.out_tokens->ndim() != 2 ||
+      g.out_tokens->dim(0) != M || !g.scratch || g.scratch->device() != dev ||
+      !same_dtype(g.scratch->dtype(), kI64) || g.scratch->numel() < greedy_scratch_elems(M))
+    return fmt::format(
+        "the greedy step's state on device {}: int64 tokens and positions [{}], int32 seq_lens "
+        "[{}], int64 out_tokens [{}, columns], int32 step [1] and int64 scratch of at least {} "
+        "taken",
+        dev, M, M, M, greedy_scratch_elems(M));
+  if (!norm) return {};
+  if (!norm->weight || norm->weight->device() != dev || !same_dtype(norm->weight->dtype(), kBF16) ||
+      norm->weight->numel() != K)
+    return fmt::format("the final norm's weight ({}): bfloat16 [{}] on device {} taken",
+                       norm->weight ? norm->weight->describe() : "none", K, dev);
+  return prenorm_refusal(x, K, &norm->sums);
+}
+
+void SkinnyGemm::run_head_argmax(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                                 DeviceTensor& y, const SkinnyGreedy& g,
+                                 const SkinnyHeadNorm* norm) {
+  if (std::string why = head_argmax_refusal(x, w, y, g, norm); !why.empty()) invalid(why);
+  int N = static_cast<int>(w.dim(0)), K = static_cast<int>(w.dim(1));
+  int M = static_cast<int>(x.numel() / K);
+  const void *xp = x.data(), *wp = w.data();
+  void* yp = y.data();
+  KhSkinnyNorm nf{};
+  if (norm) nf = {static_cast<float*>(norm->sums.ss->data()), norm->sums.ss_tiles, norm->sums.eps};
+  KhSkinnyGreedy greedy{static_cast<long long*>(g.tokens->data()),
+                        static_cast<long long*>(g.positions->data()),
+                        static_cast<int*>(g.seq_lens->data()),
+                        static_cast<long long*>(g.out_tokens->data()),
+                        static_cast<int*>(g.step->data()),
+                        static_cast<unsigned long long*>(g.scratch->data()),
+                        norm ? norm->weight->data() : nullptr,
+                        static_cast<int>(g.out_tokens->dim(1))};
+  void* args[] = {&xp, &wp, &yp, &M, &N, &K, &nf, &greedy};
+  // x's tiles, the stages, the rows' rstd and the last-CTA flag (skinny_gemm.cu).
+  const auto shared = static_cast<uint32_t>(K / kBK * kBM * kBK * 2 +
+                                            kSkinnyHeadStages * 128 * kBK * 2 + kBM * 4 + 16);
+  const int64_t tiles = (N + 127) / 128;
+  kh_launch_cfg_t cfg = launch_cfg(
+      module_.device(),
+      {static_cast<uint32_t>(std::min<int64_t>(tiles, std::max(1, multiprocessors_))), 1, 1},
+      {kThreads, 1, 1}, shared);
+  cfg.flags = KH_LAUNCH_PDL;
+  launch(module_.function(head_kernel(norm != nullptr)), cfg, args, stream);
 }
 
 }  // namespace kh::demo

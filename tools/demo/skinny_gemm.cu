@@ -38,6 +38,7 @@
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KH_SKINNY_WGMMA 1
 #include "cluster.cuh"
+#include "greedy_argmax.cuh"
 #include "wgmma.cuh"
 #endif
 
@@ -542,6 +543,156 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
   kh_cluster_sync();  // no CTA leaves while another still reads its shared memory
 }
 
+// The LM head of a greedy decode step with the argmax as its epilogue: y [M, N] = x . W^T in bf16
+// (the logits, as the plain kernels write them) and each row's first index of its largest bf16
+// logit, which ends the step as kh_argmax_advance does (KhSkinnyGreedy). Persistent, one CTA an
+// SM (its shared memory): the CTA keeps all of x [64 rows, K] in shared memory and walks output
+// tiles blockIdx.x, + gridDim.x, ... of BN = 128 columns, the W tiles [128, 64 k] streaming
+// through STAGES stages without a break between tiles. Only weight bytes stream: the tiled
+// kernels reload x for every tile, as many bytes as the weights at 64 rows. Each thread keeps its
+// two rows' best (value, index) across its tiles; at the end the CTA's rows meet in scratch by
+// atomicMax of argmax_key, and the last CTA to finish writes every row's token and advances.
+// NORM: x is the raw residual stream and the final RMSNorm is applied to it in shared memory,
+// bf16(x * rstd * norm_w) as the norm package writes it, rstd from the residual epilogue's sums
+// of squares (nf), so the step launches no norm kernel before its LM head.
+template <int STAGES, bool NORM>
+KH_DEV void skinny_head_argmax(const kh_bf16* __restrict__ x, const kh_bf16* __restrict__ w,
+                               kh_bf16* __restrict__ y, int M, int N, int K, const NormFold& nf,
+                               const KhSkinnyGreedy& g) {
+  constexpr int BN = 128;
+  constexpr kh_u32 kXTile = kBM * kBK * 2, kWTile = BN * kBK * 2;
+  extern __shared__ __align__(1024) unsigned char wg_smem[];
+  const kh_u32 base = kh_smem_addr(wg_smem);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int nc = K / kBK;  // x tiles, and W stages a tile
+  const int tiles = (N + BN - 1) / BN;
+  const int mine = (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+  const int total = mine * nc;  // the W stages this CTA streams
+  const kh_u32 x_tiles = base, w_stages = base + nc * kXTile;
+  float* rstd = reinterpret_cast<float*>(wg_smem + nc * kXTile + STAGES * kWTile);
+  int* last_cta = reinterpret_cast<int*>(rstd + kBM);
+  // Stage s of the walk: chunk s % nc of tile blockIdx.x + (s / nc) * gridDim.x.
+  auto tile_col = [&](int s) { return ((int)blockIdx.x + (s / nc) * (int)gridDim.x) * BN; };
+  auto load_w = [&](int s) {
+    const int n0 = tile_col(s);
+    kh_load_tile<BN, kBK, kThreads>(w_stages + (s % STAGES) * kWTile,
+                                    w + (long long)n0 * K + (s % nc) * kBK, K, 0, N - n0, tid);
+  };
+  // The first stages' weights before griddepcontrol.wait, x after it: all of it in the first
+  // commit group, the other STAGES - 2 groups empty (the loop waits for STAGES - 2 pending).
+  for (int s = 0; s < STAGES - 1; ++s)
+    if (s < total) load_w(s);
+  kh_pdl_wait();
+  for (int c = 0; c < nc; ++c)
+    kh_load_tile<kBM, kBK, kThreads>(x_tiles + c * kXTile, x + c * kBK, K, 0, M, tid);
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) kh_cp_async_commit();
+  if constexpr (NORM) {
+    prenorm_rstd(nf, M, K, rstd);
+    kh_cp_async_wait<STAGES - 2>();  // x has landed
+    __syncthreads();                 // ... for every thread; and rstd is written
+    // Thread t takes 16-byte chunks t, t + 128, ... of a row (8 k-values) down every row.
+    const kh_bf16* nw = static_cast<const kh_bf16*>(g.norm_w);
+    for (int ck = tid; ck < K / 8; ck += kThreads) {
+      float wf[8];
+      kh_unpack<kh_bf16, 8>(kh_load_raw<kh_bf16, 8, KH_LOAD_PLAIN>(nw + ck * 8), wf);
+      const kh_u32 tile_chunk = x_tiles + (ck / kChunks) * kXTile;
+      for (int r = 0; r < M; ++r) {
+        const kh_u32 a = tile_chunk + kh_swz<kChunks>(r, ck % kChunks);
+        kh_u32 v[4];
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                     : "r"(a));
+        const float f = rstd[r];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float x0, x1;
+          kh_unpack2<kh_bf16>(v[j], x0, x1);
+          v[j] = kh_pack2<kh_bf16>(x0 * f * wf[2 * j], x1 * f * wf[2 * j + 1]);
+        }
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v[0]), "r"(v[1]),
+                     "r"(v[2]), "r"(v[3]));
+      }
+    }
+    kh_fence_proxy_async();  // the normed x, visible to wgmma's reads (after the loop's barrier)
+  }
+
+  const int row = warp * 16 + (lane >> 2), col = (lane & 3) * 2;
+  float acc[BN / 2];
+  float best_v[2] = {0.f, 0.f};
+  long long best_i[2] = {N, N};  // N: no column seen
+  for (int s = 0; s < total; ++s) {
+    kh_cp_async_wait<STAGES - 2>();
+    kh_fence_proxy_async();  // this thread's cp.async writes, visible to wgmma's reads
+    __syncthreads();         // ... every thread's; and every wgmma of stage s - 1 is done
+    if (s + STAGES - 1 < total) load_w(s + STAGES - 1);
+    kh_cp_async_commit();
+    const int c = s % nc;
+    const kh_u32 xs = x_tiles + c * kXTile, ws = w_stages + (s % STAGES) * kWTile;
+    kh_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk)
+      kh_wgmma_ss<kh_bf16, BN>(acc, kh_wgmma_desc(xs + kk * 32, 16, 1024),
+                               kh_wgmma_desc(ws + kk * 32, 16, 1024), c > 0 || kk > 0);
+    kh_wgmma_commit();
+    kh_wgmma_wait<0>();
+    if (c != nc - 1) continue;
+    // The tile's logits, rounded to bf16 as written, and the rows' best of them (columns in
+    // ascending order along the walk: the first maximum stays). acc[4 i + 2 h + j]: row row + 8 h,
+    // column 8 i + col + j.
+    const int n0 = tile_col(s);
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = row + 8 * h, n = n0 + 8 * i + col;
+        if (n >= N) continue;  // N is a multiple of 8: n < N covers n + 1
+        const kh_u32 pair = kh_pack2<kh_bf16>(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+        if (m < M) *reinterpret_cast<kh_u32*>(y + (long long)m * N + n) = pair;
+        float v0, v1;
+        kh_unpack2<kh_bf16>(pair, v0, v1);
+        argmax_take(v0, n, N, best_v[h], best_i[h]);
+        argmax_take(v1, n + 1, N, best_v[h], best_i[h]);
+      }
+  }
+  kh_cp_async_wait<0>();
+  kh_pdl_launch_dependents();
+
+  // A row's columns are the four lanes of a quad: their bests meet by two shuffles, then the
+  // CTAs' in scratch.
+  unsigned int* ctas_done = reinterpret_cast<unsigned int*>(g.scratch + 2 * M);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      const float ov = __shfl_xor_sync(0xFFFFFFFFu, best_v[h], off);
+      const long long oi = __shfl_xor_sync(0xFFFFFFFFu, best_i[h], off);
+      if (argmax_better(ov, oi, best_v[h], best_i[h], N)) {
+        best_v[h] = ov;
+        best_i[h] = oi;
+      }
+    }
+    const int m = row + 8 * h;
+    if ((lane & 3) == 0 && m < M && best_i[h] != N)
+      atomicMax(g.scratch + m, argmax_key(best_v[h], best_i[h]));
+  }
+  __threadfence();  // this thread's keys before the CTA's count
+  __syncthreads();
+  if (tid == 0) *last_cta = atomicAdd(ctas_done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!*last_cta) return;
+  __threadfence();  // every CTA's keys, seen after their counts
+  const int step = *g.step;
+  if (tid < M)
+    greedy_advance(tid, argmax_key_index(atomicExch(g.scratch + tid, 0ull)), step, g.tokens,
+                   g.positions, g.seq_lens, g.out_tokens, g.out_cols);
+  __syncthreads();  // every row has read *step
+  if (tid == 0) {
+    *ctas_done = 0;
+    *g.step = step + 1;
+  }
+}
+
 #endif  // KH_SKINNY_WGMMA
 
 }  // namespace
@@ -585,4 +736,14 @@ KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_qknr_pn_n2_s3, 128, 3, kEpiQkNormRope, tr
 KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_qknr_pn_n2_s4, 128, 4, kEpiQkNormRope, true)
 // The o and down projections adding into the residual stream (a norm's producer).
 KH_SKINNY_WGMMA_KERNEL(kh_skinny_wgmma_res_n1_s4, 64, 4, kEpiResidual, false)
+// The LM head with the greedy argmax (skinny_gemm.h's kSkinnyHeadStages; _norm: the final norm
+// applied to x in shared memory).
+#define KH_SKINNY_HEAD_KERNEL(NAME, STAGES, NORM)                                                  \
+  KH_GLOBAL void __launch_bounds__(kThreads, 1)                                                    \
+      NAME(const kh_bf16* x, const kh_bf16* w, kh_bf16* y, int M, int N, int K, const NormFold nf, \
+           const KhSkinnyGreedy g) {                                                               \
+    skinny_head_argmax<STAGES, NORM>(x, w, y, M, N, K, nf, g);                                     \
+  }
+KH_SKINNY_HEAD_KERNEL(kh_skinny_head_argmax_s6, 6, false)
+KH_SKINNY_HEAD_KERNEL(kh_skinny_head_argmax_norm_s6, 6, true)
 #endif

@@ -128,6 +128,35 @@ struct SkinnyPrenorm {
   float eps = 1e-6f;
 };
 
+// The LM head of a greedy decode step with the argmax as its epilogue (SkinnyGemm::run_head_argmax):
+// persistent CTAs, one an SM, each holding x [64, K] in shared memory beside kSkinnyHeadStages
+// stages of 128 x 64 weights, so K is at most kSkinnyHeadMaxK.
+inline constexpr int kSkinnyHeadStages = 6;
+inline constexpr int64_t kSkinnyHeadMaxK = 1024;
+// Its scratch, and the greedy argmax kernel's (DecodeKernels::argmax_scratch_elems): int64, a key
+// per row, then counters; zero between launches (each launch leaves it so).
+inline int64_t greedy_scratch_elems(int64_t rows) {
+  return 2 * rows + 1;
+}
+// The decode state the greedy step advances (DecodeKernels::argmax_advance's operands): int64
+// tokens [M] (the next step's input), int64 positions [M] and int32 seq_lens [M] (+ 1), int64
+// out_tokens [M, cols] (column *step gets the token while step < cols), int32 step [1] (+ 1),
+// and the scratch.
+struct SkinnyGreedy {
+  DeviceTensor* tokens = nullptr;
+  DeviceTensor* positions = nullptr;
+  DeviceTensor* seq_lens = nullptr;
+  DeviceTensor* out_tokens = nullptr;
+  DeviceTensor* step = nullptr;
+  DeviceTensor* scratch = nullptr;
+};
+// The final RMSNorm before the LM head, folded into it: x is the raw residual stream, `sums` the
+// residual epilogue's sums of squares (SkinnyPrenorm), `weight` the norm's bf16 weight [K].
+struct SkinnyHeadNorm {
+  SkinnyPrenorm sums;
+  const DeviceTensor* weight = nullptr;
+};
+
 class SkinnyGemm {
  public:
   // Compiles (or finds in the JIT cache) the kernels for `device`; the split-K workspace comes
@@ -199,6 +228,17 @@ class SkinnyGemm {
   int run_residual(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                    const DeviceTensor* bias, DeviceTensor& h, DeviceTensor& ss,
                    const SkinnyPlan& plan);
+
+  // y [M, N] = x . w^T (bf16 logits) and each row's first index of its largest logit, which
+  // ends the decode step as DecodeKernels::argmax_advance does (SkinnyGreedy): a greedy step's
+  // LM head and argmax in one launch; with `norm`, the final RMSNorm too (x is then the raw
+  // residual). Hopper only, K <= kSkinnyHeadMaxK; head_argmax_refusal() says why not.
+  std::string head_argmax_refusal(const DeviceTensor& x, const DeviceTensor& w,
+                                  const DeviceTensor& y, const SkinnyGreedy& g,
+                                  const SkinnyHeadNorm* norm = nullptr) const;
+  void run_head_argmax(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
+                       DeviceTensor& y, const SkinnyGreedy& g,
+                       const SkinnyHeadNorm* norm = nullptr);
 
  private:
   // The checked launch of `plan` for y [M, N] (N: y's columns) from x [M, K]; `qknr`: the

@@ -269,7 +269,7 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
     if (run.decoded) {
       ctx.say(fmt::format(
           "decode ({} cache, {}, {}): {} sequences x {}-token prompts + {} tokens: {:.0f} "
-          "tokens/s, {:.3f} ms per step ({} timed steps{}{}{}{}{}{}{})",
+          "tokens/s, {:.3f} ms per step ({} timed steps{}{}{}{}{}{}{}{})",
           run.decode_cache_dtype, run.decode_graph ? "CUDA graph" : "eager",
           run.decode_package ? "PagedAttention from the package" : "the runtime's attention",
           run.decode_batch, run.decode_prompt, run.decode_generated, run.decode_tokens_per_s,
@@ -280,6 +280,9 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
           run.decode_fused_qk_norm ? ", q/k norms and RoPE in the q/k/v GEMM" : "",
           run.decode_fused_silu ? ", SiluAndMul in the gate/up GEMM" : "",
           run.decode_fused_norm ? ", the add + norms between projections in their GEMMs" : "",
+          !run.decode_fused_head ? ""
+          : run.decode_head_norm ? ", the final norm and greedy argmax in the LM head's GEMM"
+                                 : ", the greedy argmax in the LM head's GEMM",
           run.decode_skinny_gemms
               ? fmt::format(", {} of {} GEMMs skinny", run.decode_skinny_gemms, run.decode_gemms)
               : ""));
