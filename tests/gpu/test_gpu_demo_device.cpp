@@ -225,6 +225,21 @@ TEST_F(GpuDemoDevice, ResidualAddAndCasts) {
   }
 }
 
+// accumulate (a package's bf16 weight gradient into the fp32 one): acc + float(d) rounded once,
+// bit for bit what a cast and an add give; wrong dtypes and shapes refused.
+TEST_F(GpuDemoDevice, AccumulateIsACastThenAnAdd) {
+  const int64_t n = 1003;
+  const std::vector<float> acc = randn(n, 14), d = randn(n, 15, 100.f);
+  DeviceTensor dacc = upload(acc, {n});
+  const DeviceTensor dd = to_bf16(upload(d, {n}));
+  kernels_->accumulate(*stream_, dacc, dd);
+  const std::vector<float> got = download(dacc), wide = download(to_f32(dd));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], acc[i] + wide[i]) << i;
+  DeviceTensor f32_d = upload(d, {n}), short_acc = empty({n - 1});
+  EXPECT_THROW(kernels_->accumulate(*stream_, dacc, f32_d), Error) << "an fp32 d";
+  EXPECT_THROW(kernels_->accumulate(*stream_, short_acc, dd), Error) << "another shape";
+}
+
 // scale_columns (a norm's weight folded into the weight after it): out[r, c] = x[r, c] * s[c],
 // rounded once, fp32 exact and bf16 to the nearest of the fp32 product; wrong shapes refused.
 TEST_F(GpuDemoDevice, ScaleColumnsRoundsTheProductOnce) {

@@ -29,7 +29,7 @@ KINDS = [
     ("GEMM (cuBLASLt)", ("nvjet", "gemm", "xmma", "cutlass", "cublas", "splitKreduce")),
     # The runtime's own kernels for layers no package serves (tools/demo/device_*.cu).
     ("runtime fallbacks", ("kh_rms_norm", "kh_rotary", "kh_silu_and_mul", "kh_paged_append",
-                           "kh_add_", "kh_bias_add", "kh_cast_")),
+                           "kh_add_", "kh_bias_add", "kh_cast_", "kh_accumulate_")),
     ("hub kernels", ("norm_", "rope_", "qk_norm_rope", "qknr_", "act_", "paged_kv_append", "lce_",
                      "ce_fwd", "ce_bwd", "ce_train", "softmax_")),
 ]

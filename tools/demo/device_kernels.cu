@@ -441,6 +441,11 @@ KH_GLOBAL void kh_cast_f32_to_bf16(const float* in, kh_bf16* out, long long n) {
   cast(in, out, n);
 }
 
+// acc (fp32) += d (bf16), one rounding: a package's bf16 weight gradient into the fp32 one.
+KH_GLOBAL void kh_accumulate_bf16_into_f32(float* acc, const kh_bf16* d, long long n) {
+  for (long long i = global_index(); i < n; i += global_stride()) acc[i] += kh_to_float(d[i]);
+}
+
 // AdamW on fp32 master weights, torch.optim.AdamW's arithmetic as CausalLM::adam_step computes
 // it: w = w * decay - step * m / (sqrt(v) / c2_sqrt + eps), step = lr / (1 - beta1^t),
 // c2_sqrt = sqrt(1 - beta2^t), decay = 1 - lr * weight_decay (the host computes the scalars).

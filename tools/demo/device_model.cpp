@@ -238,9 +238,7 @@ void DeviceCausalLM::add_grad(DeviceTensor& gradient, const DeviceTensor& d) {
     kernels_.add(stream_, gradient, d, gradient);
     return;
   }
-  DeviceTensor wide = empty(d.shape());
-  kernels_.cast(stream_, d, wide);
-  kernels_.add(stream_, gradient, wide, gradient);
+  kernels_.accumulate(stream_, gradient, d);
 }
 
 void DeviceCausalLM::ensure_grads() {
