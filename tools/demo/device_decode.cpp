@@ -886,9 +886,10 @@ void DeviceCausalLM::decode_launch() {
     DecodeRows all = d.rows(0, B);
     for (size_t l = 0; l < layers_.size(); ++l) decode_layer(l, all);
   }
-  if (decode_head_argmax()) return;
+  if (decode_head_argmax(/*fold_norm=*/true)) return;
   const DeviceTensor none;  // the last down projection added into h (residual_in_h)
   add_norm(d.residual_in_h ? none : d.branch, d.h.view(d.h.shape()), *final_norm_, d.f, nullptr);
+  if (decode_head_argmax(/*fold_norm=*/false)) return;
   decode_linear(d.f, *head_, nullptr, d.logits);
   d.kernels.argmax_advance(stream_, d.logits, 0, V, B, V, d.tokens, d.positions, d.seq_lens,
                            d.out_tokens, d.step, d.argmax_scratch);
@@ -896,34 +897,26 @@ void DeviceCausalLM::decode_launch() {
 
 // The step's end as one skinny GEMM where it takes it (DecodeFuse::kOn on Hopper, hidden <=
 // kSkinnyHeadMaxK): the LM head writes the logits and its epilogue the greedy tokens
-// (SkinnyGemm::run_head_argmax), with the final norm folded in where the last down projection
-// left the raw residual and its sums of squares (folds_norm), else after the norm kernel. False,
-// having launched nothing, where it does not take it.
-bool DeviceCausalLM::decode_head_argmax() {
+// (SkinnyGemm::run_head_argmax). fold_norm: from the raw residual, the final norm folded in, where
+// the last down projection left it and its sums of squares (folds_norm); else from the normed
+// rows. False, having launched nothing, where it does not take them.
+bool DeviceCausalLM::decode_head_argmax(bool fold_norm) {
   DecodeState& d = *decode_;
   d.fused_head = d.fused_final_norm = false;
-  if (!d.folds()) return false;
+  if (!d.folds() || (fold_norm && !(d.residual_in_h && d.folds_norm()))) return false;
   const DeviceTensor& W = run(*head_);
   const SkinnyGreedy g{&d.tokens,     &d.positions, &d.seq_lens,
                        &d.out_tokens, &d.step,      &d.argmax_scratch};
-  const DeviceTensor h = d.h.view(d.h.shape());
+  const DeviceTensor& x = fold_norm ? d.h : d.f;
   std::optional<SkinnyHeadNorm> norm;
-  if (d.residual_in_h && d.folds_norm()) {
-    norm = SkinnyHeadNorm{d.prenorm(cfg_.eps), &run(*final_norm_)};
-    if (!d.skinny->head_argmax_refusal(h, W, d.logits, g, &*norm).empty()) norm.reset();
-  }
-  if (!norm && !d.skinny->head_argmax_refusal(d.f, W, d.logits, g).empty()) return false;
-  if (!norm) {
-    const DeviceTensor none;
-    add_norm(d.residual_in_h ? none : d.branch, d.h.view(d.h.shape()), *final_norm_, d.f, nullptr);
-  }
+  if (fold_norm) norm = SkinnyHeadNorm{d.prenorm(cfg_.eps), &run(*final_norm_)};
+  const SkinnyHeadNorm* n = norm ? &*norm : nullptr;
+  if (!d.skinny->head_argmax_refusal(x, W, d.logits, g, n).empty()) return false;
   ++d.gemms;
   ++d.skinny_gemms;
-  timed(Phase::kGemm, [&] {
-    d.skinny->run_head_argmax(stream_, norm ? h : d.f, W, d.logits, g, norm ? &*norm : nullptr);
-  });
+  timed(Phase::kGemm, [&] { d.skinny->run_head_argmax(stream_, x, W, d.logits, g, n); });
   d.fused_head = true;
-  d.fused_final_norm = norm.has_value();
+  d.fused_final_norm = fold_norm;
   return true;
 }
 

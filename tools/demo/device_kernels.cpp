@@ -556,6 +556,15 @@ void DeviceKernels::adamw(DeviceStream& s, DeviceTensor& w, const DeviceTensor& 
       {&wp, &gp, &mp, &vp, &bp, &n, &k.beta1, &k.beta2, &k.lr_step, &k.c2_sqrt, &k.decay, &k.eps});
 }
 
+namespace {
+
+// CTAs of kh_adamw_multi_f32 for a tensor of n elements.
+long long adamw_ctas(long long n) {
+  return (n + KH_ADAMW_CHUNK - 1) / KH_ADAMW_CHUNK;
+}
+
+}  // namespace
+
 std::vector<KhAdamwTensor> DeviceKernels::adamw_table(const std::vector<AdamwParam>& params) {
   static_assert(KH_ADAMW_CHUNK == kThreads * 16,
                 "a CTA of kh_adamw_multi_f32: 4 x 4 elements a thread");
@@ -567,7 +576,7 @@ std::vector<KhAdamwTensor> DeviceKernels::adamw_table(const std::vector<AdamwPar
     if (n == 0) continue;  // no CTA: the kernel's search would never land on it
     table.push_back({p.w->data_as<float>(), p.g->data_as<const float>(), p.m->data_as<float>(),
                      p.v->data_as<float>(), p.w_bf16 ? p.w_bf16->data() : nullptr, n, blocks});
-    blocks += (n + KH_ADAMW_CHUNK - 1) / KH_ADAMW_CHUNK;
+    blocks += adamw_ctas(n);
   }
   expect(blocks <= 0x7FFFFFFF, "adamw",
          fmt::format("{} CTAs of {} elements: more than one launch takes", blocks, KH_ADAMW_CHUNK));
@@ -583,7 +592,7 @@ void DeviceKernels::adamw_multi(DeviceStream& s, const DeviceTensor& table,
          fmt::format("the device table is {} bytes; {} entries take {}", table.bytes(),
                      entries.size(), entries.size() * sizeof(KhAdamwTensor)));
   const KhAdamwTensor& last = entries.back();
-  const long long blocks = last.first_block + (last.n + KH_ADAMW_CHUNK - 1) / KH_ADAMW_CHUNK;
+  const long long blocks = last.first_block + adamw_ctas(last.n);
   const void* tp = table.data();
   int count = static_cast<int>(entries.size());
   launch(s, fn("kh_adamw_multi_f32"), static_cast<uint32_t>(blocks), 1, 1, 0,

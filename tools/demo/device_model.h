@@ -290,7 +290,7 @@ class DeviceCausalLM {
   void fold_norm_weights();  // DecodeState's folded-norm weights, when the weights changed
   void decode_gate_up(const Layer& L, DecodeRows& r);  // its o, norm and gate/up, unfolded
   void decode_linear(const DeviceTensor& x, const Param& w, const Param* bias, DeviceTensor& y);
-  bool decode_head_argmax();  // the LM head and argmax in one launch, where it takes them
+  bool decode_head_argmax(bool fold_norm);  // the LM head and argmax in one launch, if taken
   void decode_append(size_t layer, const DeviceTensor& k4, const DeviceTensor& v4,
                      const DecodeRows& r);
   void decode_attend(size_t layer, const DeviceTensor& q4, DeviceTensor& out4, DecodeRows& r);

@@ -525,9 +525,9 @@ void SkinnyGemm::run_head_argmax(DeviceStream& stream, const DeviceTensor& x, co
                         static_cast<int>(g.out_tokens->dim(1))};
   void* args[] = {&xp, &wp, &yp, &M, &N, &K, &nf, &greedy};
   // x's tiles, the stages, the rows' rstd and the last-CTA flag (skinny_gemm.cu).
-  const auto shared = static_cast<uint32_t>(K / kBK * kBM * kBK * 2 +
-                                            kSkinnyHeadStages * 128 * kBK * 2 + kBM * 4 + 16);
-  const int64_t tiles = (N + 127) / 128;
+  const auto shared = static_cast<uint32_t>(
+      K / kBK * kBM * kBK * 2 + kSkinnyHeadStages * kSkinnyHeadTile * kBK * 2 + kBM * 4 + 16);
+  const int64_t tiles = (N + kSkinnyHeadTile - 1) / kSkinnyHeadTile;
   kh_launch_cfg_t cfg = launch_cfg(
       module_.device(),
       {static_cast<uint32_t>(std::min<int64_t>(tiles, std::max(1, multiprocessors_))), 1, 1},

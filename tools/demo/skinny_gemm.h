@@ -132,6 +132,7 @@ struct SkinnyPrenorm {
 // persistent CTAs, one an SM, each holding x [64, K] in shared memory beside kSkinnyHeadStages
 // stages of 128 x 64 weights, so K is at most kSkinnyHeadMaxK.
 inline constexpr int kSkinnyHeadStages = 6;
+inline constexpr int64_t kSkinnyHeadTile = 128;  // vocabulary columns a tile (skinny_gemm.cu's BN)
 inline constexpr int64_t kSkinnyHeadMaxK = 1024;
 // Its scratch, and the greedy argmax kernel's (DecodeKernels::argmax_scratch_elems): int64, a key
 // per row, then counters; zero between launches (each launch leaves it so).
