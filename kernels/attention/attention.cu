@@ -247,7 +247,15 @@ __device__ __forceinline__ void attn_bwd_post(const kh_attn_bwd_params& p) {
   const float* src = p.dq_accum + row * D + d0;
   T* dq = (T*)p.dq + t * p.dq_row + (kh_i64)h * p.dq_head + d0;
   float f[V];
-  if (((unsigned long long)src & 15) == 0) {
+  static_assert(V == 8, "two 16-byte chunks a thread");
+  if (p.dq_heads_major) {
+    // The Hopper backward's rows (attention_params.h): chunks d0 / 4 and d0 / 4 + 1 of row t.
+    const float* r = p.dq_accum + ((kh_i64)h * p.tokens_q + t) * D;
+    const int c = (d0 >> 2) ^ (int)(t & 7);
+    const float4 a = *reinterpret_cast<const float4*>(r + 4 * c);
+    const float4 b = *reinterpret_cast<const float4*>(r + 4 * (c ^ 1));
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  } else if (((unsigned long long)src & 15) == 0) {
     const float4 a = *reinterpret_cast<const float4*>(src);
     const float4 b = *reinterpret_cast<const float4*>(src + 4);
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;

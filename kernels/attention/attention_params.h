@@ -210,14 +210,17 @@ struct kh_attn_bwd_params {
   void* dq;
   void* dk;  // [tokens_k, kv_heads, head_dim]
   void* dv;
-  float* dq_accum;  // [tokens_q, q_heads, head_dim], contiguous
-  float* delta;     // [q_heads, tokens_q]: rowsum(dout * out)
+  // [tokens_q, q_heads, head_dim], contiguous; with dq_heads_major (the Hopper backward:
+  // 16-byte aligned) [q_heads, tokens_q, head_dim], row t's 16-byte chunk c at chunk c ^ (t & 7).
+  float* dq_accum;
+  float* delta;  // [q_heads, tokens_q]: rowsum(dout * out)
   kh_i64 do_row, do_head, dq_row, dq_head, dk_row, dk_head, dv_row, dv_head;
   kh_i64 tokens_q;
   int max_seqlen_k;
   // Hopper backward with f.tma: dO's map (f.q_map and dO's boxes are BM rows, f.k_map and
   // f.v_map's BN rows).
   kh_tma_desc do_map;
+  int dq_heads_major;
 };
 
 // Backward geometry: 4 warps, BN = 64 keys per CTA (16 per warp), BM = 64 queries per step.

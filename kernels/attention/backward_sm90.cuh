@@ -1,15 +1,15 @@
 // Hopper backward (sm_90a): attention.cu's attn_bwd (FlashAttention-2's algorithm) with its five
-// products on wgmma, warp specialized as FlashAttention-3's backward (cp.async and vector
-// reductions where FA3 uses the tensor copy engine).
+// products on wgmma, warp specialized as FlashAttention-3's backward.
 //
 // Geometry: one CTA of three warpgroups per (block of BN = 128 keys, KV head, sequence). K and V
 // stay in shared memory. Warpgroup 0 is the producer: it loads Q, dO, LSE and delta of each step
 // (query block of BM = 64 rows of one query head of the KV head's group) into STAGES stages with
-// cp.async and signals each stage's `full` mbarrier once it has landed; and it adds each step's
-// dQ tile, which the consumers leave in shared memory, to the fp32 dq_accum with vector
-// reductions (red.global.add.v4), so the consumers never wait on global memory. Warpgroups 1 and
-// 2 are consumers of 64 keys each, accumulating their dK and dV in registers; per step, each
-// product overlapping the register work after it (wgmma commit groups):
+// TMA (cp.async where a tile runs past the sequence) and signals each stage's `full` mbarrier once
+// it has landed; and it adds each step's dQ tile, which the consumers leave in shared memory, to
+// the fp32 dq_accum with one bulk reduction (cp.reduce.async.bulk by one thread: dq_accum is laid
+// out [q_heads, tokens_q, head_dim] for it), so the consumers never wait on global memory.
+// Warpgroups 1 and 2 are consumers of 64 keys each, accumulating their dK and dV in registers;
+// per step, each product overlapping the register work after it (wgmma commit groups):
 //   S^T = K Q^T, then dP^T = V dO^T (wgmma, both operands in shared memory);
 //   P^T = exp2(S^T * scale - LSE) while dP^T runs; dV += P^T dO (A from registers, dO MN-major);
 //   dS^T = P^T (dP^T - delta) while dV runs; dK += dS^T Q;
@@ -17,6 +17,8 @@
 //   dQ = dS K split by columns between them (both operands MN-major); the stage is released
 //   (`empty`) and dQ goes to the staging tile (`dq_empty` / `dq_full` mbarriers with the
 //   producer). setmaxnreg moves registers from the producer to the consumers.
+// dq_accum's rows keep the staging tile's swizzle (row t's 16-byte chunk c at chunk c ^ (t & 7),
+// t the token): attn_bwd_post reads them back in order.
 #ifndef KH_ATTENTION_BACKWARD_SM90_CUH_
 #define KH_ATTENTION_BACKWARD_SM90_CUH_
 
@@ -29,11 +31,6 @@ namespace {
 KH_DEV void kh_cp_async4(kh_u32 smem, const void* gmem, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(valid ? 4 : 0));
-}
-KH_DEV void kh_red_add4(float* addr, float4 v) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(v.x), "f"(v.y),
-               "f"(v.z), "f"(v.w)
-               : "memory");
 }
 
 template <typename T, int D>
@@ -72,16 +69,16 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     kh_mbar_init(bars + 8 * (STAGES + tid), 256);  // empty: every consumer thread arrives
   } else if (tid == STAGES) {
     kh_mbar_init(dq_full, 256);
-    kh_mbar_init(dq_empty, 128);
+    kh_mbar_init(dq_empty, 1);  // the producer thread that issues the reduction
   }
   kh_fence_mbar_init();
   __syncthreads();
 
-  // dQ staging tile: row r's 16-byte chunk c (columns 4c .. 4c + 3) at r * 4D + ((c ^ (r & 7)) *
-  // 16): the consumers' 8-byte stores of 8 rows at once fall in distinct banks, and a row stays
-  // contiguous for the producer's 16-byte reads.
-  auto dq_off = [](int r, int col) -> kh_u32 {
-    return (kh_u32)(r * D * 4 + ((((col >> 2) ^ (r & 7))) << 4) + (col & 3) * 4);
+  // dQ staging tile: row r (token t)'s 16-byte chunk c (columns 4c .. 4c + 3) at r * 4D +
+  // ((c ^ (t & 7)) * 16): the consumers' 8-byte stores of 8 rows at once fall in distinct banks,
+  // and the tile is dq_accum's rows as they lie in global memory.
+  auto dq_off = [](int r, int t, int col) -> kh_u32 {
+    return (kh_u32)(r * D * 4 + (((col >> 2) ^ (t & 7)) << 4) + (col & 3) * 4);
   };
 
   if (tid < 128) {
@@ -92,8 +89,7 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     kh_regs_dec<40>();
     // Per-head bases, advanced when the step's head changes (steps walk the query blocks of one
     // head, then the next head of the group): Q, dO, this thread's LSE (threads < BM) or delta
-    // row, and dq_accum at this thread's 16-byte column chunk.
-    constexpr int CPR = D / 4;  // 16-byte dQ chunks per row
+    // row, and dq_accum at the sequence's first token.
     const int hq0 = hk * group;
     const T* qh = (const T*)f.q + (kh_i64)q0 * f.q_row + (kh_i64)hq0 * f.q_head;
     const T* oh = (const T*)p.dout + (kh_i64)q0 * p.do_row + (kh_i64)hq0 * p.do_head;
@@ -101,21 +97,25 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     const float* sh = lse_thread ? f.lse + (kh_i64)hq0 * f.lse_head + q0
                                  : p.delta + (kh_i64)hq0 * p.tokens_q + q0;
     const kh_i64 s_head = lse_thread ? f.lse_head : p.tokens_q;
-    float* dqh = p.dq_accum + ((kh_i64)q0 * f.q_heads + hq0) * D + 4 * (tid % CPR);
-    const kh_i64 dq_row = (kh_i64)f.q_heads * D;
+    float* dqh = p.dq_accum + ((kh_i64)hq0 * p.tokens_q + q0) * D;
     int mi = 0, rmi = 0;  // query block (of nm) of the step being loaded / reduced
+    // Step i's tile (its rows inside the sequence) added to dq_accum by the copy engine, issued
+    // by thread 0, which releases the staging tile once the engine has read it. (The consumers
+    // fenced their stores for the async proxy before they arrived at dq_full.) Every producer
+    // thread waits and walks the bases: thread 0 alone in this branch spilled twice the bytes.
     auto reduce_dq = [&](int i) {
       const int m0 = m_lo + rmi * BM;
+      const int rows = len_q - m0 < BM ? len_q - m0 : BM;
       kh_mbar_wait(dq_full, i & 1);
-#pragma unroll 4
-      for (int r = tid / CPR; r < BM; r += 128 / CPR) {
-        const float4 v = *(const float4*)(smem + (sDQ - base) + dq_off(r, 4 * (tid % CPR)));
-        if (m0 + r < len_q) kh_red_add4(dqh + (kh_i64)(m0 + r) * dq_row, v);
+      if (tid == 0) {
+        kh_bulk_reduce_add_f32(dqh + (kh_i64)m0 * D, sDQ, (kh_u32)(rows * D * 4));
+        kh_bulk_commit();
+        kh_bulk_wait_read<0>();
+        kh_mbar_arrive(dq_empty);
       }
-      kh_mbar_arrive(dq_empty);
       if (++rmi == nm) {
         rmi = 0;
-        dqh += D;
+        dqh += p.tokens_q * D;
       }
     };
     for (int j = 0; j <= steps; ++j) {
@@ -174,6 +174,7 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     }
     if (steps >= 1) reduce_dq(steps - 1);
     kh_cp_async_wait<0>();
+    if (tid == 0) kh_bulk_wait<0>();
     return;
   }
 
@@ -305,18 +306,21 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     // dQ (scaled) -> the staging tile, once the producer has read step j - 1's.
     if (j >= 1) kh_mbar_wait(dq_empty, (j - 1) & 1);
     if (D != 64 || wg == 0) {
+      // row & 7 is lane / 4 and m0 a multiple of 64: token q0 + m0 + row's swizzle is the lane's.
+      const int dq_key = (q0 + (lane >> 2)) & 7;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = warp * 16 + (lane >> 2) + 8 * half;
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
           const int col = (D == 64 ? 0 : 64 * wg) + t * 8 + 2 * (lane & 3);
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sDQ + dq_off(row, col)),
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sDQ + dq_off(row, dq_key, col)),
                        "f"(dq[4 * t + 2 * half] * f.scale),
                        "f"(dq[4 * t + 2 * half + 1] * f.scale));
         }
       }
     }
+    kh_fence_proxy_async();  // the stores, for the copy engine's reads
     kh_mbar_arrive(dq_full);
   }
 

@@ -27,7 +27,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/attention";
-constexpr const char* kPackageVersion = "1.3.5";
+constexpr const char* kPackageVersion = "1.3.6";
 constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
 // Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
 constexpr int kMinSplitTokens = 256;
@@ -498,6 +498,9 @@ int32_t attention_backward(const Args<kBackward>& a, void* stream) {
     snprintf(name, sizeof name, "attn_bwd90_%s_d%d", dtype_tag(q.dtype), d);
     bool hopper = false;
     KH_TRY(has_kernel(q.device.device_id, name, &hopper));
+    // The Hopper kernel's bulk reductions need dq_accum on a 16-byte boundary.
+    hopper = hopper && aligned16(bp.dq_accum);
+    bp.dq_heads_major = hopper ? 1 : 0;
     if (!hopper) snprintf(name, sizeof name, "attn_bwd_%s_d%d", dtype_tag(q.dtype), d);
     const int32_t device = q.device.device_id;
     if (hopper)

@@ -58,6 +58,28 @@ KH_DEV void kh_named_sync(int id, int threads) {
 KH_DEV void kh_named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Bulk reduction shared -> global by the tensor copy engine: adds `bytes` (a multiple of 16) of
+// fp32 at `smem` into global memory at `gmem` (both 16-byte aligned), element by element and
+// atomically with respect to other reductions; completes through the issuing thread's bulk
+// groups. kh_bulk_wait_read: its groups but the N newest have read their shared memory (which
+// may then be overwritten); kh_bulk_wait: have completed.
+KH_DEV void kh_bulk_reduce_add_f32(float* gmem, kh_u32 smem, kh_u32 bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(gmem),
+      "r"(smem), "r"(bytes)
+      : "memory");
+}
+KH_DEV void kh_bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+KH_DEV void kh_bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+KH_DEV void kh_bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 // Moves this warpgroup's register budget (setmaxnreg; needs a register cap at entry).
 template <int N>
 KH_DEV void kh_regs_dec() {

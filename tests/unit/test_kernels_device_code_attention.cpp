@@ -31,7 +31,7 @@ TEST_P(AttentionDeviceSourceCompiles, WithNvrtcAndNoSpills) {
   if (!Nvrtc::get().ok()) GTEST_SKIP() << Nvrtc::get().load_error;
   // Known spills (measured with nvcc 13.0, the same ptxas): the head_dim 256 forward keeps a
   // 16 x 256 output tile and Q fragments per warp at 255 registers; the head_dim 128 backward
-  // 8 (nvcc) to 32 (NVRTC, sm_90a) bytes. The Hopper backward (NVRTC: 84 bytes at d128, 48 at
+  // 8 (nvcc) to 32 (NVRTC, sm_90a) bytes. The Hopper backward (NVRTC: 80 bytes at d128, less at
   // d64) keeps loop invariants of its producer warpgroup, which runs on 40 registers, in local
   // memory, and at d128 a few of the consumers' (232 registers); 24/240 instead removes the
   // consumers' but ran 4% slower on the H200 (RESULTS.md). The Hopper forward spills none.
@@ -196,6 +196,35 @@ TEST_F(AttentionCudaDispatch, HopperKernelsWhereTheDeviceCodeHasThemPortableElse
         EXPECT_EQ(m.grid[0], (S + bn - 1) / bn);
         EXPECT_EQ(m.grid[1], static_cast<uint32_t>(HK));
         EXPECT_LE(m.shared_mem_bytes, 227u * 1024u);
+
+        // dq_accum's layout: heads-major for the Hopper kernel's bulk reductions, which need it
+        // on a 16-byte boundary; 4 bytes off it, the portable kernel runs (token-major), and the
+        // post kernel is told which.
+        for (const int64_t offset : {int64_t{0}, int64_t{4}}) {
+          SCOPED_TRACE(testing::Message() << "workspace at byte " << offset);
+          const int64_t n = B * S * H * (d + 1);
+          HostTensor ws1(kFP32, 1, n + 4);
+          NdView wv(ws1.dl(), {n});
+          DLTensor W1 = on_cuda(&wv.t, dev);
+          W1.byte_offset = static_cast<uint64_t>(offset);
+          std::map<std::string, int> heads_major;
+          backend_.on_params = [&](const std::string& kernel, void** params) {
+            heads_major[kernel] = static_cast<const kh_attn_bwd_params*>(params[0])->dq_heads_major;
+          };
+          ASSERT_EQ(pkg.call("attention_backward",
+                             {targ(&O), targ(&Q), targ(&K), targ(&K), targ(&O), targ(&L),
+                              targ(nullptr), targ(nullptr), iarg(S), iarg(S), iarg(1), iarg(-1),
+                              farg(0.125), targ(&Q), targ(&K), targ(&K), targ(&W1)},
+                             &err),
+                    KH_OK)
+              << err;
+          backend_.on_params = nullptr;
+          l = backend_.take();
+          ASSERT_EQ(l.size(), 3u);
+          const bool bulk = dev == 1 && offset == 0;
+          EXPECT_EQ(l[1].kernel.starts_with("attn_bwd90_"), bulk) << l[1].kernel;
+          EXPECT_EQ(heads_major[l[2].kernel], bulk ? 1 : 0) << l[2].kernel;
+        }
       }
 }
 
