@@ -1,6 +1,9 @@
 #include "loader/gemm_cuda.h"
 
+#include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -82,10 +85,60 @@ std::string describe(const kh_gemm_t& g) {
                      g.batch > 1 ? fmt::format(", batch {}", g.batch) : std::string());
 }
 
-// Creates the descriptors for `key` and asks the heuristic for its first choice. Throws
-// kh::Error (kUnsupported when no algorithm fits).
+// Times results[0, n) for `g` on `stream` (after the work queued there, which produces the
+// inputs), D written to scratch memory of D's size, and returns the fastest's index: 0 where
+// nothing could be timed (no memory for the scratch: the heuristic's first is kept).
+int fastest(const Api& lt, Handle handle, const Plan& plan, const HeuristicResult* results, int n,
+            const kh_gemm_t& g, void* stream, cuda::CUdeviceptr workspace) {
+  const cuda::Driver& d = cuda::cuda_driver();
+  if (!d.cuMemAlloc || !d.cuMemFree || !d.cuEventCreate || !d.cuEventRecord ||
+      !d.cuEventSynchronize || !d.cuEventElapsedTime || !d.cuEventDestroy)
+    return 0;
+  const size_t elem = g.dtype_d == KH_DTYPE_FP32 ? 4 : 2;
+  const size_t d_bytes = static_cast<size_t>(g.ldd * (g.m - 1) + g.n) * elem;
+  cuda::CUdeviceptr scratch = 0;
+  if (d.cuMemAlloc(&scratch, d_bytes) != cuda::CUDA_SUCCESS) return 0;
+  cuda::CUevent start = nullptr, end = nullptr;
+  int best = 0;
+  if (d.cuEventCreate(&start, cuda::CU_EVENT_DEFAULT) == cuda::CUDA_SUCCESS &&
+      d.cuEventCreate(&end, cuda::CU_EVENT_DEFAULT) == cuda::CUDA_SUCCESS) {
+    const float alpha = g.alpha, beta = (g.flags & KH_GEMM_ACCUMULATE) ? g.beta : 0.f;
+    auto* out = reinterpret_cast<void*>(scratch);
+    float best_ms = std::numeric_limits<float>::infinity();
+    for (int i = 0; i < n; ++i) {
+      auto run = [&] {
+        return lt.cublasLtMatmul(handle, plan.desc, &alpha, g.b, plan.a, g.a, plan.b, &beta, out,
+                                 plan.d, out, plan.d, &results[i].algo,
+                                 reinterpret_cast<void*>(workspace), results[i].workspace_size,
+                                 stream);
+      };
+      if (run() != kSuccess) continue;  // a warm-up; a candidate that fails is not chosen
+      auto* s = static_cast<cuda::CUstream>(stream);
+      bool ok = d.cuEventRecord(start, s) == cuda::CUDA_SUCCESS;
+      for (int r = 0; r < 3 && ok; ++r) ok = run() == kSuccess;
+      float ms = 0;
+      ok = ok && d.cuEventRecord(end, s) == cuda::CUDA_SUCCESS &&
+           d.cuEventSynchronize(end) == cuda::CUDA_SUCCESS &&
+           d.cuEventElapsedTime(&ms, start, end) == cuda::CUDA_SUCCESS;
+      if (ok && ms < best_ms) {
+        best_ms = ms;
+        best = i;
+      }
+    }
+  }
+  if (end) d.cuEventSynchronize(end);
+  if (start) d.cuEventDestroy(start);
+  if (end) d.cuEventDestroy(end);
+  d.cuMemFree(scratch);
+  return best;
+}
+
+// Creates the descriptors for `key` and chooses its algorithm: the heuristic's first, or with
+// `autotune` (the stream not capturing, batch 1) the fastest of its first candidates on `stream`.
+// Throws kh::Error (kUnsupported when no algorithm fits).
 std::unique_ptr<Plan> make_plan(const Api& lt, Handle handle, const kh_gemm_t& g,
-                                const ShapeKey& key) {
+                                const ShapeKey& key, bool autotune, void* stream,
+                                cuda::CUdeviceptr workspace) {
   auto plan = std::make_unique<Plan>();
   const bool ta = g.flags & KH_GEMM_TRANS_A, tb = g.flags & KH_GEMM_TRANS_B;
   check_lt(lt.cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
@@ -123,20 +176,24 @@ std::unique_ptr<Plan> make_plan(const Api& lt, Handle handle, const kh_gemm_t& g
 
   Preference pref = nullptr;
   check_lt(lt.cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-  const uint64_t workspace = key.workspace;
+  const uint64_t workspace_bytes = key.workspace;
   const uint32_t align[4] = {key.align_b, key.align_a, key.align_d, key.align_d};
   Status st = lt.cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes));
   const int align_attr[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
   for (int i = 0; i < 4 && st == kSuccess; ++i)
     st = lt.cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i]));
-  HeuristicResult result{};
+  const int wanted =
+      autotune && g.batch == 1
+          ? std::max(1, gemm_autotune_candidates(std::getenv("KERNEL_HUB_GEMM_AUTOTUNE")))
+          : 1;
+  std::vector<HeuristicResult> results(static_cast<size_t>(wanted));
   int returned = 0;
   if (st == kSuccess)
     st = lt.cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->d, plan->d,
-                                           pref, 1, &result, &returned);
+                                           pref, wanted, results.data(), &returned);
   lt.cublasLtMatmulPreferenceDestroy(pref);
   if (st != kSuccess || returned < 1)
     throw Error(
@@ -146,12 +203,27 @@ std::unique_ptr<Plan> make_plan(const Api& lt, Handle handle, const kh_gemm_t& g
                     "and d to 16 bytes and make leading dimensions multiples of 8",
                     describe(g), g.device_id, key.align_a, key.align_b, key.align_d, g.lda, g.ldb,
                     g.ldd, st != kSuccess ? status_text(st) : "the heuristic returned none"));
-  plan->algo = result.algo;
-  plan->workspace = result.workspace_size;
+  const int chosen =
+      returned > 1 ? fastest(lt, handle, *plan, results.data(), returned, g, stream, workspace) : 0;
+  plan->algo = results[static_cast<size_t>(chosen)].algo;
+  plan->workspace = results[static_cast<size_t>(chosen)].workspace_size;
   return plan;
 }
 
 }  // namespace
+
+int gemm_autotune_candidates(const char* env_value) {
+  if (!env_value || !*env_value) return kGemmAutotuneCandidates;
+  char* end = nullptr;
+  const long n = std::strtol(env_value, &end, 10);
+  if (*end || n < 0 || n > 64 || env_value[0] < '0' || env_value[0] > '9')
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("KERNEL_HUB_GEMM_AUTOTUNE={}: expected how many of cuBLASLt's "
+                            "candidate algorithms a new GEMM shape times, 0 to 64 (0 or 1: keep "
+                            "the heuristic's first choice)",
+                            env_value));
+  return static_cast<int>(n);
+}
 
 uint32_t pointer_alignment(const void* address) {
   const auto bits = reinterpret_cast<uintptr_t>(address);
@@ -221,6 +293,8 @@ int32_t gemm_cuda(const kh_gemm_t& g, void* stream, std::string& error) {
       plan = it != s.plans.end() ? it->second.get() : nullptr;
     }
     if (!handle || (!workspace && key.workspace) || !plan) {
+      const bool capturing = cuda::stream_capture_status(static_cast<cuda::CUstream>(stream)) !=
+                             cuda::CU_STREAM_CAPTURE_STATUS_NONE;
       std::unique_lock lock(s.mutex);
       DeviceState& dev = s.devices[g.device_id];
       if (!dev.handle) check_lt(lt->cublasLtCreate(&dev.handle), "cublasLtCreate");
@@ -237,7 +311,7 @@ int32_t gemm_cuda(const kh_gemm_t& g, void* stream, std::string& error) {
       }
       workspace = ws;
       auto& slot = s.plans[key];
-      if (!slot) slot = make_plan(*lt, handle, g, key);
+      if (!slot) slot = make_plan(*lt, handle, g, key, !capturing, stream, workspace);
       plan = slot.get();
     }
     const float alpha = g.alpha;
@@ -254,7 +328,9 @@ int32_t gemm_cuda(const kh_gemm_t& g, void* stream, std::string& error) {
     return KH_OK;
   } catch (const Error& e) {
     error = fmt::format("{} on CUDA device {}: {}", describe(g), g.device_id, e.what());
-    return e.kind() == ErrorKind::kUnsupported ? KH_ERR_UNSUPPORTED : KH_ERR_LAUNCH;
+    return e.kind() == ErrorKind::kUnsupported    ? KH_ERR_UNSUPPORTED
+           : e.kind() == ErrorKind::kInvalidInput ? KH_ERR_INVALID_ARGUMENT
+                                                  : KH_ERR_LAUNCH;
   }
 }
 

@@ -16,8 +16,12 @@
 // workspace; the handle must exist by then: call once on the device before capturing). Per
 // request shape
 // (sizes, leading dimensions, strides, dtypes, flags and the pointers' alignments) the
-// descriptors and cuBLASLt's first heuristic choice are cached: a repeated shape costs one
-// lookup and cublasLtMatmul.
+// descriptors and the chosen algorithm are cached: a repeated shape costs one lookup and
+// cublasLtMatmul. The choice: the first call of a shape (batch 1, its stream not capturing) times
+// up to KERNEL_HUB_GEMM_AUTOTUNE (default kGemmAutotuneCandidates) of cuBLASLt's heuristic
+// candidates on the caller's stream, writing D into scratch memory of D's size that is freed
+// afterwards (an accumulating product must add into the caller's output once), and keeps the
+// fastest; 0 or 1, a batched product or a capture keep the heuristic's first choice untimed.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +33,13 @@ namespace kh {
 
 // Workspace per device and stream offered to cuBLASLt.
 constexpr uint64_t kGemmWorkspaceBytes = 32ull << 20;
+// cuBLASLt candidates a new plan times by default (KERNEL_HUB_GEMM_AUTOTUNE overrides).
+constexpr int kGemmAutotuneCandidates = 8;
+
+// KERNEL_HUB_GEMM_AUTOTUNE's count of candidates to time (unset or empty: the default; 0 and 1
+// time none); throws kh::Error(kInvalidInput) naming the variable for anything but a
+// non-negative integer up to 64.
+int gemm_autotune_candidates(const char* env_value);
 
 // Runs a request read_gemm accepted (device_id >= 0, m and n >= 1) on `stream`. KH_ERR_NO_DEVICE
 // without a driver, the device or cuBLASLt; KH_ERR_UNSUPPORTED for sizes above cuBLASLt's int32

@@ -3,6 +3,8 @@
 // tests/unit/test_gemm_util.h for bf16, fp16 and fp32 inputs, fp32 or same-dtype results, every
 // flag combination (transposes, accumulate), batched and padded leading dimensions, odd sizes,
 // pointers aligned to less than 16 bytes, two streams, and a repeated shape (the cached plan).
+// The first call of each shape times cuBLASLt's candidates (gemm_cuda.h) and almost every case
+// here is one: an accumulating product whose timing runs added into the caller's D would fail.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -97,6 +99,41 @@ TEST_F(GpuGemm, LargerShapesAndARepeatedShape) {
              on_device(), 0);
   run_case({257, 1031, 129, 4, KH_DTYPE_FP16, KH_DTYPE_FP32, KH_GEMM_TRANS_A, 0}, rng, on_device(),
            0);
+  // A weight gradient's shape (fp32 D accumulated, A transposed): the timed candidates write
+  // scratch memory, the product itself adds into D once.
+  run_case(
+      {768, 512, 1024, 1, KH_DTYPE_BF16, KH_DTYPE_FP32, KH_GEMM_TRANS_A | KH_GEMM_ACCUMULATE, 0},
+      rng, on_device(), 0);
+}
+
+// KERNEL_HUB_GEMM_AUTOTUNE: 0 keeps the heuristic's first choice (a new shape still computes
+// right); a value that is not a count is refused on the first call of a new shape, naming it.
+TEST_F(GpuGemm, AutotuneCanBeTurnedOffAndABadSettingIsNamed) {
+  std::mt19937 rng(17);
+  setenv("KERNEL_HUB_GEMM_AUTOTUNE", "0", 1);
+  run_case({320, 192, 448, 1, KH_DTYPE_BF16, KH_DTYPE_FP32, KH_GEMM_ACCUMULATE, 0}, rng,
+           on_device(), 0);
+  setenv("KERNEL_HUB_GEMM_AUTOTUNE", "many", 1);
+  gemm_test::Matrix a, b, d;
+  a.fill(96 * 160, rng, KH_DTYPE_BF16);
+  b.fill(160 * 224, rng, KH_DTYPE_BF16);
+  d.fill(96 * 224, rng, KH_DTYPE_BF16);
+  kh_gemm_t g{};
+  g.h = KH_HEADER_INIT(kh_gemm_t);
+  g.m = 96;
+  g.n = 224;
+  g.k = 160;
+  g.lda = 160;
+  g.ldb = 224;
+  g.ldd = 224;
+  g.dtype_ab = g.dtype_d = KH_DTYPE_BF16;
+  g.alpha = 1.f;
+  std::string error;
+  const int32_t status =
+      on_device()(g, {a.data(), b.data(), d.data()}, {a.bytes(), b.bytes(), d.bytes()}, error);
+  unsetenv("KERNEL_HUB_GEMM_AUTOTUNE");
+  EXPECT_EQ(status, KH_ERR_INVALID_ARGUMENT) << error;
+  EXPECT_NE(error.find("KERNEL_HUB_GEMM_AUTOTUNE=many"), std::string::npos) << error;
 }
 
 TEST_F(GpuGemm, PointersAlignedBelow16BytesStillWorkOrSayWhatToAlign) {

@@ -339,5 +339,26 @@ TEST(GemmCuda, PointerAlignmentIsTheLargestPowerOfTwoUpTo256) {
   EXPECT_EQ(pointer_alignment(bytes + 1), 1u);
 }
 
+// KERNEL_HUB_GEMM_AUTOTUNE: how many of cuBLASLt's candidates a new shape times; anything but a
+// count from 0 to 64 is refused naming the variable, not read as a default.
+TEST(GemmCuda, AutotuneCountComesFromTheEnvironmentAndBadValuesAreRefused) {
+  EXPECT_EQ(gemm_autotune_candidates(nullptr), kGemmAutotuneCandidates);
+  EXPECT_EQ(gemm_autotune_candidates(""), kGemmAutotuneCandidates);
+  EXPECT_EQ(gemm_autotune_candidates("0"), 0);
+  EXPECT_EQ(gemm_autotune_candidates("1"), 1);
+  EXPECT_EQ(gemm_autotune_candidates("16"), 16);
+  for (const char* bad : {"-1", "65", "8x", "eight", " 8"}) {
+    SCOPED_TRACE(bad);
+    try {
+      gemm_autotune_candidates(bad);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+      EXPECT_NE(std::string(e.what()).find("KERNEL_HUB_GEMM_AUTOTUNE"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kh
