@@ -71,6 +71,19 @@ class GpuGemm : public ::testing::Test {
     };
   }
 
+  // Runs the plain request D [m, n] = A [m, k] @ B [k, n] (bf16 A and B, random operands) through
+  // `run` and returns its status: for cases that may be refused (run_case asserts success).
+  int32_t probe(int64_t m, int64_t n, int64_t k, uint32_t dtype_d, std::mt19937& rng,
+                const gemm_test::Runner& run, std::string& error) {
+    gemm_test::Matrix a, b, d;
+    a.fill(static_cast<size_t>(m * k), rng, KH_DTYPE_BF16);
+    b.fill(static_cast<size_t>(k * n), rng, KH_DTYPE_BF16);
+    d.fill(static_cast<size_t>(m * n), rng, dtype_d);
+    kh_gemm_t g = gemm_test::plain_request(m, n, k, KH_DTYPE_BF16, dtype_d);
+    g.device_id = 0;
+    return run(g, {a.data(), b.data(), d.data()}, {a.bytes(), b.bytes(), d.bytes()}, error);
+  }
+
   const cuda::Driver* d_ = nullptr;
   std::unique_ptr<cuda::ScopedContext> scope_;
   cuda::CUstream stream_ = nullptr;
@@ -114,23 +127,8 @@ TEST_F(GpuGemm, AutotuneCanBeTurnedOffAndABadSettingIsNamed) {
   run_case({320, 192, 448, 1, KH_DTYPE_BF16, KH_DTYPE_FP32, KH_GEMM_ACCUMULATE, 0}, rng,
            on_device(), 0);
   setenv("KERNEL_HUB_GEMM_AUTOTUNE", "many", 1);
-  gemm_test::Matrix a, b, d;
-  a.fill(96 * 160, rng, KH_DTYPE_BF16);
-  b.fill(160 * 224, rng, KH_DTYPE_BF16);
-  d.fill(96 * 224, rng, KH_DTYPE_BF16);
-  kh_gemm_t g{};
-  g.h = KH_HEADER_INIT(kh_gemm_t);
-  g.m = 96;
-  g.n = 224;
-  g.k = 160;
-  g.lda = 160;
-  g.ldb = 224;
-  g.ldd = 224;
-  g.dtype_ab = g.dtype_d = KH_DTYPE_BF16;
-  g.alpha = 1.f;
   std::string error;
-  const int32_t status =
-      on_device()(g, {a.data(), b.data(), d.data()}, {a.bytes(), b.bytes(), d.bytes()}, error);
+  const int32_t status = probe(96, 224, 160, KH_DTYPE_BF16, rng, on_device(), error);
   unsetenv("KERNEL_HUB_GEMM_AUTOTUNE");
   EXPECT_EQ(status, KH_ERR_INVALID_ARGUMENT) << error;
   EXPECT_NE(error.find("KERNEL_HUB_GEMM_AUTOTUNE=many"), std::string::npos) << error;
@@ -143,25 +141,10 @@ TEST_F(GpuGemm, PointersAlignedBelow16BytesStillWorkOrSayWhatToAlign) {
   const size_t offsets[][2] = {{2, 0}, {4, 4}, {8, 8}, {0, 4}};
   for (const auto& off : offsets) {
     SCOPED_TRACE(testing::Message() << "A/B +" << off[0] << " bytes, D +" << off[1]);
-    kh_gemm_t g{};
     std::string error;
     // run_case asserts OK; a refusal must be the documented one, so probe first.
-    gemm_test::Matrix a, b, d;
-    a.fill(35 * 19, rng, KH_DTYPE_BF16);
-    b.fill(19 * 21, rng, KH_DTYPE_BF16);
-    d.fill(35 * 21, rng, KH_DTYPE_FP32);
-    g.h = KH_HEADER_INIT(kh_gemm_t);
-    g.m = 35;
-    g.n = 21;
-    g.k = 19;
-    g.lda = 19;
-    g.ldb = 21;
-    g.ldd = 21;
-    g.dtype_ab = KH_DTYPE_BF16;
-    g.dtype_d = KH_DTYPE_FP32;
-    g.alpha = 1.f;
-    int32_t status = on_device(off[0], nullptr, off[1])(g, {a.data(), b.data(), d.data()},
-                                                        {a.bytes(), b.bytes(), d.bytes()}, error);
+    const int32_t status =
+        probe(35, 21, 19, KH_DTYPE_FP32, rng, on_device(off[0], nullptr, off[1]), error);
     if (status == KH_OK) {
       run_case({35, 21, 19, 1, KH_DTYPE_BF16, KH_DTYPE_FP32, 0, 0}, rng,
                on_device(off[0], nullptr, off[1]), 0);

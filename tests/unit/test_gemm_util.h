@@ -97,6 +97,25 @@ struct Case {
   int64_t pad;  // extra elements per row (ld = row + pad)
 };
 
+// The plain request D [m, n] = A [m, k] @ B [k, n]: no flags, alpha 1, dense rows, on the cpu
+// (device -1), no buffers yet.
+inline kh_gemm_t plain_request(int64_t m, int64_t n, int64_t k, uint32_t dtype_ab,
+                               uint32_t dtype_d) {
+  kh_gemm_t g{};
+  g.h = KH_HEADER_INIT(kh_gemm_t);
+  g.device_id = -1;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.dtype_ab = dtype_ab;
+  g.dtype_d = dtype_d;
+  g.lda = k;
+  g.ldb = n;
+  g.ldd = n;
+  g.alpha = 1.f;
+  return g;
+}
+
 // Runs a request on host buffers; a GPU test copies them to the device and back.
 using Runner = std::function<int32_t(kh_gemm_t& g, std::vector<void*> host,
                                      std::vector<size_t> bytes, std::string& error)>;

@@ -177,13 +177,14 @@ TEST_F(AttentionCudaDispatch, HopperKernelsWhereTheDeviceCodeHasThemPortableElse
         // The backward: pre, main (attn_bwd90 where the code has it), post.
         HostTensor lse(kFP32, H, B * S), ws(kFP32, 1, B * S * H * (d + 1));
         DLTensor L = on_cuda(lse.dl(), dev), W = on_cuda(ws.dl(), dev);
-        ASSERT_EQ(pkg.call("attention_backward",
-                           {targ(&O), targ(&Q), targ(&K), targ(&K), targ(&O), targ(&L),
-                            targ(nullptr), targ(nullptr), iarg(S), iarg(S), iarg(1), iarg(-1),
-                            farg(0.125), targ(&Q), targ(&K), targ(&K), targ(&W)},
-                           &err),
-                  KH_OK)
-            << err;
+        auto backward = [&](DLTensor* workspace) {
+          return pkg.call("attention_backward",
+                          {targ(&O), targ(&Q), targ(&K), targ(&K), targ(&O), targ(&L),
+                           targ(nullptr), targ(nullptr), iarg(S), iarg(S), iarg(1), iarg(-1),
+                           farg(0.125), targ(&Q), targ(&K), targ(&K), targ(workspace)},
+                          &err);
+        };
+        ASSERT_EQ(backward(&W), KH_OK) << err;
         l = backend_.take();
         ASSERT_EQ(l.size(), 3u);
         const std::string main = std::string(dev == 1 ? "attn_bwd90_" : "attn_bwd_") +
@@ -211,13 +212,7 @@ TEST_F(AttentionCudaDispatch, HopperKernelsWhereTheDeviceCodeHasThemPortableElse
           backend_.on_params = [&](const std::string& kernel, void** params) {
             heads_major[kernel] = static_cast<const kh_attn_bwd_params*>(params[0])->dq_heads_major;
           };
-          ASSERT_EQ(pkg.call("attention_backward",
-                             {targ(&O), targ(&Q), targ(&K), targ(&K), targ(&O), targ(&L),
-                              targ(nullptr), targ(nullptr), iarg(S), iarg(S), iarg(1), iarg(-1),
-                              farg(0.125), targ(&Q), targ(&K), targ(&K), targ(&W1)},
-                             &err),
-                    KH_OK)
-              << err;
+          ASSERT_EQ(backward(&W1), KH_OK) << err;
           backend_.on_params = nullptr;
           l = backend_.take();
           ASSERT_EQ(l.size(), 3u);

@@ -30,20 +30,10 @@ using gemm_test::run_case;
 
 // A valid fp32 request for [m,k] @ [k,n] over the given buffers.
 kh_gemm_t request(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* d) {
-  kh_gemm_t g{};
-  g.h = KH_HEADER_INIT(kh_gemm_t);
-  g.device_id = -1;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.dtype_ab = g.dtype_d = KH_DTYPE_FP32;
+  kh_gemm_t g = gemm_test::plain_request(m, n, k, KH_DTYPE_FP32, KH_DTYPE_FP32);
   g.a = a;
-  g.lda = k;
   g.b = b;
-  g.ldb = n;
   g.d = d;
-  g.ldd = n;
-  g.alpha = 1.f;
   return g;
 }
 
