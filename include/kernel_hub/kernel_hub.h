@@ -319,7 +319,9 @@ KH_EXPORT int32_t kh_device_launch(const kh_device_function_t* function, const k
 
 /* Runs one GEMM request (kernel_hub_abi.h, kh_gemm_t: row-major, fp32 accumulation) on
  * `stream`, with cuBLASLt on a CUDA device or on the calling thread for device_id < 0: the
- * service packages reach through kh_host_v1_t.gemm. Never synchronizes. */
+ * service packages reach through kh_host_v1_t.gemm. Never synchronizes, except a shape's first
+ * call on a device, which times cuBLASLt's candidates on `stream` and waits for them (see
+ * kernel_hub_abi.h). */
 KH_EXPORT int32_t kh_gemm(const kh_gemm_t* g, void* stream);
 
 /* This thread's last error message ("" when none). Valid until this thread's next call. */

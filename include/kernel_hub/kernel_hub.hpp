@@ -81,7 +81,8 @@ void clear_last_op_error();
 // Runs one GEMM request (kernel_hub_abi.h, kh_gemm_t: row-major, fp32 accumulation) on `stream`:
 // cuBLASLt on CUDA device g.device_id, or the calling thread for device_id < 0. The same service
 // packages reach through kh_host_v1_t.gemm. Returns KH_OK, or a status with last_op_error()
-// saying what failed and what to do. Never synchronizes, never throws.
+// saying what failed and what to do. Never throws; never synchronizes, except a shape's first
+// call on a device, which times cuBLASLt's candidates (kernel_hub_abi.h).
 int32_t gemm(const kh_gemm_t& g, void* stream = nullptr) noexcept;
 
 // ---- The runtime ----

@@ -143,9 +143,12 @@ typedef struct kh_launch_cfg_t {
  * `stream` (a CUstream; NULL = the legacy default stream) through cuBLASLt, which the loader
  * loads on first use (libcublasLt.so.13, then .so.12); without it the call fails with
  * KH_ERR_NO_DEVICE and a message naming what to install. a, b and d must be aligned to their
- * element size (refused otherwise); 16 bytes allows the fastest algorithms, less still works. The call never synchronizes; the first call
- * per device and shape may allocate (cuBLASLt handle and workspace): make it before a CUDA graph
- * capture.
+ * element size (refused otherwise); 16 bytes allows the fastest algorithms, less still works.
+ * The first call per device and shape may allocate (cuBLASLt handle and workspace) and, with
+ * batch 1 on a stream that is not capturing, times up to KERNEL_HUB_GEMM_AUTOTUNE (default 8)
+ * of cuBLASLt's candidate algorithms on `stream` (into scratch memory, freed after) and waits for
+ * them: make it before a CUDA graph capture and outside timed code. Every other call never
+ * synchronizes.
  * device_id < 0: host pointers, computed on the calling thread (stream is ignored), so cpu
  * variants call the same service.
  * Zero-initialize the struct, then set h (KH_HEADER_INIT(kh_gemm_t)) and the fields: fields may
