@@ -85,6 +85,17 @@ std::string describe(const kh_gemm_t& g) {
                      g.batch > 1 ? fmt::format(", batch {}", g.batch) : std::string());
 }
 
+// g's product with `algo` (its workspace needs `workspace_bytes`) into `d` (g.d, or scratch memory
+// of its size) on `stream`. cuBLASLt's A is our B and its B our A (header comment).
+Status matmul(const Api& lt, Handle handle, const Plan& plan, const MatmulAlgo& algo,
+              size_t workspace_bytes, const kh_gemm_t& g, void* d, cuda::CUdeviceptr workspace,
+              void* stream) {
+  const float alpha = g.alpha, beta = (g.flags & KH_GEMM_ACCUMULATE) ? g.beta : 0.f;
+  return lt.cublasLtMatmul(handle, plan.desc, &alpha, g.b, plan.a, g.a, plan.b, &beta, d, plan.d, d,
+                           plan.d, &algo, reinterpret_cast<void*>(workspace), workspace_bytes,
+                           stream);
+}
+
 // Times results[0, n) for `g` on `stream` (after the work queued there, which produces the
 // inputs), D written to scratch memory of D's size, and returns the fastest's index: 0 where
 // nothing could be timed (no memory for the scratch: the heuristic's first is kept).
@@ -102,15 +113,12 @@ int fastest(const Api& lt, Handle handle, const Plan& plan, const HeuristicResul
   int best = 0;
   if (d.cuEventCreate(&start, cuda::CU_EVENT_DEFAULT) == cuda::CUDA_SUCCESS &&
       d.cuEventCreate(&end, cuda::CU_EVENT_DEFAULT) == cuda::CUDA_SUCCESS) {
-    const float alpha = g.alpha, beta = (g.flags & KH_GEMM_ACCUMULATE) ? g.beta : 0.f;
     auto* out = reinterpret_cast<void*>(scratch);
     float best_ms = std::numeric_limits<float>::infinity();
     for (int i = 0; i < n; ++i) {
       auto run = [&] {
-        return lt.cublasLtMatmul(handle, plan.desc, &alpha, g.b, plan.a, g.a, plan.b, &beta, out,
-                                 plan.d, out, plan.d, &results[i].algo,
-                                 reinterpret_cast<void*>(workspace), results[i].workspace_size,
-                                 stream);
+        return matmul(lt, handle, plan, results[i].algo, results[i].workspace_size, g, out,
+                      workspace, stream);
       };
       if (run() != kSuccess) continue;  // a warm-up; a candidate that fails is not chosen
       auto* s = static_cast<cuda::CUstream>(stream);
@@ -126,7 +134,10 @@ int fastest(const Api& lt, Handle handle, const Plan& plan, const HeuristicResul
       }
     }
   }
-  if (end) d.cuEventSynchronize(end);
+  // Every run issued above has finished before the scratch memory goes (a candidate whose timing
+  // failed may have run after the last `end` recorded).
+  if (end && d.cuEventRecord(end, static_cast<cuda::CUstream>(stream)) == cuda::CUDA_SUCCESS)
+    d.cuEventSynchronize(end);
   if (start) d.cuEventDestroy(start);
   if (end) d.cuEventDestroy(end);
   d.cuMemFree(scratch);
@@ -314,12 +325,7 @@ int32_t gemm_cuda(const kh_gemm_t& g, void* stream, std::string& error) {
       if (!slot) slot = make_plan(*lt, handle, g, key, !capturing, stream, workspace);
       plan = slot.get();
     }
-    const float alpha = g.alpha;
-    const float beta = (g.flags & KH_GEMM_ACCUMULATE) ? g.beta : 0.f;
-    // cuBLASLt's A is our B and its B our A (header comment).
-    Status st = lt->cublasLtMatmul(handle, plan->desc, &alpha, g.b, plan->a, g.a, plan->b, &beta,
-                                   g.d, plan->d, g.d, plan->d, &plan->algo,
-                                   reinterpret_cast<void*>(workspace), plan->workspace, stream);
+    Status st = matmul(*lt, handle, *plan, plan->algo, plan->workspace, g, g.d, workspace, stream);
     if (st != kSuccess) {
       error = fmt::format("cublasLtMatmul failed for {} on CUDA device {}: {}", describe(g),
                           g.device_id, status_text(st));
