@@ -92,16 +92,59 @@ KH_DEV void kh_load_paged_rows(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& 
   }
 }
 
+// Where a 16-token chunk starts in the paged cache: its page (-1: each row looks its page up) and
+// the page's row it starts at.
+struct kh_chunk_page {
+  int page, row0;
+};
+
+// The 16 rows of a chunk that lie in one page and hold no new token (every chunk of a sequence
+// but its last, where pages hold whole chunks): k and v point at the chunk's first row of KV head
+// hk. Each lane keeps one column chunk and walks rows 32 / CH apart from one pointer a tensor:
+// no division, page lookup or branch per row. In the decode's SASS the general loader took about
+// 40 instructions a row (64-bit offsets, its per-row page test) of the ~690 a chunk cost a warp,
+// whose instruction issue, not DRAM, bounds the kernel (ncu: 2.9 warps a scheduler, 0.63
+// eligible). Rows at or past `rows` are zero-filled (their source: the chunk's first row).
+template <int D, typename T, bool FULL>
+KH_DEV void kh_load_page_chunk(kh_u32 k_tile, kh_u32 v_tile, const T* k, const T* v, kh_i64 k_row,
+                               kh_i64 v_row, int rows, int lane) {
+  constexpr int CH = D / 8, RS = 32 / CH;  // 16-byte chunks a row; rows one warp step covers
+  const int r0 = lane / CH, c = lane % CH;
+  const T* ks = k + r0 * k_row + c * 8;
+  const T* vs = v + r0 * v_row + c * 8;
+#pragma unroll
+  for (int j = 0; j < 16 / RS; ++j) {
+    const int r = r0 + j * RS;
+    const bool valid = FULL || r < rows;
+    kh_cp_async16(k_tile + kh_swz<CH>(r, c), FULL || valid ? ks : k, valid);
+    kh_cp_async16(v_tile + kh_swz<CH>(r, c), FULL || valid ? vs : v, valid);
+    ks += RS * k_row;
+    vs += RS * v_row;
+  }
+}
+
 // A chunk's rows: NEW is a template argument so that the chunks without a new token (all but a
-// sequence's last) run the plain loader (the per-row test in every chunk cost 3 us a layer).
+// sequence's last) run a loader without it (the per-row test in every chunk cost 3 us a layer);
+// those in one page (at.page >= 0) the one above, whole chunks without a row test.
 template <int D, typename T>
 KH_DEV void kh_load_chunk(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& kv,
                           const kh_new_rows<T>& nw, int b, int hk, int tok0, int t_hi, int lane,
-                          int page) {
-  if (nw.in_chunk(tok0))
-    kh_load_paged_rows<D, T, true>(k_tile, v_tile, kv, nw, b, hk, tok0, t_hi, lane, page);
-  else
-    kh_load_paged_rows<D, T, false>(k_tile, v_tile, kv, nw, b, hk, tok0, t_hi, lane, page);
+                          kh_chunk_page at) {
+  if (nw.in_chunk(tok0)) {
+    kh_load_paged_rows<D, T, true>(k_tile, v_tile, kv, nw, b, hk, tok0, t_hi, lane, at.page);
+  } else if (at.page >= 0) {
+    // A row offset inside a page fits 32 bits (the page's does not).
+    const T* k =
+        (const T*)kv.k + (kh_i64)hk * kv.k_head + at.page * kv.k_page + at.row0 * (int)kv.k_row;
+    const T* v =
+        (const T*)kv.v + (kh_i64)hk * kv.v_head + at.page * kv.v_page + at.row0 * (int)kv.v_row;
+    if (tok0 + 16 <= t_hi)
+      kh_load_page_chunk<D, T, true>(k_tile, v_tile, k, v, kv.k_row, kv.v_row, 16, lane);
+    else
+      kh_load_page_chunk<D, T, false>(k_tile, v_tile, k, v, kv.k_row, kv.v_row, t_hi - tok0, lane);
+  } else {
+    kh_load_paged_rows<D, T, false>(k_tile, v_tile, kv, nw, b, hk, tok0, t_hi, lane, -1);
+  }
 }
 
 // 16 bytes of shared memory at `addr` (16-byte aligned).
@@ -170,20 +213,34 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
   // one), a chunk's page is looked up once, one chunk ahead of its loads, so the block table's
   // latency hides behind a chunk's work instead of preceding every load.
   const bool whole_chunks = p.kv.page_size % 16 == 0 && t_lo % 16 == 0;
-  auto page_of = [&](int chunk) -> int {
-    if (!whole_chunks || chunk >= nchunks) return -1;
-    return p.kv.block_table[(kh_i64)b * p.kv.table_stride + (t_lo + chunk * 16) / p.kv.page_size];
+  // The warp's chunks in order (warp, warp + NW, ...), their pages found by walking 16 NW tokens
+  // at a time from the first one's (one division a warp: the division a chunk, and the block
+  // table's 64-bit row offset, had cost about 50 instructions of each chunk's ~440).
+  const int ps = p.kv.page_size;
+  int walk_page = 0, walk_row = 0;  // where the warp's next chunk starts
+  if (whole_chunks) {
+    walk_page = (t_lo + warp * 16) / ps;
+    walk_row = t_lo + warp * 16 - walk_page * ps;
+  }
+  auto next_chunk_page = [&](int chunk) -> kh_chunk_page {  // chunk: the warp's next one
+    if (!whole_chunks) return {-1, 0};
+    kh_chunk_page at{-1, 0};
+    if (chunk < nchunks)
+      at = {p.kv.block_table[(kh_i64)b * p.kv.table_stride + walk_page], walk_row};
+    for (walk_row += 16 * NW; walk_row >= ps; walk_row -= ps) ++walk_page;
+    return at;
   };
   // The first ST - 1 chunks of this warp, one commit group each (empty past the split's end).
 #pragma unroll
   for (int i = 0; i < ST - 1; ++i) {
     const int c = warp + i * NW;
+    const kh_chunk_page at = next_chunk_page(c);
     if (c < nchunks)
       kh_load_chunk<D, T>(sW + i * 2 * TILE, sW + i * 2 * TILE + TILE, p.kv, nw, b, hk,
-                          t_lo + c * 16, t_hi, lane, page_of(c));
+                          t_lo + c * 16, t_hi, lane, at);
     kh_cp_async_commit();
   }
-  int next_page = page_of(warp + (ST - 1) * NW);
+  kh_chunk_page next_page = next_chunk_page(warp + (ST - 1) * NW);
   kh_cp_async_wait<ST - 1>();
   __syncthreads();  // Q, loaded by every thread, is in shared memory (warps part ways below)
 
@@ -215,7 +272,7 @@ __device__ __forceinline__ void attn_decode_tc(const kh_decode_params& p) {
       kh_load_chunk<D, T>(sW + load_stage * 2 * TILE, sW + load_stage * 2 * TILE + TILE, p.kv, nw,
                           b, hk, t_lo + ahead * 16, t_hi, lane, next_page);
     kh_cp_async_commit();
-    next_page = page_of(ahead + NW);
+    next_page = next_chunk_page(ahead + NW);
     kh_cp_async_wait<ST - 1>();
     __syncwarp();  // this warp's chunk, loaded by its lanes, is in shared memory
     const kh_u32 sK = sW + stage * 2 * TILE, sV = sK + TILE;
