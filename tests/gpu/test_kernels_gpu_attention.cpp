@@ -46,6 +46,12 @@ const DecodeCase kGpuDecodeCases[] = {
     {16, 2, 64, {1000, 3}, 3, 3, 16, -1, true},              // 3 query tokens
     {4, 4, 256, {777, 40}, 2, 2, 32, 100, true},             // window
     {16, 2, 64, {300, 50}, 1, 20, 16, 5, true},  // new tokens past the window: still appended
+    // Page sizes the tensor-core decode walks differently (decode_tc.cuh: a warp's chunks are 64
+    // tokens apart): several chunks a page, chunks that wrap into the next page at rows 16 and
+    // 32, and pages that are not whole chunks (each row looks its page up).
+    {16, 8, 128, {3000, 1234, 77}, 1, 1, 256, -1, true},
+    {16, 8, 128, {1500, 999, 48}, 1, 1, 48, -1, true},
+    {16, 4, 64, {700, 301}, 1, 1, 40, -1, true},
 };
 
 // Context lengths min .. max over n sequences, most of them different: short ones leave splits

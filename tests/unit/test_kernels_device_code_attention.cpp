@@ -321,5 +321,38 @@ TEST_F(AttentionCudaDispatch, DecodeSplitsFollowTheDevicesMultiprocessors) {
   EXPECT_EQ(l[0].cfg.grid[0], 3u);
 }
 
+// The tensor-core decode offsets a page's rows in 32 bits: a cache whose page spans 2^31 elements
+// or more (its tokens strided across the whole cache) is refused by name, before any launch.
+TEST_F(AttentionCudaDispatch, DecodeRefusesPagesPast32BitRowOffsets) {
+  using attention_cases::NdView;
+  Package pkg("attention");
+  const int64_t B = 1, H = 2, HK = 1, D = 64, page = 64;
+  HostTensor tab = attention_cases::int32_tensor({0}), len = attention_cases::int32_tensor({5}),
+             q(kBF16, B, H * D), out(kBF16, B, H * D), cache(kBF16, page, HK * D);
+  NdView tv(tab.dl(), {B, 1}, attention_cases::kInt32), lv(len.dl(), {B}, attention_cases::kInt32),
+      qv(q.dl(), {B, 1, H, D}), ov(out.dl(), {B, 1, H, D}), cv(cache.dl(), {1, page, HK, D});
+  std::string err;
+  for (int64_t row : {int64_t{1} << 24, int64_t{1} << 25}) {  // 2^30 and 2^31 elements a page
+    cv.strides[1] = row;
+    cv.strides[0] = row * page;
+    DLTensor Q = on_cuda(&qv.t, 0), O = on_cuda(&ov.t, 0), C = on_cuda(&cv.t, 0),
+             T = on_cuda(&tv.t, 0), L = on_cuda(&lv.t, 0);
+    const int32_t rc = pkg.call("paged_attention_decode",
+                                {targ(&Q), targ(&C), targ(&C), targ(&T), targ(&L), iarg(-1),
+                                 farg(0.125), targ(&O), targ(nullptr)},
+                                &err);
+    if (row == int64_t{1} << 24) {
+      EXPECT_EQ(rc, KH_OK) << err;
+      EXPECT_EQ(backend_.take().size(), 1u);
+    } else {
+      EXPECT_EQ(rc, KH_ERR_UNSUPPORTED);
+      EXPECT_NE(err.find("paged_attention_decode: a page of 64 tokens spans 2147483648 elements"),
+                std::string::npos)
+          << err;
+      EXPECT_TRUE(backend_.take().empty());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kh::kernels_test
