@@ -330,6 +330,11 @@ static_assert(kh_decode_tc_ctas_per_sm(128) >= 1, "at most 12 decode warps a CTA
 KH_HD constexpr int kh_decode_tc_smem_bytes(int head_dim) {
   return (1 + 2 * kh_decode_tc_warps() * kh_decode_tc_stages()) * 16 * head_dim * 2;
 }
+// The most elements one page of the cache may span (page_size x the larger token stride): the
+// tensor-core decode offsets the rows inside a page in 32 bits; the host refuses larger pages.
+KH_HD constexpr kh_i64 kh_decode_tc_page_span_max() {
+  return 0x7FFFFFFF;
+}
 
 // Appends new tokens' K and V (nw) into the pages.
 struct kh_append_params {

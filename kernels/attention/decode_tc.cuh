@@ -133,8 +133,7 @@ KH_DEV void kh_load_chunk(kh_u32 k_tile, kh_u32 v_tile, const kh_paged_kv& kv,
   if (nw.in_chunk(tok0)) {
     kh_load_paged_rows<D, T, true>(k_tile, v_tile, kv, nw, b, hk, tok0, t_hi, lane, at.page);
   } else if (at.page >= 0) {
-    // A row offset inside a page fits 32 bits (run_decode refuses pages where it would not);
-    // the page's offset does not.
+    // A row offset inside a page fits 32 bits (kh_decode_tc_page_span_max); the page's does not.
     const T* k =
         (const T*)kv.k + (kh_i64)hk * kv.k_head + at.page * kv.k_page + at.row0 * (int)kv.k_row;
     const T* v =

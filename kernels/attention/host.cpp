@@ -725,10 +725,9 @@ int32_t run_decode(const char* op, const DecodeArgs& a, void* stream) {
   // Tensor cores (decode_tc.cuh: 16 rows per CTA) for head_dim 64 and 128, which also fuse the
   // append; CUDA cores (4 or 8 rows per CTA) for head_dim 256, after the append's own kernel.
   const bool tc = d != 256;
-  // decode_tc.cuh offsets the rows inside a page in 32 bits (its loader's fast path).
   const int64_t page_span =
       static_cast<int64_t>(p.kv.page_size) * std::max<int64_t>(p.kv.k_row, p.kv.v_row);
-  if (tc && page_span > 0x7FFFFFFF)
+  if (tc && page_span > kh_decode_tc_page_span_max())
     return fail(KH_ERR_UNSUPPORTED,
                 "%s: a page of %d tokens spans %lld elements of k_cache/v_cache (token stride x "
                 "page size); the cuda decode takes pages of at most 2^31 - 1 elements: keep each "
