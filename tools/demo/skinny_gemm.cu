@@ -71,6 +71,47 @@ KH_DEV float bias_at(const kh_bf16* bias, int n) {
   return bias ? kh_to_float(bias[n]) : 0.f;
 }
 
+// A thread's share of [ROWS, 64 k] tiles of a row-major bf16 matrix that differ only in their k
+// offset (the stages of one output tile), in kh_load_tile's layout and chunk order: thread t
+// loads 16-byte chunk t % 8 of rows t / 8 + 16 j, so its shared-memory offsets are one constant
+// plus 2048 j bytes (the swizzle's row term, row & 7, is the same for every j) and its sources
+// one pointer plus j strides of 16 rows. kh_load_tile recomputes each chunk's 64-bit row product
+// and its validity select every stage: about 12 instructions a chunk of a stage, against 3 here
+// (a stage of the LM head's 128 x 64 weights took 116 instructions a thread for 8 chunks; four
+// warps an SM issue every one of them on the critical path). Rows at or past `rows` read as zero.
+template <int ROWS>
+struct TileRows {
+  static_assert(ROWS % 16 == 0, "16 rows a pass of 128 threads");
+  const kh_bf16* row;  // this thread's first row and chunk, at k offset 0
+  const kh_bf16* src;  // the tile's row 0 (a readable address for the zero-filled chunks)
+  long long step;      // 16 rows, in elements
+  kh_u32 smem;         // this thread's first chunk in a tile
+  int passes;          // passes j with row t / 8 + 16 j inside the matrix
+  KH_DEV TileRows(const kh_bf16* src_, long long stride, int rows, int tid) {
+    const int r0 = tid / kChunks, c = tid % kChunks;
+    src = src_;
+    row = src_ + r0 * stride + c * 8;
+    step = 16 * stride;
+    smem = kh_swz<kChunks>(r0, c);
+    passes = rows > r0 ? (rows - r0 + 15) / 16 : 0;
+  }
+  // The tile at k offset `k` (elements) into the shared-memory tile at `tile`.
+  KH_DEV void load(kh_u32 tile, int k) const {
+    const kh_bf16* g = row + k;
+    if (passes >= ROWS / 16) {  // every row inside (all but a matrix's last tile): no selects
+#pragma unroll
+      for (int j = 0; j < ROWS / 16; ++j, g += step)
+        kh_cp_async16(tile + smem + j * 16 * kChunks * 16, g, true);
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < ROWS / 16; ++j, g += step) {
+      const bool valid = j < passes;
+      kh_cp_async16(tile + smem + j * 16 * kChunks * 16, valid ? g : src, valid);
+    }
+  }
+};
+
 // This CTA's share of K's 64-value chunks: [c0, c0 + nc) of split blockIdx.y of gridDim.y.
 struct KShare {
   int c0, nc;
@@ -338,19 +379,15 @@ KH_DEV void skinny_wgmma(const kh_bf16* __restrict__ x, long long ldx,
   const kh_bf16* xt = x + (long long)c0 * kBK;
   // Stage s: the x tile [64 rows, 64 k], then the W tile [BN rows, 64 k] (one panel each; SILU:
   // the gate rows in its first half, the up rows in its second, 8-row swizzle atoms apart).
+  const TileRows<SILU ? BN / 2 : BN> w_rows(wt, K, N - n0, tid);
+  const TileRows<BN / 2> up_rows(wt + (long long)N * K, K, N - n0, tid);  // SILU only
+  const TileRows<kBM> x_rows(xt, ldx, M, tid);
   auto load_w = [&](int s, int c) {
     const kh_u32 dst = base + s * kStage + kXTile;
-    if constexpr (SILU) {
-      kh_load_tile<BN / 2, kBK, kThreads>(dst, wt + c * kBK, K, 0, N - n0, tid);
-      kh_load_tile<BN / 2, kBK, kThreads>(dst + BN / 2 * kBK * 2, wt + (long long)N * K + c * kBK,
-                                          K, 0, N - n0, tid);
-    } else {
-      kh_load_tile<BN, kBK, kThreads>(dst, wt + c * kBK, K, 0, N - n0, tid);
-    }
+    w_rows.load(dst, c * kBK);
+    if constexpr (SILU) up_rows.load(dst + BN / 2 * kBK * 2, c * kBK);
   };
-  auto load_x = [&](int s, int c) {
-    kh_load_tile<kBM, kBK, kThreads>(base + s * kStage, xt + c * kBK, ldx, 0, M, tid);
-  };
+  auto load_x = [&](int s, int c) { x_rows.load(base + s * kStage, c * kBK); };
   load_first_stages<STAGES>(nc, load_w, load_x);
   // PRENORM: the rows' rstd while the first stages load (the loop's first barrier shows them).
   float* rstd = reinterpret_cast<float*>(wg_smem + STAGES * kStage);
@@ -571,17 +608,25 @@ KH_DEV void skinny_head_argmax(const kh_bf16* __restrict__ x, const kh_bf16* __r
   const kh_u32 x_tiles = base, w_stages = base + nc * kXTile;
   float* rstd = reinterpret_cast<float*>(wg_smem + nc * kXTile + STAGES * kWTile);
   int* last_cta = reinterpret_cast<int*>(rstd + kBM);
-  // Stage s of the walk: chunk s % nc of tile blockIdx.x + (s / nc) * gridDim.x.
-  auto tile_col = [&](int s) { return ((int)blockIdx.x + (s / nc) * (int)gridDim.x) * BN; };
-  auto load_w = [&](int s) {
-    const int n0 = tile_col(s);
-    kh_load_tile<BN, kBK, kThreads>(w_stages + (s % STAGES) * kWTile,
-                                    w + (long long)n0 * K + (s % nc) * kBK, K, 0, N - n0, tid);
+  // Stage s of the walk: chunk s % nc of tile blockIdx.x + (s / nc) * gridDim.x, in slot
+  // s % STAGES. Loads and the main loop each walk the stages in order, so each keeps its own
+  // (chunk, slot, tile) counters instead of dividing by nc every stage.
+  const int tile_step = (int)gridDim.x * BN;
+  int load_c = 0, load_slot = 0, load_n0 = (int)blockIdx.x * BN;
+  TileRows<BN> w_rows(w + (long long)load_n0 * K, K, N - load_n0, tid);
+  auto load_next_w = [&]() {
+    w_rows.load(w_stages + load_slot * kWTile, load_c * kBK);
+    load_slot = load_slot + 1 == STAGES ? 0 : load_slot + 1;
+    if (++load_c == nc) {
+      load_c = 0;
+      load_n0 += tile_step;
+      w_rows = TileRows<BN>(w + (long long)load_n0 * K, K, N - load_n0, tid);
+    }
   };
   // The first stages' weights before griddepcontrol.wait, x after it: all of it in the first
   // commit group, the other STAGES - 2 groups empty (the loop waits for STAGES - 2 pending).
   for (int s = 0; s < STAGES - 1; ++s)
-    if (s < total) load_w(s);
+    if (s < total) load_next_w();
   kh_pdl_wait();
   for (int c = 0; c < nc; ++c)
     kh_load_tile<kBM, kBK, kThreads>(x_tiles + c * kXTile, x + c * kBK, K, 0, M, tid);
@@ -621,14 +666,15 @@ KH_DEV void skinny_head_argmax(const kh_bf16* __restrict__ x, const kh_bf16* __r
   float acc[BN / 2];
   float best_v[2] = {0.f, 0.f};
   long long best_i[2] = {N, N};  // N: no column seen
+  // Stage s's chunk, slot and tile.
+  int c = 0, slot = 0, n0 = (int)blockIdx.x * BN;
   for (int s = 0; s < total; ++s) {
     kh_cp_async_wait<STAGES - 2>();
     kh_fence_proxy_async();  // this thread's cp.async writes, visible to wgmma's reads
     __syncthreads();         // ... every thread's; and every wgmma of stage s - 1 is done
-    if (s + STAGES - 1 < total) load_w(s + STAGES - 1);
+    if (s + STAGES - 1 < total) load_next_w();
     kh_cp_async_commit();
-    const int c = s % nc;
-    const kh_u32 xs = x_tiles + c * kXTile, ws = w_stages + (s % STAGES) * kWTile;
+    const kh_u32 xs = x_tiles + c * kXTile, ws = w_stages + slot * kWTile;
     kh_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)
@@ -636,11 +682,12 @@ KH_DEV void skinny_head_argmax(const kh_bf16* __restrict__ x, const kh_bf16* __r
                                kh_wgmma_desc(ws + kk * 32, 16, 1024), c > 0 || kk > 0);
     kh_wgmma_commit();
     kh_wgmma_wait<0>();
-    if (c != nc - 1) continue;
+    slot = slot + 1 == STAGES ? 0 : slot + 1;
+    if (++c != nc) continue;
+    c = 0;
     // The tile's logits, rounded to bf16 as written, and the rows' best of them (columns in
     // ascending order along the walk: the first maximum stays). acc[4 i + 2 h + j]: row row + 8 h,
     // column 8 i + col + j.
-    const int n0 = tile_col(s);
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
@@ -654,6 +701,7 @@ KH_DEV void skinny_head_argmax(const kh_bf16* __restrict__ x, const kh_bf16* __r
         argmax_take(v0, n, N, best_v[h], best_i[h]);
         argmax_take(v1, n + 1, N, best_v[h], best_i[h]);
       }
+    n0 += tile_step;
   }
   kh_cp_async_wait<0>();
   kh_pdl_launch_dependents();
