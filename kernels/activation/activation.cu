@@ -5,7 +5,8 @@
 // Header-free for NVRTC: the build inlines act_math.h and kh_prelude.cuh into the shipped
 // activation.cu. Kernels are extern "C", named
 //   act_<op>_<fwd|bwd>_<bf16|fp16|fp32>_<vec|scalar>
-// with op in silu_and_mul, gelu_and_mul (erf), gelu_tanh_and_mul, silu, gelu_tanh.
+// with op in silu_and_mul, gelu_and_mul (erf), gelu_tanh_and_mul, silu, gelu_tanh, and
+// act_silu_and_mul_bwd_out_<dtype>_<vec|scalar> (the backward that also writes y).
 // Rows: x is [rows, 2d] for the *_and_mul ops (gate = x[:, :d], up = x[:, d:]) and [rows, d]
 // otherwise; y, dy are [rows, d]; dx is shaped like x; each tensor has its own row stride.
 // Geometry (host.cpp): blockDim = (tx, ty) covers ty rows per CTA with tx threads along the row,
@@ -19,9 +20,12 @@ namespace {
 
 constexpr int kUnroll = 4;
 
-template <typename T, int VEC, int OP, bool BWD>
+// OUT (GLU backward only): also y = act(gate) * up, the forward's output, into y (row stride sy),
+// for a caller that did not keep it (SiluAndMulRecompute).
+template <typename T, int VEC, int OP, bool BWD, bool OUT = false>
 __device__ __forceinline__ void act_kernel(const T* x, kh_i64 sx, const T* dy, kh_i64 sdy, T* out,
-                                           kh_i64 so, kh_i64 rows, int d) {
+                                           kh_i64 so, kh_i64 rows, int d, T* y = nullptr,
+                                           kh_i64 sy = 0) {
   typedef kh_raw<T, VEC> Raw;
   constexpr bool kGlu = OP <= KH_ACT_GELU_TANH_AND_MUL;
   const kh_i64 row = (kh_i64)blockIdx.x * blockDim.y + threadIdx.y;
@@ -62,15 +66,19 @@ __device__ __forceinline__ void act_kernel(const T* x, kh_i64 sx, const T* dy, k
         float gd[VEC];
         kh_unpack<T, VEC>(e[k], gd);
         if constexpr (kGlu) {
-          float b[VEC], du[VEC];
+          float b[VEC], du[VEC], yo[VEC];
           kh_unpack<T, VEC>(u[k], b);
 #pragma unroll
           for (int i = 0; i < VEC; ++i) {
+            const float act = kh_act(OP, a[i]);
             o[i] = gd[i] * b[i] * kh_dact(OP, a[i]);  // d gate
-            du[i] = gd[i] * kh_act(OP, a[i]);         // d up
+            du[i] = gd[i] * act;                      // d up
+            yo[i] = act * b[i];                       // the forward's output (OUT)
           }
           kh_store_raw<T, VEC>(orow + (kh_i64)v * VEC, kh_pack<T, VEC>(o));
           kh_store_raw<T, VEC>(orow + d + (kh_i64)v * VEC, kh_pack<T, VEC>(du));
+          if constexpr (OUT)
+            kh_store_raw<T, VEC>(y + row * sy + (kh_i64)v * VEC, kh_pack<T, VEC>(yo));
         } else {
 #pragma unroll
           for (int i = 0; i < VEC; ++i) o[i] = gd[i] * kh_dact(OP, a[i]);
@@ -102,7 +110,25 @@ __device__ __forceinline__ void act_kernel(const T* x, kh_i64 sx, const T* dy, k
   KH_ACT_OP_DTYPE(ONAME, OP, fp16, kh_fp16) \
   KH_ACT_OP_DTYPE(ONAME, OP, fp32, float)
 
+// The GLU backward that also writes the forward's output y (row stride sy):
+//   act_<op>_bwd_out_<dtype>_<vec|scalar>(x, sx, dy, sdy, dx, sdx, rows, d, y, sy)
+#define KH_ACT_BWD_OUT_KERNEL(ONAME, OP, TNAME, T, VEC, VNAME)                                     \
+  extern "C" __global__ void __launch_bounds__(256) act_##ONAME##_bwd_out_##TNAME##_##VNAME(       \
+      const T* x, kh_i64 sx, const T* dy, kh_i64 sdy, T* out, kh_i64 so, kh_i64 rows, int d, T* y, \
+      kh_i64 sy) {                                                                                 \
+    kh_pdl_enter();                                                                                \
+    act_kernel<T, VEC, OP, true, true>(x, sx, dy, sdy, out, so, rows, d, y, sy);                   \
+  }
+#define KH_ACT_BWD_OUT(ONAME, OP)                                            \
+  KH_ACT_BWD_OUT_KERNEL(ONAME, OP, bf16, kh_bf16, kh_vec16<kh_bf16>::n, vec) \
+  KH_ACT_BWD_OUT_KERNEL(ONAME, OP, bf16, kh_bf16, 1, scalar)                 \
+  KH_ACT_BWD_OUT_KERNEL(ONAME, OP, fp16, kh_fp16, kh_vec16<kh_fp16>::n, vec) \
+  KH_ACT_BWD_OUT_KERNEL(ONAME, OP, fp16, kh_fp16, 1, scalar)                 \
+  KH_ACT_BWD_OUT_KERNEL(ONAME, OP, fp32, float, kh_vec16<float>::n, vec)     \
+  KH_ACT_BWD_OUT_KERNEL(ONAME, OP, fp32, float, 1, scalar)
+
 KH_ACT_OP(silu_and_mul, KH_ACT_SILU_AND_MUL)
+KH_ACT_BWD_OUT(silu_and_mul, KH_ACT_SILU_AND_MUL)
 KH_ACT_OP(gelu_and_mul, KH_ACT_GELU_AND_MUL)
 KH_ACT_OP(gelu_tanh_and_mul, KH_ACT_GELU_TANH_AND_MUL)
 KH_ACT_OP(silu, KH_ACT_SILU)

@@ -1,7 +1,7 @@
-// Host library of the kernel-hub/activation package: layers SiluAndMul, GeluAndMul (int
-// attribute approximate: 0 = "none" (erf), 1 = "tanh"), GeluTanh and Silu. forward_train is the
-// forward op (backward needs only the input, which the caller keeps); backward returns the
-// input gradient. Ops check their DLPack arguments, then run cpu.cpp on kDLCPU tensors or launch
+// Host library of the kernel-hub/activation package: layers SiluAndMul, SiluAndMulRecompute,
+// GeluAndMul (int attribute approximate: 0 = "none" (erf), 1 = "tanh"), GeluTanh and Silu.
+// forward_train is the forward op (backward needs only the input, which the caller keeps);
+// backward returns the input gradient (SiluAndMulRecompute's also the forward's output). Ops check their DLPack arguments, then run cpu.cpp on kDLCPU tensors or launch
 // activation.cu's kernels through the loader on kDLCUDA tensors.
 //
 // Tensors are viewed as rows (leading dimensions collapsed, last dimension contiguous, any row
@@ -21,7 +21,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/activation";
-constexpr const char* kPackageVersion = "1.0.2";
+constexpr const char* kPackageVersion = "1.1.0";
 
 const char* op_kernel_name(int op) {
   switch (op) {
@@ -65,15 +65,16 @@ int32_t output_cols(const char* op_name, int op, const RowsView& x, int64_t* d) 
   return KH_OK;
 }
 
-// Runs op forward (dy == nullptr) or backward on cpu or cuda.
+// Runs op forward (dy == nullptr) or backward on cpu or cuda; a GLU backward with y also writes
+// the forward's output there.
 int32_t run(const char* op_name, int op, const RowsView& x, const RowsView* dy, const RowsView& out,
-            int64_t d, void* stream) {
+            int64_t d, void* stream, const RowsView* y = nullptr) {
   if (x.rows == 0 || d == 0) return KH_OK;
   const bool bwd = dy != nullptr;
   if (is_cpu(x.device)) {
     if (bwd)
       act_cpu::backward(op, x.dtype, dy->data, dy->stride, x.data, x.stride, out.data, out.stride,
-                        x.rows, d);
+                        x.rows, d, y ? y->data : nullptr, y ? y->stride : 0);
     else
       act_cpu::forward(op, x.dtype, x.data, x.stride, out.data, out.stride, x.rows, d);
     return KH_OK;
@@ -83,20 +84,27 @@ int32_t run(const char* op_name, int op, const RowsView& x, const RowsView* dy, 
   // x (and a GLU dx) hold two halves: d % vec16 == 0 keeps the second half aligned.
   bool vec = (d % vec16) == 0 && vectorizable(x, in_mult * vec16) && vectorizable(out, vec16);
   if (bwd) vec = vec && vectorizable(*dy, vec16);
+  if (y) vec = vec && vectorizable(*y, vec16);
   const int64_t nvec = vec ? d / vec16 : d;
   const ActLaunch cfg = act_launch(x.rows, nvec);
   if (cfg.grid_x > 0x7FFFFFFF || cfg.grid_y > 65535)
     return fail(KH_ERR_UNSUPPORTED, "%s: %lld rows of %lld columns exceed the launch grid", op_name,
                 static_cast<long long>(x.rows), static_cast<long long>(d));
   char name[96];
-  snprintf(name, sizeof name, "act_%s_%s_%s_%s", op_kernel_name(op), bwd ? "bwd" : "fwd",
+  snprintf(name, sizeof name, "act_%s_%s_%s_%s", op_kernel_name(op),
+           y     ? "bwd_out"
+           : bwd ? "bwd"
+                 : "fwd",
            dtype_tag(x.dtype), vec ? "vec" : "scalar");
   const void* xp = x.data;
   const void* dyp = bwd ? dy->data : nullptr;
   void* op_ = out.data;
+  void* yp = y ? y->data : nullptr;
   long long sx = x.stride, sdy = bwd ? dy->stride : 0, so = out.stride, rows = x.rows;
+  long long sy = y ? y->stride : 0;
   int di = static_cast<int>(d);
-  void* params[] = {&xp, &sx, &dyp, &sdy, &op_, &so, &rows, &di};
+  void* params[] = {&xp, &sx,   &dyp, &sdy, &op_,
+                    &so, &rows, &di,  &yp,  &sy};  // the last two: bwd_out
   LaunchDims dims;
   dims.flags = kPdlEntry;
   dims.grid[0] = static_cast<uint32_t>(cfg.grid_x);
@@ -119,6 +127,10 @@ int32_t gelu_op(const char* op_name, int64_t approximate, int* op) {
 constexpr OpSchema kSiluAndMul{"silu_and_mul(Tensor x, Tensor(a!) y) -> ()"};
 constexpr OpSchema kSiluAndMulBackward{
     "silu_and_mul_backward(Tensor dy, Tensor x, Tensor(a!) dx) -> ()"};
+// SiluAndMulRecompute's backward: silu_and_mul_backward's dx, and y = silu(gate) * up (the
+// forward's output, which the caller did not keep) in the same pass over x and dy.
+constexpr OpSchema kSiluAndMulBackwardRecompute{
+    "silu_and_mul_backward_recompute(Tensor dy, Tensor x, Tensor(a!) dx, Tensor(a!) y) -> ()"};
 constexpr OpSchema kGeluAndMul{"gelu_and_mul(Tensor x, int approximate, Tensor(a!) y) -> ()"};
 constexpr OpSchema kGeluAndMulBackward{
     "gelu_and_mul_backward(Tensor dy, Tensor x, int approximate, Tensor(a!) dx) -> ()"};
@@ -157,9 +169,23 @@ int32_t backward(const Args<S>& a, void* stream) {
   return run(op_name, op, x, &dy, dx, d, stream);
 }
 
+int32_t backward_recompute(const Args<kSiluAndMulBackwardRecompute>& a, void* stream) {
+  const char* op_name = a.op();
+  const int op = KH_ACT_SILU_AND_MUL;
+  RowsView dy, x, dx, y;
+  KH_TRY(rows_view(a.tensor("x"), &x));
+  int64_t d = 0;
+  KH_TRY(output_cols(op_name, op, x, &d));
+  KH_TRY(rows_like(a.tensor("dy"), x, d, "y", &dy));
+  KH_TRY(rows_like(a.tensor("dx"), x, x.cols, "x", &dx));
+  KH_TRY(rows_like(a.tensor("y"), x, d, "x with half the columns", &y));
+  return run(op_name, op, x, &dy, dx, d, stream, &y);
+}
+
 constexpr kh_op_v1_t kOps[] = {
     op<forward<kSiluAndMul, KH_ACT_SILU_AND_MUL>>(),
     op<backward<kSiluAndMulBackward, KH_ACT_SILU_AND_MUL>>(),
+    op<backward_recompute>(),
     op<forward<kGeluAndMul, KH_ACT_GELU_AND_MUL>>(),
     op<backward<kGeluAndMulBackward, KH_ACT_GELU_AND_MUL>>(),
     op<forward<kGeluTanh, KH_ACT_GELU_TANH>>(),
@@ -171,6 +197,10 @@ constexpr kh_op_v1_t kOps[] = {
 // forward_train is the forward op: backward needs only the input, which the caller keeps.
 constexpr kh_layer_v1_t kLayers[] = {
     layer("SiluAndMul", kSiluAndMul, kSiluAndMul, kSiluAndMulBackward),
+    // For a caller that drops SiluAndMul's output after the forward (activation
+    // recomputation): backward hands it back with dx, one pass instead of a forward and a
+    // backward (a Qwen3-0.6B training step reads 2 x tokens x ffn fewer elements a layer).
+    layer("SiluAndMulRecompute", kSiluAndMul, kSiluAndMul, kSiluAndMulBackwardRecompute),
     layer("GeluAndMul", kGeluAndMul, kGeluAndMul, kGeluAndMulBackward),
     layer("GeluTanh", kGeluTanh, kGeluTanh, kGeluTanhBackward),
     layer("Silu", kSilu, kSilu, kSiluBackward),

@@ -1,7 +1,7 @@
 // Test cases of the activation package shared by the cpu tests
 // (tests/unit/test_kernels_activation.cpp) and the GPU tests (tests/gpu/test_kernels_gpu.cpp):
 // float64 activations and derivatives, and one function that runs an op's forward and backward
-// for a dtype and shape on an Executor.
+// (for SiluAndMul also SiluAndMulRecompute's backward) for a dtype and shape on an Executor.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -140,6 +140,21 @@ inline void run_case(Executor& ex, const Package& pkg, int op, int dtype, const 
   KH_EXPECT_OK(ex.call(pkg, call.bwd, b, &err), err);
   KH_EXPECT_CLOSE_SCALED(dx.values(), dxref, l2_norm(dxterms), tol, "dx");
   EXPECT_TRUE(dx.gaps_untouched()) << "dx: elements between rows were written";
+  if (op != kSiluAndMul) return;
+
+  // SiluAndMulRecompute's backward: the same dx and the forward's y, bit for bit (the same
+  // formulas in one pass), into tensors of their own strides.
+  HostTensor dx2(dtype, R, in_cols, in_cols + k.pad + 1), y2(dtype, R, d, d + 3);
+  dx2.poison();
+  y2.poison();
+  KH_EXPECT_OK(
+      ex.call(pkg, "silu_and_mul_backward_recompute",
+              {targ(ex.arg(dy)), targ(ex.arg(x)), targ(ex.arg(dx2)), targ(ex.arg(y2))}, &err),
+      err);
+  EXPECT_EQ(dx2.values(), dx.values()) << "dx differs from silu_and_mul_backward's";
+  EXPECT_EQ(y2.values(), y.values()) << "y differs from silu_and_mul's";
+  EXPECT_TRUE(dx2.gaps_untouched()) << "dx: elements between rows were written";
+  EXPECT_TRUE(y2.gaps_untouched()) << "y: elements between rows were written";
 }
 
 }  // namespace kh::kernels_test::act_cases

@@ -138,6 +138,7 @@ TEST_F(CudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsItsBounds) {
           DLTensor H = on_cuda(h);
           ok(*act_, "silu_and_mul", {targ(&X), targ(&H)});
           ok(*act_, "silu_and_mul_backward", {targ(&H), targ(&X), targ(&Y)});
+          ok(*act_, "silu_and_mul_backward_recompute", {targ(&H), targ(&X), targ(&Y), targ(&H)});
           ok(*act_, "gelu_and_mul", {targ(&X), iarg(0), targ(&H)});
           ok(*act_, "gelu_and_mul_backward", {targ(&H), targ(&X), iarg(1), targ(&Y)});
         }
@@ -155,7 +156,8 @@ TEST_F(CudaDispatch, EveryRequestedKernelExistsAndEveryLaunchFitsItsBounds) {
        {"norm_fwd_rms_bf16_vec_reg", "norm_fwd_rms_bf16_vec_loop", "norm_fwd_rms_fp16_scalar_reg",
         "norm_fwd_rms_fp32_scalar_loop", "norm_bwd_ln_fp32_vec_reg", "norm_bwd_rms_bf16_vec_loop",
         "norm_reduce_partials_bf16", "act_silu_and_mul_fwd_bf16_vec",
-        "act_silu_and_mul_fwd_fp16_scalar", "act_gelu_tanh_and_mul_bwd_fp32_vec"})
+        "act_silu_and_mul_fwd_fp16_scalar", "act_gelu_tanh_and_mul_bwd_fp32_vec",
+        "act_silu_and_mul_bwd_out_bf16_vec", "act_silu_and_mul_bwd_out_fp32_scalar"})
     EXPECT_TRUE(seen.count(k)) << k << " was never chosen";
 }
 
