@@ -679,8 +679,9 @@ TEST_F(GpuDemoDevice, PackageNormsAndFusedLossTrainLikeTheRuntimesOwn) {
   // residual kept for backward, the normed inputs recomputed there), the softmax package's
   // fused loss (writing the LM head's zero gradient in place, or through a scratch when the
   // gradient accumulates) and, for Qwen3, the rotary package's QKNormRotaryEmbedding (the q/k
-  // norms and RoPE in one op each way, rstd recomputed in the backward) against the runtime's
-  // own add + norm, norms + RoPE and chunked loss, fp32.
+  // norms and RoPE in one op each way, rstd recomputed in the backward) and the activation
+  // package's SiluAndMulRecompute (the MLP's dx and its dropped output in one backward pass)
+  // against the runtime's own add + norm, norms + RoPE, chunked loss and SiluAndMul, fp32.
   const std::string dir = KH_KERNEL_PACKAGES_DIR;
   Runtime rt;
   const DemoSlots slots = add_device_demo_slots(rt);
@@ -689,6 +690,7 @@ TEST_F(GpuDemoDevice, PackageNormsAndFusedLossTrainLikeTheRuntimesOwn) {
     rt.bind(kFusedAddRMSNorm, dir + "/norm", mode, 0);
     rt.bind(kFusedLinearCrossEntropy, dir + "/softmax", mode, 0);
     rt.bind(kQKNormRotaryEmbedding, dir + "/rotary", mode, 0);
+    rt.bind(kSiluAndMulRecompute, dir + "/activation", mode, 0);
   }
   rt.set_mode(Mode::kTrain);
   runtime_->set_mode(Mode::kTrain);
@@ -718,14 +720,16 @@ TEST_F(GpuDemoDevice, PackageNormsAndFusedLossTrainLikeTheRuntimesOwn) {
     for (const char* name :
          {"model.embed_tokens.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight",
           "model.layers.1.post_attention_layernorm.weight",
-          "model.layers.1.self_attn.q_proj.weight", "model.layers.0.mlp.gate_proj.weight"})
+          "model.layers.1.self_attn.q_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+          "model.layers.1.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"})
       expect_close(pkg.download_weight(name), own.download_weight(name), 1e-4f, 1e-3f, name);
     if (cfg.qk_norm)
       for (const char* name :
            {"model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight",
             "model.layers.1.self_attn.k_proj.weight"})
         expect_close(pkg.download_weight(name), own.download_weight(name), 1e-4f, 1e-3f, name);
-    std::vector<const char*> served = {kRMSNorm, kFusedAddRMSNorm, kFusedLinearCrossEntropy};
+    std::vector<const char*> served = {kRMSNorm, kFusedAddRMSNorm, kFusedLinearCrossEntropy,
+                                       kSiluAndMulRecompute};
     if (cfg.qk_norm) served.push_back(kQKNormRotaryEmbedding);
     for (const char* slot : served)
       EXPECT_NE(std::find(pkg.package_slots().begin(), pkg.package_slots().end(), slot),

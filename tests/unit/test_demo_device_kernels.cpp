@@ -87,6 +87,11 @@ TEST(DemoDeviceSlots, TheDeviceRuntimeHasTheFusedSlotsWhoseOwnOpsRefuse) {
     EXPECT_EQ(rt.backward(s.fused_add_rms_norm, kCpuDevice, nullptr, 0, nullptr),
               KH_ERR_UNSUPPORTED);
     EXPECT_NE(last_op_error().find("RMSNorm slot"), std::string::npos) << last_op_error();
+    // SiluAndMulRecompute likewise: without a package the model runs SiluAndMul again.
+    EXPECT_EQ(rt.slot_name(s.silu_and_mul_recompute), "SiluAndMulRecompute");
+    EXPECT_EQ(rt.backward(s.silu_and_mul_recompute, kCpuDevice, nullptr, 0, nullptr),
+              KH_ERR_UNSUPPORTED);
+    EXPECT_NE(last_op_error().find("SiluAndMul slot"), std::string::npos) << last_op_error();
   }
 }
 

@@ -223,10 +223,10 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   note_slots(model, seen);
 
   run.peak_bytes = model.memory().peak_bytes;
-  std::vector<uint32_t> reported = {slots.rms_norm,          slots.rotary,
-                                    slots.silu_and_mul,      slots.cross_entropy,
-                                    slots.attention,         slots.linear_cross_entropy,
-                                    slots.fused_add_rms_norm};
+  std::vector<uint32_t> reported = {slots.rms_norm,           slots.rotary,
+                                    slots.silu_and_mul,       slots.cross_entropy,
+                                    slots.attention,          slots.linear_cross_entropy,
+                                    slots.fused_add_rms_norm, slots.silu_and_mul_recompute};
   if (decode_shape.context > 0) {
     decode(rt, model, held_out, o, decode_shape, run);
     note_slots(model, seen);

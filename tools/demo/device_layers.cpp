@@ -254,15 +254,25 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   const int64_t NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
   const int64_t B = batch_, S = len_, T = B * S;
   // MLP branch: dgu = [dgate | dup], and the fused weight's backward is both linears' at once.
+  // silu(gate) * up (act_out) was not kept by forward: ds = dh Wdown^T first (it does not read
+  // act_out), then SiluAndMulRecompute's backward gives dgu and act_out in one pass (else the
+  // SiluAndMul slot's forward again and its backward), then Wdown's gradient from act_out.
   DeviceTensor act_out = act({T, F}), ds = act({T, F}), dgu = act({T, 2 * F}), dm = act({T, H});
-  silu_and_mul(s.gu, act_out);  // recomputed (not kept by forward)
-  linear_grad(act_out, *L.wdown, nullptr, dh, &ds, false);
-  act_out = DeviceTensor();
-  if (!(bound(slots_.silu_and_mul) &&
-        call_slot(slots_.silu_and_mul, kSiluAndMul, true,
-                  {tensor_arg(&ds), tensor_arg(&s.gu), tensor_arg(&dgu)})))
-    kernels_.silu_and_mul_backward(stream_, ds, s.gu, dgu);
+  timed(Phase::kGemm,
+        [&] { linear_backward(stream_, act_out, run(*L.wdown), dh, &ds, nullptr, false); });
+  if (!(bound(slots_.silu_and_mul_recompute) &&
+        call_slot(slots_.silu_and_mul_recompute, kSiluAndMulRecompute, true,
+                  {tensor_arg(&ds), tensor_arg(&s.gu), tensor_arg(&dgu), tensor_arg(&act_out)}))) {
+    silu_and_mul(s.gu, act_out);
+    if (!(bound(slots_.silu_and_mul) &&
+          call_slot(slots_.silu_and_mul, kSiluAndMul, true,
+                    {tensor_arg(&ds), tensor_arg(&s.gu), tensor_arg(&dgu)})))
+      kernels_.silu_and_mul_backward(stream_, ds, s.gu, dgu);
+  }
   ds = DeviceTensor();
+  timed(Phase::kGemm,
+        [&] { linear_backward(stream_, act_out, run(*L.wdown), dh, nullptr, &L.wdown->g); });
+  act_out = DeviceTensor();
   {
     DeviceTensor m = act({T, H});
     renorm(s.h_mid, *L.mlp_norm, m);

@@ -501,6 +501,15 @@ int32_t qk_norm_rotary_unserved(const kh_arg_t*, int32_t, void*) {
   return KH_ERR_UNSUPPORTED;
 }
 
+// SiluAndMulRecompute likewise: without a package the device model runs the SiluAndMul slot's
+// forward again, then its backward.
+int32_t silu_and_mul_recompute_unserved(const kh_arg_t*, int32_t, void*) {
+  set_last_op_error(
+      "SiluAndMulRecompute: the runtime has no fallback op of its own for this slot (the device "
+      "model runs the SiluAndMul slot's forward, then its backward, when no package serves it)");
+  return KH_ERR_UNSUPPORTED;
+}
+
 }  // namespace
 
 DemoSlots add_demo_slots(Runtime& rt) {
@@ -528,6 +537,9 @@ DemoSlots add_device_demo_slots(Runtime& rt) {
   s.qk_norm_rotary =
       rt.add_slot(kQKNormRotaryEmbedding, {qk_norm_rotary_unserved, qk_norm_rotary_unserved,
                                            qk_norm_rotary_unserved, KH_FLAG_HAS_BACKWARD});
+  s.silu_and_mul_recompute = rt.add_slot(
+      kSiluAndMulRecompute, {silu_and_mul_recompute_unserved, silu_and_mul_recompute_unserved,
+                             silu_and_mul_recompute_unserved, KH_FLAG_HAS_BACKWARD});
   return s;
 }
 

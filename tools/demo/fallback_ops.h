@@ -51,6 +51,10 @@ inline constexpr const char* kFusedAddRMSNorm = "FusedAddRMSNorm";
 // Qwen3's q/k norms and RoPE in one pass (kernel-hub/rotary >= 1.1, eval only): the device
 // model's decode step; without it, the RMSNorm slot on q and k, then RotaryEmbedding.
 inline constexpr const char* kQKNormRotaryEmbedding = "QKNormRotaryEmbedding";
+// SiluAndMul for a caller that drops its output after the forward (kernel-hub/activation >=
+// 1.1): backward returns it with dx in one pass, silu_and_mul_backward_recompute(dy, x, dx, y).
+// The device model's MLP backward; without it, SiluAndMul's forward again, then its backward.
+inline constexpr const char* kSiluAndMulRecompute = "SiluAndMulRecompute";
 // A slot the runtime did not declare (slot() of a table never reaches it).
 inline constexpr uint32_t kNoSlot = UINT32_MAX;
 
@@ -60,17 +64,19 @@ struct DemoSlots {
   uint32_t silu_and_mul = 0;
   uint32_t cross_entropy = 0;
   uint32_t attention = 0;
-  uint32_t linear_cross_entropy = kNoSlot;  // add_device_demo_slots only
-  uint32_t fused_add_rms_norm = kNoSlot;    // add_device_demo_slots only
-  uint32_t qk_norm_rotary = kNoSlot;        // add_device_demo_slots only
+  uint32_t linear_cross_entropy = kNoSlot;    // add_device_demo_slots only
+  uint32_t fused_add_rms_norm = kNoSlot;      // add_device_demo_slots only
+  uint32_t qk_norm_rotary = kNoSlot;          // add_device_demo_slots only
+  uint32_t silu_and_mul_recompute = kNoSlot;  // add_device_demo_slots only
 };
 
 // Adds the five slots, each with its fallback (forward, forward_train, backward).
 DemoSlots add_demo_slots(Runtime& runtime);
-// The five, FusedLinearCrossEntropy, FusedAddRMSNorm and QKNormRotaryEmbedding, for the
-// GPU-resident model (device_model.h): their fallbacks are the model's own (its chunked loss; its
-// add, then the RMSNorm slot; the RMSNorm slot on q and k, then RotaryEmbedding), so the three
-// slots' own ops only refuse (never called).
+// The five, FusedLinearCrossEntropy, FusedAddRMSNorm, QKNormRotaryEmbedding and
+// SiluAndMulRecompute, for the GPU-resident model (device_model.h): their fallbacks are the
+// model's own (its chunked loss; its add, then the RMSNorm slot; the RMSNorm slot on q and k,
+// then RotaryEmbedding; the SiluAndMul slot forward, then backward), so the four slots' own ops
+// only refuse (never called).
 DemoSlots add_device_demo_slots(Runtime& runtime);
 
 }  // namespace kh::demo
