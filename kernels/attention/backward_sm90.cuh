@@ -190,6 +190,11 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
 
   for (int j = 0; j < steps; ++j) {
     const int st = j % STAGES, m0 = m_lo + (j % nm) * BM;
+    // K's and V's panel addresses, re-read every step: otherwise the compiler keeps the 24
+    // descriptors of their k16 slices (S^T, dP^T, dQ) live across the loop and spills them (64
+    // bytes, reloaded from local memory before the products every step).
+    const kh_u32 k_step = kh_opaque_u32(k_rows), v_step = kh_opaque_u32(v_rows);
+    const kh_u32 k_panel = kh_opaque_u32(sK + (D == 64 ? 0 : wg) * BN * 128);
     kh_mbar_wait(bars + 8 * st, (j / STAGES) & 1);
     const kh_u32 sQ = sQ0 + st * 2 * TILE_Q, sO = sQ + TILE_Q, sDS = sS + (j & 1) * TILE_S;
     const float* s_lse = s_stats + st * 2 * BM;
@@ -203,7 +208,7 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     for (int kk = 0; kk < D / 16; ++kk) {
       const kh_u32 ka = (kh_u32)(kk >> 2) * BN * 128 + (kk & 3) * 32;
       const kh_u32 qa = (kh_u32)(kk >> 2) * BM * 128 + (kk & 3) * 32;
-      kh_wgmma_ss<T, BM>(s, kh_wgmma_desc(k_rows + ka, 16, 1024), kh_wgmma_desc(sQ + qa, 16, 1024),
+      kh_wgmma_ss<T, BM>(s, kh_wgmma_desc(k_step + ka, 16, 1024), kh_wgmma_desc(sQ + qa, 16, 1024),
                          kk > 0);
     }
     kh_wgmma_commit();
@@ -211,7 +216,7 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     for (int kk = 0; kk < D / 16; ++kk) {
       const kh_u32 ka = (kh_u32)(kk >> 2) * BN * 128 + (kk & 3) * 32;
       const kh_u32 qa = (kh_u32)(kk >> 2) * BM * 128 + (kk & 3) * 32;
-      kh_wgmma_ss<T, BM>(dp, kh_wgmma_desc(v_rows + ka, 16, 1024), kh_wgmma_desc(sO + qa, 16, 1024),
+      kh_wgmma_ss<T, BM>(dp, kh_wgmma_desc(v_step + ka, 16, 1024), kh_wgmma_desc(sO + qa, 16, 1024),
                          kk > 0);
     }
     kh_wgmma_commit();
@@ -295,10 +300,8 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     float dq[32];
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-      kh_wgmma_ss_tt<T, 64>(
-          dq, kh_wgmma_desc(sDS + kk * 16 * 128, BM * 128, 1024),
-          kh_wgmma_desc(sK + (D == 64 ? 0 : wg) * BN * 128 + kk * 16 * 128, BN * 128, 1024),
-          kk > 0);
+      kh_wgmma_ss_tt<T, 64>(dq, kh_wgmma_desc(sDS + kk * 16 * 128, BM * 128, 1024),
+                            kh_wgmma_desc(k_panel + kk * 16 * 128, BN * 128, 1024), kk > 0);
     kh_wgmma_commit();
     kh_wgmma_wait<0>();
     kh_mbar_arrive(bars + 8 * (STAGES + st));  // every product reading the stage is done

@@ -51,6 +51,13 @@ KH_DEV kh_u64 kh_wgmma_desc(kh_u32 addr, kh_u32 lbo, kh_u32 sbo) {
          ((kh_u64)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
 
+// x, which the compiler may not assume it knows: a loop that reads it each iteration recomputes
+// what it derives from it there instead of keeping every derived value live across the loop.
+KH_DEV kh_u32 kh_opaque_u32(kh_u32 x) {
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+  return x;
+}
+
 // Orders this thread's register writes (accumulators, A fragments) before the next wgmma.
 KH_DEV void kh_wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
