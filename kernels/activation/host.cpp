@@ -1,8 +1,9 @@
 // Host library of the kernel-hub/activation package: layers SiluAndMul, SiluAndMulRecompute,
 // GeluAndMul (int attribute approximate: 0 = "none" (erf), 1 = "tanh"), GeluTanh and Silu.
 // forward_train is the forward op (backward needs only the input, which the caller keeps);
-// backward returns the input gradient (SiluAndMulRecompute's also the forward's output). Ops check their DLPack arguments, then run cpu.cpp on kDLCPU tensors or launch
-// activation.cu's kernels through the loader on kDLCUDA tensors.
+// backward returns the input gradient (SiluAndMulRecompute's also the forward's output). Ops
+// check their DLPack arguments, then run cpu.cpp on kDLCPU tensors or launch activation.cu's
+// kernels through the loader on kDLCUDA tensors.
 //
 // Tensors are viewed as rows (leading dimensions collapsed, last dimension contiguous, any row
 // stride >= the row length). *_and_mul ops: x is [rows, 2d] (gate | up), y and dy are [rows, d],
@@ -91,11 +92,9 @@ int32_t run(const char* op_name, int op, const RowsView& x, const RowsView* dy, 
     return fail(KH_ERR_UNSUPPORTED, "%s: %lld rows of %lld columns exceed the launch grid", op_name,
                 static_cast<long long>(x.rows), static_cast<long long>(d));
   char name[96];
-  snprintf(name, sizeof name, "act_%s_%s_%s_%s", op_kernel_name(op),
-           y     ? "bwd_out"
-           : bwd ? "bwd"
-                 : "fwd",
-           dtype_tag(x.dtype), vec ? "vec" : "scalar");
+  const char* dir = y ? "bwd_out" : bwd ? "bwd" : "fwd";
+  snprintf(name, sizeof name, "act_%s_%s_%s_%s", op_kernel_name(op), dir, dtype_tag(x.dtype),
+           vec ? "vec" : "scalar");
   const void* xp = x.data;
   const void* dyp = bwd ? dy->data : nullptr;
   void* op_ = out.data;
@@ -103,8 +102,8 @@ int32_t run(const char* op_name, int op, const RowsView& x, const RowsView* dy, 
   long long sx = x.stride, sdy = bwd ? dy->stride : 0, so = out.stride, rows = x.rows;
   long long sy = y ? y->stride : 0;
   int di = static_cast<int>(d);
-  void* params[] = {&xp, &sx,   &dyp, &sdy, &op_,
-                    &so, &rows, &di,  &yp,  &sy};  // the last two: bwd_out
+  // Every kernel takes the first eight; the bwd_out kernels also y and sy.
+  void* params[] = {&xp, &sx, &dyp, &sdy, &op_, &so, &rows, &di, &yp, &sy};
   LaunchDims dims;
   dims.flags = kPdlEntry;
   dims.grid[0] = static_cast<uint32_t>(cfg.grid_x);
@@ -154,8 +153,9 @@ int32_t forward(const Args<S>& a, void* stream) {
   return run(op_name, op, x, nullptr, y, d, stream);
 }
 
-// The backward op of activation `act` (GeluAndMul's: by its approximate argument).
-template <const OpSchema& S, int act>
+// The backward op of activation `act` (GeluAndMul's: by its approximate argument); kWithY: the
+// op also takes `y` and writes the forward's output there (SiluAndMulRecompute's).
+template <const OpSchema& S, int act, bool kWithY = false>
 int32_t backward(const Args<S>& a, void* stream) {
   const char* op_name = a.op();
   int op = act;
@@ -166,26 +166,18 @@ int32_t backward(const Args<S>& a, void* stream) {
   KH_TRY(output_cols(op_name, op, x, &d));
   KH_TRY(rows_like(a.tensor("dy"), x, d, kh_act_is_glu(op) ? "y" : "x", &dy));
   KH_TRY(rows_like(a.tensor("dx"), x, x.cols, "x", &dx));
+  if constexpr (kWithY) {
+    RowsView y;
+    KH_TRY(rows_like(a.tensor("y"), x, d, "x with half the columns", &y));
+    return run(op_name, op, x, &dy, dx, d, stream, &y);
+  }
   return run(op_name, op, x, &dy, dx, d, stream);
-}
-
-int32_t backward_recompute(const Args<kSiluAndMulBackwardRecompute>& a, void* stream) {
-  const char* op_name = a.op();
-  const int op = KH_ACT_SILU_AND_MUL;
-  RowsView dy, x, dx, y;
-  KH_TRY(rows_view(a.tensor("x"), &x));
-  int64_t d = 0;
-  KH_TRY(output_cols(op_name, op, x, &d));
-  KH_TRY(rows_like(a.tensor("dy"), x, d, "y", &dy));
-  KH_TRY(rows_like(a.tensor("dx"), x, x.cols, "x", &dx));
-  KH_TRY(rows_like(a.tensor("y"), x, d, "x with half the columns", &y));
-  return run(op_name, op, x, &dy, dx, d, stream, &y);
 }
 
 constexpr kh_op_v1_t kOps[] = {
     op<forward<kSiluAndMul, KH_ACT_SILU_AND_MUL>>(),
     op<backward<kSiluAndMulBackward, KH_ACT_SILU_AND_MUL>>(),
-    op<backward_recompute>(),
+    op<backward<kSiluAndMulBackwardRecompute, KH_ACT_SILU_AND_MUL, true>>(),
     op<forward<kGeluAndMul, KH_ACT_GELU_AND_MUL>>(),
     op<backward<kGeluAndMulBackward, KH_ACT_GELU_AND_MUL>>(),
     op<forward<kGeluTanh, KH_ACT_GELU_TANH>>(),
