@@ -202,6 +202,23 @@ KH_HD bool kh_attn_visible(int i, int j, int offset, int causal, int window_left
   return true;
 }
 
+// kh_attn_visible as ranges, for masks without a branch an element: the keys j in [lo, hi) that
+// query i sees (also j < len_k), and the queries i in [lo, hi) that see key j (also i < len_q;
+// none for j >= len_k).
+struct kh_attn_span {
+  int lo, hi;
+};
+KH_HD kh_attn_span kh_attn_keys_of(int i, int len_k, int offset, int causal, int window_left) {
+  const int hi = causal && i + offset + 1 < len_k ? i + offset + 1 : len_k;
+  return {window_left >= 0 ? i + offset - window_left : 0, hi};
+}
+KH_HD kh_attn_span kh_attn_queries_of(int j, int len_q, int len_k, int offset, int causal,
+                                      int window_left) {
+  if (j >= len_k) return {0, 0};
+  const int w = j - offset + window_left + 1;
+  return {causal ? j - offset : 0, window_left >= 0 && w < len_q ? w : len_q};
+}
+
 // Backward of attention_forward (FlashAttention-2's algorithm): f holds the forward's inputs, its
 // output (f.o) and log-sum-exp (f.lse); dq_accum and delta are the caller's fp32 workspace.
 struct kh_attn_bwd_params {

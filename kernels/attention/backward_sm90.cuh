@@ -223,32 +223,51 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     kh_wgmma_wait<1>();
 
     // P^T; masks only where the block crosses an edge. The LSE is raw (natural log; -inf for a
-    // row that sees no key, whose P must be 0, not exp2(+inf)).
+    // row that sees no key, whose P must be 0, not exp2(+inf)). The thread's 16 query columns
+    // (kq * 16 + h * 8 + 2 (lane & 3), + 1) are read as 8 pairs, and P^T is computed without a
+    // branch between its elements: per-element branches (the mask) kept ptxas from overlapping
+    // one element's shared-memory read with the math of the others.
     const bool full = m0 + BM <= len_q && n0 + BN <= len_k &&
                       (!f.causal || m0 + offset >= n0 + BN - 1) &&
                       (f.window_left < 0 || m0 + BM - 1 + offset - f.window_left <= n0);
+    const int c0 = 2 * (lane & 3);
+    float l2[BM / 16][2][2];
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 l = *reinterpret_cast<const float2*>(s_lse + kq * 16 + h * 8 + c0);
+        l2[kq][h][0] = l.x == KH_NEG_INF ? -KH_NEG_INF : l.x * 1.4426950408889634f;
+        l2[kq][h][1] = l.y == KH_NEG_INF ? -KH_NEG_INF : l.y * 1.4426950408889634f;
+      }
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          s[8 * kq + 2 * i + e] = kh_exp2(s[8 * kq + 2 * i + e] * sl2 - l2[kq][i >> 1][e]);
+    if (!full) {
+      const kh_attn_span qs[2] = {
+          kh_attn_queries_of(kr0, len_q, len_k, offset, f.causal, f.window_left),
+          kh_attn_queries_of(kr0 + 8, len_q, len_k, offset, f.causal, f.window_left)};
+#pragma unroll
+      for (int kq = 0; kq < BM / 16; ++kq)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int qi = m0 + kq * 16 + (i >> 1) * 8 + c0 + e;
+            const kh_attn_span& q = qs[i & 1];
+            s[8 * kq + 2 * i + e] = qi >= q.lo && qi < q.hi ? s[8 * kq + 2 * i + e] : 0.f;
+          }
+    }
     // P^T straight into its 16-bit A fragments.
     kh_u32 pa[BM / 16][4], da[BM / 16][4];
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float pe[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = kq * 16 + (i >> 1) * 8 + 2 * (lane & 3) + e;
-          const float l = s_lse[col];
-          const float l2 = l == KH_NEG_INF ? -KH_NEG_INF : l * 1.4426950408889634f;
-          pe[e] = kh_exp2(s[8 * kq + 2 * i + e] * sl2 - l2);
-          if (!full) {
-            const int qi = m0 + col, key = kr0 + (i & 1) * 8;
-            if (key >= len_k || qi >= len_q ||
-                !kh_attn_visible(qi, key, offset, f.causal, f.window_left))
-              pe[e] = 0.f;
-          }
-        }
-        pa[kq][i] = kh_pack2<T>(pe[0], pe[1]);
-      }
+      for (int i = 0; i < 4; ++i) pa[kq][i] = kh_pack2<T>(s[8 * kq + 2 * i], s[8 * kq + 2 * i + 1]);
     // dV += P^T dO (k16 step kq: queries 16kq .. 16kq + 15, rows of dO), running while dS^T is
     // computed.
     kh_wgmma_fence();
@@ -256,6 +275,13 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     for (int kq = 0; kq < BM / 16; ++kq)
       kh_wgmma_rs_tb<T, D>(dv, pa[kq], kh_wgmma_desc(sO + kq * 16 * 128, BM * 128, 1024));
     kh_wgmma_commit();
+    // delta of the same 16 columns, read while dP^T finishes.
+    float2 dl[BM / 16][2];
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        dl[kq][h] = *reinterpret_cast<const float2*>(s_delta + kq * 16 + h * 8 + c0);
     kh_wgmma_wait<1>();  // dP^T is done (dV may still run)
 
     // dS^T = P^T (dP^T - delta), P^T taken back from its 16-bit copy (fp32 P^T is not kept: its
@@ -264,11 +290,11 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     for (int kq = 0; kq < BM / 16; ++kq)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int col = kq * 16 + (i >> 1) * 8 + 2 * (lane & 3);
         float p0, p1;
         kh_unpack2<T>(pa[kq][i], p0, p1);
-        da[kq][i] = kh_pack2<T>(p0 * (dp[8 * kq + 2 * i] - s_delta[col]),
-                                p1 * (dp[8 * kq + 2 * i + 1] - s_delta[col + 1]));
+        const float2 d = dl[kq][i >> 1];
+        da[kq][i] =
+            kh_pack2<T>(p0 * (dp[8 * kq + 2 * i] - d.x), p1 * (dp[8 * kq + 2 * i + 1] - d.y));
       }
     kh_wgmma_fence();
 #pragma unroll

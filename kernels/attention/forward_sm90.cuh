@@ -167,14 +167,17 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
     auto softmax = [&](float(&sacc)[BN / 2], int j) {
       const int n0 = n_lo + j * BN;
       if (kh_attn_block_edge(p, m0, BM, n0, BN, len_q, len_k)) {
+        // Selects, not a branch an element (which kept ptxas from interleaving the elements).
+        const kh_attn_span keys[2] = {
+            kh_attn_keys_of(r0, len_k, offset, p.causal, p.window_left),
+            kh_attn_keys_of(r0 + 8, len_k, offset, p.causal, p.window_left)};
 #pragma unroll
         for (int t = 0; t < BN / 8; ++t)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int col = n0 + t * 8 + 2 * (lane & 3) + (e & 1);
-            const int row = r0 + (e >> 1) * 8;
-            if (col >= len_k || !kh_attn_visible(row, col, offset, p.causal, p.window_left))
-              sacc[4 * t + e] = KH_NEG_INF;
+            const kh_attn_span& k = keys[e >> 1];
+            sacc[4 * t + e] = col >= k.lo && col < k.hi ? sacc[4 * t + e] : KH_NEG_INF;
           }
       }
 #pragma unroll
