@@ -16,13 +16,15 @@
 //   dS^T -> shared memory (two buffers) while dK runs; after a named barrier of the consumers,
 //   dQ = dS K split by columns between them (both operands MN-major); the stage is released
 //   (`empty`) and dQ goes to the staging tile (`dq_empty` / `dq_full` mbarriers with the
-//   producer). setmaxnreg moves registers from the producer to the consumers.
+//   producer). setmaxnreg moves registers from the producer to the consumers. At the end dK and
+//   dV leave through the Q/dO stages as whole rows (tile_store.cuh).
 // dq_accum's rows keep the staging tile's swizzle (row t's 16-byte chunk c at chunk c ^ (t & 7),
 // t the token): attn_bwd_post reads them back in order.
 #ifndef KH_ATTENTION_BACKWARD_SM90_CUH_
 #define KH_ATTENTION_BACKWARD_SM90_CUH_
 
 #include "sm90_sync.cuh"
+#include "tile_store.cuh"
 #include "wgmma.cuh"
 
 namespace {
@@ -188,17 +190,34 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
   const int kr0 = n0 + wg * 64 + warp * 16 + (lane >> 2);  // this thread's keys: kr0, kr0 + 8
   const kh_u32 k_rows = sK + wg * 64 * 128, v_rows = sV + wg * 64 * 128;
 
+  // Step j's stage (j % STAGES), its phase ((j / STAGES) & 1) and query block (j % nm) as
+  // counters: the divisions took about 40 instructions at the head of every step.
+  int st = 0, phase = 0, mi = 0;
   for (int j = 0; j < steps; ++j) {
-    const int st = j % STAGES, m0 = m_lo + (j % nm) * BM;
+    const int m0 = m_lo + mi * BM;
     // K's and V's panel addresses, re-read every step: otherwise the compiler keeps the 24
     // descriptors of their k16 slices (S^T, dP^T, dQ) live across the loop and spills them (64
     // bytes, reloaded from local memory before the products every step).
     const kh_u32 k_step = kh_opaque_u32(k_rows), v_step = kh_opaque_u32(v_rows);
     const kh_u32 k_panel = kh_opaque_u32(sK + (D == 64 ? 0 : wg) * BN * 128);
-    kh_mbar_wait(bars + 8 * st, (j / STAGES) & 1);
+    kh_mbar_wait(bars + 8 * st, phase);
     const kh_u32 sQ = sQ0 + st * 2 * TILE_Q, sO = sQ + TILE_Q, sDS = sS + (j & 1) * TILE_S;
     const float* s_lse = s_stats + st * 2 * BM;
     const float* s_delta = s_lse + BM;
+    // The LSE of the thread's 16 query columns (kq * 16 + h * 8 + 2 (lane & 3), + 1) as 8 pairs,
+    // in the log2 domain (raw, it is the natural log, -inf for a row that sees no key, whose P
+    // must be 0, not exp2(+inf)); read before the products are issued: behind them, the reads
+    // wait for the wgmma operand traffic in shared memory.
+    const int c0 = 2 * (lane & 3);
+    float l2[BM / 16][2][2];
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; ++kq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float2 l = *reinterpret_cast<const float2*>(s_lse + kq * 16 + h * 8 + c0);
+        l2[kq][h][0] = l.x == KH_NEG_INF ? -KH_NEG_INF : l.x * 1.4426950408889634f;
+        l2[kq][h][1] = l.y == KH_NEG_INF ? -KH_NEG_INF : l.y * 1.4426950408889634f;
+      }
 
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys and the step's BM queries, in
     // two commit groups: P^T is computed from S^T while the tensor cores still run dP^T.
@@ -222,24 +241,12 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     kh_wgmma_commit();
     kh_wgmma_wait<1>();
 
-    // P^T; masks only where the block crosses an edge. The LSE is raw (natural log; -inf for a
-    // row that sees no key, whose P must be 0, not exp2(+inf)). The thread's 16 query columns
-    // (kq * 16 + h * 8 + 2 (lane & 3), + 1) are read as 8 pairs, and P^T is computed without a
-    // branch between its elements: per-element branches (the mask) kept ptxas from overlapping
-    // one element's shared-memory read with the math of the others.
+    // P^T = exp2(S^T * scale - LSE), without a branch between its elements (per-element
+    // branches, the mask's, kept ptxas from overlapping one element's work with the others');
+    // masks only where the block crosses an edge, as selects.
     const bool full = m0 + BM <= len_q && n0 + BN <= len_k &&
                       (!f.causal || m0 + offset >= n0 + BN - 1) &&
                       (f.window_left < 0 || m0 + BM - 1 + offset - f.window_left <= n0);
-    const int c0 = 2 * (lane & 3);
-    float l2[BM / 16][2][2];
-#pragma unroll
-    for (int kq = 0; kq < BM / 16; ++kq)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float2 l = *reinterpret_cast<const float2*>(s_lse + kq * 16 + h * 8 + c0);
-        l2[kq][h][0] = l.x == KH_NEG_INF ? -KH_NEG_INF : l.x * 1.4426950408889634f;
-        l2[kq][h][1] = l.y == KH_NEG_INF ? -KH_NEG_INF : l.y * 1.4426950408889634f;
-      }
 #pragma unroll
     for (int kq = 0; kq < BM / 16; ++kq)
 #pragma unroll
@@ -351,10 +358,28 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
     }
     kh_fence_proxy_async();  // the stores, for the copy engine's reads
     kh_mbar_arrive(dq_full);
+    if (++st == STAGES) {
+      st = 0;
+      phase ^= 1;
+    }
+    if (++mi == nm) mi = 0;
   }
 
   T* dkb = (T*)p.dk + (kh_i64)k0 * p.dk_row + (kh_i64)hk * p.dk_head;
   T* dvb = (T*)p.dv + (kh_i64)k0 * p.dv_row + (kh_i64)hk * p.dv_head;
+  const int key0 = n0 + wg * 64;  // this warpgroup's first key
+  if (kh_tile_store_aligned(dkb, p.dk_row) && kh_tile_store_aligned(dvb, p.dv_row)) {
+    // Through the Q/dO stages (dK's tile in stage 0's bytes, dV's after it), once both consumers
+    // are past their last products (the other's dK of the last step may still read its stage).
+    kh_named_sync(1, 256);
+    const float sk[2] = {f.scale, f.scale}, sv[2] = {1.f, 1.f};
+    const kh_u32 stage = sQ0 + wg * 64 * 128;
+    kh_wg_store_tile<T, D>(dk, sk, stage, BN * 128, 2 + wg, ct & 127, dkb + (kh_i64)key0 * p.dk_row,
+                           p.dk_row, len_k - key0);
+    kh_wg_store_tile<T, D>(dv, sv, stage + TILE_KV, BN * 128, 2 + wg, ct & 127,
+                           dvb + (kh_i64)key0 * p.dv_row, p.dv_row, len_k - key0);
+    return;
+  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key = kr0 + 8 * half;

@@ -1,21 +1,23 @@
 // Hopper forward (sm_90a): the forward of attention.cu with its products on wgmma, warp
-// specialized (FlashAttention-3's schedule, with cp.async instead of the tensor copy engine).
+// specialized (FlashAttention-3's schedule).
 //
 // Geometry: one CTA of three warpgroups per (query block of BM = 128 rows, query head,
 // sequence). Warpgroup 0 is the producer: it loads Q once and K and V blocks of BN keys into
-// STAGES shared-memory stages (128-byte-swizzled panel tiles, wgmma.cuh) with cp.async, and
-// signals each stage's `full` mbarrier once it has landed (after a proxy fence: wgmma reads
+// STAGES shared-memory stages (128-byte-swizzled panel tiles, wgmma.cuh) with TMA (cp.async
+// where a block runs past the sequence, or without tensor maps), and signals each stage's `full` mbarrier once it has landed (after a proxy fence: wgmma reads
 // through the async proxy). Warpgroups 1 and 2 are consumers of 64 query rows each: per key
 // block j they issue O += P(j-1) V(j-1) and S = Q K(j)^T together (wgmma; P from registers, V read
 // MN-major), then release stage j - 1 (`empty` mbarrier) and compute block j's online softmax in
 // registers while the other consumer's products run: a pair of named barriers hands the tensor
 // cores from one consumer to the other (ping-pong), so softmax and matrix work overlap.
 // setmaxnreg moves registers from the producer to the consumers. Masks, varlen, GQA and the LSE
-// as in attention.cu's attn_fwd.
+// as in attention.cu's attn_fwd; O leaves through each consumer's own rows of the Q tile as whole
+// rows (tile_store.cuh).
 #ifndef KH_ATTENTION_FORWARD_SM90_CUH_
 #define KH_ATTENTION_FORWARD_SM90_CUH_
 
 #include "sm90_sync.cuh"
+#include "tile_store.cuh"
 #include "wgmma.cuh"
 
 namespace {
@@ -255,22 +257,34 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
     if (wg == 0) kh_named_sync(1, 256);  // consumer 1's last hand-over
 
     T* ob = (T*)p.o + (kh_i64)q0 * p.o_row + (kh_i64)h * p.o_head;
+    float inv[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float sum = row_sum[i];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv[i] = sum > 0.f ? 1.f / sum : 0.f;
       const int row = r0 + 8 * i;
-      if (row >= len_q) continue;
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      T* orow = ob + (kh_i64)row * p.o_row;
-#pragma unroll
-      for (int t = 0; t < D / 8; ++t)
-        *(kh_u32*)(orow + t * 8 + 2 * (lane & 3)) =
-            kh_pack2<T>(o[4 * t + 2 * i] * inv, o[4 * t + 2 * i + 1] * inv);
-      if (p.lse && (lane & 3) == 0)
+      if (p.lse && (lane & 3) == 0 && row < len_q)
         p.lse[(kh_i64)h * p.lse_head + q0 + row] =
             sum > 0.f ? row_max[i] * 0.6931471805599453f + logf(sum) : KH_NEG_INF;
+    }
+    const int row0 = m0 + wg * 64;  // this warpgroup's first row
+    if (kh_tile_store_aligned(ob, p.o_row)) {
+      // Through the warpgroup's own rows of the Q tile: its products are done.
+      kh_wg_store_tile<T, D>(o, inv, q_rows, BM * 128, 3 + wg, ct & 127,
+                             ob + (kh_i64)row0 * p.o_row, p.o_row, len_q - row0);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = r0 + 8 * i;
+        if (row >= len_q) continue;
+        T* orow = ob + (kh_i64)row * p.o_row;
+#pragma unroll
+        for (int t = 0; t < D / 8; ++t)
+          *(kh_u32*)(orow + t * 8 + 2 * (lane & 3)) =
+              kh_pack2<T>(o[4 * t + 2 * i] * inv[i], o[4 * t + 2 * i + 1] * inv[i]);
+      }
     }
   }
 }
