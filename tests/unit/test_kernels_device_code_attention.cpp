@@ -90,6 +90,40 @@ TEST(AttentionTileOrder, CoversTheGridOnceAndEndsLongestFirst) {
       }
 }
 
+// The Hopper kernels mask with ranges (kh_attn_keys_of for a query row, kh_attn_queries_of for
+// a key) instead of kh_attn_visible per element: both must give kh_attn_visible's answer, and
+// none past the sequences' ends, for queries before or after the keys' end (offset < 0 and > 0),
+// causal or not, with and without a window, rows and columns past the ends included.
+TEST(AttentionMaskSpans, AgreeWithVisibleEverywhere) {
+  int checked = 0;
+  for (int len_q : {1, 5, 16, 37})
+    for (int len_k : {1, 5, 16, 37})
+      for (int causal : {0, 1})
+        for (int window : {-1, 0, 3, 40}) {
+          const int offset = len_k - len_q;
+          for (int i = 0; i < len_q + 3; ++i)
+            for (int j = 0; j < len_k + 3; ++j) {
+              const bool want =
+                  i < len_q && j < len_k && kh_attn_visible(i, j, offset, causal, window);
+              const kh_attn_span keys = kh_attn_keys_of(i, len_k, offset, causal, window);
+              const kh_attn_span queries =
+                  kh_attn_queries_of(j, len_q, len_k, offset, causal, window);
+              // A row past len_q is never stored by the forward: only the key range is checked
+              // for rows inside the sequence.
+              if (i < len_q) {
+                EXPECT_EQ(j >= keys.lo && j < keys.hi, want)
+                    << "keys of query " << i << ", key " << j << ": len_q " << len_q << " len_k "
+                    << len_k << " causal " << causal << " window " << window;
+              }
+              EXPECT_EQ(i >= queries.lo && i < queries.hi, want)
+                  << "queries of key " << j << ", query " << i << ": len_q " << len_q << " len_k "
+                  << len_k << " causal " << causal << " window " << window;
+              ++checked;
+            }
+        }
+  EXPECT_GT(checked, 10000);
+}
+
 const char* kHopperKernels[] = {
     "attn_fwd90_bf16_d64", "attn_fwd90_bf16_d128", "attn_fwd90_fp16_d64", "attn_fwd90_fp16_d128",
     "attn_bwd90_bf16_d64", "attn_bwd90_bf16_d128", "attn_bwd90_fp16_d64", "attn_bwd90_fp16_d128"};
