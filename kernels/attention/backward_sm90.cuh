@@ -368,31 +368,17 @@ __device__ __forceinline__ void attn_bwd_wg(const kh_attn_bwd_params& p) {
   T* dkb = (T*)p.dk + (kh_i64)k0 * p.dk_row + (kh_i64)hk * p.dk_head;
   T* dvb = (T*)p.dv + (kh_i64)k0 * p.dv_row + (kh_i64)hk * p.dv_head;
   const int key0 = n0 + wg * 64;  // this warpgroup's first key
-  if (kh_tile_store_aligned(dkb, p.dk_row) && kh_tile_store_aligned(dvb, p.dv_row)) {
-    // Through the Q/dO stages (dK's tile in stage 0's bytes, dV's after it), once both consumers
-    // are past their last products (the other's dK of the last step may still read its stage).
-    kh_named_sync(1, 256);
-    const float sk[2] = {f.scale, f.scale}, sv[2] = {1.f, 1.f};
-    const kh_u32 stage = sQ0 + wg * 64 * 128;
-    kh_wg_store_tile<T, D>(dk, sk, stage, BN * 128, 2 + wg, ct & 127, dkb + (kh_i64)key0 * p.dk_row,
-                           p.dk_row, len_k - key0);
-    kh_wg_store_tile<T, D>(dv, sv, stage + TILE_KV, BN * 128, 2 + wg, ct & 127,
-                           dvb + (kh_i64)key0 * p.dv_row, p.dv_row, len_k - key0);
-    return;
-  }
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int key = kr0 + 8 * half;
-    if (key >= len_k) continue;
-#pragma unroll
-    for (int t = 0; t < D / 8; ++t) {
-      const int d = t * 8 + 2 * (lane & 3);
-      *(kh_u32*)(dkb + (kh_i64)key * p.dk_row + d) =
-          kh_pack2<T>(dk[4 * t + 2 * half] * f.scale, dk[4 * t + 2 * half + 1] * f.scale);
-      *(kh_u32*)(dvb + (kh_i64)key * p.dv_row + d) =
-          kh_pack2<T>(dv[4 * t + 2 * half], dv[4 * t + 2 * half + 1]);
-    }
-  }
+  // Through the Q/dO stages (dK's tile in stage 0's bytes, dV's after it), once both consumers
+  // are past their last products (the other's dK of the last step may still read its stage). The
+  // host takes only outputs on 16-byte boundaries with rows a multiple of 16 bytes apart
+  // (host.cpp's cuda_layout_ok), as the whole-row stores need.
+  kh_named_sync(1, 256);
+  const float sk[2] = {f.scale, f.scale}, sv[2] = {1.f, 1.f};
+  const kh_u32 stage = sQ0 + wg * 64 * 128;
+  kh_wg_store_tile<T, D>(dk, sk, stage, BN * 128, 2 + wg, ct & 127, dkb + (kh_i64)key0 * p.dk_row,
+                         p.dk_row, len_k - key0);
+  kh_wg_store_tile<T, D>(dv, sv, stage + TILE_KV, BN * 128, 2 + wg, ct & 127,
+                         dvb + (kh_i64)key0 * p.dv_row, p.dv_row, len_k - key0);
 }
 
 }  // namespace

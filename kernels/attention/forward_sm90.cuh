@@ -269,23 +269,11 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
         p.lse[(kh_i64)h * p.lse_head + q0 + row] =
             sum > 0.f ? row_max[i] * 0.6931471805599453f + logf(sum) : KH_NEG_INF;
     }
+    // Through the warpgroup's own rows of the Q tile (its products are done); the host takes
+    // only an output on a 16-byte boundary with rows a multiple of 16 bytes apart (cuda_layout_ok).
     const int row0 = m0 + wg * 64;  // this warpgroup's first row
-    if (kh_tile_store_aligned(ob, p.o_row)) {
-      // Through the warpgroup's own rows of the Q tile: its products are done.
-      kh_wg_store_tile<T, D>(o, inv, q_rows, BM * 128, 3 + wg, ct & 127,
-                             ob + (kh_i64)row0 * p.o_row, p.o_row, len_q - row0);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int row = r0 + 8 * i;
-        if (row >= len_q) continue;
-        T* orow = ob + (kh_i64)row * p.o_row;
-#pragma unroll
-        for (int t = 0; t < D / 8; ++t)
-          *(kh_u32*)(orow + t * 8 + 2 * (lane & 3)) =
-              kh_pack2<T>(o[4 * t + 2 * i] * inv[i], o[4 * t + 2 * i + 1] * inv[i]);
-      }
-    }
+    kh_wg_store_tile<T, D>(o, inv, q_rows, BM * 128, 3 + wg, ct & 127, ob + (kh_i64)row0 * p.o_row,
+                           p.o_row, len_q - row0);
   }
 }
 

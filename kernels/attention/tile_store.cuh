@@ -22,17 +22,10 @@ KH_DEV kh_u32 kh_panel_chunk(int r, int c, kh_u32 panel_bytes) {
   return (kh_u32)(c >> 3) * panel_bytes + (kh_u32)r * 128u + ((kh_u32)((c & 7) ^ (r & 7)) << 4);
 }
 
-// Whether kh_wg_store_tile can write to `dst` with `row_stride` elements between rows.
-template <typename T>
-KH_DEV bool kh_tile_store_aligned(const T* dst, kh_i64 row_stride) {
-  return (((unsigned long long)dst | (unsigned long long)(row_stride * (kh_i64)sizeof(T))) & 15) ==
-         0;
-}
-
 // Stores a warpgroup's 64 x D tile of fp32 accumulators (warp w's rows 16w + lane / 4 and + 8;
 // columns 8t + 2 (lane & 3), + 1 in acc[4t + 2 half + e], half 1 for the row + 8) as T, rows
-// scaled by scale[half], to dst (row 0 of the tile, row_stride elements between rows, 16-byte
-// aligned: kh_tile_store_aligned), rows >= rows_valid left out. `stage`: the warpgroup's 64 rows
+// scaled by scale[half], to dst (row 0 of the tile, row_stride elements between rows; both a
+// multiple of 16 bytes), rows >= rows_valid left out. `stage`: the warpgroup's 64 rows
 // in a panel tile (kh_panel_chunk) that nothing else reads or writes until this returns; `bar`: a
 // named barrier of the warpgroup's 128 threads alone; `wtid`: the thread's index in it.
 template <typename T, int D>

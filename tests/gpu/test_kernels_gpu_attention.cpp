@@ -37,6 +37,7 @@ const ForwardCase kGpuForwardCases[] = {
     {2, 2, 256, {333, 190}, {333, 190}, true, true, -1, true},
     {2, 1, 256, {129}, {129}, false, false, -1, false},
     {8, 8, 64, {100, 900}, {100, 900}, true, false, 100, true},
+    {4, 2, 128, {300, 171}, {300, 171}, true, true, -1, true, 8},  // output rows padded
 };
 
 const DecodeCase kGpuDecodeCases[] = {
@@ -91,6 +92,7 @@ const ForwardCase kGpuBackwardCases[] = {
     {8, 2, 128, {1000, 1000}, {1000, 1000}, false, true, 128, true},
     {4, 2, 128, {64}, {30}, true, true, -1, true},  // rows that see no key
     {6, 3, 64, {21, 517}, {21, 517}, true, false, 40, true},
+    {4, 2, 128, {300, 171}, {300, 171}, true, true, -1, true, 8},  // output rows padded
 };
 
 TEST_F(KernelsGpuAttention, BackwardMatchesFloat64) {

@@ -22,9 +22,10 @@ const ForwardCase kForwardCases[] = {
     {4, 2, 64, {37, 37}, {37, 37}, false, false, -1, true},
     {4, 4, 32, {16, 16, 16}, {40, 40, 40}, false, true, -1, true},     // more keys than queries
     {8, 1, 64, {1, 50, 17, 0}, {1, 50, 17, 0}, true, true, -1, true},  // MQA, empty sequence
-    {4, 2, 128, {30, 9}, {12, 40}, true, true, -1, true},  // fewer keys: rows that see nothing
-    {2, 2, 64, {64}, {64}, true, true, 7, false},          // sliding window
-    {6, 3, 48, {21, 5}, {21, 5}, true, false, 4, true},    // window without causal
+    {4, 2, 128, {30, 9}, {12, 40}, true, true, -1, true},     // fewer keys: rows that see nothing
+    {2, 2, 64, {64}, {64}, true, true, 7, false},             // sliding window
+    {6, 3, 48, {21, 5}, {21, 5}, true, false, 4, true},       // window without causal
+    {4, 2, 64, {19, 33}, {19, 33}, true, true, -1, true, 4},  // output rows padded
 };
 
 const DecodeCase kDecodeCases[] = {

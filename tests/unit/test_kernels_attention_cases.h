@@ -26,7 +26,10 @@ using V = std::vector<double>;
 struct NdView {
   int64_t shape[4], strides[4];
   DLTensor t;
-  NdView(const DLTensor* base, std::vector<int64_t> dims, DLDataType dtype = {0, 0, 0}) {
+  // row_stride > 0: the axes before the last two (a [.., tokens, heads, head_dim] view's tokens)
+  // step row_stride elements, rows padded past heads * head_dim.
+  NdView(const DLTensor* base, std::vector<int64_t> dims, DLDataType dtype = {0, 0, 0},
+         int64_t row_stride = 0) {
     t = *base;
     t.ndim = static_cast<int32_t>(dims.size());
     int64_t s = 1;
@@ -34,6 +37,7 @@ struct NdView {
       shape[i] = dims[i];
       strides[i] = s;
       s *= dims[i];
+      if (row_stride > 0 && i == t.ndim - 2) s = row_stride;
     }
     t.shape = shape;
     t.strides = strides;
@@ -102,6 +106,9 @@ struct ForwardCase {
   bool causal;
   int64_t window;  // -1: none
   bool with_lse;
+  // Elements after each token row of the outputs (out, dq, dk, dv): the ops must write by the
+  // outputs' own token stride (on cuda a multiple of 8 elements; the cpu takes any).
+  int64_t out_pad = 0;
 };
 
 // Runs attention_forward for `c` and checks out (and lse) against float64.
@@ -120,7 +127,7 @@ inline void run_forward(Executor& ex, const Package& pkg, int dtype, const Forwa
                                   << (c.packed ? " packed" : " padded")
                                   << (c.causal ? " causal" : "") << " window " << c.window);
   HostTensor q = random_tensor(dtype, tq, H * D, rng), k = random_tensor(dtype, tk, HK * D, rng),
-             v = random_tensor(dtype, tk, HK * D, rng), out(dtype, tq, H * D),
+             v = random_tensor(dtype, tk, HK * D, rng), out(dtype, tq, H * D + c.out_pad),
              lse(kFP32, H, std::max<int64_t>(tq, 1));
   HostTensor cuq = int32_tensor(cu_q), cuk = int32_tensor(cu_k);
   auto shape = [&](int64_t tokens, int64_t heads, int64_t seqlen) {
@@ -128,7 +135,8 @@ inline void run_forward(Executor& ex, const Package& pkg, int dtype, const Forwa
                     : std::vector<int64_t>{B, seqlen, heads, D};
   };
   NdView qv(ex.arg(q), shape(tq, H, c.lens_q[0])), kv(ex.arg(k), shape(tk, HK, c.lens_k[0])),
-      vv(ex.arg(v), shape(tk, HK, c.lens_k[0])), ov(ex.arg(out), shape(tq, H, c.lens_q[0])),
+      vv(ex.arg(v), shape(tk, HK, c.lens_k[0])),
+      ov(ex.arg(out), shape(tq, H, c.lens_q[0]), {0, 0, 0}, H * D + c.out_pad),
       lv(ex.arg(lse), {H, tq}), cqv(ex.arg(cuq), {B + 1}, kInt32),
       ckv(ex.arg(cuk), {B + 1}, kInt32);
   const int32_t max_q = *std::max_element(c.lens_q.begin(), c.lens_q.end());
@@ -195,8 +203,9 @@ inline void run_backward(Executor& ex, const Package& pkg, int dtype, const Forw
                                   << (c.causal ? " causal" : "") << " window " << c.window);
   HostTensor q = random_tensor(dtype, tq, H * D, rng), k = random_tensor(dtype, tk, HK * D, rng),
              v = random_tensor(dtype, tk, HK * D, rng), g = random_tensor(dtype, tq, H * D, rng),
-             out(dtype, tq, H * D), lse(kFP32, H, std::max<int64_t>(tq, 1)), dq(dtype, tq, H * D),
-             dk(dtype, tk, HK * D), dv(dtype, tk, HK * D),
+             out(dtype, tq, H * D + c.out_pad), lse(kFP32, H, std::max<int64_t>(tq, 1)),
+             dq(dtype, tq, H * D + c.out_pad), dk(dtype, tk, HK * D + c.out_pad),
+             dv(dtype, tk, HK * D + c.out_pad),
              ws(kFP32, 1, std::max<int64_t>(tq * H * (D + 1), 1));
   HostTensor cuq = int32_tensor(cu_q), cuk = int32_tensor(cu_k);
   auto shape = [&](int64_t tokens, int64_t heads, int64_t seqlen) {
@@ -204,13 +213,14 @@ inline void run_backward(Executor& ex, const Package& pkg, int dtype, const Forw
                     : std::vector<int64_t>{B, seqlen, heads, D};
   };
   const int64_t sq = c.lens_q[0], sk = c.lens_k[0];
+  const int64_t q_row = H * D + c.out_pad, k_row = HK * D + c.out_pad;  // the outputs' rows
   const int32_t max_q = *std::max_element(c.lens_q.begin(), c.lens_q.end());
   const int32_t max_k = *std::max_element(c.lens_k.begin(), c.lens_k.end());
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   std::string err;
   {  // Views are taken per call: an Executor's device copies last one call.
     NdView qv(ex.arg(q), shape(tq, H, sq)), kv(ex.arg(k), shape(tk, HK, sk)),
-        vv(ex.arg(v), shape(tk, HK, sk)), ov(ex.arg(out), shape(tq, H, sq)),
+        vv(ex.arg(v), shape(tk, HK, sk)), ov(ex.arg(out), shape(tq, H, sq), {0, 0, 0}, q_row),
         lv(ex.arg(lse), {H, tq}), cqv(ex.arg(cuq), {B + 1}, kInt32),
         ckv(ex.arg(cuk), {B + 1}, kInt32);
     KH_EXPECT_OK(ex.call(pkg, "attention_forward",
@@ -223,9 +233,10 @@ inline void run_backward(Executor& ex, const Package& pkg, int dtype, const Forw
   {
     NdView qv(ex.arg(q), shape(tq, H, sq)), kv(ex.arg(k), shape(tk, HK, sk)),
         vv(ex.arg(v), shape(tk, HK, sk)), gv(ex.arg(g), shape(tq, H, sq)),
-        ov(ex.arg(out), shape(tq, H, sq)), lv(ex.arg(lse), {H, tq}),
-        dqv(ex.arg(dq), shape(tq, H, sq)), dkv(ex.arg(dk), shape(tk, HK, sk)),
-        dvv(ex.arg(dv), shape(tk, HK, sk)),
+        ov(ex.arg(out), shape(tq, H, sq), {0, 0, 0}, q_row), lv(ex.arg(lse), {H, tq}),
+        dqv(ex.arg(dq), shape(tq, H, sq), {0, 0, 0}, q_row),
+        dkv(ex.arg(dk), shape(tk, HK, sk), {0, 0, 0}, k_row),
+        dvv(ex.arg(dv), shape(tk, HK, sk), {0, 0, 0}, k_row),
         wv(ex.arg(ws), {std::max<int64_t>(tq * H * (D + 1), 1)}), cqv(ex.arg(cuq), {B + 1}, kInt32),
         ckv(ex.arg(cuk), {B + 1}, kInt32);
     KH_EXPECT_OK(ex.call(pkg, "attention_backward",
