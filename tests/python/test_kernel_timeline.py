@@ -5,7 +5,8 @@ its median replay is the one reported, each kernel's added wall time is its end 
 end (an idle gap counts to the kernel after it, overlap under PDL counts once), the added times
 sum to the step, kernels are sorted into their kinds by name, and one layer is the period between
 two attentions. With --train, the kernels outside graphs after the second-to-last run of AdamW
-launches up to the end of the last run are one training step, summed by kind and by name. Usage:
+launches up to the end of the last run are one training step, summed by kind and by name (also as
+JSON), and --compare puts several variants' steps side by side. Usage:
 test_kernel_timeline.py (exit 0 = pass)."""
 import json
 import os
@@ -123,12 +124,41 @@ def train():
             t += dur + 100
         rows.append((t, t + 50, 7, len(rows), 5, "kh_skinny_wgmma_n1_s4"))
         t += 150
+    # A variant whose attention is 1.5x as long (9000 ns against 6000).
+    slow, t = [], 1000
+    for step in range(3):
+        for name, dur in (("norm_fwd_rms_bf16", 1000), ("nvjet_gemm", 4000 if step == 2 else 2000),
+                          ("attn_fwd90_bf16_d128", 9000), ("lce_grad_bf16", 3000),
+                          ("kh_adamw_f32", 500), ("kh_adamw_f32", 500)):
+            slow.append((t, t + dur, 7, len(slow), 0, name))
+            t += dur + 100
     with tempfile.TemporaryDirectory() as d:
         path = write_rows(os.path.join(d, "t.tsv"), rows)
         table = subprocess.run([sys.executable, TOOL, path, "--train"], check=True,
                                capture_output=True, text=True).stdout
+        as_json = json.loads(subprocess.run([sys.executable, TOOL, path, "--train", "--json"],
+                                            check=True, capture_output=True, text=True).stdout)
+        other = write_rows(os.path.join(d, "slow.tsv"), slow)
+        compare = subprocess.run([sys.executable, TOOL, path, "--train", "--label", "new",
+                                  "--compare", f"old={other}", "--match", "attn_|gemm"],
+                                 check=True, capture_output=True, text=True).stdout
+        no_train = subprocess.run([sys.executable, TOOL, path, "--compare", f"old={other}"],
+                                  capture_output=True, text=True)
+        no_label = subprocess.run([sys.executable, TOOL, path, "--train", "--compare", other],
+                                  capture_output=True, text=True)
         one = write_rows(os.path.join(d, "one.tsv"), [(0, 10, 7, 1, 0, "kh_adamw_f32")])
         bad = subprocess.run([sys.executable, TOOL, one, "--train"], capture_output=True, text=True)
+    assert as_json["kernels"] == 6 and abs(as_json["step_us"] - 15.5) < 1e-6, as_json
+    assert as_json["by_launch"][0]["name"] == "attn_fwd90_bf16_d128", as_json["by_launch"]
+    assert as_json["by_kind"]["GEMM (cuBLASLt)"]["kernels"] == 1, as_json["by_kind"]
+    # The step: 15.5 us against 18.5 (the attention 3 us longer); its launch 6.0 against 9.0 us;
+    # only the kernels --match names are listed.
+    assert "| step ms | 0.02 | 0.02 | 1.194 |" in compare, compare
+    assert "| attn_fwd90_bf16_d128 [1,1,1] us a launch | 6.0 | 9.0 | 1.500 |" in compare, compare
+    assert "nvjet_gemm [1,1,1] us a launch | 4.0 | 4.0 | 1.000 |" in compare, compare
+    assert "lce_grad" not in compare, compare
+    assert no_train.returncode != 0 and "--compare needs --train" in no_train.stderr
+    assert no_label.returncode != 0 and "expected LABEL=TSV" in no_label.stderr, no_label.stderr
     assert "one training step: 6 kernels" in table, table
     assert "| nvjet_gemm | GEMM (cuBLASLt) | 1,1,1 | 1 | 0.00 | 0.00 | 4.0 |" in table, table
     assert "| kh_adamw_f32 | other | 1,1,1 | 2 |" in table, table

@@ -7,27 +7,21 @@
 # shares), the runs interleaved KH_AB_ROUNDS times (default 2) so drift shows as spread.
 # KH_AB_SEQ: the model's sequence and the decode context (default 2048).
 #   tools/bench/decode_ab.sh "whole=--decode-overlap off" "halves=--decode-overlap on"
-# Another build's packages: its default hub and key in a directory of their own (default-hub/,
-# default-hub-key/signing.pub), with their own cache and trust store (an older signed index is
-# refused as a rollback where a newer one was seen):
-#   tools/bench/decode_ab.sh "new=" "old=KERNEL_HUB_DATA_DIR=$PWD/.devlibs/oldhub \
-#     KERNEL_HUB_CACHE=/tmp/kh-cache-old KERNEL_HUB_TRUST_DIR=/tmp/kh-trust-old"
+# Another build's packages: HUB=DIR, its default hub and key in a directory of their own
+# (default-hub/, default-hub-key/signing.pub; ab_variant.sh):
+#   tools/bench/decode_ab.sh "new=" "old=HUB=$PWD/.devlibs/oldhub"
 # Another build's runtime (its kernel-hub binary, carried beside the bundle): BIN=PATH.
 #   tools/bench/decode_ab.sh "new=" "old=BIN=$PWD/.devlibs/kernel-hub.main"
 set -uo pipefail
 root=$(pwd); out=${OUT:-/tmp/kh-gpu-out}; mkdir -p "$out"
 . "$root/tools/bench/gpu_env.sh"
+. "$root/tools/bench/ab_variant.sh"
 rounds=${KH_AB_ROUNDS:-2}; ctx=${KH_AB_SEQ:-2048}
 echo "decode context $ctx"
 printf '%-12s %5s %9s %11s %7s %7s %8s %9s %12s\n' variant round ms/step tokens/s %peak %read overlap fused_qkv fused_append
 for r in $(seq 1 "$rounds"); do
   for v in "$@"; do
-    label=${v%%=*}; words=${v#*=}
-    envs=(); opts=(); bin=$g/bin/kernel-hub
-    for w in $words; do
-      if [[ $w == BIN=* ]]; then bin=${w#BIN=}
-      elif [[ $w == [A-Z_]*=* ]]; then envs+=("$w"); else opts+=("$w"); fi
-    done
+    ab_variant "$v" || exit 2
     log=/tmp/kh-decode-ab.json
     env "${envs[@]}" "$bin" demo --device cuda:0 --model qwen3-0.6b --seq "$ctx" \
       --decode-context "$ctx" --batch 1 --steps 2 --json "${opts[@]}" >"$log" 2>/tmp/kh-decode-ab.err ||

@@ -1,4 +1,5 @@
-# Sourced by the GPU machine's scripts (gpu_run.sh, decode_ab.sh) from the repository root, with
+# shellcheck shell=bash
+# Sourced by the GPU machine's scripts (gpu_run.sh, decode_ab.sh, train_ab.sh) from the repository root, with
 # .devlibs/gpu carried (gpu_bundle.sh): the bundle's runtime libraries on LD_LIBRARY_PATH, a
 # cache, cuBLASLt and the bundle's data directory. Sets g (the bundle).
 g=$(pwd)/.devlibs/gpu
@@ -6,7 +7,7 @@ mkdir -p /tmp/kh-dl
 # The bundle's runtime libraries travel gzipped (gpu_bundle.sh).
 if [ -f "$g/lib.tgz" ]; then mkdir -p /tmp/kh-lib && tar -xzf "$g/lib.tgz" -C /tmp/kh-lib; libs=/tmp/kh-lib/lib
 else libs=$g/lib; fi
-for f in "$libs"/*; do n=$(basename "$f"); ldconfig -p | grep -qF "$n (" || ln -sf "$f" /tmp/kh-dl/"$n"; done
+for f in "$libs"/*; do [ -e "$f" ] || continue; n=$(basename "$f"); ldconfig -p | grep -qF "$n (" || ln -sf "$f" /tmp/kh-dl/"$n"; done
 export LD_LIBRARY_PATH=/tmp/kh-dl
 export KERNEL_HUB_CACHE=/tmp/kh-cache
 # The GEMM service's cuBLASLt: the system's, else the one torch's nvidia-cublas wheel ships.

@@ -6,18 +6,22 @@ it overlapped, as PDL lets it) and the wall time it added to the step (its end p
 kernel's end); then those added times summed by kind (GEMM, attention, hub kernels, the runtime's
 fallbacks, other) and the kernels of one layer in the middle of the step. With --train, a training
 step instead (no graph): the kernels from the end of the second-to-last AdamW update up to the end
-of the last one, by kind and by kernel name (where a training step's time goes).
+of the last one, by kind and by kernel name (where a training step's time goes); with --compare,
+several variants' training steps side by side (tools/bench/train_ab.sh).
 
   CUDA_INJECTION64_PATH=$g/bin/libkh_kernel_timeline.so KH_TIMELINE_OUT=/tmp/t.tsv \\
       kernel-hub demo --device cuda:0 --model qwen3-0.6b ...
   python3 tools/bench/kernel_timeline.py /tmp/t.tsv [--json]
   ... kernel-hub demo --device cuda:0 --model qwen3-0.6b --batch 8 --seq 2048 --steps 3
-  python3 tools/bench/kernel_timeline.py /tmp/t.tsv --train
+  python3 tools/bench/kernel_timeline.py /tmp/t.tsv --train [--json]
+  python3 tools/bench/kernel_timeline.py /tmp/base.tsv --train --compare new=/tmp/new.tsv \\
+      [--match 'attn_']
 """
 import argparse
 import collections
 import csv
 import json
+import re
 import statistics
 import sys
 
@@ -43,8 +47,12 @@ def kind_of(name):
 
 
 def read_rows(path):
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f, delimiter="\t"))
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f, delimiter="\t"))
+    except OSError as e:
+        sys.exit(f"{path}: {e.strerror} (kernel_timeline's rows: $KH_TIMELINE_OUT of a run with "
+                 "CUDA_INJECTION64_PATH=libkh_kernel_timeline.so)")
     for r in rows:
         for k in ("start_ns", "end_ns", "stream", "correlation", "graph"):
             r[k] = int(r[k])
@@ -114,31 +122,72 @@ def train_step(rows, optimizer="adamw"):
     return ks[ends[-2] + 1:ends[-1] + 1]
 
 
-def print_train(step, top=30):
+def train_breakdown(step):
+    """A training step's wall time (us), its added times by kind and by (kernel, grid): one
+    kernel's launches at different shapes (a norm over the hidden size and over the q/k heads)
+    are different rows, most added time first."""
     kernels = annotate(step)
     wall = (max(r["end_ns"] for r in step) - step[0]["start_ns"]) / 1e3
-    print(f"one training step: {len(kernels)} kernels, {wall / 1e3:.2f} ms from the first "
-          f"kernel's start to the last one's end\n")
-    print("| kind | kernels | busy ms (sum of durations) | wall ms added | share of step |")
-    print("|---|---|---|---|---|")
-    total = sum(k["added_us"] for k in kernels)
-    for kind, b in breakdown(kernels).items():
-        print(f"| {kind} | {b['kernels']} | {b['busy_us'] / 1e3:.2f} | "
-              f"{b['added_us'] / 1e3:.2f} | {100 * b['added_us'] / total:.1f}% |")
-    # By kernel and grid: one kernel's launches at different shapes (a norm over the hidden size
-    # and over the q/k heads) are different rows.
     by_launch = collections.defaultdict(lambda: [0, 0.0, 0.0])
     for k in kernels:
         e = by_launch[(k["name"], k["grid"])]
         e[0] += 1
         e[1] += k["dur_us"]
         e[2] += k["added_us"]
+    rows = [{"name": name, "grid": grid, "kind": kind_of(name), "launches": n, "busy_us": busy,
+             "added_us": added, "us_a_launch": busy / n}
+            for (name, grid), (n, busy, added) in sorted(by_launch.items(), key=lambda x: -x[1][2])]
+    return {"kernels": len(kernels), "step_us": wall, "by_kind": breakdown(kernels),
+            "by_launch": rows}
+
+
+def print_train(b, top=30):
+    print(f"one training step: {b['kernels']} kernels, {b['step_us'] / 1e3:.2f} ms from the first "
+          f"kernel's start to the last one's end\n")
+    print("| kind | kernels | busy ms (sum of durations) | wall ms added | share of step |")
+    print("|---|---|---|---|---|")
+    total = sum(k["added_us"] for k in b["by_kind"].values())
+    for kind, k in b["by_kind"].items():
+        print(f"| {kind} | {k['kernels']} | {k['busy_us'] / 1e3:.2f} | "
+              f"{k['added_us'] / 1e3:.2f} | {100 * k['added_us'] / total:.1f}% |")
     print(f"\nThe {top} kernels (by grid) that added the most wall time:\n")
     print("| kernel | kind | grid | launches | busy ms | wall ms added | us a launch |")
     print("|---|---|---|---|---|---|---|")
-    for (name, grid), (n, busy, added) in sorted(by_launch.items(), key=lambda x: -x[1][2])[:top]:
-        print(f"| {short(name, 60)} | {kind_of(name)} | {grid} | {n} | {busy / 1e3:.2f} | "
-              f"{added / 1e3:.2f} | {busy / n:.1f} |")
+    for r in b["by_launch"][:top]:
+        print(f"| {short(r['name'], 60)} | {r['kind']} | {r['grid']} | {r['launches']} | "
+              f"{r['busy_us'] / 1e3:.2f} | {r['added_us'] / 1e3:.2f} | {r['us_a_launch']:.1f} |")
+
+
+def print_compare(variants, match):
+    """Training steps of several variants side by side (the first is the baseline): the step,
+    the kinds' added times, and the time a launch of every (kernel, grid) whose name matches
+    `match` (a regular expression) or, without one, of the 15 that added the most in the first."""
+    labels = list(variants)
+    base = variants[labels[0]]
+    head = " | ".join(labels)
+    print(f"| | {head} | " + " | ".join(f"{l} / {labels[0]}" for l in labels[1:]) + " |")
+    print("|---" * (1 + 2 * len(labels) - 1) + "|")
+
+    def row(what, values, fmt):
+        ratios = [f"{v / values[0]:.3f}" if values[0] and v is not None else "-" for v in values[1:]]
+        cells = [fmt(v) if v is not None else "-" for v in values]
+        print(f"| {what} | " + " | ".join(cells + ratios) + " |")
+
+    row("step ms", [variants[l]["step_us"] / 1e3 for l in labels], lambda v: f"{v:.2f}")
+    for kind in base["by_kind"]:
+        row(f"{kind} ms (wall added)",
+            [variants[l]["by_kind"].get(kind, {}).get("added_us", 0.0) / 1e3 for l in labels],
+            lambda v: f"{v:.2f}")
+    keys = [(r["name"], r["grid"]) for r in base["by_launch"]
+            if (re.search(match, r["name"]) if match else True)]
+    if not match:
+        keys = keys[:15]
+    for name, grid in keys:
+        per = []
+        for l in labels:
+            hit = [r for r in variants[l]["by_launch"] if (r["name"], r["grid"]) == (name, grid)]
+            per.append(hit[0]["us_a_launch"] if hit else None)
+        row(f"{short(name, 48)} [{grid}] us a launch", per, lambda v: f"{v:.1f}")
 
 
 def short(name, n=48):
@@ -151,12 +200,33 @@ def main():
     ap.add_argument("--json", action="store_true", help="print the breakdown as JSON")
     ap.add_argument("--train", action="store_true",
                     help="the last training step (between AdamW updates) instead of a graph step")
+    ap.add_argument("--compare", nargs="+", metavar="LABEL=TSV",
+                    help="with --train: more variants' rows, side by side with tsv's (labelled by "
+                         "--label) as the baseline")
+    ap.add_argument("--label", default="base", help="tsv's label with --compare (default base)")
+    ap.add_argument("--match", help="with --compare: the kernels to list (a regular expression)")
     a = ap.parse_args()
+    if a.compare and not a.train:
+        sys.exit("--compare needs --train")
     if a.train:
-        step = train_step(read_rows(a.tsv))
-        if not step:
-            sys.exit(f"{a.tsv}: fewer than two AdamW updates outside graphs (--steps 2 or more?)")
-        print_train(step)
+        variants = {a.label: a.tsv}
+        for v in a.compare or []:
+            label, sep, path = v.partition("=")
+            if not sep or not label or not path:
+                sys.exit(f"--compare {v!r}: expected LABEL=TSV")
+            variants[label] = path
+        steps = {}
+        for label, path in variants.items():
+            step = train_step(read_rows(path))
+            if not step:
+                sys.exit(f"{path}: fewer than two AdamW updates outside graphs (--steps 2 or more?)")
+            steps[label] = train_breakdown(step)
+        if a.compare:
+            print_compare(steps, a.match)
+        elif a.json:
+            print(json.dumps(steps[a.label], indent=1))
+        else:
+            print_train(steps[a.label])
         return
     steps = graph_steps(read_rows(a.tsv))
     if not steps:
