@@ -44,7 +44,7 @@ rm -rf "$tmp"
 cp -aL "$(ldd "$out/bin/libkh_kernel_timeline.so" | awk '/libcupti/ {print $3}')" "$out/lib/"
 # ICU's data is most of them (31 MB): gzipped, the bundle stays under the device tool's 64 MiB
 # carry limit; gpu_run.sh unpacks it there.
-tar -czf "$out/lib.tgz" -C "$out" lib && rm -rf "$out/lib"
+tar -czf "$out/lib.tgz" -C "$out" lib && rm -rf "${out:?}/lib"
 cp tools/bench/gpu_run.sh tools/bench/bench_kernels.py tools/bench/bench_attention.py \
    tools/bench/kernel_timeline.py tools/python/kernel_hub/kernel_hub_ctypes.py \
    tests/python/test_demo_transformers_gpu.py "$out/"
