@@ -4,10 +4,11 @@
 // Geometry: one CTA of three warpgroups per (query block of BM = 128 rows, query head,
 // sequence). Warpgroup 0 is the producer: it loads Q once and K and V blocks of BN keys into
 // STAGES shared-memory stages (128-byte-swizzled panel tiles, wgmma.cuh) with TMA (cp.async
-// where a block runs past the sequence, or without tensor maps), and signals each stage's `full` mbarrier once it has landed (after a proxy fence: wgmma reads
-// through the async proxy). Warpgroups 1 and 2 are consumers of 64 query rows each: per key
-// block j they issue O += P(j-1) V(j-1) and S = Q K(j)^T together (wgmma; P from registers, V read
-// MN-major), then release stage j - 1 (`empty` mbarrier) and compute block j's online softmax in
+// where a block runs past the sequence, or without tensor maps), and signals each stage's `full`
+// mbarrier once it has landed (after a proxy fence: wgmma reads through the async proxy).
+// Warpgroups 1 and 2 are consumers of 64 query rows each: per key block j they issue
+// O += P(j-1) V(j-1) and S = Q K(j)^T together (wgmma; P from registers, V read MN-major), then
+// release stage j - 1 (`empty` mbarrier) and compute block j's online softmax in
 // registers while the other consumer's products run: a pair of named barriers hands the tensor
 // cores from one consumer to the other (ping-pong), so softmax and matrix work overlap.
 // setmaxnreg moves registers from the producer to the consumers. Masks, varlen, GQA and the LSE
