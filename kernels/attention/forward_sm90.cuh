@@ -101,8 +101,11 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
       }
       return;
     }
-    kh_load_panels<BM, D, 128>(sQ, (const T*)p.q + (kh_i64)q0 * p.q_row + (kh_i64)h * p.q_head,
-                               p.q_row, m0, len_q, tid);
+    // Q only with blocks to multiply: without any, the consumers never wait for it and write
+    // their (zero) output through these bytes at once.
+    if (nblk > 0)
+      kh_load_panels<BM, D, 128>(sQ, (const T*)p.q + (kh_i64)q0 * p.q_row + (kh_i64)h * p.q_head,
+                                 p.q_row, m0, len_q, tid);
     // Up to STAGES - 2 blocks stay in flight past the one signalled: block j's loads are issued
     // (once its stage is free), then block j - (STAGES - 2) is signalled when it has landed. A
     // stage is freed by the consumers only after they got the next block, so with two stages

@@ -5,6 +5,8 @@
 #ifndef KH_ATTENTION_TILE_STORE_CUH_
 #define KH_ATTENTION_TILE_STORE_CUH_
 
+#include "kh_prelude.cuh"
+#include "mma.cuh"
 #include "sm90_sync.cuh"
 
 // Four 8x8 16-bit matrices to shared memory (lanes 8i .. 8i + 7 give matrix i's row addresses;
@@ -27,7 +29,8 @@ KH_DEV kh_u32 kh_panel_chunk(int r, int c, kh_u32 panel_bytes) {
 // scaled by scale[half], to dst (row 0 of the tile, row_stride elements between rows; both a
 // multiple of 16 bytes), rows >= rows_valid left out. `stage`: the warpgroup's 64 rows
 // in a panel tile (kh_panel_chunk) that nothing else reads or writes until this returns; `bar`: a
-// named barrier of the warpgroup's 128 threads alone; `wtid`: the thread's index in it.
+// named barrier of the warpgroup's 128 threads alone; `wtid`: the thread's index in it. No barrier
+// at the end: a second call into the same stage must first wait for this one's reads.
 template <typename T, int D>
 KH_DEV void kh_wg_store_tile(const float (&acc)[D / 2], const float (&scale)[2], kh_u32 stage,
                              kh_u32 panel_bytes, int bar, int wtid, T* dst, kh_i64 row_stride,

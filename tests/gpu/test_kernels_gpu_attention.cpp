@@ -34,6 +34,9 @@ const ForwardCase kGpuForwardCases[] = {
     {4, 4, 128, {1, 700, 130, 683}, {1, 700, 130, 683}, true, true, -1, true},
     {8, 2, 128, {1000, 1000}, {1000, 1000}, false, true, 128, true},
     {4, 2, 128, {64}, {30}, true, true, -1, true},  // rows that see no key
+    // Whole query blocks that see no key (no block to multiply): their output is zeros, also
+    // without TMA, where the producer used to load Q into the bytes the output leaves through.
+    {4, 2, 128, {512}, {64}, true, true, -1, true},
     {2, 2, 256, {333, 190}, {333, 190}, true, true, -1, true},
     {2, 1, 256, {129}, {129}, false, false, -1, false},
     {8, 8, 64, {100, 900}, {100, 900}, true, false, 100, true},
