@@ -111,27 +111,28 @@ def main():
     print("kernel_timeline: ok")
 
 
-def train():
-    """Three training steps outside graphs (a graph replay between them is left out): the last
-    one, from after the second run of AdamW launches to the end of the third, is reported."""
+def train_rows(attn_ns, graph_between):
+    """Three training steps' rows outside graphs (with graph_between, a graph replay after each);
+    step 2's GEMM is longer than the others' so that only the last step's figures may show."""
     rows, t = [], 1000
     for step in range(3):
-        # Step 2's GEMM is longer: only its figures may show.
         for name, dur in (("norm_fwd_rms_bf16", 1000), ("nvjet_gemm", 4000 if step == 2 else 2000),
-                          ("attn_fwd90_bf16_d128", 6000), ("lce_grad_bf16", 3000),
+                          ("attn_fwd90_bf16_d128", attn_ns), ("lce_grad_bf16", 3000),
                           ("kh_adamw_f32", 500), ("kh_adamw_f32", 500)):
             rows.append((t, t + dur, 7, len(rows), 0, name))
             t += dur + 100
-        rows.append((t, t + 50, 7, len(rows), 5, "kh_skinny_wgmma_n1_s4"))
-        t += 150
+        if graph_between:
+            rows.append((t, t + 50, 7, len(rows), 5, "kh_skinny_wgmma_n1_s4"))
+            t += 150
+    return rows
+
+
+def train():
+    """Three training steps outside graphs (a graph replay between them is left out): the last
+    one, from after the second run of AdamW launches to the end of the third, is reported."""
+    rows = train_rows(attn_ns=6000, graph_between=True)
     # A variant whose attention is 1.5x as long (9000 ns against 6000).
-    slow, t = [], 1000
-    for step in range(3):
-        for name, dur in (("norm_fwd_rms_bf16", 1000), ("nvjet_gemm", 4000 if step == 2 else 2000),
-                          ("attn_fwd90_bf16_d128", 9000), ("lce_grad_bf16", 3000),
-                          ("kh_adamw_f32", 500), ("kh_adamw_f32", 500)):
-            slow.append((t, t + dur, 7, len(slow), 0, name))
-            t += dur + 100
+    slow = train_rows(attn_ns=9000, graph_between=False)
     with tempfile.TemporaryDirectory() as d:
         path = write_rows(os.path.join(d, "t.tsv"), rows)
         table = subprocess.run([sys.executable, TOOL, path, "--train"], check=True,
