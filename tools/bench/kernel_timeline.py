@@ -182,12 +182,10 @@ def print_compare(variants, match):
             if (re.search(match, r["name"]) if match else True)]
     if not match:
         keys = keys[:15]
-    for name, grid in keys:
-        per = []
-        for l in labels:
-            hit = [r for r in variants[l]["by_launch"] if (r["name"], r["grid"]) == (name, grid)]
-            per.append(hit[0]["us_a_launch"] if hit else None)
-        row(f"{short(name, 48)} [{grid}] us a launch", per, lambda v: f"{v:.1f}")
+    launches = {l: {(r["name"], r["grid"]): r for r in variants[l]["by_launch"]} for l in labels}
+    for key in keys:
+        per = [launches[l][key]["us_a_launch"] if key in launches[l] else None for l in labels]
+        row(f"{short(key[0], 48)} [{key[1]}] us a launch", per, lambda v: f"{v:.1f}")
 
 
 def short(name, n=48):
