@@ -147,6 +147,11 @@ def train():
                                   capture_output=True, text=True)
         no_label = subprocess.run([sys.executable, TOOL, path, "--train", "--compare", other],
                                   capture_output=True, text=True)
+        same_label = subprocess.run([sys.executable, TOOL, path, "--train", "--compare",
+                                     f"base={other}"], capture_output=True, text=True)
+        bad_match = subprocess.run([sys.executable, TOOL, path, "--train", "--compare",
+                                    f"old={other}", "--match", "attn_("],
+                                   capture_output=True, text=True)
         one = write_rows(os.path.join(d, "one.tsv"), [(0, 10, 7, 1, 0, "kh_adamw_f32")])
         bad = subprocess.run([sys.executable, TOOL, one, "--train"], capture_output=True, text=True)
     assert as_json["kernels"] == 6 and abs(as_json["step_us"] - 15.5) < 1e-6, as_json
@@ -160,6 +165,10 @@ def train():
     assert "lce_grad" not in compare, compare
     assert no_train.returncode != 0 and "--compare needs --train" in no_train.stderr
     assert no_label.returncode != 0 and "expected LABEL=TSV" in no_label.stderr, no_label.stderr
+    assert same_label.returncode != 0 and "label 'base' is taken" in same_label.stderr, \
+        same_label.stderr
+    assert bad_match.returncode != 0 and "not a regular expression" in bad_match.stderr, \
+        bad_match.stderr
     assert "one training step: 6 kernels" in table, table
     assert "| nvjet_gemm | GEMM (cuBLASLt) | 1,1,1 | 1 | 0.00 | 0.00 | 4.0 |" in table, table
     assert "| kh_adamw_f32 | other | 1,1,1 | 2 |" in table, table

@@ -212,7 +212,15 @@ def main():
             label, sep, path = v.partition("=")
             if not sep or not label or not path:
                 sys.exit(f"--compare {v!r}: expected LABEL=TSV")
+            if label in variants:
+                sys.exit(f"--compare {v!r}: label {label!r} is taken (--label names tsv's; give "
+                         "each variant its own)")
             variants[label] = path
+        if a.match:
+            try:
+                re.compile(a.match)
+            except re.error as e:
+                sys.exit(f"--match {a.match!r}: not a regular expression ({e})")
         steps = {}
         for label, path in variants.items():
             step = train_step(read_rows(path))
