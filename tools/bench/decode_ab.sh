@@ -16,12 +16,13 @@ set -uo pipefail
 root=$(pwd); out=${OUT:-/tmp/kh-gpu-out}; mkdir -p "$out"
 . "$root/tools/bench/gpu_env.sh"
 . "$root/tools/bench/ab_variant.sh"
+for v in "$@"; do ab_variant "$v" || exit 2; done  # every variant well-formed before any run
 rounds=${KH_AB_ROUNDS:-2}; ctx=${KH_AB_SEQ:-2048}
 echo "decode context $ctx"
 printf '%-12s %5s %9s %11s %7s %7s %8s %9s %12s\n' variant round ms/step tokens/s %peak %read overlap fused_qkv fused_append
 for r in $(seq 1 "$rounds"); do
   for v in "$@"; do
-    ab_variant "$v" || exit 2
+    ab_variant "$v"
     log=/tmp/kh-decode-ab.json
     env "${envs[@]}" "$bin" demo --device cuda:0 --model qwen3-0.6b --seq "$ctx" \
       --decode-context "$ctx" --batch 1 --steps 2 --json "${opts[@]}" >"$log" 2>/tmp/kh-decode-ab.err ||
