@@ -29,7 +29,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/norm";
-constexpr const char* kPackageVersion = "1.0.4";
+constexpr const char* kPackageVersion = "1.0.5";
 
 enum Kind { kRms = 0, kAddRms = 1, kLayer = 2 };
 const char* kind_name(int kind) {

@@ -396,13 +396,17 @@ __device__ __forceinline__ void norm_bwd_reg(const T* dy, kh_i64 sdy, const T* x
     const kh_i64 row = walker + it * walkers;
     const bool valid = active && row < rows;
     const kh_i64 r = valid ? row : 0;
-    Raw xs[kBwdMaxVec], ds[kBwdMaxVec];
+    // dresidual is loaded with the row (not at the store, where its latency stood exposed
+    // behind the row reduction).
+    Raw xs[kBwdMaxVec], ds[kBwdMaxVec], es[kBwdMaxVec];
 #pragma unroll
     for (int k = 0; k < kBwdMaxVec; ++k) {
       const int v = tx + k * tpr;
       if (valid && v < nvec) {
         xs[k] = kh_load_raw<T, VEC, KH_LOAD_STREAM>(x + r * sx + (kh_i64)v * VEC);
         ds[k] = kh_load_raw<T, VEC, KH_LOAD_STREAM>(dy + r * sdy + (kh_i64)v * VEC);
+        if (!LN && dres)
+          es[k] = kh_load_raw<T, VEC, KH_LOAD_STREAM>(dres + r * sdres + (kh_i64)v * VEC);
       }
     }
     const float mu = (LN && valid) ? mean[r] : 0.f;
@@ -440,11 +444,7 @@ __device__ __forceinline__ void norm_bwd_reg(const T* dy, kh_i64 sdy, const T* x
         kh_unpack<T, VEC>(ds[k], d);
         kh_unpack<T, VEC>(kh_load_raw<T, VEC, KH_LOAD_READONLY>(w + v * VEC), g);
         if (!LN && dres) {
-          float e[VEC];
-          kh_unpack<T, VEC>(kh_load_raw<T, VEC, KH_LOAD_STREAM>(dres + r * sdres + (kh_i64)v * VEC),
-                            e);
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) o[i] = e[i];
+          kh_unpack<T, VEC>(es[k], o);
         } else {
 #pragma unroll
           for (int i = 0; i < VEC; ++i) o[i] = 0.f;
