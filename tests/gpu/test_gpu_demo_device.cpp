@@ -739,6 +739,72 @@ TEST_F(GpuDemoDevice, PackageNormsAndFusedLossTrainLikeTheRuntimesOwn) {
   }
 }
 
+TEST_F(GpuDemoDevice, FusedQkvTrainsLikeThreeProjections) {
+  // A bf16 Qwen3 with the attention, rotary and norm packages bound trains its q, k and v
+  // projections as one GEMM each way (the packages reading and writing the fused tensor's columns
+  // through strided views; q's, k's and v's gradients rows of one): the same losses and weights,
+  // within bf16 rounding, as three GEMMs from the same start. head_dim 64, GQA 4/2.
+  const std::string dir = KH_KERNEL_PACKAGES_DIR;
+  Runtime rt;
+  const DemoSlots slots = add_device_demo_slots(rt);
+  for (Mode mode : {Mode::kTrain, Mode::kEval}) {
+    rt.bind(kAttention, dir + "/attention", mode, 0);
+    rt.bind(kRMSNorm, dir + "/norm", mode, 0);
+    rt.bind(kFusedAddRMSNorm, dir + "/norm", mode, 0);
+    rt.bind(kQKNormRotaryEmbedding, dir + "/rotary", mode, 0);
+  }
+  rt.set_mode(Mode::kTrain);
+  ModelConfig cfg = tiny_qwen3();
+  cfg.hidden = 128;
+  cfg.heads = 4;
+  cfg.kv_heads = 2;
+  cfg.head_dim = 64;
+  cfg.seq = 96;
+  CausalLM host(cfg, *slots_, 21);
+  DeviceModelOptions fused = with_dtype(kBF16), apart = with_dtype(kBF16);
+  apart.fuse_qkv = false;
+  DeviceCausalLM one(host, slots, rt, 0, fused), three(host, slots, rt, 0, apart);
+  AdamConfig adam;
+  adam.lr = 1e-2f;
+  const int batch = 3, len = 96;
+  std::vector<int64_t> tokens(batch * len), targets(batch * len);
+  for (int step = 0; step < 3; ++step) {
+    fill_batch(tokens, targets, cfg.vocab, step);
+    float loss[2];
+    int i = 0;
+    for (DeviceCausalLM* m : {&one, &three}) {
+      m->zero_grad();
+      loss[i++] = m->forward(tokens.data(), targets.data(), batch, len);
+      m->backward();
+    }
+    EXPECT_EQ(one.fused_qkv_layers(), cfg.layers) << "step " << step;
+    EXPECT_EQ(three.fused_qkv_layers(), 0) << "step " << step;
+    EXPECT_NEAR(loss[0], loss[1], 1e-2f * std::fabs(loss[1])) << "step " << step;
+    // The gradients (not the weights after AdamW, whose first steps move a weight by about lr
+    // whatever its gradient's size, so that a gradient near zero rounded either way in bf16
+    // flips it): within bf16 rounding of the largest.
+    if (step == 0)
+      for (const char* name :
+           {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+            "model.layers.0.self_attn.v_proj.weight", "model.layers.1.self_attn.q_proj.weight",
+            "model.layers.1.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.weight",
+            "model.layers.1.self_attn.q_norm.weight", "model.layers.0.input_layernorm.weight"}) {
+        const std::vector<float> want = three.download_grad(name);
+        float peak = 0.f;
+        for (float g : want) peak = std::max(peak, std::fabs(g));
+        ASSERT_GT(peak, 0.f) << name;
+        expect_close(one.download_grad(name), want, 2e-2f * peak, 5e-2f, name);
+      }
+    one.adam_step(adam);
+    three.adam_step(adam);
+  }
+  for (const char* slot : {kAttention, kQKNormRotaryEmbedding})
+    EXPECT_NE(std::find(one.package_slots().begin(), one.package_slots().end(), slot),
+              one.package_slots().end())
+        << slot << " served by its package";
+  EXPECT_TRUE(one.refusals().empty());
+}
+
 TEST_F(GpuDemoDevice, ChunkedLossAndGradientsEqualTheFullLogitsOnes) {
   // The host model's loss takes the full [tokens, vocab] logits; the device model's train loss
   // goes 5 tokens at a time (7 chunks, the last one short) or in one chunk.

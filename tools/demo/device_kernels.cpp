@@ -21,12 +21,12 @@ struct AttnShape {
 };
 static_assert(sizeof(AttnShape) == 24);
 
-const char* const kTyped[] = {"kh_embedding_fwd",    "kh_embedding_bwd",    "kh_add",
-                              "kh_bias_add",         "kh_scale_columns",    "kh_column_sum_add",
-                              "kh_rms_norm",         "kh_rms_norm_bwd_dx",  "kh_rms_norm_bwd_dw",
-                              "kh_silu_and_mul",     "kh_silu_and_mul_bwd", "kh_rotary",
-                              "kh_attention_fwd",    "kh_attention_bwd",    "kh_cross_entropy",
-                              "kh_cross_entropy_bwd"};
+const char* const kTyped[] = {"kh_embedding_fwd",   "kh_embedding_bwd",    "kh_add",
+                              "kh_bias_add",        "kh_copy_columns",     "kh_scale_columns",
+                              "kh_column_sum_add",  "kh_rms_norm",         "kh_rms_norm_bwd_dx",
+                              "kh_rms_norm_bwd_dw", "kh_silu_and_mul",     "kh_silu_and_mul_bwd",
+                              "kh_rotary",          "kh_attention_fwd",    "kh_attention_bwd",
+                              "kh_cross_entropy",   "kh_cross_entropy_bwd"};
 
 [[noreturn]] void fail(const char* op, const std::string& why) {
   throw Error(ErrorKind::kInvalidInput, fmt::format("{} (device kernel): {}", op, why));
@@ -152,6 +152,28 @@ void DeviceKernels::add(DeviceStream& s, const DeviceTensor& a, const DeviceTens
   const void* bp = b.data();
   void* outp = out.data();
   launch(s, typed("kh_add", a), blocks_for(n), 1, 1, 0, {&ap, &bp, &outp, &n});
+}
+
+void DeviceKernels::copy_columns(DeviceStream& s, const DeviceTensor& src, int64_t src_col,
+                                 DeviceTensor& dst, int64_t dst_col, int64_t cols) {
+  const char* op = "copy_columns";
+  expect_float(op, "src", src);
+  expect_dtype(op, "dst", dst, src.dtype());
+  long long rows = rows_of(src), ld_src = cols_of(src), ld_dst = cols_of(dst);
+  expect(rows_of(dst) == rows, op,
+         fmt::format("dst is {}; {} rows expected (as src)", dst.describe(), rows));
+  expect(src_col >= 0 && dst_col >= 0 && cols >= 0 && src_col + cols <= ld_src &&
+             dst_col + cols <= ld_dst,
+         op,
+         fmt::format("columns [{}, +{}) of {} to [{}, +{}) of {}: out of range", src_col, cols,
+                     src.describe(), dst_col, cols, dst.describe()));
+  long long n = cols;
+  if (rows * n == 0) return;
+  const size_t elem = src.bytes() / static_cast<size_t>(src.numel());
+  const void* sp = static_cast<const char*>(src.data()) + src_col * elem;
+  void* dp = static_cast<char*>(dst.data()) + dst_col * elem;
+  launch(s, typed("kh_copy_columns", src), blocks_for(rows * n), 1, 1, 0,
+         {&sp, &ld_src, &dp, &ld_dst, &rows, &n});
 }
 
 void DeviceKernels::bias_add(DeviceStream& s, DeviceTensor& y, const DeviceTensor& bias) {

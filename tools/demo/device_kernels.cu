@@ -68,6 +68,16 @@ KH_DEV void bias_add(T* y, const T* bias, long long rows, long long cols) {
     y[i] = from_f<T>(kh_to_float(y[i]) + kh_to_float(bias[i % cols]));
 }
 
+// dst[r, c] = src[r, c] for a block of rows x cols of two matrices with their own row strides
+// (ld_src, ld_dst elements): a column block moved between the fused q/k/v projection and its
+// parts.
+template <typename T>
+KH_DEV void copy_columns(const T* src, long long ld_src, T* dst, long long ld_dst, long long rows,
+                         long long cols) {
+  for (long long i = global_index(); i < rows * cols; i += global_stride())
+    dst[i / cols * ld_dst + i % cols] = src[i / cols * ld_src + i % cols];
+}
+
 // out[r, c] = x[r, c] * scale[c], rounded once (a norm's weight folded into the weight after it).
 template <typename T>
 KH_DEV void scale_columns(const T* x, const T* scale, T* out, long long rows, long long cols) {
@@ -345,6 +355,10 @@ KH_DEV void cross_entropy_bwd(const float* dloss, T* dlogits, long long rows, lo
   }                                                                                                \
   KH_GLOBAL void kh_bias_add_##sfx(T* y, const T* bias, long long rows, long long cols) {          \
     bias_add(y, bias, rows, cols);                                                                 \
+  }                                                                                                \
+  KH_GLOBAL void kh_copy_columns_##sfx(const T* src, long long ld_src, T* dst, long long ld_dst,   \
+                                       long long rows, long long cols) {                           \
+    copy_columns(src, ld_src, dst, ld_dst, rows, cols);                                            \
   }                                                                                                \
   KH_GLOBAL void kh_scale_columns_##sfx(const T* x, const T* scale, T* out, long long rows,        \
                                         long long cols) {                                          \

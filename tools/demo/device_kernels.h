@@ -41,6 +41,10 @@ class DeviceKernels {
                           DeviceTensor& dtable);
   // out = a + b (out may be a or b).
   void add(DeviceStream& s, const DeviceTensor& a, const DeviceTensor& b, DeviceTensor& out);
+  // dst[r, dst_col + c] = src[r, src_col + c] for c < cols (src and dst: rows x their last
+  // dimension, one dtype): a column block between matrices of different widths.
+  void copy_columns(DeviceStream& s, const DeviceTensor& src, int64_t src_col, DeviceTensor& dst,
+                    int64_t dst_col, int64_t cols);
   // y[r, c] += bias[c] (bias [cols], y's dtype).
   void bias_add(DeviceStream& s, DeviceTensor& y, const DeviceTensor& bias);
   // out [rows, cols] = x * scale[c] column by column (scale [cols], x's dtype; rounded once): a

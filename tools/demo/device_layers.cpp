@@ -4,6 +4,7 @@
 #include "tools/demo/device_model.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "kernel_hub/kernel_hub.hpp"
 #include "tools/demo/device_linear.h"
@@ -20,8 +21,13 @@ void DeviceCausalLM::linear(const DeviceTensor& x, const Param& w, const Param* 
 
 void DeviceCausalLM::linear_grad(const DeviceTensor& x, Param& w, Param* bias,
                                  const DeviceTensor& dy, DeviceTensor* dx, bool accumulate_dx) {
-  timed(Phase::kGemm, [&] { linear_backward(stream_, x, run(w), dy, dx, &w.g, accumulate_dx); });
-  if (bias) kernels_.column_sum_add(stream_, dy, bias->g);
+  const bool fresh = take_zero(w);
+  timed(Phase::kGemm,
+        [&] { linear_backward(stream_, x, run(w), dy, dx, &w.g, accumulate_dx, !fresh); });
+  if (bias) {
+    clear_if_zero(*bias);
+    kernels_.column_sum_add(stream_, dy, bias->g);
+  }
 }
 
 void DeviceCausalLM::norm(const DeviceTensor& x, const Param& w, DeviceTensor& y,
@@ -56,13 +62,13 @@ void DeviceCausalLM::norm_backward(const DeviceTensor& dy, const DeviceTensor& x
     if (call_slot(slots_.rms_norm, kRMSNorm, true,
                   {tensor_arg(&dy), tensor_arg(&x), tensor_arg(&run(w)), tensor_arg(&rstd),
                    tensor_arg(&dx), tensor_arg(&dweight), tensor_arg(&workspace)})) {
-      add_grad(w.g, dweight);  // the op overwrites dweight; the runtime adds
+      add_grad(w, dweight);  // the op overwrites dweight; the runtime adds
       return;
     }
   }
   DeviceTensor dweight = empty({C});
   kernels_.rms_norm_backward(stream_, dy, x, run(w), rstd, dx, dweight);
-  add_grad(w.g, dweight);
+  add_grad(w, dweight);
 }
 
 void DeviceCausalLM::renorm(const DeviceTensor& x, const Param& w, DeviceTensor& y) {
@@ -100,7 +106,7 @@ void DeviceCausalLM::add_norm_backward(const DeviceTensor& dy, const DeviceTenso
             slots_.fused_add_rms_norm, kFusedAddRMSNorm, true,
             {tensor_arg(&dy), tensor_arg(dresidual), tensor_arg(&residual_out), tensor_arg(&run(w)),
              tensor_arg(&rstd), tensor_arg(&dx), tensor_arg(&dweight), tensor_arg(&workspace)})) {
-      add_grad(w.g, dweight);
+      add_grad(w, dweight);
       return;
     }
   }
@@ -108,21 +114,24 @@ void DeviceCausalLM::add_norm_backward(const DeviceTensor& dy, const DeviceTenso
   if (dresidual) kernels_.add(stream_, dx, *dresidual, dx);
 }
 
+bool DeviceCausalLM::qknr_forward(const Layer& L, kh_arg_t qi, kh_arg_t ki, DeviceTensor& q,
+                                  DeviceTensor& k) {
+  if (!train_ || !bound(slots_.qk_norm_rotary)) return false;
+  const int64_t T = q.shape()[0], NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
+  DeviceTensor qo = q.view({T, NH, HD}), ko = k.view({T, NKV, HD});
+  return call_slot(slots_.qk_norm_rotary, kQKNormRotaryEmbedding, false,
+                   {tensor_arg(&positions_), qi, ki, tensor_arg(&run(*L.q_norm)),
+                    tensor_arg(&run(*L.k_norm)), float_arg(cfg_.eps), tensor_arg(&cos_),
+                    tensor_arg(&sin_), int_arg(1), tensor_arg(&qo), tensor_arg(&ko)});
+}
+
 bool DeviceCausalLM::qk_from_projections(const Layer& L, const DeviceTensor& q_pre,
                                          const DeviceTensor& k_pre, DeviceTensor& q,
                                          DeviceTensor& k, DeviceTensor* rstd_q,
                                          DeviceTensor* rstd_k) {
   const int64_t T = q_pre.shape()[0], NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
-  if (train_ && bound(slots_.qk_norm_rotary)) {
-    const DeviceTensor qi = q_pre.view({T, NH, HD}), ki = k_pre.view({T, NKV, HD});
-    DeviceTensor qo = q.view({T, NH, HD}), ko = k.view({T, NKV, HD});
-    if (call_slot(
-            slots_.qk_norm_rotary, kQKNormRotaryEmbedding, false,
-            {tensor_arg(&positions_), tensor_arg(&qi), tensor_arg(&ki), tensor_arg(&run(*L.q_norm)),
-             tensor_arg(&run(*L.k_norm)), float_arg(cfg_.eps), tensor_arg(&cos_), tensor_arg(&sin_),
-             int_arg(1), tensor_arg(&qo), tensor_arg(&ko)}))
-      return true;
-  }
+  const DeviceTensor qi = q_pre.view({T, NH, HD}), ki = k_pre.view({T, NKV, HD});
+  if (qknr_forward(L, tensor_arg(&qi), tensor_arg(&ki), q, k)) return true;
   DeviceTensor qn = q.view({T * NH, HD}), kn = k.view({T * NKV, HD});
   if (rstd_q) {
     norm(q_pre.view({T * NH, HD}), *L.q_norm, qn, rstd_q);
@@ -136,27 +145,47 @@ bool DeviceCausalLM::qk_from_projections(const Layer& L, const DeviceTensor& q_p
   return false;
 }
 
-bool DeviceCausalLM::qk_norm_rotary_backward(Layer& L, const Saved& s, const DeviceTensor& dq3,
-                                             const DeviceTensor& dk3, DeviceTensor& dq_pre,
-                                             DeviceTensor& dk_pre) {
+// The fused q/k/v projection's parts as strided views of s.qkv ([T, q_dim + 2 kv_dim]).
+DeviceCausalLM::QkvViews DeviceCausalLM::qkv_views(const DeviceTensor& qkv) const {
+  const int64_t T = qkv.shape()[0], W = qkv.shape()[1], Q = cfg_.q_dim(), KV = cfg_.kv_dim();
+  const int64_t NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim, S = len_, B = T / S;
+  return {StridedArg(qkv, 0, {T, NH, HD}, {W, HD, 1}), StridedArg(qkv, Q, {T, NKV, HD}, {W, HD, 1}),
+          StridedArg(qkv, Q + KV, {B, S, NKV, HD}, {S * W, W, HD, 1})};
+}
+
+void DeviceCausalLM::unfuse_qkv(Saved& s) {
+  const int64_t T = s.qkv.shape()[0], Q = cfg_.q_dim(), KV = cfg_.kv_dim();
+  s.q_pre = act({T, Q});
+  s.k_pre = act({T, KV});
+  s.v = act({T, KV});
+  kernels_.copy_columns(stream_, s.qkv, 0, s.q_pre, 0, Q);
+  kernels_.copy_columns(stream_, s.qkv, Q, s.k_pre, 0, KV);
+  kernels_.copy_columns(stream_, s.qkv, Q + KV, s.v, 0, KV);
+  s.qkv = DeviceTensor();
+}
+
+bool DeviceCausalLM::fused_qkv_trains(const Layer& L) const {
+  return options_.fuse_qkv && train_ && L.qkv && L.q_norm && bound(slots_.qk_norm_rotary) &&
+         attention_bound();
+}
+
+bool DeviceCausalLM::qknr_backward(Layer& L, kh_arg_t qi, kh_arg_t ki, const DeviceTensor& dq3,
+                                   const DeviceTensor& dk3, kh_arg_t dqi, kh_arg_t dki) {
   if (!bound(slots_.qk_norm_rotary)) return false;
-  const int64_t T = s.q_pre.shape()[0], NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
-  const DeviceTensor qi = s.q_pre.view({T, NH, HD}), ki = s.k_pre.view({T, NKV, HD});
-  DeviceTensor dqi = dq_pre.view({T, NH, HD}), dki = dk_pre.view({T, NKV, HD});
+  const int64_t HD = cfg_.head_dim;
   DeviceTensor dqw = act({HD}), dkw = act({HD});
   // One partial row of both weights' gradients per walker CTA: the package's bf16 kernel keeps
   // 2 of its 256-thread CTAs resident a multiprocessor (128 registers a thread), so 2 a
   // multiprocessor run in one wave.
   DeviceTensor workspace = empty({std::max<int64_t>(1, 2 * multiprocessors_), 2 * HD});
-  if (!call_slot(
-          slots_.qk_norm_rotary, kQKNormRotaryEmbedding, true,
-          {tensor_arg(&positions_), tensor_arg(&dq3), tensor_arg(&dk3), tensor_arg(&qi),
-           tensor_arg(&ki), tensor_arg(&run(*L.q_norm)), tensor_arg(&run(*L.k_norm)),
-           float_arg(cfg_.eps), tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1), tensor_arg(&dqi),
-           tensor_arg(&dki), tensor_arg(&dqw), tensor_arg(&dkw), tensor_arg(&workspace)}))
+  if (!call_slot(slots_.qk_norm_rotary, kQKNormRotaryEmbedding, true,
+                 {tensor_arg(&positions_), tensor_arg(&dq3), tensor_arg(&dk3), qi, ki,
+                  tensor_arg(&run(*L.q_norm)), tensor_arg(&run(*L.k_norm)), float_arg(cfg_.eps),
+                  tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1), dqi, dki, tensor_arg(&dqw),
+                  tensor_arg(&dkw), tensor_arg(&workspace)}))
     return false;
-  add_grad(L.q_norm->g, dqw);
-  add_grad(L.k_norm->g, dkw);
+  add_grad(*L.q_norm, dqw);
+  add_grad(*L.k_norm, dkw);
   return true;
 }
 
@@ -181,15 +210,32 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
   DeviceTensor a = act({T, H});
   h = add_norm(branch, std::move(h), *L.attn_norm, a, train_ ? &s.rstd1 : nullptr);
   if (train_) s.h_in = h.view(h.shape());
-  s.v = act({T, KV});
-  linear(a, *L.wv, L.bv, s.v);
   s.q = act({T, Q});
   s.k = act({T, KV});
-  if (L.q_norm) {  // Qwen3: RMSNorm over each head's head_dim, before RoPE
-    s.q_pre = act({T, Q});
-    s.k_pre = act({T, KV});
-    linear(a, *L.wq, L.bq, s.q_pre);
-    linear(a, *L.wk, L.bk, s.k_pre);
+  // Training with the q/k norms and the packages' attention: q, k and v from one GEMM into s.qkv,
+  // whose columns the packages read (and whose gradient's columns they write) in place; a package
+  // that refuses the strided views gets the parts apart (unfuse_qkv).
+  bool fused_qk = false;  // q and k written from s.qkv, rstd_q and rstd_k not
+  if (fused_qkv_trains(L)) {
+    s.qkv = act({T, Q + 2 * KV});
+    linear(a, *L.qkv, nullptr, s.qkv);
+    QkvViews in = qkv_views(s.qkv);
+    fused_qk = qknr_forward(L, tensor_arg(&in.q), tensor_arg(&in.k), s.q, s.k);
+    if (!fused_qk) unfuse_qkv(s);
+  } else {
+    s.v = act({T, KV});
+    linear(a, *L.wv, L.bv, s.v);
+    if (L.q_norm) {
+      s.q_pre = act({T, Q});
+      s.k_pre = act({T, KV});
+      linear(a, *L.wq, L.bq, s.q_pre);
+      linear(a, *L.wk, L.bk, s.k_pre);
+    } else {
+      linear(a, *L.wq, L.bq, s.q);
+      linear(a, *L.wk, L.bk, s.k);
+    }
+  }
+  if (L.q_norm && !fused_qk) {  // Qwen3: RMSNorm over each head's head_dim, before RoPE
     if (train_) {
       s.rstd_q = empty({T * NH});
       s.rstd_k = empty({T * NKV});
@@ -199,25 +245,36 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
       s.rstd_q = DeviceTensor();  // not written: the fused backward recomputes them
       s.rstd_k = DeviceTensor();
     }
-  } else {
-    linear(a, *L.wq, L.bq, s.q);
-    linear(a, *L.wk, L.bk, s.k);
+  } else if (!L.q_norm) {
     DeviceTensor q3 = s.q.view({T, NH, HD}), k3 = s.k.view({T, NKV, HD});
     rotary(q3, k3, false);
   }
   a = DeviceTensor();
-  DeviceTensor q4 = s.q.view({B, S, NH, HD}), k4 = s.k.view({B, S, NKV, HD}),
-               v4 = s.v.view({B, S, NKV, HD});
+  DeviceTensor q4 = s.q.view({B, S, NH, HD}), k4 = s.k.view({B, S, NKV, HD});
   s.attn = act({B, S, NH, HD});
   if (train_) s.lse = empty({NH, T});
   DeviceTensor* lse = train_ ? &s.lse : nullptr;
-  if (!(attention_bound() &&
-        call_slot(slots_.attention, kAttention, false,
-                  {tensor_arg(&q4), tensor_arg(&k4), tensor_arg(&v4), tensor_arg(nullptr),
-                   tensor_arg(nullptr), int_arg(S), int_arg(1), int_arg(-1),
-                   float_arg(attention_scale()), tensor_arg(&s.attn), tensor_arg(lse)})))
+  bool attended = false;
+  if (attention_bound()) {
+    std::optional<QkvViews> fused;
+    DeviceTensor v4;
+    if (s.qkv.data())
+      fused = qkv_views(s.qkv);
+    else
+      v4 = s.v.view({B, S, NKV, HD});
+    attended = call_slot(
+        slots_.attention, kAttention, false,
+        {tensor_arg(&q4), tensor_arg(&k4), fused ? tensor_arg(&fused->v) : tensor_arg(&v4),
+         tensor_arg(nullptr), tensor_arg(nullptr), int_arg(S), int_arg(1), int_arg(-1),
+         float_arg(attention_scale()), tensor_arg(&s.attn), tensor_arg(lse)});
+  }
+  if (!attended) {
+    if (s.qkv.data()) unfuse_qkv(s);  // the runtime's attention takes contiguous tensors
+    DeviceTensor v4 = s.v.view({B, S, NKV, HD});
     timed(Phase::kAttention,
           [&] { kernels_.attention_forward(stream_, q4, k4, v4, attention_scale(), s.attn, lse); });
+  }
+  if (s.qkv.data()) ++fused_qkv_layers_;
   if (prefilling_kv_) prefill_kv(L, s);
   if (L.q_norm) {  // backward recomputes them from q_pre and k_pre
     s.q = DeviceTensor();
@@ -270,8 +327,9 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
       kernels_.silu_and_mul_backward(stream_, ds, s.gu, dgu);
   }
   ds = DeviceTensor();
-  timed(Phase::kGemm,
-        [&] { linear_backward(stream_, act_out, run(*L.wdown), dh, nullptr, &L.wdown->g); });
+  timed(Phase::kGemm, [&, fresh = take_zero(*L.wdown)] {
+    linear_backward(stream_, act_out, run(*L.wdown), dh, nullptr, &L.wdown->g, false, !fresh);
+  });
   act_out = DeviceTensor();
   {
     DeviceTensor m = act({T, H});
@@ -288,37 +346,69 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   DeviceTensor dattn = act({B, S, NH, HD});
   DeviceTensor dattn2 = dattn.view({T, Q});
   linear_grad(s.attn.view({T, Q}), *L.wo, L.bo, dh, &dattn2, false);
+  // The fused q/k/v layout holds only while the packages it needs serve (one refused since the
+  // forward: the parts apart).
+  if (s.qkv.data() && !(bound(slots_.qk_norm_rotary) && attention_bound())) {
+    unfuse_qkv(s);
+    --fused_qkv_layers_;
+  }
+  bool fused = s.qkv.data() != nullptr;
   if (L.q_norm) {
     s.q = act({T, Q});
     s.k = act({T, KV});
-    qk_from_projections(L, s.q_pre, s.k_pre, s.q, s.k, nullptr, nullptr);
+    if (fused) {
+      const QkvViews in = qkv_views(s.qkv);
+      if (!qknr_forward(L, tensor_arg(&in.q), tensor_arg(&in.k), s.q, s.k)) {
+        unfuse_qkv(s);
+        --fused_qkv_layers_;
+        fused = false;
+      }
+    }
+    if (!fused) qk_from_projections(L, s.q_pre, s.k_pre, s.q, s.k, nullptr, nullptr);
   }
-  DeviceTensor dq = act({B, S, NH, HD}), dk = act({B, S, NKV, HD}), dv = act({B, S, NKV, HD});
+  std::optional<QkvViews> in;
+  if (fused) in = qkv_views(s.qkv);
+  // dqkv: the fused projection's output gradient, whose columns dq_pre, dk_pre and dv are.
+  DeviceTensor dqkv = fused ? act({T, Q + 2 * KV}) : DeviceTensor();
+  std::optional<QkvViews> dfused;
+  if (fused) dfused = qkv_views(dqkv);
+  DeviceTensor dq = act({B, S, NH, HD}), dk = act({B, S, NKV, HD});
+  DeviceTensor dv = fused ? DeviceTensor() : act({B, S, NKV, HD});
   DeviceTensor q4 = s.q.view({B, S, NH, HD}), k4 = s.k.view({B, S, NKV, HD}),
-               v4 = s.v.view({B, S, NKV, HD}), o4 = s.attn.view(s.attn.shape());
+               o4 = s.attn.view(s.attn.shape());
+  DeviceTensor v4 = fused ? DeviceTensor() : s.v.view({B, S, NKV, HD});
   bool served = false;
   if (attention_bound()) {
     // The package's cuda backward sums dq through an fp32 workspace of T * NH * (HD + 1).
     DeviceTensor workspace = empty({T * NH * (HD + 1)});
-    served =
-        call_slot(slots_.attention, kAttention, true,
-                  {tensor_arg(&dattn), tensor_arg(&q4), tensor_arg(&k4), tensor_arg(&v4),
-                   tensor_arg(&o4), tensor_arg(&s.lse), tensor_arg(nullptr), tensor_arg(nullptr),
-                   int_arg(S), int_arg(S), int_arg(1), int_arg(-1), float_arg(attention_scale()),
-                   tensor_arg(&dq), tensor_arg(&dk), tensor_arg(&dv), tensor_arg(&workspace)});
+    served = call_slot(
+        slots_.attention, kAttention, true,
+        {tensor_arg(&dattn), tensor_arg(&q4), tensor_arg(&k4),
+         fused ? tensor_arg(&in->v) : tensor_arg(&v4), tensor_arg(&o4), tensor_arg(&s.lse),
+         tensor_arg(nullptr), tensor_arg(nullptr), int_arg(S), int_arg(S), int_arg(1), int_arg(-1),
+         float_arg(attention_scale()), tensor_arg(&dq), tensor_arg(&dk),
+         fused ? tensor_arg(&dfused->v) : tensor_arg(&dv), tensor_arg(&workspace)});
   }
   if (!served) {
-    // The runtime's attention accumulates dk and dv in fp32 (atomics): narrowed for bf16.
+    // The runtime's attention takes contiguous tensors, and accumulates dk and dv in fp32
+    // (atomics): narrowed for bf16.
+    DeviceTensor vc = fused ? act({B, S, NKV, HD}) : v4.view(v4.shape());
+    DeviceTensor dvc = fused ? act({B, S, NKV, HD}) : dv.view(dv.shape());
+    if (fused) {
+      DeviceTensor v2 = vc.view({T, KV});
+      kernels_.copy_columns(stream_, s.qkv, Q + KV, v2, 0, KV);
+    }
     DeviceTensor dk32 = bf16_ ? empty(dk.shape()) : dk.view(dk.shape());
-    DeviceTensor dv32 = bf16_ ? empty(dv.shape()) : dv.view(dv.shape());
+    DeviceTensor dv32 = bf16_ ? empty(dvc.shape()) : dvc.view(dvc.shape());
     timed(Phase::kAttention, [&] {
-      kernels_.attention_backward(stream_, dattn, q4, k4, v4, o4, s.lse, attention_scale(), dq,
+      kernels_.attention_backward(stream_, dattn, q4, k4, vc, o4, s.lse, attention_scale(), dq,
                                   dk32, dv32);
     });
     if (bf16_) {
       kernels_.cast(stream_, dk32, dk);
-      kernels_.cast(stream_, dv32, dv);
+      kernels_.cast(stream_, dv32, dvc);
     }
+    if (fused) kernels_.copy_columns(stream_, dvc.view({T, KV}), 0, dqkv, Q + KV, KV);
   }
   dattn = DeviceTensor();
   s.q = DeviceTensor();
@@ -326,8 +416,30 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   DeviceTensor dq3 = dq.view({T, NH, HD}), dk3 = dk.view({T, NKV, HD});
   DeviceTensor dq2 = dq.view({T, Q}), dk2 = dk.view({T, KV});
   if (L.q_norm) {
-    DeviceTensor dq_pre = act({T * NH, HD}), dk_pre = act({T * NKV, HD});
-    if (!qk_norm_rotary_backward(L, s, dq3, dk3, dq_pre, dk_pre)) {
+    bool done = false;
+    DeviceTensor dq_pre, dk_pre;  // the unfused backward's (the fused one writes into dqkv)
+    if (fused) {
+      done = qknr_backward(L, tensor_arg(&in->q), tensor_arg(&in->k), dq3, dk3,
+                           tensor_arg(&dfused->q), tensor_arg(&dfused->k));
+      if (!done) {  // refused: the unfused backward below reads contiguous q_pre and k_pre
+        s.q_pre = act({T, Q});
+        s.k_pre = act({T, KV});
+        kernels_.copy_columns(stream_, s.qkv, 0, s.q_pre, 0, Q);
+        kernels_.copy_columns(stream_, s.qkv, Q, s.k_pre, 0, KV);
+      }
+    } else {
+      dq_pre = act({T * NH, HD});
+      dk_pre = act({T * NKV, HD});
+      const DeviceTensor qi = s.q_pre.view({T, NH, HD}), ki = s.k_pre.view({T, NKV, HD});
+      DeviceTensor dqi = dq_pre.view({T, NH, HD}), dki = dk_pre.view({T, NKV, HD});
+      done = qknr_backward(L, tensor_arg(&qi), tensor_arg(&ki), dq3, dk3, tensor_arg(&dqi),
+                           tensor_arg(&dki));
+    }
+    if (!done) {
+      if (!dq_pre.data()) {
+        dq_pre = act({T * NH, HD});
+        dk_pre = act({T * NKV, HD});
+      }
       rotary(dq3, dk3, true);
       if (s.rstd_q.shape().empty()) {  // the fused forward ran but its backward was refused
         s.rstd_q = empty({T * NH});
@@ -339,9 +451,15 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
       norm_backward(dq.view({T * NH, HD}), s.q_pre.view({T * NH, HD}), *L.q_norm, s.rstd_q, dq_pre);
       norm_backward(dk.view({T * NKV, HD}), s.k_pre.view({T * NKV, HD}), *L.k_norm, s.rstd_k,
                     dk_pre);
+      if (fused) {
+        kernels_.copy_columns(stream_, dq_pre.view({T, Q}), 0, dqkv, 0, Q);
+        kernels_.copy_columns(stream_, dk_pre.view({T, KV}), 0, dqkv, Q, KV);
+      }
     }
-    dq2 = dq_pre.view({T, Q});
-    dk2 = dk_pre.view({T, KV});
+    if (!fused) {
+      dq2 = dq_pre.view({T, Q});
+      dk2 = dk_pre.view({T, KV});
+    }
   } else {
     rotary(dq3, dk3, true);
   }
@@ -349,9 +467,20 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   {
     DeviceTensor a = act({T, H});
     renorm(s.h_in, *L.attn_norm, a);
-    linear_grad(a, *L.wq, L.bq, dq2, &da, false);
-    linear_grad(a, *L.wk, L.bk, dk2, &da, true);
-    linear_grad(a, *L.wv, L.bv, dv.view({T, KV}), &da, true);
+    if (fused) {  // q's, k's and v's weight gradients are the rows of qkv's (ensure_grads)
+      // Overwritten when all three are marked zero (zero_grad marks them together).
+      const bool fresh = L.wq->g_zero && L.wk->g_zero && L.wv->g_zero;
+      for (Param* p : {L.wq, L.wk, L.wv}) {
+        if (!fresh) clear_if_zero(*p);
+        p->g_zero = false;
+      }
+      L.qkv->g_zero = fresh;
+      linear_grad(a, *L.qkv, nullptr, dqkv, &da, false);
+    } else {
+      linear_grad(a, *L.wq, L.bq, dq2, &da, false);
+      linear_grad(a, *L.wk, L.bk, dk2, &da, true);
+      linear_grad(a, *L.wv, L.bv, dv.view({T, KV}), &da, true);
+    }
   }
   DeviceTensor d_in = act({T, H});
   add_norm_backward(da, &dh, s.h_in, *L.attn_norm, s.rstd1, d_in);

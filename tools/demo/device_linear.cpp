@@ -100,12 +100,12 @@ kh_gemm_t linear_dx_gemm(int device, uint32_t dtype_ab, const LinearShape& s, co
 }
 
 kh_gemm_t linear_dw_gemm(int device, uint32_t dtype_ab, const LinearShape& s, const void* dy,
-                         const void* x, float* dw) {
-  // D = dW [out, in] (fp32, accumulated); A = dy^T, dy stored row-major [rows, out] = [k, m];
-  // B = x [rows, in] = [k, n].
+                         const void* x, float* dw, bool accumulate) {
+  // D = dW [out, in] (fp32, accumulated or overwritten); A = dy^T, dy stored row-major
+  // [rows, out] = [k, m]; B = x [rows, in] = [k, n].
   kh_gemm_t g = request(device, dtype_ab, KH_DTYPE_FP32);
-  g.flags = KH_GEMM_TRANS_A | KH_GEMM_ACCUMULATE;
-  g.beta = 1.f;
+  g.flags = KH_GEMM_TRANS_A | (accumulate ? KH_GEMM_ACCUMULATE : 0u);
+  g.beta = accumulate ? 1.f : 0.f;
   g.m = s.out;
   g.n = s.in;
   g.k = s.rows;
@@ -129,8 +129,8 @@ void linear_forward(DeviceStream& stream, const DeviceTensor& x, const DeviceTen
 }
 
 void linear_backward(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
-                     const DeviceTensor& dy, DeviceTensor* dx, DeviceTensor* dw,
-                     bool accumulate_dx) {
+                     const DeviceTensor& dy, DeviceTensor* dx, DeviceTensor* dw, bool accumulate_dx,
+                     bool accumulate_dw) {
   const LinearShape s = shape_of(x, w);
   const uint32_t dtype = gemm_dtype(x, "x");
   expect_rows(dy, "dy", s.rows, s.out, x.dtype());
@@ -138,17 +138,22 @@ void linear_backward(DeviceStream& stream, const DeviceTensor& x, const DeviceTe
   if (dw)
     expect(dw->shape() == w.shape() && same_dtype(dw->dtype(), kF32),
            fmt::format("dw is {}; float32 of the weight's shape expected", dw->describe()));
-  if (s.rows == 0 || s.in == 0) return;
-  if (s.out == 0) {  // dy is empty: dx = 0 (unless accumulating), dw unchanged
+  if (s.rows == 0 || s.in == 0) {
+    if (dw && !accumulate_dw) dw->zero(stream);  // a sum of no rows
+    return;
+  }
+  if (s.out == 0) {  // dy is empty: dx = 0 (unless accumulating), dw unchanged (or 0)
     if (dx && !accumulate_dx) dx->zero(stream);
+    if (dw && !accumulate_dw) dw->zero(stream);
     return;
   }
   if (dx)
     run(linear_dx_gemm(x.device(), dtype, s, dy.data(), w.data(), dx->data(), accumulate_dx),
         stream, "backward dx");
   if (dw)
-    run(linear_dw_gemm(x.device(), dtype, s, dy.data(), x.data(), dw->data_as<float>()), stream,
-        "backward dw");
+    run(linear_dw_gemm(x.device(), dtype, s, dy.data(), x.data(), dw->data_as<float>(),
+                       accumulate_dw),
+        stream, "backward dw");
 }
 
 }  // namespace kh::demo

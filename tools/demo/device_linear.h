@@ -27,15 +27,16 @@ kh_gemm_t linear_forward_gemm(int device, uint32_t dtype_ab, const LinearShape& 
 kh_gemm_t linear_dx_gemm(int device, uint32_t dtype_ab, const LinearShape& s, const void* dy,
                          const void* w, void* dx, bool accumulate);
 kh_gemm_t linear_dw_gemm(int device, uint32_t dtype_ab, const LinearShape& s, const void* dy,
-                         const void* x, float* dw);
+                         const void* x, float* dw, bool accumulate = true);
 
 // On device tensors, ordered on `stream`. Shapes and dtypes are checked (kh::Error
 // kInvalidInput naming the tensor); a GEMM failure throws with the service's message.
 void linear_forward(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                     DeviceTensor& y);
 // dx and dw may each be null (not needed: the embedding input has no dx, frozen weights no dw).
+// accumulate_dw false: dW = dy^T . x, overwritten (a gradient zero in value, not in memory).
 void linear_backward(DeviceStream& stream, const DeviceTensor& x, const DeviceTensor& w,
                      const DeviceTensor& dy, DeviceTensor* dx, DeviceTensor* dw,
-                     bool accumulate_dx = false);
+                     bool accumulate_dx = false, bool accumulate_dw = true);
 
 }  // namespace kh::demo

@@ -39,15 +39,16 @@ float DeviceCausalLM::fused_loss(bool grad) {
     bool served = false;
     if (grad) {
       // d_weight is overwritten: straight into a zero gradient, else through a scratch added.
-      DeviceTensor dw = head_grad_zero_ ? head_->g.view(head_->g.shape()) : empty({V, H});
+      const bool fresh = head_->g_zero;
+      DeviceTensor dw = fresh ? head_->g.view(head_->g.shape()) : empty({V, H});
       served = call_slot(
           slots_.linear_cross_entropy, kFusedLinearCrossEntropy, false,
           {tensor_arg(&f_), tensor_arg(&head), tensor_arg(&targets_), int_arg(kIgnoreIndex),
            tensor_arg(&workspace), tensor_arg(&loss), tensor_arg(&df_), tensor_arg(&dw)});
       // The loss is the mean: its upstream gradient is 1, so the backward op (which scales
       // d_hidden and d_weight by it) has nothing to do.
-      if (served && !head_grad_zero_) kernels_.add(stream_, head_->g, dw, head_->g);
-      if (served) head_grad_zero_ = false;
+      if (served && !fresh) kernels_.add(stream_, head_->g, dw, head_->g);
+      if (served) head_->g_zero = false;
     } else {
       served = call_slot(slots_.linear_cross_entropy, kFusedLinearCrossEntropy, false,
                          {tensor_arg(&f_), tensor_arg(&head), tensor_arg(&targets_),
@@ -87,11 +88,11 @@ float DeviceCausalLM::fused_loss(bool grad) {
                              grad ? &dlogits_c : nullptr);
     if (grad) {
       DeviceTensor df_c = df_.rows(r0, n);
-      timed(Phase::kGemm,
-            [&] { linear_backward(stream_, f_c, head, dlogits_c, &df_c, &head_->g, false); });
+      timed(Phase::kGemm, [&, fresh = take_zero(*head_)] {
+        linear_backward(stream_, f_c, head, dlogits_c, &df_c, &head_->g, false, !fresh);
+      });
     }
   }
-  if (grad) head_grad_zero_ = false;
   return mean_loss();
 }
 

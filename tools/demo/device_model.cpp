@@ -233,19 +233,48 @@ DeviceTensor DeviceCausalLM::empty(std::vector<int64_t> shape, DLDataType dtype)
   return DeviceTensor(pool_, std::move(shape), dtype);
 }
 
-void DeviceCausalLM::add_grad(DeviceTensor& gradient, const DeviceTensor& d) {
-  if (same_dtype(d.dtype(), kF32)) {
-    kernels_.add(stream_, gradient, d, gradient);
-    return;
+void DeviceCausalLM::add_grad(Param& p, const DeviceTensor& d) {
+  const bool f32 = same_dtype(d.dtype(), kF32);
+  if (take_zero(p)) {
+    if (f32)
+      stream_.copy(p.g.data(), d.data(), p.g.bytes(), KH_COPY_D2D);
+    else
+      kernels_.cast(stream_, d, p.g);
+  } else if (f32) {
+    kernels_.add(stream_, p.g, d, p.g);
+  } else {
+    kernels_.accumulate(stream_, p.g, d);
   }
-  kernels_.accumulate(stream_, gradient, d);
+}
+
+bool DeviceCausalLM::take_zero(Param& p) {
+  const bool zero = p.g_zero;
+  p.g_zero = false;
+  return zero;
+}
+
+void DeviceCausalLM::clear_if_zero(Param& p) {
+  if (take_zero(p)) p.g.zero(stream_);
 }
 
 void DeviceCausalLM::ensure_grads() {
-  for (auto& [name, p] : params_)  // first use: zeroed gradients
+  // First use: gradients zero in value (Param::g_zero), their memory not cleared. The fused
+  // q/k/v's first: q's, k's and v's are its rows, so that its dW GEMM writes all three
+  // (layer_backward) and AdamW reads each as its own.
+  for (Layer& L : layers_)
+    if (L.qkv && !L.qkv->g.data()) {
+      L.qkv->g = empty({L.qkv->w16.dim(0), L.qkv->w16.dim(1)});
+      int64_t row = 0;
+      for (Param* p : {L.wq, L.wk, L.wv}) {
+        p->g = L.qkv->g.rows(row, p->w.dim(0));
+        p->g_zero = true;
+        row += p->w.dim(0);
+      }
+    }
+  for (auto& [name, p] : params_)
     if (!p.g.data() && p.w.numel()) {
       p.g = empty(p.w.shape());
-      p.g.zero(stream_);
+      p.g_zero = true;
     }
 }
 
@@ -272,6 +301,7 @@ float DeviceCausalLM::forward(const int64_t* tokens, const int64_t* targets, int
       throw Error(ErrorKind::kInvalidInput,
                   fmt::format("device model: token or target at {} outside the vocabulary", t));
   package_slots_.clear();
+  fused_qkv_layers_ = 0;
   train_ = runtime_.mode() == Mode::kTrain;
   has_targets_ = targets != nullptr;
   batch_ = batch;
@@ -339,15 +369,14 @@ void DeviceCausalLM::backward() {
     layer_backward(layers_[l], saved_[l], dh);
     saved_[l] = Saved{};  // this layer's activations go back to the pool
   }
+  clear_if_zero(*emb_);  // tied: the loss wrote it first
   kernels_.embedding_backward(stream_, tokens_, dh, emb_->g);
-  if (emb_ == head_) head_grad_zero_ = false;
   h_last_ = DeviceTensor();
 }
 
 void DeviceCausalLM::zero_grad() {
   for (auto& [name, p] : params_)
-    if (p.g.data()) p.g.zero(stream_);
-  head_grad_zero_ = true;
+    if (p.g.data()) p.g_zero = true;  // cleared by the first write (Param::g_zero)
 }
 
 void DeviceCausalLM::adam_step(const AdamConfig& adam) {
@@ -355,6 +384,7 @@ void DeviceCausalLM::adam_step(const AdamConfig& adam) {
   std::vector<DeviceKernels::AdamwParam> list;
   for (auto& [name, p] : params_) {
     if (!p.g.data()) continue;  // no gradient yet
+    clear_if_zero(p);           // none since zero_grad: AdamW reads zeros
     if (!p.m.data()) {
       p.m = empty(p.w.shape());
       p.v = empty(p.w.shape());
@@ -393,25 +423,25 @@ std::vector<float> DeviceCausalLM::download_logits() {
   return host;
 }
 
-std::vector<float> DeviceCausalLM::download_weight(const std::string& name) {
+std::vector<float> DeviceCausalLM::download_param(const std::string& name, bool gradient) {
   const bool gate = name.ends_with("mlp.gate_proj.weight");
   const bool up = name.ends_with("mlp.up_proj.weight");
-  std::vector<float> all;
-  if (gate || up) {
-    const std::string prefix = name.substr(0, name.rfind("mlp."));
-    const Param& p = param(gate_up_name(prefix));
-    all.resize(static_cast<size_t>(p.w.numel()));
-    p.w.download(stream_, all.data(), all.size() * sizeof(float));
+  const Param& p =
+      gate || up ? param(gate_up_name(name.substr(0, name.rfind("mlp.")))) : param(name);
+  const DeviceTensor& t = gradient ? p.g : p.w;
+  if (!t.data())
+    throw Error(
+        ErrorKind::kInvalidInput,
+        fmt::format("model {}: {} has no gradient yet (no train forward)", cfg_.name, name));
+  std::vector<float> all(static_cast<size_t>(t.numel()));
+  if (!(gradient && p.g_zero)) {  // else zero in value (Param::g_zero), as `all` is
+    t.download(stream_, all.data(), all.size() * sizeof(float));
     stream_.synchronize();
-    const size_t half = all.size() / 2;
-    return gate ? std::vector<float>(all.begin(), all.begin() + static_cast<ptrdiff_t>(half))
-                : std::vector<float>(all.begin() + static_cast<ptrdiff_t>(half), all.end());
   }
-  const Param& p = param(name);
-  all.resize(static_cast<size_t>(p.w.numel()));
-  p.w.download(stream_, all.data(), all.size() * sizeof(float));
-  stream_.synchronize();
-  return all;
+  if (!gate && !up) return all;
+  const size_t half = all.size() / 2;
+  return gate ? std::vector<float>(all.begin(), all.begin() + static_cast<ptrdiff_t>(half))
+              : std::vector<float>(all.begin() + static_cast<ptrdiff_t>(half), all.end());
 }
 
 }  // namespace kh::demo

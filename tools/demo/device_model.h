@@ -49,6 +49,9 @@ struct SkinnyQkNormRope;  // skinny_gemm.h
 struct DeviceModelOptions {
   DLDataType dtype = kF32;         // kF32 or kBF16: weights run and activations
   int64_t loss_chunk_rows = 1024;  // tokens per chunk of the runtime's own train loss
+  // Training's q, k and v projections as one GEMM each way where it applies (fused_qkv_trains);
+  // false: three (the tests compare the two).
+  bool fuse_qkv = true;
 };
 
 // Device time of the ops of a profiled stretch (set_profiling), by kind: GEMMs (the linear
@@ -96,7 +99,11 @@ class DeviceCausalLM {
   std::vector<float> download_logits();
   // A parameter's weights by Transformers name (gate_proj and up_proj are rows of the fused
   // parameter), downloaded.
-  std::vector<float> download_weight(const std::string& name);
+  std::vector<float> download_weight(const std::string& name) {
+    return download_param(name, false);
+  }
+  // Its fp32 gradient, likewise (after a train forward).
+  std::vector<float> download_grad(const std::string& name) { return download_param(name, true); }
   // Peak and current device memory of the model's pool.
   kh_device_pool_stats_t memory() const { return pool_.stats(); }
   // The device memory's read bandwidth (bytes/s) a plain streaming pass over `bytes` of the
@@ -108,6 +115,8 @@ class DeviceCausalLM {
   // Slots bound to a package that refused this model (its message): the runtime's kernels serve
   // them (the attention package's cuda kernels take head_dim 64, 128, 256, for instance).
   const std::map<std::string, std::string>& refusals() const { return refused_; }
+  // How many layers the last forward (and the backward after it) ran on one q/k/v GEMM.
+  int fused_qkv_layers() const { return fused_qkv_layers_; }
   DeviceStream& stream() { return stream_; }
   DLDataType dtype() const { return act_; }
   const ModelConfig& config() const { return cfg_; }
@@ -178,6 +187,10 @@ class DeviceCausalLM {
   struct Param {
     DeviceTensor w, w16, g, m, v;  // fp32 master weights, bf16 copy (bf16 models), gradient,
                                    // AdamW moments
+    // g is zero in value but not in memory (zero_grad clears no memory): its first write since
+    // overwrites it (the dW GEMM with beta 0, the norms' weight gradients as a copy), so a step
+    // spends no pass over every gradient on zeroing it (take_zero, clear_if_zero).
+    bool g_zero = false;
   };
   enum class Phase : uint8_t { kGemm, kAttention, kHub };
   static constexpr int64_t kIgnoreIndex = -100;  // as the host model: no target equals it
@@ -185,7 +198,7 @@ class DeviceCausalLM {
   struct Layer {
     Param *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *bo, *mlp_norm, *gate_up,
         *wdown;
-    Param* qkv;  // q, k and v's run weights as one (their rows), or null (see build)
+    Param* qkv;  // q, k and v's run weights and gradients as one (their rows), or null (build)
   };
   // Activations of one layer kept for backward (train mode): the two residuals (the layer's
   // input h_in and h_mid after the attention branch; each is the FusedAddRMSNorm's new residual,
@@ -196,6 +209,14 @@ class DeviceCausalLM {
   // q_pre and k_pre (two norms and a rotary); without it, q and k are kept after RoPE.
   struct Saved {
     DeviceTensor h_in, rstd1, q_pre, k_pre, rstd_q, rstd_k, q, k, v, attn, lse, h_mid, rstd2, gu;
+    // Training's fused q/k/v projection [T, q_dim + 2 kv_dim] (fused_qkv_trains): its columns
+    // are q_pre, k_pre and v, which are then empty.
+    DeviceTensor qkv;
+  };
+  // q_pre and k_pre ([T, heads, head_dim]) and v ([B, S, kv_heads, head_dim]) as strided views of
+  // a fused q/k/v tensor (or of its gradient).
+  struct QkvViews {
+    StridedArg q, k, v;
   };
 
   // The members both public constructors set; they then build().
@@ -227,6 +248,7 @@ class DeviceCausalLM {
   }
   Param& param(const std::string& name);
   Param* optional_param(const std::string& name);
+  std::vector<float> download_param(const std::string& name, bool gradient);
   bool bound(uint32_t slot) const;
   // Runs a bound slot's package op. false: the package refused the call (KH_ERR_UNSUPPORTED,
   // nothing written): the caller runs the runtime's kernel, and so does every later call of the
@@ -234,8 +256,14 @@ class DeviceCausalLM {
   bool call_slot(uint32_t slot, const char* name, bool backward, const std::vector<kh_arg_t>& args);
   DeviceTensor empty(std::vector<int64_t> shape, DLDataType dtype = kF32);
   DeviceTensor act(std::vector<int64_t> shape) { return empty(std::move(shape), act_); }
-  // gradient (fp32) += d (fp32 or bf16).
-  void add_grad(DeviceTensor& gradient, const DeviceTensor& d);
+  // p's gradient (fp32) += d (fp32 or bf16), or = d where it is marked zero.
+  void add_grad(Param& p, const DeviceTensor& d);
+  // Before a write of p's gradient: whether it is marked zero, which the write must then
+  // overwrite (the mark goes either way).
+  bool take_zero(Param& p);
+  // Before a write that can only add (the embedding's scatter, a bias's column sums): the
+  // gradient's memory cleared if it is marked zero.
+  void clear_if_zero(Param& p);
   void linear(const DeviceTensor& x, const Param& w, const Param* bias, DeviceTensor& y);
   void linear_grad(const DeviceTensor& x, Param& w, Param* bias, const DeviceTensor& dy,
                    DeviceTensor* dx, bool accumulate_dx);
@@ -263,11 +291,22 @@ class DeviceCausalLM {
   bool qk_from_projections(const Layer& L, const DeviceTensor& q_pre, const DeviceTensor& k_pre,
                            DeviceTensor& q, DeviceTensor& k, DeviceTensor* rstd_q,
                            DeviceTensor* rstd_k);
-  // Its backward through QKNormRotaryEmbedding's package op, from dq and dk (the gradients of q
-  // and k, [T, heads, head_dim]) into dq_pre and dk_pre ([T * heads, head_dim]), the weights'
-  // gradients added; false: not bound or refused (nothing written).
-  bool qk_norm_rotary_backward(Layer& L, const Saved& s, const DeviceTensor& dq3,
-                               const DeviceTensor& dk3, DeviceTensor& dq_pre, DeviceTensor& dk_pre);
+  // QKNormRotaryEmbedding's package op in training: q and k ([T, q_dim] and [T, kv_dim]) from
+  // the projections qi and ki ([T, heads, head_dim], any 16-byte-aligned strides); false: not
+  // bound or refused (nothing written).
+  bool qknr_forward(const Layer& L, kh_arg_t qi, kh_arg_t ki, DeviceTensor& q, DeviceTensor& k);
+  // Its backward, from dq3 and dk3 (the gradients of q and k, [T, heads, head_dim]) into dqi and
+  // dki (qi's and ki's layout), the weights' gradients added; false: not bound or refused.
+  bool qknr_backward(Layer& L, kh_arg_t qi, kh_arg_t ki, const DeviceTensor& dq3,
+                     const DeviceTensor& dk3, kh_arg_t dqi, kh_arg_t dki);
+  // Whether layer L trains on one q/k/v GEMM (Layer::qkv, the q/k norms, QKNormRotaryEmbedding
+  // and the attention package bound): the three projections' GEMMs forward, and their dx and dW
+  // GEMMs backward, each become one wider GEMM.
+  bool fused_qkv_trains(const Layer& L) const;
+  QkvViews qkv_views(const DeviceTensor& qkv) const;
+  // s.qkv's columns copied into s.q_pre, s.k_pre and s.v (a package refused the strided views:
+  // the unfused path takes over), s.qkv released.
+  void unfuse_qkv(Saved& s);
   void rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward);
   void silu_and_mul(const DeviceTensor& gu, DeviceTensor& out);
   // h + branch: the residual stream into the layer (branch: the previous layer's MLP output,
@@ -311,7 +350,8 @@ class DeviceCausalLM {
   // This GPU's multiprocessors (the norm backward's workspace rows: norm_workspace).
   int64_t multiprocessors_;
   std::map<std::string, Param> params_;  // by Transformers name; "…mlp.gate_up" for the fused one
-  std::vector<Param> qkv_;  // per layer, w16 only: the q, k and v weights' shared rows (build)
+  std::vector<Param> qkv_;  // per layer, w16 and g only: the q, k and v weights' and gradients'
+                            // shared rows (build, ensure_grads)
   std::vector<Layer> layers_;
   Param *emb_ = nullptr, *final_norm_ = nullptr, *head_ = nullptr;
   DeviceTensor cos_, sin_;
@@ -327,10 +367,8 @@ class DeviceCausalLM {
   DeviceTensor tokens_, targets_, positions_;
   std::vector<Saved> saved_;
   DeviceTensor h_last_, rstd_f_, f_, logits_, loss_, df_;
-  // The LM head's gradient holds zeros (construction, zero_grad) until the train loss writes it:
-  // the fused loss may then overwrite it rather than fill a [vocab, hidden] fp32 scratch to add.
-  bool head_grad_zero_ = true;
   std::vector<std::string> package_slots_;
+  int fused_qkv_layers_ = 0;
   std::map<std::string, std::string> refused_;
 
   bool profiling_ = false;
