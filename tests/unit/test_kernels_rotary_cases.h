@@ -2,7 +2,8 @@
 // and the GPU tests (tests/gpu/test_kernels_gpu_rotary_softmax.cpp): a float64 reference of the rotation
 // and one function that runs the forward and the backward for a dtype, layout and shape on an
 // Executor. query and key are [tokens, heads, head_dim] views with gaps between heads and between
-// tokens; cos and sin are the two halves of one [max_pos, rot_dim] cache (row stride rot_dim).
+// tokens; cos and sin are the two halves of one [max_pos, rot_dim] cache (row stride rot_dim +
+// cache_pad).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -24,6 +25,8 @@ struct Case {
   int64_t head_pad, token_pad;  // elements between heads / after each token's heads
   int64_t max_pos;
   bool cache_f32;  // cos/sin fp32 (else the tensor dtype)
+  // Elements after each cache row (1: rows off 16 bytes apart, a cache no vector load fits).
+  int64_t cache_pad = 0;
 };
 
 inline const Case kCases[] = {
@@ -103,7 +106,7 @@ inline void rotate_ref(double* x, const double* c, const double* s, int64_t half
 // second) in `dtype`.
 inline HostTensor rope_cache(const Case& k, int dtype) {
   const int64_t half = k.rot_dim / 2;
-  HostTensor cache(dtype, k.max_pos, k.rot_dim);
+  HostTensor cache(dtype, k.max_pos, k.rot_dim, k.rot_dim + k.cache_pad);
   for (int64_t p = 0; p < k.max_pos; ++p)
     for (int64_t j = 0; j < half; ++j) {
       const double ang = p * std::pow(10000.0, -2.0 * j / k.rot_dim);

@@ -1,5 +1,5 @@
 // The multi-tensor AdamW's table (kh_adamw_multi_f32 in device_kernels.cu, filled by
-// DeviceKernels::adamw_table): one definition for the device source, which the build inlines, and
+// DeviceKernels::adamw_table), and the deferred gradient adds' (kh_grad_add_multi): one definition for the device source, which the build inlines, and
 // the host. Plain C++ (NVRTC compiles it too): no CUDA or system types; every member 8 bytes, so
 // both compilers lay it out alike.
 #ifndef KH_DEMO_ADAMW_TABLE_H_
@@ -19,6 +19,15 @@ struct KhAdamwTensor {
   void* w_bf16;
   long long n;
   long long first_block;
+};
+
+// One deferred gradient add of kh_grad_add_multi (DeviceCausalLM::flush_grads): dst (fp32, n
+// elements) = float(src) (overwrite: the gradient was zero in value) or += float(src) (bf16).
+struct KhGradAdd {
+  float* dst;
+  const void* src;
+  long long n;
+  long long overwrite;
 };
 
 #endif  // KH_DEMO_ADAMW_TABLE_H_

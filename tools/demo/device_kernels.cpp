@@ -77,9 +77,10 @@ std::vector<std::string> device_kernel_names() {
     names.push_back(std::string(base) + "_f32");
     names.push_back(std::string(base) + "_bf16");
   }
-  names.insert(names.end(), {"kh_cast_bf16_to_f32", "kh_cast_f32_to_bf16",
-                             "kh_accumulate_bf16_into_f32", "kh_adamw_f32", "kh_adamw_multi_f32",
-                             "kh_init_normal_f32", "kh_fill_f32", "kh_read_u32x4"});
+  names.insert(names.end(),
+               {"kh_cast_bf16_to_f32", "kh_cast_f32_to_bf16", "kh_accumulate_bf16_into_f32",
+                "kh_grad_add_multi", "kh_adamw_f32", "kh_adamw_multi_f32", "kh_init_normal_f32",
+                "kh_fill_f32", "kh_read_u32x4"});
   return names;
 }
 
@@ -243,6 +244,15 @@ void DeviceKernels::accumulate(DeviceStream& s, DeviceTensor& acc, const DeviceT
   void* ap = acc.data();
   const void* dp = d.data();
   launch(s, fn("kh_accumulate_bf16_into_f32"), blocks_for(n), 1, 1, 0, {&ap, &dp, &n});
+}
+
+void DeviceKernels::grad_add_multi(DeviceStream& s, const DeviceTensor& table, size_t entries) {
+  expect(table.bytes() == entries * sizeof(KhGradAdd), "grad_add_multi",
+         fmt::format("table is {} bytes; {} entries take {}", table.bytes(), entries,
+                     entries * sizeof(KhGradAdd)));
+  if (entries == 0) return;
+  const void* tp = table.data();
+  launch(s, fn("kh_grad_add_multi"), static_cast<uint32_t>(entries), 1, 1, 0, {&tp});
 }
 
 void DeviceKernels::init_normal(DeviceStream& s, DeviceTensor& w, uint64_t seed, float stddev) {

@@ -460,6 +460,17 @@ KH_GLOBAL void kh_accumulate_bf16_into_f32(float* acc, const kh_bf16* d, long lo
   for (long long i = global_index(); i < n; i += global_stride()) acc[i] += kh_to_float(d[i]);
 }
 
+// The deferred gradient adds (KhGradAdd), one CTA an entry: what kh_accumulate_bf16_into_f32 (or
+// a cast, for a gradient zero in value) does for each, in one launch instead of one each.
+KH_GLOBAL void kh_grad_add_multi(const KhGradAdd* table) {
+  const KhGradAdd e = table[blockIdx.x];
+  const kh_bf16* src = (const kh_bf16*)e.src;
+  for (long long i = threadIdx.x; i < e.n; i += blockDim.x) {
+    const float v = kh_to_float(src[i]);
+    e.dst[i] = e.overwrite ? v : e.dst[i] + v;
+  }
+}
+
 // AdamW on fp32 master weights, torch.optim.AdamW's arithmetic as CausalLM::adam_step computes
 // it: w = w * decay - step * m / (sqrt(v) / c2_sqrt + eps), step = lr / (1 - beta1^t),
 // c2_sqrt = sqrt(1 - beta2^t), decay = 1 - lr * weight_decay (the host computes the scalars).

@@ -57,6 +57,8 @@ class DeviceKernels {
   void cast(DeviceStream& s, const DeviceTensor& in, DeviceTensor& out);
   // acc (float32) += d (bfloat16, acc's shape): what a cast and an add give, in one launch.
   void accumulate(DeviceStream& s, DeviceTensor& acc, const DeviceTensor& d);
+  // Every entry of `table` (device memory: `entries` KhGradAdd, adamw_table.h), one launch.
+  void grad_add_multi(DeviceStream& s, const DeviceTensor& table, size_t entries);
   // w (float32) = normal(0, stddev) draws that depend on seed and the element index only.
   void init_normal(DeviceStream& s, DeviceTensor& w, uint64_t seed, float stddev);
   // w (float32) = value everywhere.

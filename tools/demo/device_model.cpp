@@ -235,6 +235,22 @@ DeviceTensor DeviceCausalLM::empty(std::vector<int64_t> shape, DLDataType dtype)
 
 void DeviceCausalLM::add_grad(Param& p, const DeviceTensor& d) {
   const bool f32 = same_dtype(d.dtype(), kF32);
+  if (!f32) {
+    if (d.shape() != p.g.shape())
+      throw Error(ErrorKind::kInvalidInput,
+                  fmt::format("device model: gradient {} for a parameter of {}", d.describe(),
+                              p.g.describe()));
+    // One entry a parameter a flush: a second add to it waits for the first (entries run in
+    // parallel).
+    for (const PendingGrad& e : pending_grads_)
+      if (e.p == &p) {
+        flush_grads();
+        break;
+      }
+    const bool overwrite = take_zero(p);
+    pending_grads_.push_back({&p, d.view(d.shape()), overwrite});
+    return;
+  }
   if (take_zero(p)) {
     if (f32)
       stream_.copy(p.g.data(), d.data(), p.g.bytes(), KH_COPY_D2D);
@@ -245,6 +261,20 @@ void DeviceCausalLM::add_grad(Param& p, const DeviceTensor& d) {
   } else {
     kernels_.accumulate(stream_, p.g, d);
   }
+}
+
+void DeviceCausalLM::flush_grads() {
+  if (pending_grads_.empty()) return;
+  std::vector<KhGradAdd> table;
+  table.reserve(pending_grads_.size());
+  for (const PendingGrad& e : pending_grads_)
+    table.push_back({e.p->g.data_as<float>(), e.d.data(), static_cast<long long>(e.d.numel()),
+                     e.overwrite ? 1 : 0});
+  const size_t bytes = table.size() * sizeof(KhGradAdd);
+  if (pending_table_.bytes() != bytes) pending_table_ = empty({static_cast<int64_t>(bytes)}, kU8);
+  pending_table_.upload(stream_, table.data(), bytes);
+  kernels_.grad_add_multi(stream_, pending_table_, table.size());
+  pending_grads_.clear();  // the temporaries go back to the pool, in stream order
 }
 
 bool DeviceCausalLM::take_zero(Param& p) {
@@ -371,15 +401,18 @@ void DeviceCausalLM::backward() {
   }
   clear_if_zero(*emb_);  // tied: the loss wrote it first
   kernels_.embedding_backward(stream_, tokens_, dh, emb_->g);
+  flush_grads();
   h_last_ = DeviceTensor();
 }
 
 void DeviceCausalLM::zero_grad() {
+  flush_grads();  // none pending after a backward; a partial one's adds land first
   for (auto& [name, p] : params_)
     if (p.g.data()) p.g_zero = true;  // cleared by the first write (Param::g_zero)
 }
 
 void DeviceCausalLM::adam_step(const AdamConfig& adam) {
+  flush_grads();
   ++adam_t_;
   std::vector<DeviceKernels::AdamwParam> list;
   for (auto& [name, p] : params_) {
@@ -428,6 +461,7 @@ std::vector<float> DeviceCausalLM::download_param(const std::string& name, bool 
   const bool up = name.ends_with("mlp.up_proj.weight");
   const Param& p =
       gate || up ? param(gate_up_name(name.substr(0, name.rfind("mlp.")))) : param(name);
+  if (gradient) flush_grads();
   const DeviceTensor& t = gradient ? p.g : p.w;
   if (!t.data())
     throw Error(

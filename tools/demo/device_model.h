@@ -256,8 +256,12 @@ class DeviceCausalLM {
   bool call_slot(uint32_t slot, const char* name, bool backward, const std::vector<kh_arg_t>& args);
   DeviceTensor empty(std::vector<int64_t> shape, DLDataType dtype = kF32);
   DeviceTensor act(std::vector<int64_t> shape) { return empty(std::move(shape), act_); }
-  // p's gradient (fp32) += d (fp32 or bf16), or = d where it is marked zero.
+  // p's gradient (fp32) += d (fp32 or bf16), or = d where it is marked zero. A bf16 d (the
+  // packages' norm weight gradients, about 4 a layer) waits in pending_grads_ for flush_grads.
   void add_grad(Param& p, const DeviceTensor& d);
+  // The pending bf16 gradient adds in one launch (kh_grad_add_multi) instead of a tiny kernel
+  // each, and a GEMM's launch gap after each: the end of backward, and before a gradient is read.
+  void flush_grads();
   // Before a write of p's gradient: whether it is marked zero, which the write must then
   // overwrite (the mark goes either way).
   bool take_zero(Param& p);
@@ -369,6 +373,13 @@ class DeviceCausalLM {
   DeviceTensor h_last_, rstd_f_, f_, logits_, loss_, df_;
   std::vector<std::string> package_slots_;
   int fused_qkv_layers_ = 0;
+  struct PendingGrad {
+    Param* p;
+    DeviceTensor d;  // bf16, p's shape; alive until the flush
+    bool overwrite;  // p's gradient was zero in value
+  };
+  std::vector<PendingGrad> pending_grads_;
+  DeviceTensor pending_table_;  // the flush's KhGradAdd table, device memory
   std::map<std::string, std::string> refused_;
 
   bool profiling_ = false;
