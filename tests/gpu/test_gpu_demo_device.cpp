@@ -612,6 +612,15 @@ void fill_batch(std::vector<int64_t>& tokens, std::vector<int64_t>& targets, int
   }
 }
 
+// Binds each slot to the built package of that name (KH_KERNEL_PACKAGES_DIR) in both modes, and
+// leaves `rt` in train mode.
+void bind_packages(Runtime& rt, std::initializer_list<std::pair<const char*, const char*>> slots) {
+  const std::string dir = KH_KERNEL_PACKAGES_DIR;
+  for (Mode mode : {Mode::kTrain, Mode::kEval})
+    for (const auto& [slot, package] : slots) rt.bind(slot, dir + "/" + package, mode, 0);
+  rt.set_mode(Mode::kTrain);
+}
+
 DeviceModelOptions with_dtype(DLDataType dtype, int64_t chunk = 1024) {
   DeviceModelOptions o;
   o.dtype = dtype;
@@ -682,17 +691,13 @@ TEST_F(GpuDemoDevice, PackageNormsAndFusedLossTrainLikeTheRuntimesOwn) {
   // norms and RoPE in one op each way, rstd recomputed in the backward) and the activation
   // package's SiluAndMulRecompute (the MLP's dx and its dropped output in one backward pass)
   // against the runtime's own add + norm, norms + RoPE, chunked loss and SiluAndMul, fp32.
-  const std::string dir = KH_KERNEL_PACKAGES_DIR;
   Runtime rt;
   const DemoSlots slots = add_device_demo_slots(rt);
-  for (Mode mode : {Mode::kTrain, Mode::kEval}) {
-    rt.bind(kRMSNorm, dir + "/norm", mode, 0);
-    rt.bind(kFusedAddRMSNorm, dir + "/norm", mode, 0);
-    rt.bind(kFusedLinearCrossEntropy, dir + "/softmax", mode, 0);
-    rt.bind(kQKNormRotaryEmbedding, dir + "/rotary", mode, 0);
-    rt.bind(kSiluAndMulRecompute, dir + "/activation", mode, 0);
-  }
-  rt.set_mode(Mode::kTrain);
+  bind_packages(rt, {{kRMSNorm, "norm"},
+                     {kFusedAddRMSNorm, "norm"},
+                     {kFusedLinearCrossEntropy, "softmax"},
+                     {kQKNormRotaryEmbedding, "rotary"},
+                     {kSiluAndMulRecompute, "activation"}});
   runtime_->set_mode(Mode::kTrain);
   AdamConfig adam;
   adam.lr = 1e-2f;
@@ -742,18 +747,14 @@ TEST_F(GpuDemoDevice, PackageNormsAndFusedLossTrainLikeTheRuntimesOwn) {
 TEST_F(GpuDemoDevice, FusedQkvTrainsLikeThreeProjections) {
   // A bf16 Qwen3 with the attention, rotary and norm packages bound trains its q, k and v
   // projections as one GEMM each way (the packages reading and writing the fused tensor's columns
-  // through strided views; q's, k's and v's gradients rows of one): the same losses and weights,
-  // within bf16 rounding, as three GEMMs from the same start. head_dim 64, GQA 4/2.
-  const std::string dir = KH_KERNEL_PACKAGES_DIR;
+  // through strided views; q's, k's and v's gradients rows of one): the same losses and
+  // gradients, within bf16 rounding, as three GEMMs from the same start. head_dim 64, GQA 4/2.
   Runtime rt;
   const DemoSlots slots = add_device_demo_slots(rt);
-  for (Mode mode : {Mode::kTrain, Mode::kEval}) {
-    rt.bind(kAttention, dir + "/attention", mode, 0);
-    rt.bind(kRMSNorm, dir + "/norm", mode, 0);
-    rt.bind(kFusedAddRMSNorm, dir + "/norm", mode, 0);
-    rt.bind(kQKNormRotaryEmbedding, dir + "/rotary", mode, 0);
-  }
-  rt.set_mode(Mode::kTrain);
+  bind_packages(rt, {{kAttention, "attention"},
+                     {kRMSNorm, "norm"},
+                     {kFusedAddRMSNorm, "norm"},
+                     {kQKNormRotaryEmbedding, "rotary"}});
   ModelConfig cfg = tiny_qwen3();
   cfg.hidden = 128;
   cfg.heads = 4;
