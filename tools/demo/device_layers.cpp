@@ -164,9 +164,12 @@ void DeviceCausalLM::unfuse_qkv(Saved& s) {
   s.qkv = DeviceTensor();
 }
 
+// head_dim a multiple of 8 keeps the views' token stride and column offsets on 16 bytes, which
+// is all the packages ask of a layout beyond what they ask of the unfused tensors: a refusal
+// (which turns the slot off for good, call_slot) is then never the fused layout's.
 bool DeviceCausalLM::fused_qkv_trains(const Layer& L) const {
-  return options_.fuse_qkv && train_ && L.qkv && L.q_norm && bound(slots_.qk_norm_rotary) &&
-         attention_bound();
+  return options_.fuse_qkv && train_ && L.qkv && L.q_norm && cfg_.head_dim % 8 == 0 &&
+         bound(slots_.qk_norm_rotary) && attention_bound();
 }
 
 bool DeviceCausalLM::qknr_backward(Layer& L, kh_arg_t qi, kh_arg_t ki, const DeviceTensor& dq3,
@@ -203,6 +206,7 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
   const int64_t H = cfg_.hidden, Q = cfg_.q_dim(), KV = cfg_.kv_dim(), F = cfg_.ffn;
   const int64_t NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
   const int64_t B = batch_, S = len_, T = B * S;
+  s = Saved{};  // nothing of an earlier forward that no backward consumed (its qkv, say)
   if (train_) {
     s.rstd1 = empty({T});
     s.rstd2 = empty({T});
@@ -213,8 +217,8 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
   s.q = act({T, Q});
   s.k = act({T, KV});
   // Training with the q/k norms and the packages' attention: q, k and v from one GEMM into s.qkv,
-  // whose columns the packages read (and whose gradient's columns they write) in place; a package
-  // that refuses the strided views gets the parts apart (unfuse_qkv).
+  // whose columns the packages read (and whose gradient's columns they write) in place; should a
+  // package refuse, the parts are copied apart (unfuse_qkv) for the runtime's own kernels.
   bool fused_qk = false;  // q and k written from s.qkv, rstd_q and rstd_k not
   if (fused_qkv_trains(L)) {
     s.qkv = act({T, Q + 2 * KV});

@@ -234,12 +234,11 @@ DeviceTensor DeviceCausalLM::empty(std::vector<int64_t> shape, DLDataType dtype)
 }
 
 void DeviceCausalLM::add_grad(Param& p, const DeviceTensor& d) {
-  const bool f32 = same_dtype(d.dtype(), kF32);
-  if (!f32) {
-    if (d.shape() != p.g.shape())
-      throw Error(ErrorKind::kInvalidInput,
-                  fmt::format("device model: gradient {} for a parameter of {}", d.describe(),
-                              p.g.describe()));
+  if (d.shape() != p.g.shape())
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("device model: gradient {} for a parameter of {}", d.describe(),
+                            p.g.describe()));
+  if (same_dtype(d.dtype(), kBF16)) {
     // One entry a parameter a flush: a second add to it waits for the first (entries run in
     // parallel).
     for (const PendingGrad& e : pending_grads_)
@@ -251,22 +250,27 @@ void DeviceCausalLM::add_grad(Param& p, const DeviceTensor& d) {
     pending_grads_.push_back({&p, d.view(d.shape()), overwrite});
     return;
   }
-  if (take_zero(p)) {
-    if (f32)
-      stream_.copy(p.g.data(), d.data(), p.g.bytes(), KH_COPY_D2D);
-    else
-      kernels_.cast(stream_, d, p.g);
-  } else if (f32) {
+  if (!same_dtype(d.dtype(), kF32))
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("device model: gradient {}; float32 or bfloat16", d.describe()));
+  // fp32 (an fp32 model's): at once, after any add to p still pending.
+  for (const PendingGrad& e : pending_grads_)
+    if (e.p == &p) {
+      flush_grads();
+      break;
+    }
+  if (take_zero(p))
+    stream_.copy(p.g.data(), d.data(), p.g.bytes(), KH_COPY_D2D);
+  else
     kernels_.add(stream_, p.g, d, p.g);
-  } else {
-    kernels_.accumulate(stream_, p.g, d);
-  }
 }
 
 void DeviceCausalLM::flush_grads() {
   if (pending_grads_.empty()) return;
-  std::vector<KhGradAdd> table;
-  table.reserve(pending_grads_.size());
+  // A member, as AdamW's table: upload's host memory must stay valid until the stream reaches
+  // the copy.
+  std::vector<KhGradAdd>& table = pending_table_host_;
+  table.clear();
   for (const PendingGrad& e : pending_grads_)
     table.push_back({e.p->g.data_as<float>(), e.d.data(), static_cast<long long>(e.d.numel()),
                      e.overwrite ? 1 : 0});

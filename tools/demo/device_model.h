@@ -308,8 +308,9 @@ class DeviceCausalLM {
   // GEMMs backward, each become one wider GEMM.
   bool fused_qkv_trains(const Layer& L) const;
   QkvViews qkv_views(const DeviceTensor& qkv) const;
-  // s.qkv's columns copied into s.q_pre, s.k_pre and s.v (a package refused the strided views:
-  // the unfused path takes over), s.qkv released.
+  // s.qkv's columns copied into s.q_pre, s.k_pre and s.v, s.qkv released: a package refused (its
+  // slot is then off, call_slot) and the unfused path, with the runtime's own kernels for it,
+  // takes over.
   void unfuse_qkv(Saved& s);
   void rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward);
   void silu_and_mul(const DeviceTensor& gu, DeviceTensor& out);
@@ -379,7 +380,8 @@ class DeviceCausalLM {
     bool overwrite;  // p's gradient was zero in value
   };
   std::vector<PendingGrad> pending_grads_;
-  DeviceTensor pending_table_;  // the flush's KhGradAdd table, device memory
+  std::vector<KhGradAdd> pending_table_host_;  // the flush's KhGradAdd table
+  DeviceTensor pending_table_;                 // ... its device copy
   std::map<std::string, std::string> refused_;
 
   bool profiling_ = false;
