@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -144,6 +145,17 @@ TEST(DemoDeviceLinear, GemmRequestsMatchTheHostLinear) {
       << last_op_error();
   for (float& v : want_dx) v *= 2.f;
   expect_near_all(dx, want_dx, "dx accumulated");
+
+  // dW overwritten (accumulate false: a gradient zero in value, its memory not cleared): what was
+  // there, NaN included, is not read (beta 0).
+  std::vector<float> fresh(s.out * s.in, std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> want_fresh(s.out * s.in, 0.f), unused(s.rows * s.in);
+  ASSERT_EQ(gemm(linear_dw_gemm(-1, KH_DTYPE_FP32, s, dy.data(), x.data(), fresh.data(), false)),
+            KH_OK)
+      << last_op_error();
+  linear_backward(x.data(), w.data(), dy.data(), unused.data(), want_fresh.data(), nullptr, s.rows,
+                  s.in, s.out, false);
+  expect_near_all(fresh, want_fresh, "dw overwritten");
 }
 
 }  // namespace
