@@ -425,12 +425,9 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
     if (fused) {
       done = qknr_backward(L, tensor_arg(&in->q), tensor_arg(&in->k), dq3, dk3,
                            tensor_arg(&dfused->q), tensor_arg(&dfused->k));
-      if (!done) {  // refused: the unfused backward below reads contiguous q_pre and k_pre
-        s.q_pre = act({T, Q});
-        s.k_pre = act({T, KV});
-        kernels_.copy_columns(stream_, s.qkv, 0, s.q_pre, 0, Q);
-        kernels_.copy_columns(stream_, s.qkv, Q, s.k_pre, 0, KV);
-      }
+      // Refused: the unfused backward below reads contiguous q_pre and k_pre (the views in `in`
+      // keep the fused tensor alive).
+      if (!done) unfuse_qkv(s);
     } else {
       dq_pre = act({T * NH, HD});
       dk_pre = act({T * NKV, HD});

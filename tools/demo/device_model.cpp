@@ -238,14 +238,11 @@ void DeviceCausalLM::add_grad(Param& p, const DeviceTensor& d) {
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("device model: gradient {} for a parameter of {}", d.describe(),
                             p.g.describe()));
+  // An add to p still pending lands first (the flush's entries run in parallel, one a parameter).
+  if (std::any_of(pending_grads_.begin(), pending_grads_.end(),
+                  [&p](const PendingGrad& e) { return e.p == &p; }))
+    flush_grads();
   if (same_dtype(d.dtype(), kBF16)) {
-    // One entry a parameter a flush: a second add to it waits for the first (entries run in
-    // parallel).
-    for (const PendingGrad& e : pending_grads_)
-      if (e.p == &p) {
-        flush_grads();
-        break;
-      }
     const bool overwrite = take_zero(p);
     pending_grads_.push_back({&p, d.view(d.shape()), overwrite});
     return;
@@ -253,12 +250,7 @@ void DeviceCausalLM::add_grad(Param& p, const DeviceTensor& d) {
   if (!same_dtype(d.dtype(), kF32))
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("device model: gradient {}; float32 or bfloat16", d.describe()));
-  // fp32 (an fp32 model's): at once, after any add to p still pending.
-  for (const PendingGrad& e : pending_grads_)
-    if (e.p == &p) {
-      flush_grads();
-      break;
-    }
+  // fp32 (an fp32 model's): at once.
   if (take_zero(p))
     stream_.copy(p.g.data(), d.data(), p.g.bytes(), KH_COPY_D2D);
   else
