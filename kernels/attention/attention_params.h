@@ -126,7 +126,7 @@ KH_HD constexpr int kh_attn_fwd_smem_bytes(int head_dim) {
 
 // Hopper forward (forward_sm90.cuh; head_dim 64 and 128): a producer and two consumer
 // warpgroups, BM = 128 query rows, BN keys per block, STAGES stages of K and V; shared memory:
-// Q, the stages, their mbarriers, 1024 bytes of alignment slack.
+// Q, the stages, their mbarriers and Q's (qfree), 1024 bytes of alignment slack.
 KH_HD constexpr int kh_attn_fwd90_block_m() {
   return 128;
 }
@@ -149,7 +149,30 @@ KH_HD constexpr int kh_attn_fwd90_smem_bytes(int head_dim) {
   return (kh_attn_fwd90_block_m() +
           2 * kh_attn_fwd90_stages(head_dim) * kh_attn_fwd90_block_n(head_dim)) *
              head_dim * 2 +
-         16 * kh_attn_fwd90_stages(head_dim) + 1024;
+         16 * kh_attn_fwd90_stages(head_dim) + 16 + 1024;
+}
+// The persistent forward's work (forward_sm90.cuh): nm query blocks over max_seqlen_q; unit u
+// is the pair of blocks r and nm - 1 - r (the longer first) of head h of sequence b, units in
+// (sequence, head, pair) order. Under a causal mask both blocks of a pair together see nm + 1
+// key blocks, so units are equal work and a static walk of them is balanced. The host launches
+// min(units, multiprocessors) CTAs; CTA c takes units c, c + gridDim.x, ...
+KH_HD int kh_attn_fwd90_query_blocks(const kh_attn_params& p) {
+  return (p.max_seqlen_q + kh_attn_fwd90_block_m() - 1) / kh_attn_fwd90_block_m();
+}
+KH_HD kh_i64 kh_attn_fwd90_units(const kh_attn_params& p) {
+  return (kh_i64)((kh_attn_fwd90_query_blocks(p) + 1) / 2) * p.q_heads * p.batch;
+}
+struct kh_attn_fwd90_tile_t {
+  int seq, head, mblk;
+};
+// Tile `second` (0 or 1) of unit u; false for the second of the middle pair of an odd nm (that
+// unit has one block).
+KH_HD bool kh_attn_fwd90_tile_of(int nm, int q_heads, int u, int second, kh_attn_fwd90_tile_t* t) {
+  const int pairs = (nm + 1) / 2, r = u % pairs, hb = u / pairs;
+  t->mblk = second ? r : nm - 1 - r;
+  t->head = hb % q_heads;
+  t->seq = hb / q_heads;
+  return !second || r != nm - 1 - r;
 }
 
 // Hopper backward (backward_sm90.cuh; head_dim 64 and 128): a producer and two consumer

@@ -27,7 +27,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/attention";
-constexpr const char* kPackageVersion = "1.3.10";
+constexpr const char* kPackageVersion = "1.3.11";
 constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
 // Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
 constexpr int kMinSplitTokens = 256;
@@ -394,12 +394,18 @@ int32_t attention_forward(const Args<kForward>& a, void* stream) {
     p.tma = head_map(device, q, kh_attn_fwd90_block_m(), &p.q_map) &&
             head_map(device, in.k, kh_attn_fwd90_block_n(d), &p.k_map) &&
             head_map(device, in.v, kh_attn_fwd90_block_n(d), &p.v_map);
-  const int bm = hopper ? kh_attn_fwd90_block_m() : 16 * kh_attn_fwd_warps(d);
   LaunchDims dims;
   dims.flags = kPdlEntry;
-  dims.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + bm - 1) / bm);
-  dims.grid[1] = static_cast<uint32_t>(p.q_heads);
-  dims.grid[2] = static_cast<uint32_t>(p.batch);
+  if (hopper) {  // persistent: a CTA a multiprocessor walks the units (forward_sm90.cuh)
+    const int64_t units = kh_attn_fwd90_units(p), sms = gpu_slots(device).sms;
+    if (units == 0) return KH_OK;
+    dims.grid[0] = static_cast<uint32_t>(units < sms ? units : sms);
+  } else {
+    const int bm = 16 * kh_attn_fwd_warps(d);
+    dims.grid[0] = static_cast<uint32_t>((p.max_seqlen_q + bm - 1) / bm);
+    dims.grid[1] = static_cast<uint32_t>(p.q_heads);
+    dims.grid[2] = static_cast<uint32_t>(p.batch);
+  }
   dims.block[0] =
       static_cast<uint32_t>(hopper ? kh_attn_fwd90_threads() : 32 * kh_attn_fwd_warps(d));
   dims.shared_mem_bytes =

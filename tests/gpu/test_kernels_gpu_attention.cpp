@@ -28,6 +28,15 @@ class KernelsGpuAttention : public GpuKernelsTest<KernelsGpuAttention> {
   static constexpr const char* kJitDirName = "kh-kernels-attention-jit";
 };
 
+// Context lengths min .. max over n sequences, most of them different: short ones leave splits
+// (and some warps of a unit) without a chunk.
+std::vector<int32_t> spread_lens(int n, int min, int max) {
+  std::vector<int32_t> lens;
+  for (int i = 0; i < n; ++i)
+    lens.push_back(min + static_cast<int32_t>((i * 7919L) % (max - min + 1)));
+  return lens;
+}
+
 const ForwardCase kGpuForwardCases[] = {
     {4, 2, 64, {300, 300}, {300, 300}, false, false, -1, true},
     {4, 1, 64, {257, 257, 257}, {513, 513, 513}, false, true, -1, true},
@@ -41,6 +50,14 @@ const ForwardCase kGpuForwardCases[] = {
     {2, 1, 256, {129}, {129}, false, false, -1, false},
     {8, 8, 64, {100, 900}, {100, 900}, true, false, 100, true},
     {4, 2, 128, {300, 171}, {300, 171}, true, true, -1, true, 8},  // output rows padded
+    // The Hopper forward is persistent (a CTA a multiprocessor walking pairs of query blocks):
+    // more units (256 to 768) than an H200 has CTAs, so that CTAs walk several tiles through
+    // both Q buffers, with varlen sequences whose blocks past their end are skipped, odd block
+    // counts (a pair of one block), a window, and tiles without keys. Short sequences: the
+    // float64 reference costs the square of a length, the units grow with it.
+    {16, 4, 128, spread_lens(24, 1, 300), spread_lens(24, 1, 300), true, true, -1, true},
+    {8, 8, 64, spread_lens(32, 1, 260), spread_lens(32, 1, 260), true, false, 100, true},
+    {4, 2, 128, std::vector<int32_t>(32, 300), std::vector<int32_t>(32, 150), true, true, -1, true},
 };
 
 const DecodeCase kGpuDecodeCases[] = {
@@ -57,15 +74,6 @@ const DecodeCase kGpuDecodeCases[] = {
     {16, 8, 128, {1500, 999, 48}, 1, 1, 48, -1, true},
     {16, 4, 64, {700, 301}, 1, 1, 40, -1, true},
 };
-
-// Context lengths min .. max over n sequences, most of them different: short ones leave splits
-// (and some warps of a unit) without a chunk.
-std::vector<int32_t> spread_lens(int n, int min, int max) {
-  std::vector<int32_t> lens;
-  for (int i = 0; i < n; ++i)
-    lens.push_back(min + static_cast<int32_t>((i * 7919L) % (max - min + 1)));
-  return lens;
-}
 
 // Decode batches of serving size: more CTAs (split x KV head x row group x sequence) than an
 // H200 holds at once, varied lengths (splits and warps with no chunk), several row groups.

@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/attention/attention_params.h"
@@ -87,6 +88,53 @@ TEST(AttentionTileOrder, CoversTheGridOnceAndEndsLongestFirst) {
           }
         }
         EXPECT_EQ(seen.size(), static_cast<size_t>(nb * groups));
+      }
+}
+
+// The persistent forward's units (kh_attn_fwd90_tile_of): every (sequence, head, query block)
+// exactly once, the longer block of a pair first, and under a causal mask every unit the same
+// work (nm + 1 key blocks) but the middle one of an odd nm, which is its only block.
+TEST(AttentionForwardUnits, CoverEveryQueryBlockOnceInPairsOfEqualCausalWork) {
+  for (const int nm : {1, 2, 3, 16, 17})
+    for (const int heads : {1, 3, 16})
+      for (const int batch : {1, 5}) {
+        SCOPED_TRACE(testing::Message()
+                     << nm << " blocks, " << heads << " heads, " << batch << " sequences");
+        kh_attn_params p{};
+        p.max_seqlen_q = nm * kh_attn_fwd90_block_m() - 5;  // the last block partial
+        p.q_heads = heads;
+        p.batch = batch;
+        ASSERT_EQ(kh_attn_fwd90_query_blocks(p), nm);
+        const kh_i64 units = kh_attn_fwd90_units(p);
+        EXPECT_EQ(units, static_cast<kh_i64>((nm + 1) / 2) * heads * batch);
+        std::set<std::tuple<int, int, int>> seen;
+        int single = 0;
+        for (int u = 0; u < units; ++u) {
+          kh_attn_fwd90_tile_t first, second;
+          ASSERT_TRUE(kh_attn_fwd90_tile_of(nm, heads, u, 0, &first));
+          const bool two = kh_attn_fwd90_tile_of(nm, heads, u, 1, &second);
+          int work = first.mblk + 1;
+          for (const kh_attn_fwd90_tile_t* t : {&first, two ? &second : nullptr}) {
+            if (!t) continue;
+            ASSERT_GE(t->mblk, 0);
+            ASSERT_LT(t->mblk, nm);
+            ASSERT_LT(t->head, heads);
+            ASSERT_LT(t->seq, batch);
+            ASSERT_TRUE(seen.insert({t->seq, t->head, t->mblk}).second) << "unit " << u;
+          }
+          if (two) {
+            EXPECT_EQ(second.seq, first.seq);
+            EXPECT_EQ(second.head, first.head);
+            EXPECT_GT(first.mblk, second.mblk) << "the longer block first";
+            work += second.mblk + 1;
+            EXPECT_EQ(work, nm + 1) << "unit " << u;
+          } else {
+            ++single;
+            EXPECT_EQ(first.mblk, (nm - 1) / 2);
+          }
+        }
+        EXPECT_EQ(seen.size(), static_cast<size_t>(nm) * heads * batch);
+        EXPECT_EQ(single, nm % 2 ? heads * batch : 0);
       }
 }
 
@@ -169,10 +217,16 @@ TEST_F(AttentionCudaDispatch, HopperKernelsWhereTheDeviceCodeHasThemPortableElse
         EXPECT_TRUE(code[dev].count(l[0].kernel));
         const kh_launch_cfg_t& c = l[0].cfg;
         EXPECT_EQ(c.block[0], hopper ? 384u : 32u * kh_attn_fwd_warps(static_cast<int>(d)));
-        const uint32_t bm = hopper ? 128u : 16u * kh_attn_fwd_warps(static_cast<int>(d));
-        EXPECT_EQ(c.grid[0], (S + bm - 1) / bm);
-        EXPECT_EQ(c.grid[1], static_cast<uint32_t>(H));
-        EXPECT_EQ(c.grid[2], static_cast<uint32_t>(B));
+        if (hopper) {  // persistent: a CTA a unit (two query blocks) up to the 132 SMs assumed
+          EXPECT_EQ(c.grid[0], static_cast<uint32_t>((S + 127) / 128 + 1) / 2 * H * B);
+          EXPECT_EQ(c.grid[1], 1u);
+          EXPECT_EQ(c.grid[2], 1u);
+        } else {
+          const uint32_t bm = 16u * kh_attn_fwd_warps(static_cast<int>(d));
+          EXPECT_EQ(c.grid[0], (S + bm - 1) / bm);
+          EXPECT_EQ(c.grid[1], static_cast<uint32_t>(H));
+          EXPECT_EQ(c.grid[2], static_cast<uint32_t>(B));
+        }
         EXPECT_LE(c.shared_mem_bytes, 227u * 1024u);
         EXPECT_EQ(c.device_id, dev);
 
@@ -255,6 +309,39 @@ TEST_F(AttentionCudaDispatch, HopperKernelsWhereTheDeviceCodeHasThemPortableElse
           EXPECT_EQ(heads_major[l[2].kernel], bulk ? 1 : 0) << l[2].kernel;
         }
       }
+}
+
+// The persistent Hopper forward launches a CTA per multiprocessor (the device-info service's
+// count; 132 where the loader does not answer), fewer when there are fewer units of work.
+TEST_F(AttentionCudaDispatch, PersistentForwardGridIsTheMultiprocessorsOrTheUnits) {
+  using attention_cases::NdView;
+  Package pkg("attention");
+  kh_device_info_t few = test::a100_device_info();
+  few.sm_major = 9;
+  few.multiprocessors = 20;
+  backend_.set_device_info(1, few);
+  for (const int dev : {0, 1})
+    for (const int64_t B : {1, 8}) {
+      SCOPED_TRACE(testing::Message() << "device " << dev << ", " << B << " sequences");
+      const int64_t S = 1000, H = 4, d = 128;  // 8 query blocks: 4 units a head
+      HostTensor q(kBF16, B * S, H * d), o(kBF16, B * S, H * d);
+      NdView qv(q.dl(), {B, S, H, d}), ov(o.dl(), {B, S, H, d});
+      DLTensor Q = on_cuda(&qv.t, dev), O = on_cuda(&ov.t, dev);
+      std::string err;
+      ASSERT_EQ(pkg.call("attention_forward",
+                         {targ(&Q), targ(&Q), targ(&Q), targ(nullptr), targ(nullptr), iarg(S),
+                          iarg(1), iarg(-1), farg(0.125), targ(&O), targ(nullptr)},
+                         &err),
+                KH_OK)
+          << err;
+      std::vector<Launch> l = backend_.take();
+      ASSERT_EQ(l.size(), 1u);
+      EXPECT_EQ(l[0].kernel, "attn_fwd90_bf16_d128");
+      const int64_t units = 4 * H * B, sms = dev == 1 ? 20 : 132;
+      EXPECT_EQ(l[0].cfg.grid[0], static_cast<uint32_t>(std::min(units, sms)));
+      EXPECT_EQ(l[0].cfg.grid[1], 1u);
+      EXPECT_EQ(l[0].cfg.grid[2], 1u);
+    }
 }
 
 // The backward's last two waves of CTAs take their key blocks longest first (kh_attn_tile): the
