@@ -59,6 +59,34 @@ class AttentionCudaDispatch : public ::testing::Test {
   RecordingBackend backend_;
 };
 
+// attention_forward's query, key (also the value) and output on device `dev`: padded
+// [B, S, H or HK, d] tensors (views into host memory the recording backend never reads).
+struct ForwardTensors {
+  ForwardTensors(int dev, int dtype, int64_t B, int64_t S, int64_t H, int64_t HK, int64_t d)
+      : S(S),
+        q(dtype, B * S, H * d),
+        k(dtype, B * S, HK * d),
+        o(dtype, B * S, H * d),
+        qv(q.dl(), {B, S, H, d}),
+        kv(k.dl(), {B, S, HK, d}),
+        ov(o.dl(), {B, S, H, d}),
+        Q(on_cuda(&qv.t, dev)),
+        K(on_cuda(&kv.t, dev)),
+        O(on_cuda(&ov.t, dev)) {}
+  ForwardTensors(const ForwardTensors&) = delete;  // the views point into the members
+  // The causal forward without an LSE.
+  int32_t call(const Package& pkg, std::string* err) {
+    return pkg.call("attention_forward",
+                    {targ(&Q), targ(&K), targ(&K), targ(nullptr), targ(nullptr), iarg(S), iarg(1),
+                     iarg(-1), farg(0.125), targ(&O), targ(nullptr)},
+                    err);
+  }
+  int64_t S;
+  HostTensor q, k, o;
+  attention_cases::NdView qv, kv, ov;
+  DLTensor Q, K, O;
+};
+
 // The backward grid's tile order (kh_attn_tile_of): every (block, group) exactly
 // once; group order (a group's blocks side by side) before the tail; in the tail, blocks longest
 // (0) first across the tail's groups, which are whole groups at the grid's end.
@@ -198,16 +226,10 @@ TEST_F(AttentionCudaDispatch, HopperKernelsWhereTheDeviceCodeHasThemPortableElse
       for (int64_t d : {64, 128, 256}) {
         SCOPED_TRACE(testing::Message() << sms[dev] << " " << dtype_name(dtype) << " d" << d);
         const int64_t B = 2, S = 300, H = 8, HK = 2;
-        HostTensor q(dtype, B * S, H * d), k(dtype, B * S, HK * d), o(dtype, B * S, H * d);
-        NdView qv(q.dl(), {B, S, H, d}), kv(k.dl(), {B, S, HK, d}), ov(o.dl(), {B, S, H, d});
-        DLTensor Q = on_cuda(&qv.t, dev), K = on_cuda(&kv.t, dev), O = on_cuda(&ov.t, dev);
+        ForwardTensors ft(dev, dtype, B, S, H, HK, d);
+        DLTensor &Q = ft.Q, &K = ft.K, &O = ft.O;
         std::string err;
-        ASSERT_EQ(pkg.call("attention_forward",
-                           {targ(&Q), targ(&K), targ(&K), targ(nullptr), targ(nullptr), iarg(S),
-                            iarg(1), iarg(-1), farg(0.125), targ(&O), targ(nullptr)},
-                           &err),
-                  KH_OK)
-            << err;
+        ASSERT_EQ(ft.call(pkg, &err), KH_OK) << err;
         std::vector<Launch> l = backend_.take();
         ASSERT_EQ(l.size(), 1u);
         const bool hopper = dev == 1 && d != 256;
@@ -314,7 +336,6 @@ TEST_F(AttentionCudaDispatch, HopperKernelsWhereTheDeviceCodeHasThemPortableElse
 // The persistent Hopper forward launches a CTA per multiprocessor (the device-info service's
 // count; 132 where the loader does not answer), fewer when there are fewer units of work.
 TEST_F(AttentionCudaDispatch, PersistentForwardGridIsTheMultiprocessorsOrTheUnits) {
-  using attention_cases::NdView;
   Package pkg("attention");
   kh_device_info_t few = test::a100_device_info();
   few.sm_major = 9;
@@ -324,16 +345,9 @@ TEST_F(AttentionCudaDispatch, PersistentForwardGridIsTheMultiprocessorsOrTheUnit
     for (const int64_t B : {1, 8}) {
       SCOPED_TRACE(testing::Message() << "device " << dev << ", " << B << " sequences");
       const int64_t S = 1000, H = 4, d = 128;  // 8 query blocks: 4 units a head
-      HostTensor q(kBF16, B * S, H * d), o(kBF16, B * S, H * d);
-      NdView qv(q.dl(), {B, S, H, d}), ov(o.dl(), {B, S, H, d});
-      DLTensor Q = on_cuda(&qv.t, dev), O = on_cuda(&ov.t, dev);
+      ForwardTensors ft(dev, kBF16, B, S, H, 2, d);
       std::string err;
-      ASSERT_EQ(pkg.call("attention_forward",
-                         {targ(&Q), targ(&Q), targ(&Q), targ(nullptr), targ(nullptr), iarg(S),
-                          iarg(1), iarg(-1), farg(0.125), targ(&O), targ(nullptr)},
-                         &err),
-                KH_OK)
-          << err;
+      ASSERT_EQ(ft.call(pkg, &err), KH_OK) << err;
       std::vector<Launch> l = backend_.take();
       ASSERT_EQ(l.size(), 1u);
       EXPECT_EQ(l[0].kernel, "attn_fwd90_bf16_d128");
