@@ -77,9 +77,11 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
   __syncthreads();
 
   // Each role is one branch of this if/else: setmaxnreg needs it so. Both walk the same tiles;
-  // `it` counts the tiles with rows (tile it's store completes qfree's phase it), `g0` the key
-  // blocks before this tile (block j of the tile is in stage (g0 + j) % STAGES, its phase
-  // (g0 + j) / STAGES).
+  // `it` counts the tiles with key blocks (tile it's store completes qfree's phase it), `g0`
+  // the key blocks before this tile (block j of the tile is in stage (g0 + j) % STAGES, its
+  // phase (g0 + j) / STAGES). A tile whose rows see no key is the consumers' alone: they write
+  // its zeros straight to global memory, outside the Q buffer and its phases (were they to
+  // complete a phase the producer has no part in, they could run two phases ahead of its wait).
   if (tid < 128) {
     // Producer. 56 registers (the consumers 224: 128 x 56 + 256 x 224 fit the 64K): at 40 its
     // walk over the tiles spilled.
@@ -93,13 +95,13 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
     for (int u = blockIdx.x; u < units; u += gridDim.x)
       for (int second = 0; second < 2; ++second) {
         kh_attn_fwd_tile t;
-        if (!kh_attn_fwd_tile_at<BM, BN>(p, nm, u, second, t)) continue;
+        if (!kh_attn_fwd_tile_at<BM, BN>(p, nm, u, second, t) || t.nblk == 0) continue;
         // Q may be loaded once the previous tile is stored (the consumers stage O in its rows).
-        // Every tile waits, one without blocks too: a parity wait must not skip a phase.
+        // The consumers cannot complete a phase ahead of this wait (tile it needs this Q), so
+        // the parity is never a lap behind.
         auto wait_q = [&] {
           if (it >= 1) kh_mbar_wait(qfree, (it - 1) & 1);
         };
-        if (t.nblk == 0) wait_q();
         const int hk = t.h / (p.q_heads / p.kv_heads);
         const T* kb = (const T*)p.k + (kh_i64)t.k0 * p.k_row + (kh_i64)hk * p.k_head;
         const T* vb = (const T*)p.v + (kh_i64)t.k0 * p.v_row + (kh_i64)hk * p.v_head;
@@ -146,14 +148,10 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
             }
           }
         } else {
-          // Q only with blocks to multiply: without any, the consumers never wait for it and
-          // write their (zero) output through these bytes at once.
-          if (t.nblk > 0) {
-            wait_q();
-            kh_load_panels<BM, D, 128>(
-                sQ, (const T*)p.q + (kh_i64)t.q0 * p.q_row + (kh_i64)t.h * p.q_head, p.q_row, t.m0,
-                t.len_q, tid);
-          }
+          wait_q();
+          kh_load_panels<BM, D, 128>(
+              sQ, (const T*)p.q + (kh_i64)t.q0 * p.q_row + (kh_i64)t.h * p.q_head, p.q_row, t.m0,
+              t.len_q, tid);
           // Up to STAGES - 2 blocks stay in flight past the one signalled: block j's loads are
           // issued (once its stage is free), then block j - (STAGES - 2) is signalled when it
           // has landed. A stage is freed by the consumers only after they got the next block,
@@ -187,13 +185,25 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
     const int ct = tid - 128, wg = ct >> 7, warp = (ct >> 5) & 3, lane = tid & 31;
     const float sl2 = p.scale_log2;
     // Named barrier 1 + w: consumer w's turn on the tensor cores. Consumer 0 goes first; the
-    // turns alternate across tiles (both consumers take as many turns a tile).
+    // turns alternate across tiles (both consumers take nblk + 1 turns a tile with keys, none in
+    // one without).
     if (wg == 1) kh_named_arrive(1, 256);
     int it = 0, g0 = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x)
       for (int second = 0; second < 2; ++second) {
         kh_attn_fwd_tile t;
         if (!kh_attn_fwd_tile_at<BM, BN>(p, nm, u, second, t)) continue;
+        if (t.nblk == 0) {           // rows that see no key: zeros, and an LSE of -inf
+          constexpr int CH = D / 8;  // 16-byte chunks a row
+          const int row0 = t.m0 + wg * 64, wtid = ct & 127;
+          T* ob = (T*)p.o + (kh_i64)t.q0 * p.o_row + (kh_i64)t.h * p.o_head;
+          for (int i = wtid; i < 64 * CH; i += 128)
+            if (row0 + i / CH < t.len_q)
+              kh_st(ob + (kh_i64)(row0 + i / CH) * p.o_row + (i % CH) * 8, kh_u32x4{0, 0, 0, 0});
+          if (p.lse && wtid < 64 && row0 + wtid < t.len_q)
+            p.lse[(kh_i64)t.h * p.lse_head + t.q0 + row0 + wtid] = KH_NEG_INF;
+          continue;
+        }
         const int m0 = t.m0, len_q = t.len_q, len_k = t.len_k, n_lo = t.n_lo, nblk = t.nblk;
         const int offset = len_k - len_q;
         float o[D / 2];
@@ -288,7 +298,7 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
           }
         };
 
-        if (nblk > 0) {
+        {
           float sacc[BN / 2];
           kh_mbar_wait(full(0), full_parity(0));
           kh_named_sync(1 + wg, 256);
@@ -298,9 +308,6 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
           kh_wgmma_wait<0>();
           softmax(sacc, 0);
           rescale_and_pack(sacc);
-        } else {
-          kh_named_sync(1 + wg, 256);
-          kh_named_arrive(2 - wg, 256);
         }
         for (int j = 1; j < nblk; ++j) {
           float sacc[BN / 2];
@@ -316,14 +323,12 @@ __device__ __forceinline__ void attn_fwd_wg(const kh_attn_params& p) {
           release(j - 1);  // stage j - 1 is free
           rescale_and_pack(sacc);
         }
-        if (nblk > 0) {
-          kh_named_sync(1 + wg, 256);
-          kh_wgmma_fence();
-          issue_pv(nblk - 1);
-          kh_named_arrive(2 - wg, 256);
-          kh_wgmma_wait<0>();
-          release(nblk - 1);
-        }
+        kh_named_sync(1 + wg, 256);
+        kh_wgmma_fence();
+        issue_pv(nblk - 1);
+        kh_named_arrive(2 - wg, 256);
+        kh_wgmma_wait<0>();
+        release(nblk - 1);
 
         T* ob = (T*)p.o + (kh_i64)t.q0 * p.o_row + (kh_i64)t.h * p.o_head;
         float inv[2];

@@ -399,6 +399,11 @@ int32_t attention_forward(const Args<kForward>& a, void* stream) {
   if (hopper) {  // persistent: a CTA a multiprocessor walks the units (forward_sm90.cuh)
     const int64_t units = kh_attn_fwd90_units(p), sms = gpu_slots(device).sms;
     if (units == 0) return KH_OK;
+    if (units > 0x7FFFFFFF)
+      return fail(KH_ERR_UNSUPPORTED,
+                  "%s: %lld pairs of query blocks x heads x sequences; the cuda kernel walks at "
+                  "most 2^31-1 (split the batch)",
+                  kForward.name(), static_cast<long long>(units));
     dims.grid[0] = static_cast<uint32_t>(units < sms ? units : sms);
   } else {
     const int bm = 16 * kh_attn_fwd_warps(d);

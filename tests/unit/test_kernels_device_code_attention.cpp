@@ -335,23 +335,25 @@ TEST_F(AttentionCudaDispatch, HopperKernelsWhereTheDeviceCodeHasThemPortableElse
 
 // The persistent Hopper forward launches a CTA per multiprocessor (the device-info service's
 // count; 132 where the loader does not answer), fewer when there are fewer units of work.
+// Devices 6 and 7: the Hopper kernels' lookup is cached per device for the process, and the
+// tests above give devices 0 and 1 sm_80 and sm_90a code.
 TEST_F(AttentionCudaDispatch, PersistentForwardGridIsTheMultiprocessorsOrTheUnits) {
   Package pkg("attention");
   kh_device_info_t few = test::a100_device_info();
   few.sm_major = 9;
   few.multiprocessors = 20;
-  backend_.set_device_info(1, few);
-  for (const int dev : {0, 1})
+  backend_.set_device_info(7, few);
+  for (const int dev : {6, 7})
     for (const int64_t B : {1, 8}) {
       SCOPED_TRACE(testing::Message() << "device " << dev << ", " << B << " sequences");
-      const int64_t S = 1000, H = 4, d = 128;  // 8 query blocks: 4 units a head
+      const int64_t S = 1000, H = 8, d = 128;  // 8 query blocks: 4 units a head
       ForwardTensors ft(dev, kBF16, B, S, H, 2, d);
       std::string err;
       ASSERT_EQ(ft.call(pkg, &err), KH_OK) << err;
       std::vector<Launch> l = backend_.take();
       ASSERT_EQ(l.size(), 1u);
       EXPECT_EQ(l[0].kernel, "attn_fwd90_bf16_d128");
-      const int64_t units = 4 * H * B, sms = dev == 1 ? 20 : 132;
+      const int64_t units = 4 * H * B, sms = dev == 7 ? 20 : 132;  // 32 or 256 units
       EXPECT_EQ(l[0].cfg.grid[0], static_cast<uint32_t>(std::min(units, sms)));
       EXPECT_EQ(l[0].cfg.grid[1], 1u);
       EXPECT_EQ(l[0].cfg.grid[2], 1u);
