@@ -30,12 +30,13 @@ LAYER = [("norm_fwd_add_rms_bf16_vec_reg", 2000, 500),
 
 
 def write_rows(path, rows):
-    """rows of (start, end, stream, correlation, graph, name) as the injection library writes
-    them; returns path."""
+    """rows of (start, end, stream, correlation, graph, name[, grid]) as the injection library
+    writes them (grid "1,1,1" unless given); returns path."""
     with open(path, "w") as f:
         f.write(HEADER)
-        for start, end, stream, corr, graph, name in rows:
-            f.write(f"{start}\t{end}\t{stream}\t{corr}\t{graph}\t0\t1,1,1\t32,1,1\t{name}\n")
+        for start, end, stream, corr, graph, name, *grid in rows:
+            g = grid[0] if grid else "1,1,1"
+            f.write(f"{start}\t{end}\t{stream}\t{corr}\t{graph}\t0\t{g}\t32,1,1\t{name}\n")
     return path
 
 
@@ -111,7 +112,7 @@ def main():
     print("kernel_timeline: ok")
 
 
-def train_rows(attn_ns, graph_between):
+def train_rows(attn_ns, graph_between, attn_grid="1,1,1"):
     """Three training steps' rows outside graphs (with graph_between, a graph replay after each);
     step 2's GEMM is longer than the others' so that only the last step's figures may show."""
     rows, t = [], 1000
@@ -119,7 +120,8 @@ def train_rows(attn_ns, graph_between):
         for name, dur in (("norm_fwd_rms_bf16", 1000), ("nvjet_gemm", 4000 if step == 2 else 2000),
                           ("attn_fwd90_bf16_d128", attn_ns), ("lce_grad_bf16", 3000),
                           ("kh_adamw_f32", 500), ("kh_adamw_f32", 500)):
-            rows.append((t, t + dur, 7, len(rows), 0, name))
+            grid = attn_grid if name.startswith("attn_") else "1,1,1"
+            rows.append((t, t + dur, 7, len(rows), 0, name, grid))
             t += dur + 100
         if graph_between:
             rows.append((t, t + 50, 7, len(rows), 5, "kh_skinny_wgmma_n1_s4"))
@@ -143,6 +145,12 @@ def train():
         compare = subprocess.run([sys.executable, TOOL, path, "--train", "--label", "new",
                                   "--compare", f"old={other}", "--match", "attn_|gemm"],
                                  check=True, capture_output=True, text=True).stdout
+        # A variant whose attention runs on another grid (a persistent kernel) still compares.
+        regrid = write_rows(os.path.join(d, "regrid.tsv"),
+                            train_rows(attn_ns=3000, graph_between=False, attn_grid="132,1,1"))
+        compare_grid = subprocess.run([sys.executable, TOOL, path, "--train", "--compare",
+                                       f"persistent={regrid}", "--match", "attn_"],
+                                      check=True, capture_output=True, text=True).stdout
         no_train = subprocess.run([sys.executable, TOOL, path, "--compare", f"old={other}"],
                                   capture_output=True, text=True)
         no_label = subprocess.run([sys.executable, TOOL, path, "--train", "--compare", other],
@@ -163,6 +171,8 @@ def train():
     assert "| attn_fwd90_bf16_d128 [1,1,1] us a launch | 6.0 | 9.0 | 1.500 |" in compare, compare
     assert "nvjet_gemm [1,1,1] us a launch | 4.0 | 4.0 | 1.000 |" in compare, compare
     assert "lce_grad" not in compare, compare
+    assert "| attn_fwd90_bf16_d128 [1,1,1 / 132,1,1] us a launch | 6.0 | 3.0 | 0.500 |" in \
+        compare_grid, compare_grid
     assert no_train.returncode != 0 and "--compare needs --train" in no_train.stderr
     assert no_label.returncode != 0 and "expected LABEL=TSV" in no_label.stderr, no_label.stderr
     assert same_label.returncode != 0 and "label 'base' is taken" in same_label.stderr, \

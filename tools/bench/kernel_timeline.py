@@ -183,9 +183,24 @@ def print_compare(variants, match):
     if not match:
         keys = keys[:15]
     launches = {l: {(r["name"], r["grid"]): r for r in variants[l]["by_launch"]} for l in labels}
+    by_name = {l: {} for l in labels}
+    for l in labels:
+        for r in variants[l]["by_launch"]:
+            by_name[l].setdefault(r["name"], []).append(r)
+
+    def launch_of(label, key):
+        """The variant's launches of (kernel, grid), else of the kernel on its one other grid (a
+        persistent kernel, another tile size), compared as the same kernel."""
+        if key in launches[label]:
+            return launches[label][key]
+        same_name = by_name[label].get(key[0], [])
+        return same_name[0] if len(same_name) == 1 else None
+
     for key in keys:
-        per = [launches[l][key]["us_a_launch"] if key in launches[l] else None for l in labels]
-        row(f"{short(key[0], 48)} [{key[1]}] us a launch", per, lambda v: f"{v:.1f}")
+        found = [launch_of(l, key) for l in labels]
+        grids = " / ".join(dict.fromkeys(r["grid"] for r in found if r) or [key[1]])
+        row(f"{short(key[0], 48)} [{grids}] us a launch",
+            [r["us_a_launch"] if r else None for r in found], lambda v: f"{v:.1f}")
 
 
 def short(name, n=48):
