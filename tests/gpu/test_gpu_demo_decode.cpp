@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernel_hub/kernel_hub.hpp"
+#include "tests/gpu/demo_models.h"
 #include "tests/gpu/gpu_device.h"
 #include "tools/demo/device_decode.h"
 #include "tools/demo/device_model.h"
@@ -47,30 +48,10 @@ void expect_close(const float* got, const float* want, size_t n, float atol, flo
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << n << " elements differ";
 }
 
-ModelConfig qwen3_tiny() {
-  ModelConfig c = preset("tiny");
-  c.arch = Arch::kQwen3;
-  c.qk_norm = true;
-  c.kv_heads = 2;
-  c.tie_embeddings = true;
-  return c;
-}
-
-// head_dim 64: what the attention package's cuda decode kernels take.
-ModelConfig qwen3_d64() {
-  ModelConfig c = qwen3_tiny();
-  c.hidden = 128;
-  c.heads = 4;
-  c.kv_heads = 2;
-  c.head_dim = 64;
-  c.seq = 160;
-  return c;
-}
-
 // head_dim 128 (Qwen3's: what the q/k norm epilogue takes), 2 query heads and 1 KV head over
 // `hidden`.
 ModelConfig qwen3_d128(int hidden) {
-  ModelConfig c = qwen3_d64();
+  ModelConfig c = qwen3_d64(160);
   c.hidden = hidden;
   c.heads = 2;
   c.kv_heads = 1;
@@ -259,17 +240,17 @@ DemoSlots* GpuDemoDecode::slots_ = nullptr;
 TEST_F(GpuDemoDecode, DecodeStepLogitsEqualThePrefillLogitsAtEachPosition) {
   // Pages of 4 tokens: the prompt and the decoded tokens span several pages.
   decode_matches_prefill(preset("tiny"), *runtime_, *slots_, 4, 5, 12, 1e-4f, 1e-4f);
-  decode_matches_prefill(qwen3_tiny(), *runtime_, *slots_, 4, 7, 10, 1e-4f, 1e-4f);
-  decode_matches_prefill(qwen3_tiny(), *runtime_, *slots_, 64, 3, 6, 1e-4f, 1e-4f);
+  decode_matches_prefill(tiny_qwen3(), *runtime_, *slots_, 4, 7, 10, 1e-4f, 1e-4f);
+  decode_matches_prefill(tiny_qwen3(), *runtime_, *slots_, 64, 3, 6, 1e-4f, 1e-4f);
 }
 
 TEST_F(GpuDemoDecode, GraphReplayEqualsEagerDecodeBitForBit) {
   graph_equals_eager(preset("tiny"), *runtime_, *slots_, 8, 6, 10);
-  graph_equals_eager(qwen3_tiny(), *runtime_, *slots_, 8, 6, 10);
+  graph_equals_eager(tiny_qwen3(), *runtime_, *slots_, 8, 6, 10);
 }
 
 TEST_F(GpuDemoDecode, GenerateMatchesTheHostModelsGreedyContinuation) {
-  for (const ModelConfig& cfg : {preset("tiny"), qwen3_tiny()}) {
+  for (const ModelConfig& cfg : {preset("tiny"), tiny_qwen3()}) {
     SCOPED_TRACE(cfg.describe());
     CausalLM host(cfg, *slots_, 21);
     DeviceCausalLM dev(host, *slots_, *runtime_, 0);
@@ -322,7 +303,7 @@ DemoSlots bind_decode_packages(Runtime& rt, bool fused_append = true) {
 TEST_F(GpuDemoDecode, TheAttentionPackageServesDecodeOnABf16Cache) {
   Runtime rt;
   const DemoSlots slots = bind_decode_packages(rt);
-  const ModelConfig cfg = qwen3_d64();
+  const ModelConfig cfg = qwen3_d64(160);
   {
     CausalLM host(cfg, slots, 3);
     DeviceCausalLM dev(host, slots, rt, 0);
@@ -348,7 +329,7 @@ TEST_F(GpuDemoDecode, TheAttentionPackageServesDecodeOnABf16Cache) {
 TEST_F(GpuDemoDecode, Bf16Qwen3DecodesWithOneQkvProjection) {
   Runtime rt;
   const DemoSlots slots = bind_decode_packages(rt);
-  const ModelConfig cfg = qwen3_d64();
+  const ModelConfig cfg = qwen3_d64(160);
   const DeviceModelOptions bf16 = bf16_model();
   after_one_step(cfg, rt, slots, bf16, {}, [&](DeviceCausalLM& dev) {
     EXPECT_TRUE(dev.decode_fuses_qkv());
@@ -479,7 +460,7 @@ TEST_F(GpuDemoDecode, FusedAppendDecodesBitForBitWhatTheSeparateAppendDoes) {
   Runtime fused_rt, apart_rt;
   const DemoSlots fused_slots = bind_decode_packages(fused_rt, true);
   const DemoSlots apart_slots = bind_decode_packages(apart_rt, false);
-  const ModelConfig cfg = qwen3_d64();
+  const ModelConfig cfg = qwen3_d64(160);
   const DeviceModelOptions bf16 = bf16_model();
   for (const int page_size : {64, 16}) {
     SCOPED_TRACE(::testing::Message() << "page_size " << page_size);
@@ -522,8 +503,8 @@ TEST_F(GpuDemoDecode, SkinnyGemmDecodesWhatCublasLtDoes) {
   const DeviceModelOptions bf16 = bf16_model();
   DecodeConfig skinny;
   skinny.gemm = DecodeGemm::kSkinny;
-  decode_matches_prefill(qwen3_d64(), rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, skinny);
-  graph_equals_eager(qwen3_d64(), rt, slots, 64, 70, 8, bf16, skinny);
+  decode_matches_prefill(qwen3_d64(160), rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, skinny);
+  graph_equals_eager(qwen3_d64(160), rt, slots, 64, 70, 8, bf16, skinny);
 }
 
 // Two overlapped halves (DecodeOverlap::kOn; 3 sequences: halves of 1 and 2) compute what one
@@ -533,18 +514,18 @@ TEST_F(GpuDemoDecode, SkinnyGemmDecodesWhatCublasLtDoes) {
 TEST_F(GpuDemoDecode, OverlappedHalvesDecodeWhatOneBatchDoes) {
   DecodeConfig halves;
   halves.overlap = DecodeOverlap::kOn;
-  decode_matches_prefill(qwen3_tiny(), *runtime_, *slots_, 4, 7, 10, 1e-4f, 1e-4f, {}, halves);
-  graph_equals_eager(qwen3_tiny(), *runtime_, *slots_, 8, 6, 10, {}, halves);
+  decode_matches_prefill(tiny_qwen3(), *runtime_, *slots_, 4, 7, 10, 1e-4f, 1e-4f, {}, halves);
+  graph_equals_eager(tiny_qwen3(), *runtime_, *slots_, 8, 6, 10, {}, halves);
   Runtime rt;
   const DemoSlots slots = bind_decode_packages(rt);
   const DeviceModelOptions bf16 = bf16_model();
-  decode_matches_prefill(qwen3_d64(), rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, halves);
-  graph_equals_eager(qwen3_d64(), rt, slots, 64, 70, 8, bf16, halves);
+  decode_matches_prefill(qwen3_d64(160), rt, slots, 64, 70, 8, 6e-2f, 6e-2f, bf16, halves);
+  graph_equals_eager(qwen3_d64(160), rt, slots, 64, 70, 8, bf16, halves);
   // Off by default.
-  CausalLM host(qwen3_d64(), slots, 3);
+  CausalLM host(qwen3_d64(160), slots, 3);
   DeviceCausalLM dev(host, slots, rt, 0, bf16);
   dev.init_decode(rt, {4, 16, 64});
-  const std::vector<int64_t> prompt = sequence_tokens(qwen3_d64(), 4, 4, 3);
+  const std::vector<int64_t> prompt = sequence_tokens(qwen3_d64(160), 4, 4, 3);
   dev.prefill(prompt.data(), 4, 4);
   EXPECT_FALSE(dev.decode_overlaps());
 }

@@ -27,6 +27,7 @@
 #include "hub/base/error.h"
 #include "kernel_hub/kernel_hub.hpp"
 #include "kernels/common/kh_prelude.cuh"
+#include "tests/gpu/demo_models.h"
 #include "tests/gpu/gpu_device.h"
 #include "tools/demo/device_kernels.h"
 #include "tools/demo/device_linear.h"
@@ -513,16 +514,6 @@ TEST_F(GpuDemoDevice, LinearOnTheGemmServiceMatchesTheHostLinear) {
   }
 }
 
-// The tiny preset as Qwen3: q/k-norm, GQA, tied embeddings.
-ModelConfig tiny_qwen3() {
-  ModelConfig qwen3 = preset("tiny");
-  qwen3.arch = Arch::kQwen3;
-  qwen3.qk_norm = true;
-  qwen3.kv_heads = 2;
-  qwen3.tie_embeddings = true;
-  return qwen3;
-}
-
 TEST_F(GpuDemoDevice, DeviceModelPrefillMatchesTheHostModel) {
   ModelConfig llama = preset("tiny");
   ModelConfig qwen2 = llama;
@@ -755,12 +746,7 @@ TEST_F(GpuDemoDevice, FusedQkvTrainsLikeThreeProjections) {
                      {kRMSNorm, "norm"},
                      {kFusedAddRMSNorm, "norm"},
                      {kQKNormRotaryEmbedding, "rotary"}});
-  ModelConfig cfg = tiny_qwen3();
-  cfg.hidden = 128;
-  cfg.heads = 4;
-  cfg.kv_heads = 2;
-  cfg.head_dim = 64;
-  cfg.seq = 96;
+  const ModelConfig cfg = qwen3_d64(96);
   CausalLM host(cfg, *slots_, 21);
   DeviceModelOptions fused = with_dtype(kBF16), apart = with_dtype(kBF16);
   apart.fuse_qkv = false;
