@@ -33,7 +33,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/rotary";
-constexpr const char* kPackageVersion = "1.2.1";
+constexpr const char* kPackageVersion = "1.2.2";
 
 const char* dtype_tag(int dtype) {
   return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
@@ -353,6 +353,12 @@ int32_t qknr_cuda_ok(const QkNormTrain& t, std::initializer_list<const HeadsView
                   op);
   if (!aligned16(t.qw.data) || (t.v.has_k && !aligned16(t.kw.data)))
     return fail(KH_ERR_UNSUPPORTED, "%s: the cuda kernels need 16-byte aligned weights", op);
+  const int64_t all_heads = q.heads + (t.v.has_k ? t.v.k.heads : 0);
+  if (all_heads > 0 && q.tokens > ((int64_t{1} << 30) - 1) / all_heads)
+    return fail(KH_ERR_UNSUPPORTED,
+                "%s: the cuda kernels index rows (tokens x query and key heads) in 32 bits, below "
+                "2^30; %lld tokens x %lld heads is more: split the tokens",
+                op, static_cast<long long>(q.tokens), static_cast<long long>(all_heads));
   *G = static_cast<int>(g);
   return KH_OK;
 }
@@ -385,6 +391,9 @@ kh_qknr_params qknr_params(const QkNormTrain& t, bool backward) {
   p.max_pos = t.v.cos.rows;
   p.eps = static_cast<float>(t.r.eps);
   p.head_dim = static_cast<int>(t.v.q.head_dim);
+  const int64_t cb = dtype_bytes(t.v.cos.dtype);
+  p.cs_vec = aligned16(t.v.cos.data) && aligned16(t.v.sin.data) && (p.scos * cb) % 16 == 0 &&
+             (p.ssin * cb) % 16 == 0;
   return p;
 }
 

@@ -27,6 +27,7 @@ struct kh_qknr_params {
   kh_i64 tokens, scos, ssin, max_pos, sws;
   float eps;
   int head_dim;
+  int cs_vec;  // cos, sin and their row strides 16-byte aligned: the kernels load 16 bytes at once
 };
 
 #endif  // KH_ROTARY_QK_NORM_PARAMS_H_

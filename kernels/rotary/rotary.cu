@@ -190,11 +190,34 @@ struct kh_qknr_where {
   int which;
   kh_i64 tok, head;
 };
-__device__ __forceinline__ kh_qknr_where kh_qknr_locate(const kh_qknr_params& p, kh_i64 row) {
-  const kh_i64 qrows = p.tokens * p.t[0].heads;
+// Row indices are 32-bit (host.cpp refuses 2^30 query and key rows or more, so that a walker's
+// next row fits too): the kernels are bound by the instructions they issue (ncu on an H200: 2.4
+// of 4 a cycle, 35% of cycles without an eligible warp), and a 64-bit division by a runtime
+// value is a long subroutine; 32-bit ones made the forward 1.5% faster and the backward 2%.
+__device__ __forceinline__ kh_qknr_where kh_qknr_locate(const kh_qknr_params& p, int row) {
+  const int qrows = (int)(p.tokens * p.t[0].heads);
   const int which = row < qrows ? 0 : 1;
-  const kh_i64 r = which ? row - qrows : row;
-  return {which, r / p.t[which].heads, r % p.t[which].heads};
+  const int r = which ? row - qrows : row, heads = (int)p.t[which].heads, tok = r / heads;
+  return {which, tok, r - tok * heads};
+}
+
+// This lane's VEC cos (or sin) values from row `r` of the cache: 16-byte loads where the host
+// found the cache and its row stride 16-byte aligned (p.cs_vec), else an element at a time.
+template <typename C, int VEC>
+__device__ __forceinline__ void kh_qknr_cache(const C* r, int vec, float (&out)[VEC]) {
+  constexpr int CV = kh_vec16<C>::n;  // VEC is a multiple: 8 or 4 elements of T, 4 floats
+  if (vec) {
+#pragma unroll
+    for (int i = 0; i < VEC / CV; ++i) {
+      float f[CV];
+      kh_unpack<C, CV>(kh_load_raw<C, CV, KH_LOAD_READONLY>(r + i * CV), f);
+#pragma unroll
+      for (int j = 0; j < CV; ++j) out[i * CV + j] = f[j];
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] = kh_to_float(r[e]);
+  }
 }
 
 // Forward: two rows per group of G lanes (2 * group and the row after it, both loaded before
@@ -206,9 +229,8 @@ __device__ __forceinline__ void qknr_fwd(const kh_qknr_params& p) {
   const int G = p.head_dim / (2 * VEC);
   const unsigned mask = kh_qknr_mask(G);
   const kh_i64 gid = (kh_i64)blockIdx.x * blockDim.x + threadIdx.x;
-  const kh_i64 row0 = gid / G * 2;
-  const int l = (int)(gid % G);
-  const kh_i64 rows = p.tokens * (p.t[0].heads + p.t[1].heads);
+  const int lg = __ffs(G) - 1, row0 = (int)(gid >> lg) * 2, l = (int)gid & (G - 1);
+  const int rows = (int)(p.tokens * (p.t[0].heads + p.t[1].heads));
   if (row0 >= rows) return;  // whole groups; the shuffles take this group's lanes only
   kh_qknr_where at[2];
   kh_qknr_raw<T> xr[2];
@@ -224,9 +246,9 @@ __device__ __forceinline__ void qknr_fwd(const kh_qknr_params& p) {
   for (int i = 0; i < 2; ++i) {
     if (row0 + i >= rows) break;
     const kh_qknr_tensor& s = p.t[at[i].which];
-    const kh_qknr_row<T> x = kh_qknr_unpack<T>(xr[i]);
     const kh_qknr_row<T> w =
         kh_qknr_unpack<T>(kh_qknr_load<T, KH_LOAD_READONLY>((const T*)s.w, l, G));
+    const kh_qknr_row<T> x = kh_qknr_unpack<T>(xr[i]);
     const kh_i64 pos = p.positions[at[i].tok];
     float ss = 0.f;
 #pragma unroll
@@ -239,12 +261,13 @@ __device__ __forceinline__ void qknr_fwd(const kh_qknr_params& p) {
       o2[e] = kh_to_float(kh_convert<T>::from_float(x.b[e] * rstd * w.b[e]));
     }
     if (pos >= 0 && pos < p.max_pos) {
-      const C* cr = (const C*)p.cos + pos * p.scos + l * VEC;
-      const C* sr = (const C*)p.sin + pos * p.ssin + l * VEC;
+      float c[VEC], sn[VEC];
+      kh_qknr_cache<C, VEC>((const C*)p.cos + pos * p.scos + l * VEC, p.cs_vec, c);
+      kh_qknr_cache<C, VEC>((const C*)p.sin + pos * p.ssin + l * VEC, p.cs_vec, sn);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         const float y1 = o1[e], y2 = o2[e];
-        kh_rope_rotate(y1, y2, kh_to_float(cr[e]), kh_to_float(sr[e]), &o1[e], &o2[e]);
+        kh_rope_rotate(y1, y2, c[e], sn[e], &o1[e], &o2[e]);
       }
     }
     T* out = (T*)s.out + at[i].tok * s.out_t + at[i].head * s.out_h;
@@ -270,18 +293,18 @@ __device__ __forceinline__ void qknr_bwd(const kh_qknr_params& p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int cols = 2 * p.head_dim;
   const float inv_n = 1.f / (float)p.head_dim;
-  const kh_i64 step = (kh_i64)gridDim.x * groups;
+  const int step = (int)gridDim.x * groups;  // rows are 32-bit (kh_qknr_locate)
 #pragma unroll 1
   for (int which = 0; which < 2; ++which) {  // one tensor's partials live at a time
     const kh_qknr_tensor& s = p.t[which];
-    const kh_i64 rows = p.tokens * s.heads;
+    const int heads = (int)s.heads, rows = (int)(p.tokens * s.heads);
     float dw[2 * VEC];
 #pragma unroll
     for (int e = 0; e < 2 * VEC; ++e) dw[e] = 0.f;
-    kh_i64 r = (kh_i64)blockIdx.x * groups + group;
+    int r = (int)blockIdx.x * groups + group;
     // A row's input, gradient and position (its cos/sin rows are read once the position is in).
-    auto load = [&](kh_i64 row, kh_qknr_raw<T>& x, kh_qknr_raw<T>& d, kh_i64& pos) {
-      const kh_i64 tok = row / s.heads, head = row % s.heads;
+    auto load = [&](int row, kh_qknr_raw<T>& x, kh_qknr_raw<T>& d, kh_i64& pos) {
+      const int tok = row / heads, head = row - tok * heads;
       x = kh_qknr_load<T, KH_LOAD_STREAM>((const T*)s.in + tok * s.in_t + head * s.in_h, l, G);
       d = kh_qknr_load<T, KH_LOAD_STREAM>((const T*)s.d + tok * s.d_t + head * s.d_h, l, G);
       pos = p.positions[tok];
@@ -298,15 +321,16 @@ __device__ __forceinline__ void qknr_bwd(const kh_qknr_params& p) {
       kh_qknr_row<T> x = kh_qknr_unpack<T>(xn), d = kh_qknr_unpack<T>(dn);
       if (r + step < rows) load(r + step, xn, dn, pos_next);
       if (pos >= 0 && pos < p.max_pos) {
-        const C* cr = (const C*)p.cos + pos * p.scos + l * VEC;
-        const C* sr = (const C*)p.sin + pos * p.ssin + l * VEC;
+        float c[VEC], sn[VEC];
+        kh_qknr_cache<C, VEC>((const C*)p.cos + pos * p.scos + l * VEC, p.cs_vec, c);
+        kh_qknr_cache<C, VEC>((const C*)p.sin + pos * p.ssin + l * VEC, p.cs_vec, sn);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           const float d1 = d.a[e], d2 = d.b[e];
-          kh_rope_rotate(d1, d2, kh_to_float(cr[e]), -kh_to_float(sr[e]), &d.a[e], &d.b[e]);
+          kh_rope_rotate(d1, d2, c[e], -sn[e], &d.a[e], &d.b[e]);
         }
       }
-      const kh_i64 tok = r / s.heads, head = r % s.heads;
+      const int tok = r / heads, head = r - tok * heads;
       float ss = 0.f;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) ss += x.a[e] * x.a[e] + x.b[e] * x.b[e];
@@ -400,9 +424,11 @@ KH_ROPE_LAYOUT(gptj, 0)
 KH_QK_NORM_ROPE_LAYOUT(neox, 1)
 KH_QK_NORM_ROPE_LAYOUT(gptj, 0)
 
-// The training ops' kernels (256 threads: host.cpp's kQknrThreads).
-#define KH_QKNR_KERNELS(TNAME, T, CNAME, C)                     \
-  extern "C" __global__ void __launch_bounds__(256)             \
+// The training ops' kernels (256 threads: host.cpp's kQknrThreads). The bf16 forward at 4 CTAs a
+// multiprocessor (64 registers: its 16-byte cos/sin loads took it to 68 and 3 CTAs, 10% slower on
+// an H200); fp16's and fp32's as the compiler likes (at 64, fp16's spilled).
+#define KH_QKNR_KERNELS(TNAME, T, CNAME, C, FWD_CTAS)           \
+  extern "C" __global__ void __launch_bounds__(256, FWD_CTAS)   \
       qknr_fwd_neox_##TNAME##_##CNAME(const kh_qknr_params p) { \
     kh_pdl_enter();                                             \
     qknr_fwd<T, C>(p);                                          \
@@ -413,11 +439,11 @@ KH_QK_NORM_ROPE_LAYOUT(gptj, 0)
     qknr_bwd<T, C>(p);                                          \
   }
 
-KH_QKNR_KERNELS(bf16, kh_bf16, f32, float)
-KH_QKNR_KERNELS(bf16, kh_bf16, same, kh_bf16)
-KH_QKNR_KERNELS(fp16, kh_fp16, f32, float)
-KH_QKNR_KERNELS(fp16, kh_fp16, same, kh_fp16)
-KH_QKNR_KERNELS(fp32, float, f32, float)
+KH_QKNR_KERNELS(bf16, kh_bf16, f32, float, 4)
+KH_QKNR_KERNELS(bf16, kh_bf16, same, kh_bf16, 4)
+KH_QKNR_KERNELS(fp16, kh_fp16, f32, float, 1)
+KH_QKNR_KERNELS(fp16, kh_fp16, same, kh_fp16, 1)
+KH_QKNR_KERNELS(fp32, float, f32, float, 1)
 
 KH_REDUCE_PARTIALS_KERNEL(qknr_reduce_partials_bf16, kh_bf16)
 KH_REDUCE_PARTIALS_KERNEL(qknr_reduce_partials_fp16, kh_fp16)

@@ -247,6 +247,30 @@ TEST_F(RotarySoftmaxCudaDispatch, QkNormTrainingOpsGetTheIntendedGeometry) {
   l = run(10, 1, 4, 264);
   ASSERT_EQ(l.size(), 3u);
   EXPECT_EQ(l[1].cfg.grid[0], 2u);
+  // 2^30 query and key rows or more: refused by name (the kernels index rows in 32 bits), with
+  // no launch. Shapes only: the refusal reads no element.
+  HostTensor q(kBF16, 1, 16 * HD), k(kBF16, 1, 8 * HD), cache(kFP32, 4096, HD), wt(kBF16, 1, HD);
+  rope_cases::Int64Tensor pos(std::vector<int64_t>{0});
+  rope_cases::HeadsDl qd(q.dl(), 16, HD, HD), kd(k.dl(), 8, HD, HD);
+  rope_cases::CacheDl cos(cache.dl(), HD / 2, 0, kFP32), sin(cache.dl(), HD / 2, HD / 2, kFP32);
+  DLTensor P = on_cuda(pos.view(cpu)), C = on_cuda(&cos.t), S = on_cuda(&sin.t),
+           W = on_cuda(wt.dl());
+  for (int64_t tokens : {(int64_t{1} << 30) / 24, (int64_t{1} << 30) / 24 + 1}) {
+    qd.shape[0] = kd.shape[0] = pos.shape[0] = tokens;
+    DLTensor Q = on_cuda(&qd.t), K = on_cuda(&kd.t);
+    const int32_t rc = rotary.call("qk_norm_rotary_embedding_train",
+                                   {targ(&P), targ(&Q), targ(&K), targ(&W), targ(&W), farg(1e-6),
+                                    targ(&C), targ(&S), iarg(1), targ(&Q), targ(&K)},
+                                   &err);
+    if (tokens * 24 < (int64_t{1} << 30)) {
+      EXPECT_EQ(rc, KH_OK) << err;
+      EXPECT_EQ(backend_.take().size(), 1u);
+    } else {
+      EXPECT_EQ(rc, KH_ERR_UNSUPPORTED);
+      EXPECT_NE(err.find("32 bits"), std::string::npos) << err;
+      EXPECT_TRUE(backend_.take().empty());
+    }
+  }
 }
 
 TEST(KernelsRotarySoftmaxPackage, KernelHubCheckAcceptsEachPackageDirectory) {
