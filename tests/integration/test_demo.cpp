@@ -421,6 +421,17 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   EXPECT_NE(d["refused_slots"]["Attention"].get<std::string>().find("head_dim"), std::string::npos)
       << d.dump(2);
   EXPECT_GT(d["train_tokens_per_s"].get<double>(), 0);
+  // One time a timed step (all but the first), which add up to the rate's time.
+  const nlohmann::json& step_ms = d["train_step_ms"];
+  ASSERT_EQ(step_ms.size(), 49u) << d.dump(2);
+  double sum_ms = 0;
+  for (const auto& ms : step_ms) {
+    EXPECT_GT(ms.get<double>(), 0);
+    sum_ms += ms.get<double>();
+  }
+  const double tokens_a_step = j["model"]["batch"].get<double>() * j["model"]["seq"].get<double>();
+  EXPECT_NEAR(d["train_tokens_per_s"].get<double>() * sum_ms / 1e3, 49 * tokens_a_step,
+              0.01 * tokens_a_step);
   EXPECT_GT(d["prefill_tokens_per_s"].get<double>(), 0);
   EXPECT_GT(d["peak_bytes"].get<uint64_t>(), 0u);
   const nlohmann::json& p = d["profile"]["train_step"];

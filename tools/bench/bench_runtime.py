@@ -17,7 +17,13 @@ phase only and the share of the HBM roofline.
 Prefill is a forward of batch x seq tokens that keeps each sequence's last logits (what generation
 needs): the runtime's Logits::kLast, Transformers' logits_to_keep=1, both under no gradient.
 Training tokens/s count the steps after the warm-up; the runtime times its steps after the first
-(which compiles kernels and plans GEMMs) with CUDA events.
+(which compiles kernels and plans GEMMs) with CUDA events, and lists each timed step's time.
+
+--rounds N runs the runtime and each PyTorch configuration N times, alternating (a round is the
+runtime, then every configuration, each in its own process), and reports each one's median with
+every round's figure beside it: the GPU's clocks drift with its temperature and power over a run,
+and a ratio of two runs taken minutes apart carries that drift (the runtime's decode is measured
+in the first round only).
 
 Decode: a context of C tokens is a prompt of C - n and n = min(256, C / 2) generated tokens (the
 demo's split). The runtime times its decode steps after the first (which captures the graph) with
@@ -30,10 +36,11 @@ clock x bus width x 2, else H200's 4.8 TB/s).
 
 usage: bench_runtime.py [--kernel-hub build/kernel-hub] [--steps 10] [--warmup 3] [--batch 8]
        [--seq 2048] [--configs eager,liger,compile] [--dtype bf16] [--decode-batch 64]
-       [--decode-context 2048] [--no-torch-decode]"""
+       [--decode-context 2048] [--no-torch-decode] [--rounds 1]"""
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -130,17 +137,30 @@ def child(args, script, run, env):
     return json.loads(line[-1][len("RESULT "):])
 
 
-def run_kernel_hub(args):
+def run_kernel_hub(args, decode=True):
+    """One `kernel-hub demo` run; without `decode` a one-sequence, 64-token decode (the demo
+    always decodes) that the report does not use."""
+    batch, context = (args.decode_batch, args.decode_context) if decode else (1, 64)
     cmd = [args.kernel_hub, "demo", "--device", args.device, "--model", "qwen3-0.6b", "--batch",
            str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps + 1), "--dtype",
-           args.dtype, "--decode-batch", str(args.decode_batch), "--decode-context",
-           str(args.decode_context), "--json", "--profile"]
+           args.dtype, "--decode-batch", str(batch), "--decode-context", str(context), "--json",
+           "--profile"]
     print("$ " + " ".join(cmd), file=sys.stderr)
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         print(f"[kernel-hub] failed (exit {p.returncode}):\n{p.stderr[-3000:]}", file=sys.stderr)
         return None
     return json.loads(p.stdout)
+
+
+def median_row(rounds):
+    """A configuration's rounds as one row: the median of each figure over the rounds that gave
+    it, None where none did."""
+    row = {}
+    for key in ("train", "prefill", "peak_gib"):
+        vals = [r[key] for r in rounds if r and r[key] is not None]
+        row[key] = statistics.median(vals) if vals else None
+    return row
 
 
 def main():
@@ -159,8 +179,13 @@ def main():
                     help="prompt + generated tokens a sequence (at most --seq)")
     ap.add_argument("--torch-decode", action=argparse.BooleanOptionalAction, default=True,
                     help="Transformers' generate() with a static cache beside the runtime's decode")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of the runtime and of each configuration, alternating; the table "
+                    "gives each one's median")
     ap.add_argument("--run", help=argparse.SUPPRESS)  # prefill-<config> or decode, in a child
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: expected 1 or more")
     args.layers = 0  # bench_e2e's model: Qwen3-0.6B
     args.shape = None
     if args.decode_context > args.seq:
@@ -175,21 +200,26 @@ def main():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.path.join(ROOT, "tools", "python"), env.get("PYTHONPATH")) if p)
-    rows = {}
-    kh = run_kernel_hub(args)
-    if kh:
-        d = kh["device_run"]
-        rows["kernel-hub runtime"] = {"train": d["train_tokens_per_s"],
-                                      "prefill": d["prefill_tokens_per_s"],
-                                      "peak_gib": d["peak_bytes"] / 2**30}
-    for which in args.configs.split(","):
-        train = child(args, os.path.join(HERE, "bench_e2e.py"), which, env)
-        prefill = child(args, os.path.abspath(__file__), "prefill-" + which, env)
-        label = {"eager": "PyTorch eager", "liger": "eager + Liger",
-                 "compile": "torch.compile"}.get(which, which)
-        rows[label] = {"train": train["tokens_per_s"] if train else None,
-                       "prefill": prefill["tokens_per_s"] if prefill else None,
-                       "peak_gib": train["peak_gib"] if train else None}
+    runs = {}  # label -> one {"train", "prefill", "peak_gib"} a round (None: failed)
+    kh = None
+    for r in range(args.rounds):
+        out = run_kernel_hub(args, decode=r == 0)
+        kh = out if r == 0 else kh  # the decode table and the profile: the first round's
+        d = out["device_run"] if out else None
+        runs.setdefault("kernel-hub runtime", []).append(
+            {"train": d["train_tokens_per_s"], "prefill": d["prefill_tokens_per_s"],
+             "peak_gib": d["peak_bytes"] / 2**30, "step_ms": d.get("train_step_ms", [])}
+            if d else None)
+        for which in args.configs.split(","):
+            train = child(args, os.path.join(HERE, "bench_e2e.py"), which, env)
+            prefill = child(args, os.path.abspath(__file__), "prefill-" + which, env)
+            label = {"eager": "PyTorch eager", "liger": "eager + Liger",
+                     "compile": "torch.compile"}.get(which, which)
+            runs.setdefault(label, []).append(
+                {"train": train["tokens_per_s"] if train else None,
+                 "prefill": prefill["tokens_per_s"] if prefill else None,
+                 "peak_gib": train["peak_gib"] if train else None})
+    rows = {label: median_row(rs) for label, rs in runs.items()}
 
     ref = rows.get("torch.compile", {})
     print(f"\nQwen3-0.6B, batch {args.batch} x {args.seq}, {args.dtype}, {args.steps} steps "
@@ -208,6 +238,18 @@ def main():
         print(f"| {name} | {num(r['train'])} | {num(r['prefill'])} | "
               f"{num(r['peak_gib'], '{:.1f}')} | {ratio(r['train'], ref.get('train'))} | "
               f"{ratio(r['prefill'], ref.get('prefill'))} |")
+    if args.rounds > 1:
+        print(f"\nEach round (the table: medians of {args.rounds}; train / prefill tokens/s):")
+        print("| runtime | " + " | ".join(f"round {i + 1}" for i in range(args.rounds)) + " |")
+        print("|---|" + "---|" * args.rounds)
+        for name, rs in runs.items():
+            print(f"| {name} | " + " | ".join(
+                f"{num(r['train'])} / {num(r['prefill'])}" if r else "failed" for r in rs) + " |")
+    steps = [r["step_ms"] for r in runs.get("kernel-hub runtime", []) if r and r["step_ms"]]
+    if steps:
+        print("\nkernel-hub runtime, each timed training step (ms, CUDA events), a round a line:")
+        for ms in steps:
+            print("  " + " ".join(f"{x:.1f}" for x in ms))
     if kh and "profile" in kh["device_run"]:
         print("\nkernel-hub runtime, one step (CUDA events around the phases):")
         print("| phase | total ms | GEMM | attention | hub kernels | other |")

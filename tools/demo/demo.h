@@ -78,6 +78,7 @@ struct DemoRun {
   bool on_device = false;
   std::string dtype;
   double train_tokens_per_s = 0, prefill_tokens_per_s = 0, prefill_ms = 0;
+  std::vector<double> train_step_ms;  // each timed step's device time (steps 2 .. steps)
   uint64_t peak_bytes = 0;
   std::vector<std::string> package_slots, runtime_slots;  // what served each slot's calls
   std::map<std::string, std::string> refused_slots;       // bound, but refused this model: why

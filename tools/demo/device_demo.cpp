@@ -152,10 +152,17 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   rt.set_mode(Mode::kTrain);
   BigramData train(o.model.vocab, o.follow, o.data_seed, o.seed);
   DeviceEvent t_start(o.cuda_ordinal), t_end(o.cuda_ordinal);
+  // An event after each timed step but the last (t_end): each step's own time, so that drift
+  // over a run (clocks under the power limit) shows.
+  std::vector<std::unique_ptr<DeviceEvent>> step_ends;
   auto t0 = std::chrono::steady_clock::now();
   for (int step = 1; step <= o.steps; ++step) {
     BigramData::Batch b = train.next(o.batch, S);
     if (step == std::min(2, o.steps)) t_start.record(stream);
+    if (step > 2) {
+      step_ends.push_back(std::make_unique<DeviceEvent>(o.cuda_ordinal));
+      step_ends.back()->record(stream);
+    }
     const float loss = train_step(model, b, o.batch, S, o.adam);
     note_slots(model, seen);
     if (!std::isfinite(loss))
@@ -172,6 +179,12 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   run.train_ms = ms_since(t0);
   const int timed_steps = o.steps > 1 ? o.steps - 1 : 1;
   run.train_tokens_per_s = tokens_per_batch * timed_steps / (t_end.elapsed_ms_since(t_start) / 1e3);
+  const DeviceEvent* from = &t_start;
+  for (const auto& e : step_ends) {
+    run.train_step_ms.push_back(e->elapsed_ms_since(*from));
+    from = e.get();
+  }
+  run.train_step_ms.push_back(t_end.elapsed_ms_since(*from));
   if (o.profile) {
     BigramData::Batch b = train.next(o.batch, S);
     run.train_profile = profiled(model, [&] { train_step(model, b, o.batch, S, o.adam); });

@@ -166,6 +166,7 @@ nlohmann::json demo_json(const DemoSummary& summary, const DemoOptions& o,
     nlohmann::json d = {
         {"dtype", run.dtype},
         {"train_tokens_per_s", run.train_tokens_per_s},
+        {"train_step_ms", run.train_step_ms},
         {"prefill_tokens_per_s", run.prefill_tokens_per_s},
         {"prefill_ms", run.prefill_ms},
         {"peak_bytes", run.peak_bytes},
