@@ -191,7 +191,7 @@ struct kh_qknr_where {
   kh_i64 tok, head;
 };
 // Row indices are 32-bit (host.cpp refuses 2^30 query and key rows or more, so that a walker's
-// next row fits too): the kernels are bound by the instructions they issue (ncu on an H200: 2.4
+// next row fits too): the kernels are bound by the instructions they issue (ncu on an H200: 2.6
 // of 4 a cycle, 35% of cycles without an eligible warp), and a 64-bit division by a runtime
 // value is a long subroutine; 32-bit ones made the forward 1.5% faster and the backward 2%.
 __device__ __forceinline__ kh_qknr_where kh_qknr_locate(const kh_qknr_params& p, int row) {

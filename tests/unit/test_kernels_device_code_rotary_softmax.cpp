@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/rotary/qk_norm_params.h"
 #include "loader/host_services.h"
 #include "tests/fixtures/process.h"
 #include "tests/unit/test_kernels_device_util.h"
@@ -208,9 +209,16 @@ TEST_F(RotarySoftmaxCudaDispatch, QkNormTrainingOpsGetTheIntendedGeometry) {
   std::string err;
   CpuExecutor cpu;
   const int64_t T = 16384, HD = 128;
-  auto run = [&](int64_t tokens, int64_t qh, int64_t kh, int64_t w) {
-    HostTensor q(kBF16, tokens, qh * HD), k(kBF16, tokens, kh * HD), cache(kFP32, 4096, HD),
-        wt(kBF16, 1, HD), ws(kFP32, w, 2 * HD);
+  // Each qknr launch's cs_vec (the 16-byte cos/sin loads), from its parameters.
+  std::vector<int> cs_vec;
+  backend_.on_params = [&](const std::string& kernel, void** params) {
+    if (kernel.rfind("qknr_fwd", 0) == 0 || kernel.rfind("qknr_bwd", 0) == 0)
+      cs_vec.push_back(static_cast<const kh_qknr_params*>(params[0])->cs_vec);
+  };
+  // cache_pad: floats after each cache row (1: rows 516 bytes apart, no 16-byte load fits).
+  auto run = [&](int64_t tokens, int64_t qh, int64_t kh, int64_t w, int64_t cache_pad = 0) {
+    HostTensor q(kBF16, tokens, qh * HD), k(kBF16, tokens, kh * HD),
+        cache(kFP32, 4096, HD, HD + cache_pad), wt(kBF16, 1, HD), ws(kFP32, w, 2 * HD);
     std::vector<int64_t> pv(static_cast<size_t>(tokens), 0);
     rope_cases::Int64Tensor pos(pv);
     rope_cases::HeadsDl qd(q.dl(), qh, HD, HD), kd(k.dl(), kh, HD, HD);
@@ -243,6 +251,10 @@ TEST_F(RotarySoftmaxCudaDispatch, QkNormTrainingOpsGetTheIntendedGeometry) {
   EXPECT_EQ(l[2].kernel, "qknr_reduce_partials_bf16");
   EXPECT_EQ(l[2].cfg.grid[0], 2u * HD / 32);
   EXPECT_EQ(l[2].cfg.block[0] * l[2].cfg.block[1], 1024u);
+  EXPECT_EQ(cs_vec, (std::vector<int>{1, 1}));
+  cs_vec.clear();
+  l = run(T, 16, 8, 264, 1);
+  EXPECT_EQ(cs_vec, (std::vector<int>{0, 0}));
   // 10 tokens, 1 query head and 4 key heads: 40 key rows, 32 rows a CTA: 2 walkers of 264.
   l = run(10, 1, 4, 264);
   ASSERT_EQ(l.size(), 3u);
