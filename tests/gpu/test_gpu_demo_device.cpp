@@ -29,6 +29,7 @@
 #include "kernels/common/kh_prelude.cuh"
 #include "tests/gpu/demo_models.h"
 #include "tests/gpu/gpu_device.h"
+#include "tools/demo/adamw_table.h"
 #include "tools/demo/device_kernels.h"
 #include "tools/demo/device_linear.h"
 #include "tools/demo/device_model.h"
@@ -226,19 +227,36 @@ TEST_F(GpuDemoDevice, ResidualAddAndCasts) {
   }
 }
 
-// accumulate (a package's bf16 weight gradient into the fp32 one): acc + float(d) rounded once,
-// bit for bit what a cast and an add give; wrong dtypes and shapes refused.
-TEST_F(GpuDemoDevice, AccumulateIsACastThenAnAdd) {
-  const int64_t n = 1003;
-  const std::vector<float> acc = randn(n, 14), d = randn(n, 15, 100.f);
-  DeviceTensor dacc = upload(acc, {n});
-  const DeviceTensor dd = to_bf16(upload(d, {n}));
-  kernels_->accumulate(*stream_, dacc, dd);
-  const std::vector<float> got = download(dacc), wide = download(to_f32(dd));
-  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], acc[i] + wide[i]) << i;
-  DeviceTensor f32_d = upload(d, {n}), short_acc = empty({n - 1});
-  EXPECT_THROW(kernels_->accumulate(*stream_, dacc, f32_d), Error) << "an fp32 d";
-  EXPECT_THROW(kernels_->accumulate(*stream_, short_acc, dd), Error) << "another shape";
+// grad_add_multi (DeviceCausalLM's deferred bf16 gradients into the fp32 ones, one launch): each
+// entry adds float(src) to dst, rounded once (bit for bit what a cast and an add give), or
+// overwrites dst with it; entries of other lengths (one CTA each, longer and shorter than its
+// threads) leave the elements past their n alone; a table of the wrong size is refused.
+TEST_F(GpuDemoDevice, GradAddMultiAddsOrOverwritesEachEntry) {
+  const std::vector<int64_t> lengths = {1003, 1, 4099};
+  std::vector<std::vector<float>> acc, d;
+  std::vector<DeviceTensor> dacc, dd;
+  std::vector<KhGradAdd> table;
+  for (size_t e = 0; e < lengths.size(); ++e) {
+    const int64_t n = lengths[e];
+    acc.push_back(randn(n + 1, 20 + static_cast<uint32_t>(e)));
+    d.push_back(randn(n, 30 + static_cast<uint32_t>(e), 100.f));
+    dacc.push_back(upload(acc.back(), {n + 1}));  // one element past the entry's end
+    dd.push_back(to_bf16(upload(d.back(), {n})));
+    table.push_back({static_cast<float*>(dacc.back().data()), dd.back().data(), n,
+                     e == 1 ? 1 : 0});  // the second entry overwrites
+  }
+  const size_t bytes = table.size() * sizeof(KhGradAdd);
+  DeviceTensor dtable = empty({static_cast<int64_t>(bytes)}, kU8);
+  dtable.upload(*stream_, table.data(), bytes);
+  kernels_->grad_add_multi(*stream_, dtable, table.size());
+  for (size_t e = 0; e < lengths.size(); ++e) {
+    SCOPED_TRACE(testing::Message() << "entry " << e);
+    const int64_t n = lengths[e];
+    const std::vector<float> got = download(dacc[e]), wide = download(to_f32(dd[e]));
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], e == 1 ? wide[i] : acc[e][i] + wide[i]) << i;
+    EXPECT_EQ(got[n], acc[e][n]) << "past the entry's end";
+  }
+  EXPECT_THROW(kernels_->grad_add_multi(*stream_, dtable, table.size() + 1), Error);
 }
 
 // scale_columns (a norm's weight folded into the weight after it): out[r, c] = x[r, c] * s[c],

@@ -78,9 +78,8 @@ std::vector<std::string> device_kernel_names() {
     names.push_back(std::string(base) + "_bf16");
   }
   names.insert(names.end(),
-               {"kh_cast_bf16_to_f32", "kh_cast_f32_to_bf16", "kh_accumulate_bf16_into_f32",
-                "kh_grad_add_multi", "kh_adamw_f32", "kh_adamw_multi_f32", "kh_init_normal_f32",
-                "kh_fill_f32", "kh_read_u32x4"});
+               {"kh_cast_bf16_to_f32", "kh_cast_f32_to_bf16", "kh_grad_add_multi", "kh_adamw_f32",
+                "kh_adamw_multi_f32", "kh_init_normal_f32", "kh_fill_f32", "kh_read_u32x4"});
   return names;
 }
 
@@ -231,19 +230,6 @@ void DeviceKernels::cast(DeviceStream& s, const DeviceTensor& in, DeviceTensor& 
   void* outp = out.data();
   launch(s, fn(to_f32 ? "kh_cast_bf16_to_f32" : "kh_cast_f32_to_bf16"), blocks_for(n), 1, 1, 0,
          {&ip, &outp, &n});
-}
-
-void DeviceKernels::accumulate(DeviceStream& s, DeviceTensor& acc, const DeviceTensor& d) {
-  const char* op = "accumulate";
-  expect_dtype(op, "acc", acc, kF32);
-  expect_dtype(op, "d", d, kBF16);
-  expect(d.shape() == acc.shape(), op,
-         fmt::format("acc is {}, d is {}: one shape expected", acc.describe(), d.describe()));
-  long long n = acc.numel();
-  if (n == 0) return;
-  void* ap = acc.data();
-  const void* dp = d.data();
-  launch(s, fn("kh_accumulate_bf16_into_f32"), blocks_for(n), 1, 1, 0, {&ap, &dp, &n});
 }
 
 void DeviceKernels::grad_add_multi(DeviceStream& s, const DeviceTensor& table, size_t entries) {

@@ -455,13 +455,8 @@ KH_GLOBAL void kh_cast_f32_to_bf16(const float* in, kh_bf16* out, long long n) {
   cast(in, out, n);
 }
 
-// acc (fp32) += d (bf16), one rounding: a package's bf16 weight gradient into the fp32 one.
-KH_GLOBAL void kh_accumulate_bf16_into_f32(float* acc, const kh_bf16* d, long long n) {
-  for (long long i = global_index(); i < n; i += global_stride()) acc[i] += kh_to_float(d[i]);
-}
-
-// The deferred gradient adds (KhGradAdd), one CTA an entry: what kh_accumulate_bf16_into_f32 (or
-// a cast, for a gradient zero in value) does for each, in one launch instead of one each.
+// The deferred gradient adds (KhGradAdd), one CTA an entry: dst += float(src) (or dst = float(src),
+// for a gradient zero in value) for each, in one launch instead of one each.
 KH_GLOBAL void kh_grad_add_multi(const KhGradAdd* table) {
   const KhGradAdd e = table[blockIdx.x];
   const kh_bf16* src = (const kh_bf16*)e.src;

@@ -55,9 +55,8 @@ class DeviceKernels {
   void column_sum_add(DeviceStream& s, const DeviceTensor& dy, DeviceTensor& db);
   // bfloat16 <-> float32 (round to nearest even).
   void cast(DeviceStream& s, const DeviceTensor& in, DeviceTensor& out);
-  // acc (float32) += d (bfloat16, acc's shape): what a cast and an add give, in one launch.
-  void accumulate(DeviceStream& s, DeviceTensor& acc, const DeviceTensor& d);
-  // Every entry of `table` (device memory: `entries` KhGradAdd, adamw_table.h), one launch.
+  // Every entry of `table` (device memory: `entries` KhGradAdd, adamw_table.h), one launch: dst
+  // (float32) += float(src) (bfloat16), what a cast and an add give, or dst = float(src).
   void grad_add_multi(DeviceStream& s, const DeviceTensor& table, size_t entries);
   // w (float32) = normal(0, stddev) draws that depend on seed and the element index only.
   void init_normal(DeviceStream& s, DeviceTensor& w, uint64_t seed, float stddev);
