@@ -153,6 +153,13 @@ def run_kernel_hub(args, decode=True):
     return json.loads(p.stdout)
 
 
+def progress(r, label, run):
+    """One run's figures on stderr as it ends (a run cut short still leaves the rounds before)."""
+    fig = (f"train {run['train'] or 0:,.0f}, prefill {run['prefill'] or 0:,.0f} tokens/s"
+           if run else "failed")
+    print(f"[round {r + 1}] {label}: {fig}", file=sys.stderr, flush=True)
+
+
 def median_row(rounds):
     """A configuration's rounds as one row: the median of each figure over the rounds that gave
     it, None where none did."""
@@ -210,6 +217,7 @@ def main():
             {"train": d["train_tokens_per_s"], "prefill": d["prefill_tokens_per_s"],
              "peak_gib": d["peak_bytes"] / 2**30, "step_ms": d.get("train_step_ms", [])}
             if d else None)
+        progress(r, "kernel-hub runtime", runs["kernel-hub runtime"][-1])
         for which in args.configs.split(","):
             train = child(args, os.path.join(HERE, "bench_e2e.py"), which, env)
             prefill = child(args, os.path.abspath(__file__), "prefill-" + which, env)
@@ -219,6 +227,7 @@ def main():
                 {"train": train["tokens_per_s"] if train else None,
                  "prefill": prefill["tokens_per_s"] if prefill else None,
                  "peak_gib": train["peak_gib"] if train else None})
+            progress(r, label, runs[label][-1])
     rows = {label: median_row(rs) for label, rs in runs.items()}
 
     ref = rows.get("torch.compile", {})
