@@ -232,7 +232,7 @@ TEST_F(GpuDemoDevice, ResidualAddAndCasts) {
 // overwrites dst with it; entries of other lengths (one CTA each, longer and shorter than its
 // threads) leave the elements past their n alone; a table of the wrong size is refused.
 TEST_F(GpuDemoDevice, GradAddMultiAddsOrOverwritesEachEntry) {
-  const std::vector<int64_t> lengths = {1003, 1, 4099};
+  const std::vector<int64_t> lengths = {1003, 4099, 1};
   std::vector<std::vector<float>> acc, d;
   std::vector<DeviceTensor> dacc, dd;
   std::vector<KhGradAdd> table;
@@ -243,7 +243,7 @@ TEST_F(GpuDemoDevice, GradAddMultiAddsOrOverwritesEachEntry) {
     dacc.push_back(upload(acc.back(), {n + 1}));  // one element past the entry's end
     dd.push_back(to_bf16(upload(d.back(), {n})));
     table.push_back({static_cast<float*>(dacc.back().data()), dd.back().data(), n,
-                     e == 1 ? 1 : 0});  // the second entry overwrites
+                     e == 1 ? 1 : 0});  // the second (4099 elements) overwrites
   }
   const size_t bytes = table.size() * sizeof(KhGradAdd);
   DeviceTensor dtable = empty({static_cast<int64_t>(bytes)}, kU8);

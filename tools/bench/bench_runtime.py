@@ -138,9 +138,10 @@ def child(args, script, run, env):
 
 
 def run_kernel_hub(args, decode=True):
-    """One `kernel-hub demo` run; without `decode` a one-sequence, 64-token decode (the demo
-    always decodes) that the report does not use."""
-    batch, context = (args.decode_batch, args.decode_context) if decode else (1, 64)
+    """One `kernel-hub demo` run; without `decode` a one-sequence decode of at most 64 tokens (the
+    demo always decodes; its context may not pass --seq) that the report does not use."""
+    batch, context = ((args.decode_batch, args.decode_context) if decode
+                      else (1, min(64, args.decode_context)))
     cmd = [args.kernel_hub, "demo", "--device", args.device, "--model", "qwen3-0.6b", "--batch",
            str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps + 1), "--dtype",
            args.dtype, "--decode-batch", str(batch), "--decode-context", str(context), "--json",
@@ -155,8 +156,10 @@ def run_kernel_hub(args, decode=True):
 
 def progress(r, label, run):
     """One run's figures on stderr as it ends (a run cut short still leaves the rounds before)."""
-    fig = (f"train {run['train'] or 0:,.0f}, prefill {run['prefill'] or 0:,.0f} tokens/s"
-           if run else "failed")
+    def num(v):
+        return f"{v:,.0f}" if v is not None else "-"
+
+    fig = f"train {num(run['train'])}, prefill {num(run['prefill'])} tokens/s" if run else "failed"
     print(f"[round {r + 1}] {label}: {fig}", file=sys.stderr, flush=True)
 
 
