@@ -154,11 +154,13 @@ def run_kernel_hub(args, decode=True):
     return json.loads(p.stdout)
 
 
+def num(v, fmt="{:,.0f}"):
+    """A figure for the tables, '-' where there is none."""
+    return fmt.format(v) if v is not None else "-"
+
+
 def progress(r, label, run):
     """One run's figures on stderr as it ends (a run cut short still leaves the rounds before)."""
-    def num(v):
-        return f"{v:,.0f}" if v is not None else "-"
-
     fig = f"train {num(run['train'])}, prefill {num(run['prefill'])} tokens/s" if run else "failed"
     print(f"[round {r + 1}] {label}: {fig}", file=sys.stderr, flush=True)
 
@@ -239,9 +241,6 @@ def main():
     print("| runtime | train tokens/s | prefill tokens/s | peak GiB (train) | train vs compile "
           "| prefill vs compile |")
     print("|---|---|---|---|---|---|")
-
-    def num(v, fmt="{:,.0f}"):
-        return fmt.format(v) if v is not None else "-"
 
     def ratio(v, r):
         return f"{v / r:.2f}x" if v and r else "-"

@@ -151,17 +151,17 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   // Train. The first step compiles kernels and plans GEMMs: the rate counts the steps after it.
   rt.set_mode(Mode::kTrain);
   BigramData train(o.model.vocab, o.follow, o.data_seed, o.seed);
-  DeviceEvent t_start(o.cuda_ordinal), t_end(o.cuda_ordinal);
-  // An event after each timed step but the last (t_end): each step's own time, so that drift
-  // over a run (clocks under the power limit) shows. Created here, outside the timed loop.
-  std::vector<std::unique_ptr<DeviceEvent>> step_ends;
-  for (int step = 3; step <= o.steps; ++step)
-    step_ends.push_back(std::make_unique<DeviceEvent>(o.cuda_ordinal));
+  // An event at the start of each timed step and one after the last, all created before the
+  // loop: the rate from the first to the last, and each step's own time between neighbours (so
+  // that drift over a run, clocks under the power limit, shows).
+  const int first_timed = std::min(2, o.steps), timed_steps = o.steps - first_timed + 1;
+  std::vector<std::unique_ptr<DeviceEvent>> marks;
+  for (int i = 0; i <= timed_steps; ++i)
+    marks.push_back(std::make_unique<DeviceEvent>(o.cuda_ordinal));
   auto t0 = std::chrono::steady_clock::now();
   for (int step = 1; step <= o.steps; ++step) {
     BigramData::Batch b = train.next(o.batch, S);
-    if (step == std::min(2, o.steps)) t_start.record(stream);
-    if (step > 2) step_ends[static_cast<size_t>(step - 3)]->record(stream);
+    if (step >= first_timed) marks[static_cast<size_t>(step - first_timed)]->record(stream);
     const float loss = train_step(model, b, o.batch, S, o.adam);
     note_slots(model, seen);
     if (!std::isfinite(loss))
@@ -173,17 +173,13 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
     run.train_loss.push_back(loss);
     if (o.on_step) o.on_step(step, o.steps, loss);
   }
-  t_end.record(stream);
-  t_end.synchronize();
+  marks.back()->record(stream);
+  marks.back()->synchronize();
   run.train_ms = ms_since(t0);
-  const int timed_steps = o.steps > 1 ? o.steps - 1 : 1;
-  run.train_tokens_per_s = tokens_per_batch * timed_steps / (t_end.elapsed_ms_since(t_start) / 1e3);
-  const DeviceEvent* from = &t_start;
-  for (const auto& e : step_ends) {
-    run.train_step_ms.push_back(e->elapsed_ms_since(*from));
-    from = e.get();
-  }
-  run.train_step_ms.push_back(t_end.elapsed_ms_since(*from));
+  run.train_tokens_per_s =
+      tokens_per_batch * timed_steps / (marks.back()->elapsed_ms_since(*marks.front()) / 1e3);
+  for (size_t i = 1; i < marks.size(); ++i)
+    run.train_step_ms.push_back(marks[i]->elapsed_ms_since(*marks[i - 1]));
   if (o.profile) {
     BigramData::Batch b = train.next(o.batch, S);
     run.train_profile = profiled(model, [&] { train_step(model, b, o.batch, S, o.adam); });
