@@ -4,8 +4,9 @@ beside a stand-in bench_e2e.py (its training child: a RESULT line whose rate gro
 against a stand-in kernel-hub (`demo --json` as the runtime answers, a rate and step times that
 grow each run too). Checked: --rounds 3 alternates the runtime and the configuration (runtime,
 compile, runtime, compile, ...), the runtime decodes at the asked shape in the first round only,
-the table holds each one's median and their ratio, every round is listed, and so is each round's
-step times; --rounds 0 is refused. Usage: test_bench_runtime.py (exit 0 = pass)."""
+the table holds each one's median and their ratio, every round is listed, and so are each
+round's step times, the runtime's and PyTorch's; --rounds 0 is refused. Usage:
+test_bench_runtime.py (exit 0 = pass)."""
 import json
 import os
 import shutil
@@ -35,7 +36,7 @@ if __name__ == "__main__":
     with open(log, "a") as f:
         f.write("e2e " + " ".join(sys.argv[1:]) + "\n")
     print("RESULT " + json.dumps({"tokens_per_s": [70000.0, 80000.0, 75000.0][n],
-                                  "peak_gib": 40.0}))
+                                  "peak_gib": 40.0, "step_ms": [216.0 + n, 217.5]}))
 '''
 
 
@@ -70,8 +71,11 @@ def main():
         assert "| kernel-hub runtime | 100,000 / 400,000 | 120,000 / 400,001 | 110,000 / 400,002 |" \
             in out, out
         assert "| torch.compile | 70,000 / - | 80,000 / - | 75,000 / - |" in out, out
-        for line in ("  150.0 151.0", "  151.0 152.0", "  152.0 153.0"):
-            assert line + "\n" in out, out
+        # Each one's step times, a round a line, under its name: the runtime's, then PyTorch's.
+        listed = out[out.index("Each timed training step"):].splitlines()[1:9]
+        assert listed == ["kernel-hub runtime", "  150.0 151.0", "  151.0 152.0",
+                          "  152.0 153.0", "torch.compile", "  216.0 217.5", "  217.0 217.5",
+                          "  218.0 217.5"], listed
         r = subprocess.run(cmd + ["--rounds", "0"], env=env, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 2 and "--rounds 0" in r.stderr, r.stderr

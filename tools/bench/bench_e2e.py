@@ -172,11 +172,24 @@ def run_one(args, which):
     sync()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    # Each timed step's time: CUDA events at the steps' starts and after the last (recorded on
+    # the stream, so the loop stays asynchronous); on the CPU, where a step is synchronous, the
+    # wall clock.
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps + 1)] if cuda else []
+    stamps = []
     t0 = time.perf_counter()
     for i in range(args.steps):
+        if cuda:
+            marks[i].record()
+        stamps.append(time.perf_counter())
         loss = step(args.warmup + i)
+    if cuda:
+        marks[-1].record()
     sync()
     dt = time.perf_counter() - t0
+    stamps.append(time.perf_counter())
+    step_ms = ([a.elapsed_time(b) for a, b in zip(marks, marks[1:])] if cuda else
+               [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])])
     breaks = None
     if compiled:
         from torch._dynamo.utils import counters
@@ -185,7 +198,7 @@ def run_one(args, which):
         "config": which, "tokens_per_s": args.batch * args.seq * args.steps / dt,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
         "reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else 0.0,
-        "loss": float(loss.detach()),
+        "loss": float(loss.detach()), "step_ms": step_ms,
         "fullgraph": fullgraph, "graph_breaks": breaks}), flush=True)
 
 

@@ -17,7 +17,8 @@ phase only and the share of the HBM roofline.
 Prefill is a forward of batch x seq tokens that keeps each sequence's last logits (what generation
 needs): the runtime's Logits::kLast, Transformers' logits_to_keep=1, both under no gradient.
 Training tokens/s count the steps after the warm-up; the runtime times its steps after the first
-(which compiles kernels and plans GEMMs) with CUDA events, and lists each timed step's time.
+(which compiles kernels and plans GEMMs) with CUDA events, PyTorch its steps after --warmup, and
+each timed step's time is listed for both.
 
 --rounds N runs the runtime and each PyTorch configuration N times, alternating (a round is the
 runtime, then every configuration, each in its own process), and reports each one's median with
@@ -231,7 +232,8 @@ def main():
             runs.setdefault(label, []).append(
                 {"train": train["tokens_per_s"] if train else None,
                  "prefill": prefill["tokens_per_s"] if prefill else None,
-                 "peak_gib": train["peak_gib"] if train else None})
+                 "peak_gib": train["peak_gib"] if train else None,
+                 "step_ms": train.get("step_ms", []) if train else []})
             progress(r, label, runs[label][-1])
     rows = {label: median_row(rs) for label, rs in runs.items()}
 
@@ -256,11 +258,15 @@ def main():
         for name, rs in runs.items():
             print(f"| {name} | " + " | ".join(
                 f"{num(r['train'])} / {num(r['prefill'])}" if r else "failed" for r in rs) + " |")
-    steps = [r["step_ms"] for r in runs.get("kernel-hub runtime", []) if r and r["step_ms"]]
-    if steps:
-        print("\nkernel-hub runtime, each timed training step (ms, CUDA events), a round a line:")
-        for ms in steps:
-            print("  " + " ".join(f"{x:.1f}" for x in ms))
+    steps = {label: [r["step_ms"] for r in rs if r and r["step_ms"]] for label, rs in runs.items()}
+    if any(steps.values()):
+        # Side by side, so that a drift over a run (clocks under the power limit) shows on both.
+        print("\nEach timed training step (ms, CUDA events), a round a line:")
+        for label, rounds in steps.items():
+            if rounds:
+                print(label)
+            for ms in rounds:
+                print("  " + " ".join(f"{x:.1f}" for x in ms))
     if kh and "profile" in kh["device_run"]:
         print("\nkernel-hub runtime, one step (CUDA events around the phases):")
         print("| phase | total ms | GEMM | attention | hub kernels | other |")
