@@ -321,6 +321,20 @@ TEST(DemoCheckpoint, RefusesBadCheckpointsNamingTheProblem) {
        "\"rope_parameters.rope_type\""},
       {[](auto& j) { j.erase("hidden_size"); }, "\"hidden_size\""},
       {[](auto& j) { j["num_key_value_heads"] = 3; }, "key/value heads"},
+      // Sizes past any model of the family, refused before a weight is listed or read: as int
+      // products q_dim() and kv_dim() overflowed; a million layers' weight list took gigabytes.
+      {[](auto& j) {
+         j["num_attention_heads"] = 65536;
+         j["num_key_value_heads"] = 65536;
+         j["head_dim"] = 65536;
+       },
+       "heads x head_dim (4294967296)"},
+      {[](auto& j) { j["num_hidden_layers"] = 1000000; }, "1000000 layers; at most 1024"},
+      {[](auto& j) {
+         j["vocab_size"] = 1 << 24;
+         j["hidden_size"] = 1 << 20;
+       },
+       "parameters; at most 1099511627776"},
   };
   for (const auto& [edit, needle] : configs) {
     BrokenCheckpoint b("qwen2");

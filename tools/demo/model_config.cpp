@@ -33,12 +33,34 @@ void ModelConfig::validate() const {
         "vocab ({}), hidden ({}), layers ({}), heads ({}), kv heads ({}), head_dim ({}) and ffn "
         "({}) must be positive and seq ({}) at least 2",
         vocab, hidden, layers, heads, kv_heads, head_dim, ffn, seq));
+  // Bounds past every model of the family (the widest today: hidden 16384, FFN 53248, 126
+  // layers), so that the sizes the runtime computes stay in range (q_dim() and kv_dim() are int
+  // products) and a hostile config.json cannot have it list millions of layers' weights or
+  // allocate a model no device holds before a weight is read.
+  constexpr int64_t kMaxWidth = int64_t{1} << 20, kMaxLayers = 1024, kMaxVocab = 1 << 24;
+  constexpr int64_t kMaxParameters = int64_t{1} << 40;
+  const int64_t q = int64_t{heads} * head_dim, kv = int64_t{kv_heads} * head_dim;
+  if (hidden > kMaxWidth || ffn > kMaxWidth || q > kMaxWidth || kv > kMaxWidth)
+    bad(fmt::format("hidden ({}), ffn ({}), heads x head_dim ({}) and kv heads x head_dim ({}) "
+                    "must each be at most {}",
+                    hidden, ffn, q, kv, kMaxWidth));
+  if (layers > kMaxLayers) bad(fmt::format("{} layers; at most {}", layers, kMaxLayers));
+  if (vocab > kMaxVocab) bad(fmt::format("a vocabulary of {}; at most {}", vocab, kMaxVocab));
   if (heads % kv_heads != 0)
     bad(fmt::format("{} query heads are not a multiple of {} key/value heads (GQA groups)", heads,
                     kv_heads));
   if (head_dim % 2 != 0) bad(fmt::format("head_dim {} is odd; rotary rotates pairs", head_dim));
   if (!(eps > 0.f)) bad(fmt::format("rms_norm_eps {} must be positive", eps));
   if (!(rope_theta > 1.0)) bad(fmt::format("rope_theta {} must be above 1", rope_theta));
+  // Within the bounds above a weight has at most 2^44 elements and there are under 15k of them.
+  int64_t parameters = 0;
+  for (const WeightSpec& w : weight_specs(*this)) {
+    int64_t n = 1;
+    for (int64_t d : w.shape) n *= d;
+    parameters += n;
+  }
+  if (parameters > kMaxParameters)
+    bad(fmt::format("{} parameters; at most {} (2^40)", parameters, kMaxParameters));
 }
 
 std::string ModelConfig::describe() const {
