@@ -17,6 +17,7 @@
 #include "hub/base/env.h"
 #include "hub/base/error.h"
 #include "hub/transport/curl_api.h"
+#include "hub/transport/http_headers.h"
 #include "hub/transport/tls.h"
 #include "hub/transport/write_behind.h"
 
@@ -39,34 +40,6 @@ const CurlApi& global_init() {
     }
   });
   return api;
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-std::string trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return std::string(s);
-}
-
-// Collects response headers with lower-cased names. A status line starts a new header
-// block (redirects, 100 Continue), so only the final response's headers are kept;
-// repeated names are joined with ", " as HTTP allows for list-valued headers.
-void add_header_line(std::map<std::string, std::string>& headers, std::string_view line) {
-  if (line.starts_with("HTTP/")) {
-    headers.clear();
-    return;
-  }
-  auto colon = line.find(':');
-  if (colon == std::string_view::npos) return;
-  std::string name = lower(trim(line.substr(0, colon)));
-  std::string value = trim(line.substr(colon + 1));
-  auto [it, inserted] = headers.emplace(name, value);
-  if (!inserted) it->second += ", " + value;
 }
 
 bool retryable_status(long status) {
@@ -387,13 +360,6 @@ struct Transfer {
     }
   }
 };
-
-uint64_t content_range_start(const std::string& value) {
-  // "bytes <start>-<end>/<total>"
-  std::string_view v = value;
-  if (v.starts_with("bytes ")) v.remove_prefix(6);
-  return std::strtoull(std::string(v).c_str(), nullptr, 10);
-}
 
 size_t transfer_header(char* data, size_t size, size_t nmemb, void* user) {
   auto* t = static_cast<Transfer*>(user);

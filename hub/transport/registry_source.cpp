@@ -21,6 +21,7 @@
 #include "hub/base/error.h"
 #include "hub/base/log.h"
 #include "hub/transport/credentials.h"
+#include "hub/transport/http_headers.h"
 #include "hub/transport/source.h"
 #include "hub/transport/verifying_sink.h"
 #include "hub/trust/signature.h"
@@ -97,50 +98,6 @@ std::string base_media_type(const std::string& content_type) {
   std::string t = content_type.substr(0, content_type.find(';'));
   while (!t.empty() && t.back() == ' ') t.pop_back();
   return t;
-}
-
-struct Challenge {
-  std::string scheme;  // lower-case: "bearer", "basic"
-  std::map<std::string, std::string> params;
-};
-
-// Parses one WWW-Authenticate challenge; prefers Bearer when several are offered.
-Challenge parse_challenge(const std::string& header) {
-  Challenge c;
-  std::string h = header;
-  std::string lowered = h;
-  for (char& ch : lowered) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  size_t pos = lowered.find("bearer ");
-  if (pos == std::string::npos) pos = lowered.find("basic");
-  if (pos == std::string::npos) pos = 0;
-  size_t sp = h.find(' ', pos);
-  c.scheme = lowered.substr(pos, sp == std::string::npos ? std::string::npos : sp - pos);
-  if (sp == std::string::npos) return c;
-  size_t i = sp + 1;
-  while (i < h.size()) {
-    while (i < h.size() && (h[i] == ' ' || h[i] == ',')) ++i;
-    size_t eq = h.find('=', i);
-    if (eq == std::string::npos) break;
-    std::string key = lowered.substr(i, eq - i);
-    // A new challenge ("Basic realm=...") after ours ends it.
-    if (key.find(' ') != std::string::npos) break;
-    i = eq + 1;
-    std::string value;
-    if (i < h.size() && h[i] == '"') {
-      ++i;
-      while (i < h.size() && h[i] != '"') {
-        if (h[i] == '\\' && i + 1 < h.size()) ++i;
-        value += h[i++];
-      }
-      ++i;
-    } else {
-      size_t end = h.find(',', i);
-      value = h.substr(i, end == std::string::npos ? std::string::npos : end - i);
-      i = end == std::string::npos ? h.size() : end;
-    }
-    c.params[key] = value;
-  }
-  return c;
 }
 
 // "host[:port]" of an http(s) URL, as HubAddress::host spells a registry ("" when unparsable).
@@ -588,7 +545,7 @@ class RegistrySource : public Source {
   // Serialized, so that parallel callers needing the same token fetch it once.
   void authenticate(const http::Response& resp, const std::string& scope) {
     std::lock_guard lock(auth_mu_);
-    Challenge ch = parse_challenge(resp.header("www-authenticate"));
+    http::Challenge ch = http::parse_challenge(resp.header("www-authenticate"));
     if (ch.scheme == "bearer") {
       std::string realm = ch.params["realm"];
       if (realm.empty()) {

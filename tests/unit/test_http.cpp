@@ -1,11 +1,15 @@
-// Download client rules that need no server: backoff, offline refusal, scheme policy.
+// Download client rules that need no server: backoff, offline refusal, scheme policy, and what
+// it reads from response headers (the header block, Content-Range, WWW-Authenticate).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <map>
+#include <string>
 
 #include "hub/base/error.h"
 #include "hub/transport/http.h"
+#include "hub/transport/http_headers.h"
 
 namespace kh::http {
 namespace {
@@ -232,6 +236,56 @@ TEST(Response, HeaderLookupIsCaseInsensitive) {
   r.headers["docker-content-digest"] = "sha256:abc";
   EXPECT_EQ(r.header("Docker-Content-Digest"), "sha256:abc");
   EXPECT_EQ(r.header("missing"), "");
+}
+
+TEST(Headers, TheFinalResponsesBlockWithLowerCasedNamesAndJoinedRepeats) {
+  std::map<std::string, std::string> h;
+  for (const char* line :
+       {"HTTP/1.1 307 Temporary Redirect\r\n", "Location: /elsewhere\r\n", "\r\n",
+        "HTTP/1.1 200 OK\r\n", "Content-Type:  application/json \r\n",
+        "WWW-Authenticate: Bearer realm=\"a\"\r\n", "www-authenticate: Basic realm=\"b\"\r\n",
+        "no colon here\r\n", "Empty:\r\n", "Empty: later\r\n", "Content-Type:\r\n"})
+    add_header_line(h, line);
+  EXPECT_EQ(h.count("location"), 0u) << "the redirect's headers are dropped";
+  EXPECT_EQ(h.at("content-type"), "application/json");
+  EXPECT_EQ(h.at("www-authenticate"), "Bearer realm=\"a\", Basic realm=\"b\"");
+  // Empty elements of a list add nothing: no ", " before or after them.
+  EXPECT_EQ(h.at("empty"), "later");
+  EXPECT_EQ(h.size(), 3u);
+}
+
+TEST(Headers, ContentRangeStartTakesDigitsOnly) {
+  EXPECT_EQ(content_range_start("bytes 100-199/200"), 100u);
+  EXPECT_EQ(content_range_start("100-199/200"), 100u);  // docker-registry leaves out "bytes "
+  EXPECT_EQ(content_range_start("bytes 18446744073709551615-0/1"), UINT64_MAX);
+  // Not a start the client asked for: 0 (strtoull took a sign and wrapped "-5" to 2^64 - 5).
+  for (const char* bad : {"", "bytes ", "bytes -5-9/10", " 5-9/10", "bytes +5-9/10",
+                          "bytes 18446744073709551616-0/1", "bytes x", "*/200"})
+    EXPECT_EQ(content_range_start(bad), 0u) << bad;
+}
+
+TEST(Headers, ChallengesPreferBearerAndUnquoteParameters) {
+  Challenge c = parse_challenge(
+      R"(Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push")");
+  EXPECT_EQ(c.scheme, "bearer");
+  EXPECT_EQ(c.params.at("realm"), "https://auth.example/token");
+  EXPECT_EQ(c.params.at("service"), "registry.example");
+  EXPECT_EQ(c.params.at("scope"), "repository:a/b:pull,push");
+  // Basic first, then Bearer: Bearer's parameters; names lower-cased, escapes undone, unquoted
+  // values up to the next comma.
+  c = parse_challenge(R"(Basic realm="basic", BEARER Realm="r\"q",Service=plain,scope="s")");
+  EXPECT_EQ(c.scheme, "bearer");
+  EXPECT_EQ(c.params.at("realm"), "r\"q");
+  EXPECT_EQ(c.params.at("service"), "plain");
+  EXPECT_EQ(c.params.at("scope"), "s");
+  c = parse_challenge(R"(Basic realm="registry")");
+  EXPECT_EQ(c.scheme, "basic");
+  EXPECT_EQ(c.params.at("realm"), "registry");
+  // Cut short anywhere: what was read, nothing past the end.
+  c = parse_challenge(R"(Bearer realm="unterminated)");
+  EXPECT_EQ(c.params.at("realm"), "unterminated");
+  EXPECT_TRUE(parse_challenge("Bearer").params.empty());
+  EXPECT_TRUE(parse_challenge("").params.empty());
 }
 
 }  // namespace

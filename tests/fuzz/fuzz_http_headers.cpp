@@ -1,0 +1,64 @@
+// Fuzz target: what the HTTP client reads from a server's response headers
+// (hub/transport/http_headers.h). The input is a header block, one line per '\n': every line goes
+// through add_header_line, then the WWW-Authenticate value it kept through parse_challenge and
+// the Content-Range one through content_range_start, and the whole input through both as one
+// value. Checked beyond memory safety (ASan, UBSan): names come out lower-cased and trimmed,
+// values trimmed; a challenge's scheme and parameter names are lower case and hold no space; a
+// start parsed from "bytes N..." is N.
+#include <cctype>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "hub/transport/http_headers.h"
+
+namespace {
+
+bool trimmed(const std::string& s) {
+  return s.empty() || (!std::isspace(static_cast<unsigned char>(s.front())) &&
+                       !std::isspace(static_cast<unsigned char>(s.back())));
+}
+
+bool lower_case(const std::string& s) {
+  for (unsigned char c : s)
+    if (std::isupper(c)) return false;
+  return true;
+}
+
+void check_challenge(const std::string& value) {
+  const kh::http::Challenge c = kh::http::parse_challenge(value);
+  if (!lower_case(c.scheme) || c.scheme.find(' ') != std::string::npos) __builtin_trap();
+  for (const auto& [name, param] : c.params)
+    if (!lower_case(name) || name.find(' ') != std::string::npos) __builtin_trap();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string input(reinterpret_cast<const char*>(data), size);
+  std::map<std::string, std::string> headers;
+  for (size_t at = 0; at <= input.size();) {
+    const size_t end = std::min(input.find('\n', at), input.size());
+    kh::http::add_header_line(headers, std::string_view(input).substr(at, end - at + 1));
+    at = end + 1;
+  }
+  for (const auto& [name, value] : headers)
+    if (!lower_case(name) || !trimmed(name) || !trimmed(value)) __builtin_trap();
+  if (auto it = headers.find("www-authenticate"); it != headers.end()) check_challenge(it->second);
+  if (auto it = headers.find("content-range"); it != headers.end())
+    (void)kh::http::content_range_start(it->second);
+  check_challenge(input);
+  const uint64_t start = kh::http::content_range_start(input);
+  // "bytes " and up to 19 digits: the number they spell.
+  if (input.starts_with("bytes ")) {
+    uint64_t n = 0;
+    size_t i = 6;
+    while (i < input.size() && i < 6 + 19 && std::isdigit(static_cast<unsigned char>(input[i])))
+      n = n * 10 + static_cast<uint64_t>(input[i++] - '0');
+    const bool more = i < input.size() && std::isdigit(static_cast<unsigned char>(input[i]));
+    if (i > 6 && !more && start != n) __builtin_trap();
+  }
+  return 0;
+}
