@@ -76,6 +76,10 @@ def main():
         assert listed == ["kernel-hub runtime", "  150.0 151.0", "  151.0 152.0",
                           "  152.0 153.0", "torch.compile", "  216.0 217.5", "  217.0 217.5",
                           "  218.0 217.5"], listed
+        # Medians of every round's steps: 151.5 ms (8 x 2048 tokens: 108,145 tokens/s) against
+        # 217.5 ms (75,329): 1.44x.
+        assert "| kernel-hub runtime | 151.5 | 108,145 | 1.44x |" in out, out
+        assert "| torch.compile | 217.5 | 75,329 | 1.00x |" in out, out
         r = subprocess.run(cmd + ["--rounds", "0"], env=env, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 2 and "--rounds 0" in r.stderr, r.stderr

@@ -18,7 +18,8 @@ Prefill is a forward of batch x seq tokens that keeps each sequence's last logit
 needs): the runtime's Logits::kLast, Transformers' logits_to_keep=1, both under no gradient.
 Training tokens/s count the steps after the warm-up; the runtime times its steps after the first
 (which compiles kernels and plans GEMMs) with CUDA events, PyTorch its steps after --warmup, and
-each timed step's time is listed for both.
+each timed step's time is listed for both, with the rate the median step gives (the table's rate
+is the mean's, which one slow step moves more).
 
 --rounds N runs the runtime and each PyTorch configuration N times, alternating (a round is the
 runtime, then every configuration, each in its own process), and reports each one's median with
@@ -267,6 +268,16 @@ def main():
                 print(label)
             for ms in rounds:
                 print("  " + " ".join(f"{x:.1f}" for x in ms))
+        # The median step of every round: a rate that one slow step (a clock drop) moves less.
+        med = {label: statistics.median([x for ms in rounds for x in ms])
+               for label, rounds in steps.items() if rounds}
+        ref_ms = med.get("torch.compile")
+        print("\nThe median timed step of every round, and the training rate it gives:")
+        print("| runtime | median step ms | train tokens/s | vs compile |")
+        print("|---|---|---|---|")
+        for label, ms in med.items():
+            print(f"| {label} | {ms:.1f} | {num(args.batch * args.seq / (ms / 1e3))} | "
+                  f"{f'{ref_ms / ms:.2f}x' if ref_ms else '-'} |")
     if kh and "profile" in kh["device_run"]:
         print("\nkernel-hub runtime, one step (CUDA events around the phases):")
         print("| phase | total ms | GEMM | attention | hub kernels | other |")
