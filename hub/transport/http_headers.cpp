@@ -1,7 +1,9 @@
 #include "hub/transport/http_headers.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <vector>
 
 namespace kh::http {
 
@@ -42,24 +44,26 @@ uint64_t content_range_start(const std::string& value) {
 }
 
 Challenge parse_challenge(const std::string& header) {
-  Challenge c;
+  // Challenges and their parameters in order: a token followed by '=' is a parameter of the
+  // challenge before it, any other token starts a challenge. Quoted values are read whole, so a
+  // scheme's name inside one ("Basic realm=\"bearer\"") is a value, not a challenge.
+  std::vector<Challenge> all;
   const std::string& h = header;
-  const std::string lowered = lower(h);
-  size_t pos = lowered.find("bearer ");
-  if (pos == std::string::npos) pos = lowered.find("basic");
-  if (pos == std::string::npos) pos = 0;
-  size_t sp = h.find(' ', pos);
-  c.scheme = lowered.substr(pos, sp == std::string::npos ? std::string::npos : sp - pos);
-  if (sp == std::string::npos) return c;
-  size_t i = sp + 1;
+  size_t i = 0;
   while (i < h.size()) {
     while (i < h.size() && (h[i] == ' ' || h[i] == ',')) ++i;
-    size_t eq = h.find('=', i);
-    if (eq == std::string::npos) break;
-    std::string key = lowered.substr(i, eq - i);
-    // A new challenge ("Basic realm=...") after ours ends it.
-    if (key.find(' ') != std::string::npos) break;
-    i = eq + 1;
+    const size_t start = i;
+    while (i < h.size() && h[i] != ' ' && h[i] != ',' && h[i] != '=') ++i;
+    if (i == start) {  // a '=' with no name: skip its value
+      ++i;
+      continue;
+    }
+    const std::string token = lower(std::string_view(h).substr(start, i - start));
+    if (i >= h.size() || h[i] != '=') {
+      all.push_back({token, {}});
+      continue;
+    }
+    ++i;  // past '='
     std::string value;
     if (i < h.size() && h[i] == '"') {
       ++i;
@@ -67,15 +71,18 @@ Challenge parse_challenge(const std::string& header) {
         if (h[i] == '\\' && i + 1 < h.size()) ++i;
         value += h[i++];
       }
-      ++i;
+      ++i;  // past the closing quote
     } else {
-      size_t end = h.find(',', i);
-      value = h.substr(i, end == std::string::npos ? std::string::npos : end - i);
-      i = end == std::string::npos ? h.size() : end;
+      const size_t end = std::min(h.find(',', i), h.size());
+      value = trim(std::string_view(h).substr(i, end - i));
+      i = end;
     }
-    c.params[key] = value;
+    if (!all.empty()) all.back().params[token] = value;  // none before a scheme: ignored
   }
-  return c;
+  for (const char* preferred : {"bearer", "basic"})
+    for (const Challenge& c : all)
+      if (c.scheme == preferred) return c;
+  return all.empty() ? Challenge{} : all.front();
 }
 
 }  // namespace kh::http

@@ -20,13 +20,14 @@ std::string trim(std::string_view s);
 // allows for list-valued headers (an empty one adds nothing); a line without a colon is ignored.
 void add_header_line(std::map<std::string, std::string>& headers, std::string_view line);
 
-// The first byte a 206 answer holds, from its Content-Range ("bytes <start>-<end>/<total>", or
-// without "bytes " as docker-registry writes it); 0 where it does not start with a number.
+// The first byte a 206 answer holds, from its Content-Range ("bytes <start>-<end>/<total>"; the
+// bare "<start>-<end>" form, as upload PATCH requests spell it, is read too); 0 where it does not
+// start with a number.
 uint64_t content_range_start(const std::string& value);
 
 // One WWW-Authenticate challenge: its scheme, lower-cased ("bearer", "basic"), and its
-// parameters by lower-cased name (quoted values unescaped). Bearer is preferred where several
-// challenges are offered.
+// parameters by lower-cased name (quoted values unescaped). Where several challenges are offered,
+// Bearer's, else Basic's, else the first.
 struct Challenge {
   std::string scheme;
   std::map<std::string, std::string> params;

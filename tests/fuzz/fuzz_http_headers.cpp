@@ -5,6 +5,7 @@
 // value. Checked beyond memory safety (ASan, UBSan): names come out lower-cased and trimmed,
 // values trimmed; a challenge's scheme and parameter names are lower case and hold no space; a
 // start parsed from "bytes N..." is N.
+#include <algorithm>
 #include <cctype>
 #include <cstddef>
 #include <cstdint>

@@ -256,7 +256,7 @@ TEST(Headers, TheFinalResponsesBlockWithLowerCasedNamesAndJoinedRepeats) {
 
 TEST(Headers, ContentRangeStartTakesDigitsOnly) {
   EXPECT_EQ(content_range_start("bytes 100-199/200"), 100u);
-  EXPECT_EQ(content_range_start("100-199/200"), 100u);  // docker-registry leaves out "bytes "
+  EXPECT_EQ(content_range_start("100-199/200"), 100u);  // the bare form (upload PATCH requests)
   EXPECT_EQ(content_range_start("bytes 18446744073709551615-0/1"), UINT64_MAX);
   // Not a start the client asked for: 0 (strtoull took a sign and wrapped "-5" to 2^64 - 5).
   for (const char* bad : {"", "bytes ", "bytes -5-9/10", " 5-9/10", "bytes +5-9/10",
@@ -281,6 +281,19 @@ TEST(Headers, ChallengesPreferBearerAndUnquoteParameters) {
   c = parse_challenge(R"(Basic realm="registry")");
   EXPECT_EQ(c.scheme, "basic");
   EXPECT_EQ(c.params.at("realm"), "registry");
+  // A scheme's name inside a quoted value is a value; Bearer's parameters stay its own when a
+  // Basic challenge follows.
+  c = parse_challenge(R"(Basic realm="bearer x")");
+  EXPECT_EQ(c.scheme, "basic");
+  EXPECT_EQ(c.params.at("realm"), "bearer x");
+  c = parse_challenge(R"(Bearer realm="a",service="b", Basic realm="c")");
+  EXPECT_EQ(c.scheme, "bearer");
+  EXPECT_EQ(c.params.at("realm"), "a");
+  EXPECT_EQ(c.params.at("service"), "b");
+  // Neither Bearer nor Basic: the first offered.
+  c = parse_challenge(R"(Negotiate, Digest realm="d", nonce="n")");
+  EXPECT_EQ(c.scheme, "negotiate");
+  EXPECT_TRUE(c.params.empty());
   // Cut short anywhere: what was read, nothing past the end.
   c = parse_challenge(R"(Bearer realm="unterminated)");
   EXPECT_EQ(c.params.at("realm"), "unterminated");

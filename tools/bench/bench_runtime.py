@@ -259,18 +259,20 @@ def main():
         for name, rs in runs.items():
             print(f"| {name} | " + " | ".join(
                 f"{num(r['train'])} / {num(r['prefill'])}" if r else "failed" for r in rs) + " |")
-    steps = {label: [r["step_ms"] for r in rs if r and r["step_ms"]] for label, rs in runs.items()}
-    if any(steps.values()):
+    # A list a round ([] where the run failed or listed none), so that line i is round i.
+    steps = {label: [(r or {}).get("step_ms") or [] for r in rs] for label, rs in runs.items()}
+    if any(ms for rounds in steps.values() for ms in rounds):
         # Side by side, so that a drift over a run (clocks under the power limit) shows on both.
         print("\nEach timed training step (ms, CUDA events), a round a line:")
         for label, rounds in steps.items():
-            if rounds:
-                print(label)
+            if not any(rounds):
+                continue
+            print(label)
             for ms in rounds:
-                print("  " + " ".join(f"{x:.1f}" for x in ms))
+                print("  " + (" ".join(f"{x:.1f}" for x in ms) if ms else "-"))
         # The median step of every round: a rate that one slow step (a clock drop) moves less.
         med = {label: statistics.median([x for ms in rounds for x in ms])
-               for label, rounds in steps.items() if rounds}
+               for label, rounds in steps.items() if any(rounds)}
         ref_ms = med.get("torch.compile")
         print("\nThe median timed step of every round, and the training rate it gives:")
         print("| runtime | median step ms | train tokens/s | vs compile |")
