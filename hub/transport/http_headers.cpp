@@ -85,4 +85,11 @@ Challenge parse_challenge(const std::string& header) {
   return all.empty() ? Challenge{} : all.front();
 }
 
+bool bearer_token_ok(std::string_view token) {
+  if (token.empty()) return false;
+  for (unsigned char c : token)
+    if (c < 0x21 || c > 0x7E) return false;
+  return true;
+}
+
 }  // namespace kh::http

@@ -34,4 +34,9 @@ struct Challenge {
 };
 Challenge parse_challenge(const std::string& header);
 
+// Whether `token` can follow "Authorization: Bearer " in a request: not empty, visible ASCII
+// only (0x21-0x7E). A CR or LF would end the header and start another of the server's choosing
+// (libcurl sends custom headers as given), a space or other control byte would garble it.
+bool bearer_token_ok(std::string_view token);
+
 }  // namespace kh::http

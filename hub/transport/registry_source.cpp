@@ -562,6 +562,11 @@ class RegistrySource : public Source {
       }
       // A registry token (docker config "registrytoken") is the bearer token itself.
       if (const auto& creds = credentials(); creds && !creds->registry_token.empty()) {
+        if (!http::bearer_token_ok(creds->registry_token))
+          throw Error(ErrorKind::kRefused,
+                      "the registry token for " + address_.host + " from " + creds->origin +
+                          " holds a space, control byte or non-ASCII byte, which a request "
+                          "header cannot carry; fix or remove it there");
         tokens_[token_key(address_.host, scope)] = creds->registry_token;
         return;
       }
@@ -647,7 +652,14 @@ class RegistrySource : public Source {
     for (const char* field : {"token", "access_token"}) {
       if (doc.is_object() && doc.contains(field) && doc[field].is_string() &&
           !doc[field].get<std::string>().empty()) {
-        return doc[field].get<std::string>();
+        std::string token = doc[field].get<std::string>();
+        // The realm is the registry's to name: the token is not trusted to be header-safe.
+        if (!http::bearer_token_ok(token))
+          throw Error(ErrorKind::kRefused,
+                      "token server " + realm + " answered a " + field +
+                          " holding a space, control byte (a line break would start another "
+                          "request header) or non-ASCII byte; refused, nothing sent with it");
+        return token;
       }
     }
     throw Error(ErrorKind::kUnsupported,

@@ -517,6 +517,30 @@ TEST_F(PrivateTokenAuth, WrongIdentityTokenIsRefused) {
   EXPECT_NE(r.err.find("identity token"), std::string::npos) << r.err;
 }
 
+// A token that a request header cannot carry is refused before it is sent: from the token server
+// (whose address the registry names), a line break that would add a header of its choosing;
+// from the user's docker config, a space.
+TEST_F(PrivateTokenAuth, TokensNoHeaderCanCarryAreRefused) {
+  const std::string config = R"({"auths": {")" + tokens_->host() + R"(": {"auth": ")" +
+                             basic_auth(tokens_->options().username, tokens_->options().password) +
+                             R"("}}})";
+  tokens_->answer_token("abc\r\nX-Injected: 1");
+  auto r = pull_with_config(config);
+  tokens_->answer_token("");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("token server " + tokens_->realm()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("line break"), std::string::npos) << r.err;
+  EXPECT_EQ(registry_->log().find("X-Injected"), std::string::npos) << "sent to the registry";
+  r = pull_with_config(R"({"auths": {")" + registry_->host() +
+                       R"(": {"registrytoken": "two words"}}})");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("registry token"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("config.json"), std::string::npos) << r.err;
+  // And the server's real tokens still work.
+  r = pull_with_config(config);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
 TEST_F(PrivateTokenAuth, IdentityTokenFromAHelper) {
   TempDir bin("kh-bin");
   write_text(bin / "docker-credential-test",

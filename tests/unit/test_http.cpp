@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <string_view>
 
 #include "hub/base/error.h"
 #include "hub/transport/http.h"
@@ -252,6 +253,15 @@ TEST(Headers, TheFinalResponsesBlockWithLowerCasedNamesAndJoinedRepeats) {
   // Empty elements of a list add nothing: no ", " before or after them.
   EXPECT_EQ(h.at("empty"), "later");
   EXPECT_EQ(h.size(), 3u);
+}
+
+TEST(Headers, BearerTokensAreVisibleAsciiOnly) {
+  EXPECT_TRUE(bearer_token_ok("eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln-_~+/="));
+  for (std::string_view bad :
+       {std::string_view(""), std::string_view("a\r\nX-Injected: 1"), std::string_view("a\nb"),
+        std::string_view("two words"), std::string_view("tab\t"), std::string_view("nul\0x", 5),
+        std::string_view("caf\xc3\xa9"), std::string_view("del\x7f")})
+    EXPECT_FALSE(bearer_token_ok(bad)) << bad;
 }
 
 TEST(Headers, ContentRangeStartTakesDigitsOnly) {
