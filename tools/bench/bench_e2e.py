@@ -181,13 +181,15 @@ def run_one(args, which):
     for i in range(args.steps):
         if cuda:
             marks[i].record()
-        stamps.append(time.perf_counter())
+        else:
+            stamps.append(time.perf_counter())
         loss = step(args.warmup + i)
     if cuda:
         marks[-1].record()
     sync()
     dt = time.perf_counter() - t0
-    stamps.append(time.perf_counter())
+    if not cuda:
+        stamps.append(t0 + dt)
     step_ms = ([a.elapsed_time(b) for a, b in zip(marks, marks[1:])] if cuda else
                [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])])
     breaks = None

@@ -41,7 +41,8 @@ void ModelConfig::validate() const {
   constexpr int64_t kMaxParameters = int64_t{1} << 40;
   const int64_t q = int64_t{heads} * head_dim, kv = int64_t{kv_heads} * head_dim;
   if (hidden > kMaxWidth || ffn > kMaxWidth || q > kMaxWidth || kv > kMaxWidth)
-    bad(fmt::format("hidden ({}), ffn ({}), heads x head_dim ({}) and kv heads x head_dim ({}) "
+    bad(
+        fmt::format("hidden ({}), ffn ({}), heads x head_dim ({}) and kv heads x head_dim ({}) "
                     "must each be at most {}",
                     hidden, ffn, q, kv, kMaxWidth));
   if (layers > kMaxLayers) bad(fmt::format("{} layers; at most {}", layers, kMaxLayers));
