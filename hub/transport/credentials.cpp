@@ -315,9 +315,8 @@ std::filesystem::path credentials_file() {
                   "kernel-hub/credentials.json");
 }
 
-std::optional<Credentials> load_credentials(const SourceOptions& o, const std::string& host,
-                                            bool registry) {
-  if (registry && !o.username.empty()) {
+std::optional<Credentials> load_credentials(const SourceOptions& o, const std::string& host) {
+  if (!o.username.empty()) {
     return Credentials{o.username, o.password, "", "", "options"};
   }
   if (env_credentials_set() && env_credentials_host() == lower_ascii(host)) {

@@ -32,12 +32,10 @@ struct Credentials {
 // ~/.config/kernel-hub/credentials.json.
 std::filesystem::path credentials_file();
 
-// Credentials for a request to `host` (host[:port]), in the order above; `registry` says whether
-// `host` is the registry the options belong to (else a token realm elsewhere, which gets only
-// its own entries). Throws kInvalidInput naming a malformed file, kAuth naming a helper that
+// Credentials for the registry `host` (host[:port]) the options belong to, in the order above:
+// for its own requests and for the token realm it names, wherever that is. Throws kInvalidInput naming a malformed file, kAuth naming a helper that
 // failed, and what to do.
-std::optional<Credentials> load_credentials(const SourceOptions& o, const std::string& host,
-                                            bool registry);
+std::optional<Credentials> load_credentials(const SourceOptions& o, const std::string& host);
 
 // What to do about refused or missing credentials at `host`: the places above, and why the
 // environment's credentials were not sent there when they are set but scoped elsewhere.

@@ -4,6 +4,9 @@
 // octet-stream on upload PUTs, Content-Range without "bytes ", no Link paging.
 #include <fmt/format.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -109,6 +112,19 @@ std::string host_port_of(const std::string& url) {
   std::string authority = url.substr(start, end == std::string::npos ? end : end - start);
   if (size_t at = authority.rfind('@'); at != std::string::npos) authority.erase(0, at + 1);
   return authority;
+}
+
+// Whether "host[:port]" names this machine (where plain HTTP crosses no network).
+bool is_loopback(const std::string& host_port) {
+  std::string host = host_port;
+  if (host.starts_with("[")) {
+    host = host.substr(1, host.find(']') == std::string::npos ? 0 : host.find(']') - 1);
+  } else if (size_t colon = host.rfind(':'); colon != std::string::npos) {
+    host.erase(colon);
+  }
+  in_addr v4{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  return host == "localhost" || host == "::1";
 }
 
 class RegistrySource : public Source {
@@ -488,7 +504,7 @@ class RegistrySource : public Source {
   const std::optional<Credentials>& credentials() {
     std::lock_guard lock(auth_mu_);
     if (!credentials_loaded_) {
-      credentials_ = load_credentials(options_, address_.host, /*registry=*/true);
+      credentials_ = load_credentials(options_, address_.host);
       credentials_loaded_ = true;
     }
     return credentials_;
@@ -605,13 +621,20 @@ class RegistrySource : public Source {
     for (const auto& s : scopes) url = append_query(url, "scope=" + percent_encode(s));
     http::Request req;
     req.max_body = kMaxTokenBytes;
-    // The registry's credentials go to its own host only; a realm elsewhere gets the credentials
-    // file's entry for that host (or the environment's when they are scoped to it), or none (an
-    // anonymous token request).
+    // The registry's own credentials, wherever its realm is (as docker, containerd and
+    // containers/image send them). Never the user's credentials for the realm's host: the
+    // registry names the realm and the scopes, so it could have a token minted with another
+    // registry's credentials (for that registry's repositories, push included) and be handed it.
+    // The registry gains nothing here that a Basic challenge of its own would not give it.
     const std::string realm_host = host_port_of(realm);
-    const std::optional<Credentials> creds =
-        realm_host == address_.host ? credentials()
-                                    : load_credentials(options_, realm_host, /*registry=*/false);
+    const std::optional<Credentials> creds = credentials();
+    if (creds && realm_host != address_.host && realm.starts_with("http://") &&
+        !is_loopback(realm_host))
+      throw Error(ErrorKind::kRefused,
+                  "registry " + address_.host + " names the token realm " + realm +
+                      ", another host over plain HTTP: its credentials (from " + creds->origin +
+                      ") would cross the network in clear text; refused, nothing sent. The "
+                      "realm must be https (or on the registry's own host[:port])");
     if (creds && !creds->identity_token.empty()) {
       // An identity token is an OAuth2 refresh token: POST it to the realm (distribution token
       // spec, "OAuth2 Token"), which answers an access_token.
@@ -620,6 +643,8 @@ class RegistrySource : public Source {
       req.method = "POST";
       req.url = realm;
       req.headers.push_back("Content-Type: application/x-www-form-urlencoded");
+      // A redirect would re-POST the refresh token (the body) to wherever it points.
+      req.follow_redirects = false;
       req.body = "grant_type=refresh_token&client_id=kernel-hub&refresh_token=" +
                  percent_encode(creds->identity_token) +
                  (service.empty() ? "" : "&service=" + percent_encode(service)) +
@@ -639,9 +664,9 @@ class RegistrySource : public Source {
                                                     ? "the password of '" + creds->username + "'"
                                                     : "an identity token") +
                                     " from " + creds->origin;
-      throw Error(ErrorKind::kAuth,
-                  "token server " + realm + " refused a token for " + address_.host + " asked " +
-                      as + " (HTTP " + std::to_string(resp.status) + "); " + auth_hint(realm_host));
+      throw Error(ErrorKind::kAuth, "token server " + realm + " refused a token for " +
+                                        address_.host + " asked " + as + " (HTTP " +
+                                        std::to_string(resp.status) + "); " + auth_hint());
     }
     if (resp.status != 200) {
       throw Error(ErrorKind::kAuth, "token server " + realm + " answered HTTP " +

@@ -524,9 +524,11 @@ TEST_F(RegistryTest, BearerTokenIsFetchedOnceAndReused) {
   EXPECT_TRUE(src->has_blob("org/bearer", layer_descriptor(extra)));
 }
 
-// Credentials are scoped to a host: a token realm on another host than the registry gets the
-// registry's credentials never, and the credentials file's entry for the realm's host only.
-TEST_F(RegistryTest, ATokenRealmOnAnotherHostGetsOnlyItsOwnCredentials) {
+// A token realm gets the credentials of the registry that names it, wherever it is, and never
+// the user's credentials for the realm's own host: else a registry could name another
+// registry's token server (and scopes of its choosing), have a token minted with that
+// registry's credentials and be handed it (a confused deputy).
+TEST_F(RegistryTest, ATokenRealmGetsTheRegistrysCredentialsNeverItsOwn) {
   Pushed p = push_artifact(*src, "org/realm", tmp.path(), 10, 14);
   FaultProxy realm(reg.port());  // stands in for a token server on another host[:port]
   realm.enable_bearer("tok-far");
@@ -534,21 +536,23 @@ TEST_F(RegistryTest, ATokenRealmOnAnotherHostGetsOnlyItsOwnCredentials) {
   proxy.enable_bearer("tok-far", "http://127.0.0.1:" + std::to_string(realm.port()) + "/token");
   const auto file = tmp / "creds.json";
   ScopedCredentialEnv env(file.string());
-  ::setenv("KERNEL_HUB_USERNAME", "alice", 1);
-  ::setenv("KERNEL_HUB_PASSWORD", "registry-secret", 1);
-  ::setenv("KERNEL_HUB_ENDPOINT", proxy.oci_url().c_str(), 1);  // scoped to the registry
-  auto token_auth = [&] {
-    for (const auto& s : realm.requests())
+  auto token_auth = [](const FaultProxy& server) {
+    for (const auto& s : server.requests())
       if (s.target.starts_with("/token")) return s.authorization;
     return std::string("(no token request)");
   };
-  {
+  {  // the registry's credentials (the environment's, scoped to it) go to its realm
+    ::setenv("KERNEL_HUB_USERNAME", "alice", 1);
+    ::setenv("KERNEL_HUB_PASSWORD", "registry-secret", 1);
+    ::setenv("KERNEL_HUB_ENDPOINT", proxy.oci_url().c_str(), 1);
     auto via = registry_source(proxy.oci_url(), fast_source_options());
     EXPECT_EQ(via->get_manifest("org/realm", p.manifest_desc.digest.str()).bytes, p.manifest);
-    EXPECT_EQ(token_auth(), "") << "the registry's credentials went to another host's realm";
+    EXPECT_EQ(token_auth(realm), "Basic " + base64_encode("alice:registry-secret"));
+    ::unsetenv("KERNEL_HUB_USERNAME");
+    ::unsetenv("KERNEL_HUB_PASSWORD");
   }
-  ::unsetenv("KERNEL_HUB_USERNAME");
-  ::unsetenv("KERNEL_HUB_PASSWORD");
+  // The deputy: the user has credentials for the realm's host only. The registry's token request
+  // goes out anonymously; the realm's own entry is not spent on the registry's behalf.
   FaultProxy realm2(reg.port());
   realm2.enable_bearer("tok-far2");
   proxy.enable_bearer("tok-far2", "http://127.0.0.1:" + std::to_string(realm2.port()) + "/token");
@@ -556,10 +560,21 @@ TEST_F(RegistryTest, ATokenRealmOnAnotherHostGetsOnlyItsOwnCredentials) {
                                   R"(": {"username": "bob", "password": "realm-secret"}})");
   auto via = registry_source(proxy.oci_url(), fast_source_options());
   EXPECT_EQ(via->get_manifest("org/realm", p.manifest_desc.digest.str()).bytes, p.manifest);
-  std::string sent;
-  for (const auto& s : realm2.requests())
-    if (s.target.starts_with("/token")) sent = s.authorization;
-  EXPECT_EQ(sent, "Basic " + base64_encode("bob:realm-secret"));
+  EXPECT_EQ(token_auth(realm2), "")
+      << "the realm host's own credentials were spent for " << proxy.host();
+  // A realm on another host over plain HTTP would carry the registry's credentials in clear
+  // text across the network: refused before anything is sent (192.0.2.1 is TEST-NET-1).
+  proxy.enable_bearer("tok-far2", "http://192.0.2.1/token");
+  fs::write_file_atomic(
+      file, R"({")" + proxy.host() + R"(": {"username": "carol", "password": "registry-secret"}})");
+  auto plain = registry_source(proxy.oci_url(), fast_source_options());
+  try {
+    plain->get_manifest("org/realm", p.manifest_desc.digest.str());
+    ADD_FAILURE() << "the credentials went to a plain-HTTP realm on another host";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kRefused) << e.what();
+    EXPECT_NE(std::string(e.what()).find("plain HTTP"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(RegistryTest, ExpiredBearerTokenIsRefreshedOnce) {

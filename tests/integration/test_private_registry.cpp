@@ -461,11 +461,11 @@ class PrivateTokenAuth : public PrivateRegistry {
     if (!pki_->available()) GTEST_SKIP() << pki_->why();
     if (!registry_->available()) GTEST_SKIP() << registry_->why();
     if (!pushed_) {
-      // The realm is on another port than the registry: credentials are scoped to its host.
+      // The realm is on another port than the registry: it gets the registry's credentials.
       push(registry_->oci_url(),
            {{"KERNEL_HUB_USERNAME", tokens_->options().username},
             {"KERNEL_HUB_PASSWORD", tokens_->options().password},
-            {"KERNEL_HUB_CREDENTIALS_HOST", tokens_->host()}},
+            {"KERNEL_HUB_CREDENTIALS_HOST", registry_->host()}},
            true);
       pushed_ = !HasFatalFailure();
     }
@@ -495,23 +495,35 @@ TEST_F(PrivateTokenAuth, AnonymousIsRefused) {
 
 TEST_F(PrivateTokenAuth, PasswordFromDockerConfig) {
   size_t before = tokens_->password_grants();
-  auto r = pull_with_config(R"({"auths": {")" + tokens_->host() + R"(": {"auth": ")" +
+  auto r = pull_with_config(R"({"auths": {")" + registry_->host() + R"(": {"auth": ")" +
                             basic_auth(tokens_->options().username, tokens_->options().password) +
                             R"("}}})");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_GT(tokens_->password_grants(), before);
 }
 
+// The user's credentials for the token server's own host are not the registry's: a registry
+// could name that server as its realm to have a token minted with them (a confused deputy).
+TEST_F(PrivateTokenAuth, TheRealmHostsOwnCredentialsAreNotSpentForTheRegistry) {
+  size_t before = tokens_->password_grants();
+  auto r = pull_with_config(R"({"auths": {")" + tokens_->host() + R"(": {"auth": ")" +
+                            basic_auth(tokens_->options().username, tokens_->options().password) +
+                            R"("}}})");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(tokens_->password_grants(), before) << r.err;
+  EXPECT_NE(r.err.find("anonymously"), std::string::npos) << r.err;
+}
+
 TEST_F(PrivateTokenAuth, IdentityTokenFromDockerConfig) {
   size_t before = tokens_->refresh_grants();
-  auto r = pull_with_config(R"({"auths": {")" + tokens_->host() + R"(": {"identitytoken": ")" +
+  auto r = pull_with_config(R"({"auths": {")" + registry_->host() + R"(": {"identitytoken": ")" +
                             tokens_->options().identity_token + R"("}}})");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_GT(tokens_->refresh_grants(), before);
 }
 
 TEST_F(PrivateTokenAuth, WrongIdentityTokenIsRefused) {
-  auto r = pull_with_config(R"({"auths": {")" + tokens_->host() +
+  auto r = pull_with_config(R"({"auths": {")" + registry_->host() +
                             R"(": {"identitytoken": "not-the-token"}}})");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("identity token"), std::string::npos) << r.err;
@@ -521,7 +533,7 @@ TEST_F(PrivateTokenAuth, WrongIdentityTokenIsRefused) {
 // (whose address the registry names), a line break that would add a header of its choosing;
 // from the user's docker config, a space.
 TEST_F(PrivateTokenAuth, TokensNoHeaderCanCarryAreRefused) {
-  const std::string config = R"({"auths": {")" + tokens_->host() + R"(": {"auth": ")" +
+  const std::string config = R"({"auths": {")" + registry_->host() + R"(": {"auth": ")" +
                              basic_auth(tokens_->options().username, tokens_->options().password) +
                              R"("}}})";
   tokens_->answer_token("abc\r\nX-Injected: 1");
@@ -548,7 +560,8 @@ TEST_F(PrivateTokenAuth, IdentityTokenFromAHelper) {
              "\"Secret\": \"" +
                  tokens_->options().identity_token + "\"}'\n",
              0755);
-  write_text(config_ / "config.json", R"({"credHelpers": {")" + tokens_->host() + R"(": "test"}})");
+  write_text(config_ / "config.json",
+             R"({"credHelpers": {")" + registry_->host() + R"(": "test"}})");
   size_t before = tokens_->refresh_grants();
   auto r = pull(registry_->oci_url(),
                 {{"DOCKER_CONFIG", config_.path().string()},
