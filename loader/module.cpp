@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -28,6 +29,21 @@ std::mutex& load_mutex() {
 std::map<std::string, const LoadedModule*>& registry() {
   static auto* r = new std::map<std::string, const LoadedModule*>();
   return *r;
+}
+
+// The descriptor of every library dlopen mapped, refused ones included, held for the life of
+// the process: glibc knows a library by the name it was opened with, /proc/self/fd/N, and would
+// hand the old handle back to a later dlopen of a reused N, running the earlier library's code
+// in place of the one just verified.
+std::vector<std::shared_ptr<VerifiedFile>>& mapped_files() {
+  static auto* files = new std::vector<std::shared_ptr<VerifiedFile>>();
+  return *files;
+}
+
+// What each handle dlopen gave maps: the digest verified before it was opened.
+std::map<void*, Digest>& mapped_digests() {
+  static auto* digests = new std::map<void*, Digest>();
+  return *digests;
 }
 
 Check failed(const std::string& rule, const std::string& file, const std::string& what) {
@@ -75,7 +91,21 @@ LoadResult try_load_module(const std::filesystem::path& library,
   if (!result.report.ok()) return result;
 
   // The preflight passed: only now may the library's constructors run. dlopen the descriptor,
-  // not the name: /proc/self/fd/N maps the very inode (or sealed copy) that was checked.
+  // not the name: /proc/self/fd/N maps the very inode (or sealed copy) that was checked. A name
+  // or inode the link map already holds gives back that library: fine when it is these bytes
+  // (the same file linked elsewhere), refused when it is anything else.
+  if (void* known = dlopen(verified.fd_path().c_str(), RTLD_NOW | RTLD_NOLOAD)) {
+    dlclose(known);  // drops only the reference NOLOAD took
+    auto it = mapped_digests().find(known);
+    if (it == mapped_digests().end() || it->second != verified.digest) {
+      checks.push_back(failed("dlopen", file,
+                              fmt::format("{} already names a loaded library with other content "
+                                          "(a reused descriptor number or file); dlopen would "
+                                          "return that library, not the one verified",
+                                          verified.fd_path())));
+      return result;
+    }
+  }
   dlerror();
   void* handle = dlopen(verified.fd_path().c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (!handle) {
@@ -88,6 +118,10 @@ LoadResult try_load_module(const std::filesystem::path& library,
   }
   checks.push_back({"dlopen", true, "loaded with RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE"});
   // Never dlclose: RTLD_NODELETE keeps it mapped, and ops or kernels may still be in flight.
+  // Nor close its descriptor, whatever is refused below (mapped_files()).
+  auto mapped = std::make_shared<VerifiedFile>(std::move(verified));
+  mapped_files().push_back(mapped);
+  mapped_digests().emplace(handle, mapped->digest);
 
   dlerror();
   auto entry = reinterpret_cast<kh_module_v1_fn>(dlsym(handle, KH_MODULE_ENTRY_NAME));
@@ -98,9 +132,9 @@ LoadResult try_load_module(const std::filesystem::path& library,
 
   auto module = std::make_unique<LoadedModule>();
   module->path = library;
-  module->digest = verified.digest;
+  module->digest = mapped->digest;
   module->host = make_host_context({library, library.parent_path(), {}, {}, {}});
-  module->file = std::make_shared<VerifiedFile>(std::move(verified));  // the mapping's descriptor
+  module->file = mapped;  // the mapping's descriptor
   clear_last_op_error();
   const kh_module_v1_t* table = entry(&module->host->table);
   if (!table) {

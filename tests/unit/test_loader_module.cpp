@@ -120,6 +120,16 @@ TEST(LoaderModule, AnotherMajorIsRejectedAtTheHeader) {
   }
 }
 
+// A library refused after dlopen stays mapped under the name it was opened with,
+// /proc/self/fd/N: the next library verified on the same descriptor number must still be the
+// one that loads (glibc would otherwise hand back the refused library's handle).
+TEST(LoaderModule, ALibraryRefusedAfterDlopenCannotStandInForTheNext) {
+  EXPECT_EQ(try_load_module(toy("toy-abi-major-2")).module, nullptr);
+  LoadResult r = try_load_module(toy("toy-2.0.0"));
+  ASSERT_NE(r.module, nullptr) << r.report.failures();
+  EXPECT_EQ(r.module->view.version, "2.0.0");
+}
+
 // Refusals that must happen before dlopen: the library never appears in the link map.
 TEST(LoaderModule, PreflightRefusalsHappenBeforeDlopen) {
   struct Case {
