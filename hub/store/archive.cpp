@@ -357,7 +357,69 @@ void check_write(struct archive* a, int r, const std::string& what) {
   }
 }
 
+using ReadArchive = std::unique_ptr<struct archive, ReadArchiveDeleter>;
+
+// A reader of `archive` (tar, or tar+zstd). kNotFound when it is absent, kInvalidInput when it
+// cannot be read as one.
+ReadArchive open_archive(const stdfs::path& archive) {
+  const ArchiveApi& api = archive_api();
+  ReadArchive a(api.read_new());
+  if (!a) throw Error(ErrorKind::kIo, "libarchive: out of memory");
+  api.read_support_format_tar(a.get());
+  api.read_support_filter_zstd(a.get());
+  api.read_support_filter_none(a.get());
+  if (api.read_open_filename(a.get(), archive.c_str(), 1 << 16) != ARCHIVE_OK) {
+    const char* msg = api.error_string(a.get());
+    std::string why = msg ? msg : "unknown error";
+    std::error_code ec;
+    if (!stdfs::exists(archive, ec)) {
+      throw Error(ErrorKind::kNotFound, "package archive not found: " + archive.string());
+    }
+    throw Error(ErrorKind::kInvalidInput, "cannot open package archive " + archive.string() + ": " +
+                                              why + " (expected tar or tar+zstd)");
+  }
+  return a;
+}
+
 }  // namespace
+
+std::optional<std::string> read_archive_member(const stdfs::path& archive, std::string_view name,
+                                               uint64_t max_bytes, const ArchiveLimits& limits) {
+  const ArchiveApi& api = archive_api();
+  ReadArchive a = open_archive(archive);
+  struct archive_entry* entry = nullptr;
+  std::optional<std::string> found;
+  for (uint32_t entries = 0;;) {
+    int r = api.read_next_header(a.get(), &entry);
+    if (r == ARCHIVE_EOF) return found;
+    const char* msg = r < ARCHIVE_WARN ? api.error_string(a.get()) : nullptr;
+    if (r < ARCHIVE_WARN)
+      throw Error(ErrorKind::kInvalidInput, "damaged or unsupported package archive " +
+                                                archive.string() + ": " +
+                                                std::string(msg ? msg : "unknown"));
+    if (++entries > limits.max_entries)
+      refuse("?", "more than " + std::to_string(limits.max_entries) + " entries in the archive");
+    const char* raw = api.entry_pathname(entry);
+    if (!raw || api.entry_filetype(entry) != AE_IFREG) continue;
+    std::vector<std::string> parts = split_entry_path(raw, limits);
+    if (parts.size() != 1 || parts[0] != name) continue;
+    // Extraction refuses duplicates: so must the one reading it here, or the two would disagree.
+    if (found) refuse(raw, "duplicate entry");
+    found.emplace();
+    for (;;) {
+      const void* buf = nullptr;
+      size_t size = 0;
+      la_int64_t offset = 0;
+      int d = api.read_data_block(a.get(), &buf, &size, &offset);
+      if (d == ARCHIVE_EOF) break;
+      if (d < ARCHIVE_WARN || offset < 0 || static_cast<uint64_t>(offset) != found->size())
+        refuse(raw, "damaged data (or holes, which are not allowed)");
+      if (found->size() + size > max_bytes)
+        refuse(raw, "larger than " + std::to_string(max_bytes) + " bytes");
+      found->append(static_cast<const char*>(buf), size);
+    }
+  }
+}
 
 uint64_t UnpackBudget::limit_from_env() {
   return static_cast<uint64_t>(env_long(kVariable, static_cast<long>(kDefault), 1));
@@ -366,7 +428,7 @@ uint64_t UnpackBudget::limit_from_env() {
 void extract_archive(const stdfs::path& archive, const stdfs::path& dest,
                      const ArchiveLimits& limits, UnpackBudget* budget) {
   // Loaded before anything is created, so a missing libarchive leaves nothing behind.
-  const ArchiveApi& api = archive_api();
+  archive_api();
   std::error_code ec;
   if (stdfs::symlink_status(dest, ec).type() != stdfs::file_type::not_found) {
     throw Error(ErrorKind::kIo, "cannot extract " + archive.string() + ": destination " +
@@ -377,20 +439,7 @@ void extract_archive(const stdfs::path& archive, const stdfs::path& dest,
                               "." + fs::random_hex(12) + ".tmp");
   if (::mkdir(tmp.c_str(), 0700) != 0) throw_errno("cannot create " + tmp.string());
   try {
-    std::unique_ptr<struct archive, ReadArchiveDeleter> a(api.read_new());
-    if (!a) throw Error(ErrorKind::kIo, "libarchive: out of memory");
-    api.read_support_format_tar(a.get());
-    api.read_support_filter_zstd(a.get());
-    api.read_support_filter_none(a.get());
-    if (api.read_open_filename(a.get(), archive.c_str(), 1 << 16) != ARCHIVE_OK) {
-      const char* msg = api.error_string(a.get());
-      std::string why = msg ? msg : "unknown error";
-      if (!stdfs::exists(archive, ec)) {
-        throw Error(ErrorKind::kNotFound, "package archive not found: " + archive.string());
-      }
-      throw Error(ErrorKind::kInvalidInput, "cannot open package archive " + archive.string() +
-                                                ": " + why + " (expected tar or tar+zstd)");
-    }
+    ReadArchive a = open_archive(archive);
     Extractor(tmp, limits, budget).run(a.get());
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0) {
       throw_errno("cannot move extracted package to " + dest.string());

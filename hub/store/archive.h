@@ -7,6 +7,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
 
 namespace kh {
 
@@ -38,6 +41,13 @@ struct UnpackBudget {
 // archive. On any failure nothing is left at dest.
 void extract_archive(const std::filesystem::path& archive, const std::filesystem::path& dest,
                      const ArchiveLimits& limits = {}, UnpackBudget* budget = nullptr);
+
+// The bytes of the regular file `name` at the archive's root (as extraction would write it),
+// nullopt when there is none; read with the same path rules, so the two cannot disagree. Throws
+// kRefused for a duplicate or an entry over max_bytes, kInvalidInput for a damaged archive.
+std::optional<std::string> read_archive_member(const std::filesystem::path& archive,
+                                               std::string_view name, uint64_t max_bytes,
+                                               const ArchiveLimits& limits = {});
 
 // Writes a reproducible tar+zstd of every regular file and directory under src_dir to
 // out (atomically). Symlinks and special files in src_dir are refused.

@@ -5,6 +5,7 @@
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "hub/base/log.h"
+#include "hub/store/archive.h"
 #include "loader/verified_file.h"
 #include "registry/kernelize/stages.h"
 
@@ -101,6 +102,38 @@ std::optional<Digest> tree_manifest_digest(const stdfs::path& dir) {
   }
 }
 
+// The variant's package layer: from the plan, or from its manifest (cached by now when the plan
+// came from the index alone).
+std::optional<oci::Descriptor> package_layer(const LayerResolution& r, Store& store) {
+  if (r.package_layer || !r.variant) return r.package_layer;
+  if (auto bytes = store.read_blob(r.variant->descriptor.digest, oci::kMaxManifestBytes))
+    return package_layer_of(oci::parse_manifest(*bytes, r.kernel.ref.str()));
+  return std::nullopt;
+}
+
+// kernel.json's digest for an index that names none (packed before
+// kernelhub.package-manifest): read from the package layer itself, the blob whose digest the
+// signed manifest fixes, through the descriptor that was hashed. The tree is then held to it
+// as a newer index holds it, never trusted because it exists.
+Digest manifest_digest_from_layer(const LayerResolution& r, Hub& hub) {
+  Store& store = hub.store();
+  std::optional<oci::Descriptor> layer = package_layer(r, store);
+  auto refuse = [&](const std::string& why) {
+    return Error(ErrorKind::kIntegrity,
+                 fmt::format("{}: its index names no kernel.json digest and {}; nothing was "
+                             "loaded (repack and republish it with kernel-hub pack)",
+                             r.kernel.ref.str(), why));
+  };
+  if (!layer || !r.variant) throw refuse("its package layer is unknown");
+  if (!store.has_blob(layer->digest))
+    hub.pull(Ref{r.kernel.ref.repo, "", r.variant->descriptor.digest});
+  const VerifiedFile blob = open_verified(store.blob_path(layer->digest), layer->digest);
+  std::optional<std::string> manifest =
+      read_archive_member(blob.fd_path(), kPackageManifestName, oci::kMaxManifestBytes);
+  if (!manifest) throw refuse("its package layer " + layer->digest.str() + " holds none");
+  return sha256_of(*manifest);
+}
+
 // An unpacked tree is derived data: when its kernel.json is not the one the signature covers (a
 // replaced or planted tree), unpack it again from the blob, whose digest the signed manifest
 // fixes (fetched first when the cache does not hold it), once.
@@ -108,11 +141,7 @@ void rederive_if_tampered(const LayerResolution& r, const stdfs::path& dir, cons
                           Hub& hub) {
   if (tree_manifest_digest(dir) == want) return;
   Store& store = hub.store();
-  std::optional<oci::Descriptor> layer_desc = r.package_layer;
-  if (!layer_desc && r.variant) {  // planned from the index alone: the manifest is cached now
-    if (auto bytes = store.read_blob(r.variant->descriptor.digest, oci::kMaxManifestBytes))
-      layer_desc = package_layer_of(oci::parse_manifest(*bytes, r.kernel.ref.str()));
-  }
+  std::optional<oci::Descriptor> layer_desc = package_layer(r, store);
   if (!layer_desc || !r.variant || dir != store.unpacked_path(layer_desc->digest))
     throw Error(ErrorKind::kIntegrity,
                 fmt::format("{}: {} in {} is not the kernel.json the signed index names ({}); "
@@ -166,10 +195,10 @@ Verified verify(const std::vector<Planned>& plan, const LocalIndexProvider& loca
     }
     auto it = manifests.find(p.dir);
     if (it == manifests.end()) {
-      if (std::optional<Digest> want = signed_manifest_digest(r)) {
-        rederive_if_tampered(r, p.dir, *want, hub_);
-        out.manifest_digest[p.dir] = *want;
-      }
+      std::optional<Digest> want = signed_manifest_digest(r);
+      if (!want) want = manifest_digest_from_layer(r, hub_);
+      rederive_if_tampered(r, p.dir, *want, hub_);
+      out.manifest_digest[p.dir] = *want;
       PackageManifest m;
       try {
         m = read_package_manifest(p.dir);

@@ -1,5 +1,6 @@
 // Fuzz target: package archives are untrusted until extracted under our limits. Whatever the
-// bytes, extraction either succeeds inside dest or fails leaving nothing at all.
+// bytes, extraction either succeeds inside dest or fails leaving nothing at all, and reading one
+// member agrees with what extraction wrote.
 #include <unistd.h>
 
 #include <cstddef>
@@ -7,6 +8,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <string>
 
 #include "hub/base/error.h"
@@ -40,6 +43,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (name != "in.tar" && name != "out") __builtin_trap();
   }
   if (ok) {
+    // What read_archive_member reads (kernel.json's digest for an old index) is what extraction
+    // wrote: the two apply one set of path rules.
+    std::optional<std::string> member;
+    try {
+      member = kh::read_archive_member(input, "kernel.json", 1 << 20, limits);
+    } catch (const kh::Error&) {
+      __builtin_trap();  // extraction accepted what the reader refused
+    }
+    std::error_code missing;
+    const bool written = std::filesystem::is_regular_file(dest / "kernel.json", missing);
+    if (member.has_value() != written) __builtin_trap();
+    if (written) {
+      std::ifstream f(dest / "kernel.json", std::ios::binary);
+      std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      if (bytes != *member) __builtin_trap();
+    }
     for (auto it = std::filesystem::recursive_directory_iterator(dest, ec);
          it != std::filesystem::recursive_directory_iterator(); ++it) {
       if (it->is_directory())

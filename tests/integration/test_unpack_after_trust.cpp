@@ -152,6 +152,31 @@ TEST_F(UnpackAfterTrust, AnOldIndexIsTrustedBeforeItIsUnpackedToReadKernelJson) 
   EXPECT_EQ(unpacked_entries(store_), std::vector<std::string>{layer_.hex});
 }
 
+// A signed index packed before kernelhub.package-manifest names no kernel.json digest: the tree is
+// still held to the signed layer (kernel.json's digest read from the verified blob), so a
+// self-consistent tree planted at unpacked/<layer> (toy 2.0.0: y = x * alpha + 1) is unpacked
+// again from the blob, and toy 1.0.0 is what loads.
+TEST_F(UnpackAfterTrust, AnOldSignedIndexHoldsAPlantedTreeToItsLayer) {
+  republish_v1(
+      [](oci::Index& index) {
+        for (auto& d : index.manifests) {
+          d.annotations.erase(std::string(kAnnotationLayers));
+          d.annotations.erase(std::string(kAnnotationPackageManifest));
+        }
+      },
+      /*sign=*/true);
+  hub(store_)->pull(Ref::parse("test/toy@v1"));
+  const stdfs::path dir = store_.root() / "unpacked" / layer_.hex;
+  stdfs::create_directories(dir.parent_path());
+  stdfs::copy(toy_package("toy-2.0.0"), dir, stdfs::copy_options::recursive);
+  Runtime rt;
+  KernelizeReport r = kernelize_toy(*hub(store_), rt);
+  EXPECT_EQ(r.find("Scale", Mode::kEval)->package, "toy@1.0.0") << r.str();
+  Vec x({1, -2}), y({0, 0});
+  ASSERT_EQ(call_scale(rt, "Scale", x, 3, y), KH_OK);
+  EXPECT_EQ(y.data, (std::vector<float>{3, -6})) << "the planted toy 2.0.0 was loaded";
+}
+
 // One budget for everything a kernelize call unpacks: over it, kRefused naming the layer, the
 // budget and the variable; the partial tree is gone and nothing is loaded.
 TEST_F(UnpackAfterTrust, TheUnpackBudgetCoversAKernelizeCall) {
