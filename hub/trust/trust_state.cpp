@@ -46,6 +46,20 @@ stdfs::path TrustState::path_for(const std::string& hub_id, const std::string& r
   return root_ / hub_id / repo / (tag + ".json");
 }
 
+std::optional<SerialRecord> TrustState::read_highest(const std::string& repo,
+                                                     const std::string& tag) const {
+  std::optional<SerialRecord> best;
+  std::error_code ec;
+  for (auto it = stdfs::directory_iterator(root_, ec); !ec && it != stdfs::directory_iterator();
+       it.increment(ec)) {
+    const std::string hub_id = it->path().filename().string();
+    if (!is_valid_hub_id(hub_id)) continue;  // not a record directory: nothing to read
+    if (auto r = read(hub_id, repo, tag); r && (!best || r->serial > best->serial))
+      best = std::move(r);
+  }
+  return best;
+}
+
 std::optional<SerialRecord> TrustState::read(const std::string& hub_id, const std::string& repo,
                                              const std::string& tag) const {
   stdfs::path p = path_for(hub_id, repo, tag);

@@ -37,6 +37,9 @@ class TrustState {
   // read as absent (the next verification rewrites it).
   std::optional<SerialRecord> read(const std::string& hub_id, const std::string& repo,
                                    const std::string& tag) const;
+  // The record with the highest serial for (repo, tag) under any hub id: the hub id is the
+  // signer's to choose, so an older statement under another one must not start a fresh count.
+  std::optional<SerialRecord> read_highest(const std::string& repo, const std::string& tag) const;
   // Replaces the record atomically.
   void write(const SerialRecord& record);
   // Under a lock shared by every process using this cache: writes the record only when none

@@ -193,15 +193,16 @@ std::variant<Candidate, Failure> check_envelope(const TrustRequest& req, const E
 
   // 6. Rollback, per tag: a digest pin names its content itself.
   if (!req.tag.empty()) {
-    if (auto seen = state.read(st.hub_id, st.repo, st.tag)) {
+    // Over every hub id: the signer names it, so it cannot reset the count.
+    if (auto seen = state.read_highest(st.repo, st.tag)) {
       if (st.serial < seen->serial) {
-        return Failure{
-            Check::kRollback,
-            fmt::format("rollback: serial {} is older than serial {} seen before "
-                        "(index {}, at {})",
-                        st.serial, seen->serial, seen->index.str(), time_text(seen->seen_at)),
-            "the hub or a mirror serves an old signed version; fetch from an "
-            "up-to-date hub"};
+        return Failure{Check::kRollback,
+                       fmt::format("rollback: serial {} is older than serial {} seen before "
+                                   "(index {}, hub id {}, at {})",
+                                   st.serial, seen->serial, seen->index.str(), seen->hub_id,
+                                   time_text(seen->seen_at)),
+                       "the hub or a mirror serves an old signed version; fetch from an "
+                       "up-to-date hub"};
       }
       if (st.serial == seen->serial && st.index != seen->index) {
         return Failure{Check::kRollback,

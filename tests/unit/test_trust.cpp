@@ -897,6 +897,11 @@ TEST_F(TrustVerify, RefusesRollback) {
                ErrorKind::kRefused, {kRef, "rollback: serial 5 is older than serial 6"});
   // Rollback is per tag: another tag has its own serial.
   EXPECT_TRUE(verify(request("1.0.0"), signed_set(statement(1, "1.0.0"))).signed_ok);
+  // Not per hub id: the signer names it, so an older statement under another one is refused too.
+  Statement elsewhere = statement(4);
+  elsewhere.hub_id = "another-hub";
+  expect_refused(request(), signed_set(elsewhere),
+                 {"rollback: serial 4 is older than serial 6", "hub id kernel-hub.dev"});
 }
 
 TEST_F(TrustVerify, PicksTheHighestValidSerialAndReportsTheFurthestFailure) {
