@@ -198,7 +198,7 @@ std::optional<std::string> JitCache::lookup(const Digest& key) const {
     if (e.kind() == ErrorKind::kRefused && per_user_) throw;  // not our directory: say so
     log_line(kLogWarn, fmt::format("JIT cache entry {} unreadable ({}); rebuilding it",
                                    path.string(), e.what()));
-    ::unlink(path.c_str());
+    fs::remove_tree(path);  // no link followed on the way
     return std::nullopt;
   }
   if (!bytes) return std::nullopt;
@@ -208,7 +208,7 @@ std::optional<std::string> JitCache::lookup(const Digest& key) const {
     log_line(kLogWarn, fmt::format("JIT cache entry {} is damaged ({}); deleting and "
                                    "rebuilding it",
                                    path.string(), why));
-    ::unlink(path.c_str());
+    fs::remove_tree(path);  // no link followed on the way
   }
   return payload;
 }

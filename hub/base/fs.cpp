@@ -156,6 +156,12 @@ void remove_tree(const stdfs::path& p) {
   remove_at(parent->dir.get(), parent->leaf);
 }
 
+void remove_empty_dir(const stdfs::path& dir) {
+  auto parent = open_parent(dir, false);
+  if (!parent || parent->leaf.empty() || parent->leaf == "." || parent->leaf == "..") return;
+  ::unlinkat(parent->dir.get(), parent->leaf.c_str(), AT_REMOVEDIR);  // fails when not empty
+}
+
 void fsync_dir(const stdfs::path& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw_errno("cannot open directory " + dir.string());

@@ -32,6 +32,9 @@ void fsync_dir(const stdfs::path& dir);
 // Removes a file or a whole tree, also where entries were made read-only (blobs are 0444,
 // unpacked packages 0555). Never follows symlinks. Missing paths are not an error.
 void remove_tree(const stdfs::path& path);
+// Removes the directory `dir` if it is empty (else leaves it), its parent opened as remove_tree
+// opens it: no symlink followed on the way.
+void remove_empty_dir(const stdfs::path& dir);
 // Calls fn(data, size) for successive chunks of a file. Throws kNotFound / kIo.
 void for_each_chunk(const stdfs::path& path, const std::function<void(const char*, size_t)>& fn);
 void make_dirs(const stdfs::path& dir);

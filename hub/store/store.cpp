@@ -716,18 +716,21 @@ GcResult Store::gc(const GcOptions& options) {
   result.removed_entries += dropped.size();
 
   if (!options.dry_run) {
+    // Every removal through descriptors opened without following links (fs::remove_tree): a
+    // directory of the path swapped for a link after the scan cannot aim it outside the cache
+    // (the removal is refused, naming the link).
     for (const auto& e : dropped) {
-      ::unlink(e.path.c_str());
-      // Empty repo and hub directories go too (rmdir fails harmlessly when not empty).
-      ::rmdir(e.path.parent_path().c_str());
-      ::rmdir(e.path.parent_path().parent_path().c_str());
+      fs::remove_tree(e.path);
+      // Empty repo and hub directories go too.
+      fs::remove_empty_dir(e.path.parent_path());
+      fs::remove_empty_dir(e.path.parent_path().parent_path());
     }
     // Trees first: an unpacked layer without its blob is useless, the reverse is not.
     for (auto& [hex, e] : trees) {
       if (e.removed) fs::remove_tree(e.path);
     }
     for (auto& [hex, e] : blobs) {
-      if (e.removed) ::unlink(e.path.c_str());
+      if (e.removed) fs::remove_tree(e.path);
     }
   }
   // Temp files of dead processes (a live download keeps its temp's mtime fresh).

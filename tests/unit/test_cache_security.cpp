@@ -201,6 +201,26 @@ TEST_F(CacheSecurity, RemovingATreeNeverChangesWhatALinkPointsTo) {
   ::chmod((outside / "keep").c_str(), 0755);
 }
 
+// gc's removals (a ref record, its emptied directories, a blob) go through descriptors: a
+// directory of the path swapped for a link between gc's scan and its removal (a shared cache's
+// other writers can) does not aim them outside the cache.
+TEST_F(CacheSecurity, RemovalsThroughASwappedDirectoryStayInsideTheCache) {
+  stdfs::path root = tmp_ / "cache", outside = tmp_ / "outside";
+  Store store(root);
+  stdfs::create_directories(outside / "empty");
+  std::ofstream(outside / "authorized_keys") << "keep";
+  stdfs::create_directories(root / "refs/H");
+  stdfs::create_directory_symlink(outside, root / "refs/H/R");
+  expect_error([&] { fs::remove_tree(root / "refs/H/R/authorized_keys"); }, ErrorKind::kRefused,
+               {"'R' is a symbolic link"});
+  expect_error([&] { fs::remove_empty_dir(root / "refs/H/R/empty"); }, ErrorKind::kRefused,
+               {"'R' is a symbolic link"});
+  EXPECT_TRUE(stdfs::exists(outside / "authorized_keys")) << "removed through the link";
+  EXPECT_TRUE(stdfs::exists(outside / "empty")) << "removed through the link";
+  fs::remove_empty_dir(root / "refs/H");  // not empty: stays
+  EXPECT_TRUE(stdfs::exists(root / "refs/H"));
+}
+
 TEST_F(CacheSecurity, SpecialFilesAreRefusedWithoutBlocking) {
   stdfs::path fifo = tmp_ / "blob";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
