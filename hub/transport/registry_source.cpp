@@ -23,6 +23,7 @@
 #include "hub/base/env.h"
 #include "hub/base/error.h"
 #include "hub/base/log.h"
+#include "hub/oci/ref.h"
 #include "hub/transport/credentials.h"
 #include "hub/transport/http_headers.h"
 #include "hub/transport/source.h"
@@ -335,10 +336,19 @@ class RegistrySource : public Source {
     }
   }
 
+  // Bounded in total, not only per page: a registry or mirror answering endless pages (each
+  // under the 4 MiB body limit) could otherwise grow the list without end.
+  static constexpr size_t kMaxTags = 100000;
+  static constexpr int kMaxTagPages = 10000;
+
   std::vector<std::string> list_tags(const std::string& repo) override {
     std::vector<std::string> tags;
+    std::set<std::string> visited;
     std::string url = repo_url(repo) + "/tags/list";
-    for (int page = 0; page < 10000 && !url.empty(); ++page) {
+    for (int page = 0; page < kMaxTagPages && !url.empty(); ++page) {
+      if (!visited.insert(url).second)
+        throw Error(ErrorKind::kRefused, "registry " + address_.text + " pages the tags of " +
+                                             repo + " in a loop (" + url + " again); refused");
       http::Request req;
       req.url = url;
       http::Response resp = request(req, pull_scope(repo));
@@ -354,7 +364,14 @@ class RegistrySource : public Source {
       }
       if (doc.contains("tags") && doc["tags"].is_array()) {
         for (const auto& t : doc["tags"]) {
-          if (t.is_string()) tags.push_back(t.get<std::string>());
+          // What is not a tag is not listed (nor kept): only names a ref can carry.
+          if (!t.is_string() || !is_valid_tag(t.get_ref<const std::string&>())) continue;
+          if (tags.size() == kMaxTags)
+            throw Error(ErrorKind::kRefused,
+                        "registry " + address_.text + " lists more than " +
+                            std::to_string(kMaxTags) + " tags for " + repo +
+                            "; refused (a tag list that long is not a kernel package's)");
+          tags.push_back(t.get<std::string>());
         }
       }
       url = next_link(resp.header("link"));

@@ -245,6 +245,29 @@ TEST_F(RegistryTest, ListTagsAndUnknownRepository) {
   }
 }
 
+// A registry or mirror paging its tag list in a loop is refused, not followed for 10000 pages.
+TEST_F(RegistryTest, TagListPagesInALoopAreRefused) {
+  Pushed p = push_artifact(*src, "org/loop", tmp.path(), 10, 17);
+  src->push_manifest("org/loop", "v1", index_of(p.manifest_desc), oci::kMediaTypeIndex);
+  FaultProxy proxy(reg.port());
+  FaultProxy::Rule next;
+  next.method = "GET";
+  next.path = "/tags/list";
+  next.action = FaultProxy::Action::kHeader;
+  next.header = "Link: </v2/org/loop/tags/list?last=v1>; rel=\"next\"";
+  next.times = 100;
+  proxy.add_rule(next);
+  auto via = registry_source(proxy.oci_url(), fast_source_options());
+  try {
+    via->list_tags("org/loop");
+    ADD_FAILURE() << "a looping tag list was followed to its end";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kRefused) << e.what();
+    EXPECT_TRUE(contains(e.what(), "in a loop")) << e.what();
+  }
+  EXPECT_EQ(proxy.count("GET", "/tags/list"), 2u);
+}
+
 TEST_F(RegistryTest, NotFoundErrorsNameTheReference) {
   push_artifact(*src, "org/nf", tmp.path(), 10, 8);
   for (std::string ref : {std::string("nope"), sha256_of("nothing").str()}) {
