@@ -163,18 +163,21 @@ std::optional<AuthEntry> run_helper(const std::string& name, const std::string& 
   const std::string program = "docker-credential-" + name;
   const std::string what = "credential helper " + program + " (" + why + ")";
   const long timeout_s = env_long("KERNEL_HUB_CREDENTIAL_HELPER_TIMEOUT_S", 30, 1);
-  int in[2], out[2];
-  if (::pipe2(in, O_CLOEXEC) != 0) throw_errno("cannot run " + what);
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    ::close(in[0]);
-    ::close(in[1]);
+  // stdout carries the reply; stderr is kept apart (helpers print warnings there, which docker
+  // ignores too) and only shown in a failure's message.
+  int in[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
+  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    int e = errno;
+    for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]})
+      if (fd >= 0) ::close(fd);
+    errno = e;
     throw_errno("cannot run " + what);
   }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, in[0], 0);
   posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 2);  // its error text, for our message
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   // Its own process group, so that a timeout kills whatever it started too.
@@ -190,9 +193,11 @@ std::optional<AuthEntry> run_helper(const std::string& name, const std::string& 
   posix_spawnattr_destroy(&attr);
   ::close(in[0]);
   ::close(out[1]);
+  ::close(err[1]);
   if (rc != 0) {
     ::close(in[1]);
     ::close(out[0]);
+    ::close(err[0]);
     if (rc == ENOENT) {
       // A config copied from another machine often names a helper this one lacks (docker
       // Desktop's "desktop"): public registries must still work anonymously, so warn and go on;
@@ -221,35 +226,60 @@ std::optional<AuthEntry> run_helper(const std::string& name, const std::string& 
     ::close(in[1]);
   }
 
-  std::string output;
+  // Both pipes read until the helper closes them, then its exit awaited: all within the
+  // deadline (a helper that closes its output and lingers is killed too), at most
+  // kMaxHelperOutput bytes from each.
+  std::string output, errors;
   bool timed_out = false, too_long = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    deadline - std::chrono::steady_clock::now())
-                    .count();
+  auto ms_left = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                 std::chrono::steady_clock::now())
+        .count();
+  };
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  std::string* sinks[2] = {&output, &errors};
+  while ((fds[0].fd >= 0 || fds[1].fd >= 0) && !too_long) {
+    const long long left = ms_left();
     if (left <= 0) {
       timed_out = true;
       break;
     }
-    pollfd p{out[0], POLLIN, 0};
-    int n = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    int n = ::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000)));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) continue;
-    char buf[4096];
-    ssize_t got = ::read(out[0], buf, sizeof buf);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;
-    output.append(buf, static_cast<size_t>(got));
-    if (output.size() > kMaxHelperOutput) {
-      too_long = true;
-      break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buf[4096];
+      ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;  // poll skips negative descriptors
+        continue;
+      }
+      sinks[i]->append(buf, static_cast<size_t>(got));
+      too_long = too_long || sinks[i]->size() > kMaxHelperOutput;
     }
   }
-  ::close(out[0]);
-  if (timed_out || too_long) ::kill(-pid, SIGKILL);
+  for (auto& f : fds)
+    if (f.fd >= 0) ::close(f.fd);
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  for (bool killed = false;;) {
+    if (!killed && (timed_out || too_long)) {
+      ::kill(-pid, SIGKILL);
+      killed = true;
+    }
+    pid_t w = ::waitpid(pid, &status, killed ? 0 : WNOHANG);
+    if (w == pid) break;
+    if (w < 0 && errno != EINTR) break;
+    if (w == 0) {
+      if (ms_left() <= 0) {
+        timed_out = true;
+        continue;
+      }
+      ::usleep(10000);
+    }
   }
   if (timed_out) {
     throw Error(ErrorKind::kAuth, what + " did not answer within " + std::to_string(timeout_s) +
@@ -263,13 +293,15 @@ std::optional<AuthEntry> run_helper(const std::string& name, const std::string& 
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     // docker-credential-helpers' "credentials not found in native keychain".
-    if (lower_ascii(output).find("credentials not found") != std::string::npos) return std::nullopt;
+    if (lower_ascii(output + errors).find("credentials not found") != std::string::npos)
+      return std::nullopt;
     throw Error(ErrorKind::kAuth,
                 what + " failed (" +
                     (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
                                        : "killed by signal " + std::to_string(WTERMSIG(status))) +
-                    "): " + one_line(output) + "; run `echo " + helper_server_url(host) + " | " +
-                    program + " get` to see why, or log in again");
+                    "): " + one_line(errors.empty() ? output : errors) + "; run `echo " +
+                    helper_server_url(host) + " | " + program +
+                    " get` to see why, or log in again");
   }
   AuthEntry a = parse_helper_reply(output, what);
   if (a.empty()) return std::nullopt;

@@ -414,6 +414,33 @@ TEST_F(PrivateBasicAuth, CredsStore) {
   EXPECT_NE(helper_calls().find("get " + host()), std::string::npos) << helper_calls();
 }
 
+// A helper's stderr is not its reply (helpers print warnings there; docker reads stdout only).
+TEST_F(PrivateBasicAuth, HelperWarningsOnStderrAreNotTheReply) {
+  write_text(bin_ / "docker-credential-test",
+             "#!/bin/sh\nread server\necho 'WARNING: this helper is deprecated' >&2\n"
+             "printf '%s' '{\"ServerURL\": \"" +
+                 host() + "\", \"Username\": \"" + user() + "\", \"Secret\": \"" + password() +
+                 "\"}'\n",
+             0755);
+  write_text(config_ / "config.json", R"({"credsStore": "test"})");
+  auto r = pull_plain({{"DOCKER_CONFIG", config_.path().string()},
+                       {"PATH", bin_.path().string() + ":" + std::getenv("PATH")}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// A helper that closes its output and lingers is still held to the deadline (and killed).
+TEST_F(PrivateBasicAuth, ALingeringHelperIsHeldToTheDeadline) {
+  write_text(bin_ / "docker-credential-test", "#!/bin/sh\nexec >/dev/null 2>&1\nsleep 60\n", 0755);
+  write_text(config_ / "config.json", R"({"credsStore": "test"})");
+  const auto start = std::chrono::steady_clock::now();
+  auto r = pull_plain({{"DOCKER_CONFIG", config_.path().string()},
+                       {"PATH", bin_.path().string() + ":" + std::getenv("PATH")},
+                       {"KERNEL_HUB_CREDENTIAL_HELPER_TIMEOUT_S", "1"}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("did not answer within 1 s"), std::string::npos) << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
 TEST_F(PrivateBasicAuth, MissingHelperIsNamed) {
   write_text(config_ / "config.json", R"({"credsStore": "kh-absent"})");
   auto r = pull_plain({{"DOCKER_CONFIG", config_.path().string()}});
