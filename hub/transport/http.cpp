@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
 
 #include "hub/base/env.h"
 #include "hub/base/error.h"
+#include "hub/base/fs.h"
 #include "hub/transport/curl_api.h"
 #include "hub/transport/http_headers.h"
 #include "hub/transport/tls.h"
@@ -98,6 +100,31 @@ std::string excerpt(std::string_view body) {
   return s;
 }
 
+// The PEM text of the CA file a handle would use: ca_bundle, else libcurl's default; read once a
+// process per path (a bundle is a few hundred KiB), "" when there is none or it is unreadable.
+std::string ca_file_text(CURL* h, const Options& o) {
+  std::string path = o.ca_bundle;
+  if (path.empty()) {
+    char* fallback = nullptr;
+    if (curl_api().easy_getinfo(h, CURLINFO_CAINFO, &fallback) == CURLE_OK && fallback)
+      path = fallback;
+  }
+  if (path.empty()) return "";
+  static std::mutex mu;
+  static std::map<std::string, std::string> texts;
+  std::lock_guard lock(mu);
+  auto it = texts.find(path);
+  if (it == texts.end()) {
+    std::string text;
+    try {
+      text = fs::read_file(path, 64 << 20);
+    } catch (const Error&) {  // libcurl reports an unusable file itself when it is the only one
+    }
+    it = texts.emplace(path, std::move(text)).first;
+  }
+  return it->second;
+}
+
 // Settings shared by small requests and blob downloads (REFERENCE §3.6).
 void apply_common(CURL* h, const Options& o, const CertsD& certs, char* errbuf) {
   const CurlApi& api = curl_api();
@@ -115,9 +142,16 @@ void apply_common(CURL* h, const Options& o, const CertsD& certs, char* errbuf) 
   api.easy_setopt(h, CURLOPT_USERAGENT, o.user_agent.c_str());
   if (!o.ca_bundle.empty()) api.easy_setopt(h, CURLOPT_CAINFO, o.ca_bundle.c_str());
   if (!o.ca_dir.empty()) api.easy_setopt(h, CURLOPT_CAPATH, o.ca_dir.c_str());
+  // KERNEL_HUB_CA_BUNDLE alone decides: libcurl's compiled-in directory (/etc/ssl/certs) would
+  // otherwise still trust every system CA beside it.
+  if (o.ca_exclusive) api.easy_setopt(h, CURLOPT_CAPATH, static_cast<char*>(nullptr));
   if (!certs.ca_pem.empty()) {
-    // The host's certs.d CAs, in memory (copied by libcurl): trusted with the files above.
-    curl_blob blob{const_cast<char*>(certs.ca_pem.data()), certs.ca_pem.size(), CURL_BLOB_COPY};
+    // The host's certs.d CAs are added to the CA file, not put in its place: libcurl uses a
+    // CAINFO_BLOB instead of CAINFO, so the blob holds both (copied by libcurl).
+    std::string pem = ca_file_text(h, o);
+    if (!pem.empty() && pem.back() != '\n') pem += '\n';
+    pem += certs.ca_pem;
+    curl_blob blob{pem.data(), pem.size(), CURL_BLOB_COPY};
     api.easy_setopt(h, CURLOPT_CAINFO_BLOB, &blob);
   }
   if (!certs.client_cert.empty()) {
@@ -419,6 +453,7 @@ Options Options::from_env() {
   o.ca_bundle = ca.file;
   o.ca_dir = ca.dir;
   o.ca_origin = ca.origin;
+  o.ca_exclusive = ca.exclusive;
   o.connect_timeout_ms = env_long("KERNEL_HUB_CONNECT_TIMEOUT_MS", o.connect_timeout_ms, 1);
   o.low_speed_time_s = env_long("KERNEL_HUB_STALL_TIMEOUT_S", o.low_speed_time_s, 1);
   o.transfer_deadline_s = env_long("KERNEL_HUB_TRANSFER_TIMEOUT_S", o.transfer_deadline_s, 0);

@@ -51,7 +51,8 @@ struct Options {
   std::string ca_bundle;
   std::string ca_dir;
   std::string ca_origin;
-  bool progress = false;  // progress bar on a TTY
+  bool ca_exclusive = false;  // ca_bundle alone decides (libcurl's default directory is dropped)
+  bool progress = false;      // progress bar on a TTY
   std::string user_agent = "kernel-hub/0.1.0";
 
   // Defaults overridden from the environment: KERNEL_HUB_CA_BUNDLE (SSL_CERT_FILE,

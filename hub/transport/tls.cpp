@@ -17,6 +17,7 @@ CaSettings CaSettings::from_env() {
   if (std::string v = env_string("KERNEL_HUB_CA_BUNDLE"); !v.empty()) {
     s.file = v;
     s.origin = "KERNEL_HUB_CA_BUNDLE=" + v;
+    s.exclusive = true;
     return s;
   }
   for (const char* name : {"SSL_CERT_FILE", "CURL_CA_BUNDLE"}) {

@@ -16,9 +16,10 @@
 namespace kh::http {
 
 struct CaSettings {
-  std::string file;    // "" = libcurl's default
-  std::string dir;     // "" = libcurl's default
-  std::string origin;  // the variable(s) that set them, for messages ("" = system defaults)
+  std::string file;        // "" = libcurl's default
+  std::string dir;         // "" = libcurl's default
+  std::string origin;      // the variable(s) that set them, for messages ("" = system defaults)
+  bool exclusive = false;  // KERNEL_HUB_CA_BUNDLE: its file alone (no default directory either)
   static CaSettings from_env();
 };
 

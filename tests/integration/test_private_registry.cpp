@@ -199,6 +199,17 @@ TEST_F(PrivateHttps, TrustFromCertsD) {
   EXPECT_NE(other.exit_code, 0);
 }
 
+// certs.d adds its CAs to the CA file, not in its place: the registry's CA from
+// KERNEL_HUB_CA_BUNDLE still counts beside an unrelated CA in the host's certs.d (blob
+// redirects to a CDN signed by a bundle CA depend on it).
+TEST_F(PrivateHttps, CertsDAddsToTheCaBundle) {
+  add_certs_d(registry_->host(), "ca.crt", pki_->dir() / "other_ca.crt");
+  auto r = pull(registry_->oci_url(), {{"KERNEL_HUB_CA_BUNDLE", pki_->ca_cert().string()}});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  auto file = pull(registry_->oci_url(), {{"SSL_CERT_FILE", pki_->ca_cert().string()}});
+  EXPECT_EQ(file.exit_code, 0) << file.err;
+}
+
 TEST_F(PrivateHttps, ProxyTunnelsHttps) {
   FaultProxy proxy(0);
   auto r = pull(registry_->oci_url(), {{"KERNEL_HUB_CA_BUNDLE", pki_->ca_cert().string()},
