@@ -230,10 +230,22 @@ struct RetryWait {
   std::string refusal;  // not empty: do not retry, fail with this message
 };
 
+constexpr double kMaxRetryAfterS = 3600;
+
 RetryWait plan_retry(const Options& o, int attempt, double retry_after_s,
                      Clock::time_point deadline, const std::string& what,
                      const std::string& cause) {
   RetryWait w;
+  // One wait is bounded on its own too: with the command deadline off, a server asking for a
+  // day would otherwise hold the command (and a blob past its transfer deadline) that long.
+  if (retry_after_s > kMaxRetryAfterS) {
+    w.refusal = what + ": the registry answered " + cause + " and asked to wait " +
+                seconds_text(retry_after_s) + " s (Retry-After), more than the " +
+                seconds_text(kMaxRetryAfterS) +
+                " s kernel-hub waits at once; nothing more is tried. Run the command again "
+                "later";
+    return w;
+  }
   w.seconds = backoff_seconds(o, attempt, retry_after_s);
   if (deadline == Clock::time_point::max()) return w;
   const double left = std::chrono::duration<double>(deadline - Clock::now()).count();

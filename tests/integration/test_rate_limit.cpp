@@ -139,6 +139,25 @@ TEST_F(RateLimitTest, RetryAfterPastTheCommandDeadlineFailsAtOnce) {
   EXPECT_EQ(proxy->count("GET", "/manifests/"), 1u) << "nothing is asked again";
 }
 
+// A wait longer than an hour is refused at once even with the command deadline off.
+TEST_F(RateLimitTest, RetryAfterOverAnHourFailsAtOnceWithoutADeadline) {
+  FaultProxy::Rule rule{"GET", "/manifests/", Action::kStatus, 1, 0, 0, 503};
+  rule.retry_after = "100000";
+  proxy->add_rule(rule);
+  SourceOptions o = fast_source_options();
+  o.http.command_timeout_s = 0;
+  auto t0 = Clock::now();
+  try {
+    pull(o);
+    ADD_FAILURE() << "the pull waited a day";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kNetwork) << e.what();
+    EXPECT_TRUE(contains(e.what(), "asked to wait 100000 s (Retry-After)")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "3600 s kernel-hub waits at once")) << e.what();
+  }
+  EXPECT_LT(seconds_since(t0), 1.5) << "it waited instead of failing at once";
+}
+
 // The same on the blob path (parallel downloads).
 TEST_F(RateLimitTest, BlobRetryAfterPastTheCommandDeadlineFailsAtOnce) {
   proxy->add_rule({"GET", "/blobs/", Action::kStatus, 1, 0, 30, 429});
