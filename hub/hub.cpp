@@ -218,7 +218,8 @@ void Hub::fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blob
                         PullReport& report) {
   std::vector<oci::Descriptor> missing;
   for (auto& d : blobs) {
-    if (store_.has_blob(d.digest)) continue;
+    // Checked, not only present: a pull reports what it has as verified.
+    if (store_.has_intact_blob(d)) continue;
     if (d.data) {  // inline content (the empty config): no request needed
       auto raw = base64_decode(*d.data);
       if (raw) {

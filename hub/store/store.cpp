@@ -335,6 +335,28 @@ bool Store::has_blob(const Digest& d) const {
   return ::lstat(blob_path(d).c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+bool Store::has_intact_blob(const oci::Descriptor& d) {
+  const stdfs::path p = blob_path(d.digest);
+  struct stat st;
+  if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  std::string problem;
+  if (d.size >= 0 && static_cast<uint64_t>(st.st_size) != static_cast<uint64_t>(d.size)) {
+    problem = fmt::format("{} bytes, not {}", st.st_size, d.size);
+  } else {
+    try {
+      if (Digest actual = sha256_of_file(p); actual != d.digest)
+        problem = "content hashes to " + actual.str();
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+  }
+  if (problem.empty()) return true;
+  log_warning(fmt::format("cache entry {} is damaged ({}); removing it to fetch it again",
+                          p.string(), problem));
+  fs::remove_tree(p);
+  return false;
+}
+
 std::optional<std::string> Store::read_blob(const Digest& d, uint64_t max_size) const {
   stdfs::path p = blob_path(d);
   auto bytes = fs::read_file_if_exists(p, max_size);

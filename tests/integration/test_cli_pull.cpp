@@ -136,6 +136,14 @@ TEST_F(CliPull, VerifyReportsDamage) {
   auto v = cli({"verify"}, "", cache.path());
   EXPECT_EQ(v.exit_code, 1);
   EXPECT_NE(v.err.find(b.layers[0].digest.hex), std::string::npos) << v.err;
+  EXPECT_NE(v.err.find("kernel-hub pull REF"), std::string::npos) << v.err;
+  // Pulling again checks what is cached, not only that it is there: the damaged blob is
+  // fetched again (it was reported as cached and verified), and the cache verifies clean.
+  auto again = cli({"pull", "test/dmg"}, registry_.oci_url(), cache.path());
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.err.find("is damaged"), std::string::npos) << again.err;
+  EXPECT_EQ(sha256_of_file(blob), b.layers[0].digest);
+  EXPECT_EQ(cli({"verify"}, "", cache.path()).exit_code, 0);
 }
 
 TEST_F(CliPull, MissingTagAndBadRefAreClearErrors) {

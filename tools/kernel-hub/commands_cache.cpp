@@ -50,7 +50,8 @@ int run_verify(Context& ctx) {
   } else {
     for (auto& d : damage) std::cerr << "damaged: " << d.path.string() << ": " << d.problem << "\n";
     std::cerr << damage.size() << " damaged entr" << (damage.size() == 1 ? "y" : "ies")
-              << "; run `kernel-hub gc` to drop them and pull the refs again\n";
+              << "; pull the refs that use them again (`kernel-hub pull REF` replaces a "
+                 "damaged blob), or remove them\n";
   }
   return damage.empty() ? 0 : 1;
 }
