@@ -310,7 +310,7 @@ PackReport pack_package(const PackOptions& o) {
         throw Error(ErrorKind::kInvalidInput,
                     fmt::format("pack {}: the cuda variant needs device code, but kernel.json "
                                 "names no cuda_source and no cubins; add them, or pack the cpu "
-                                "variant only (--device cpu)",
+                                "variant only (--devices cpu)",
                                 dir.string()));
       std::string source_text;
       if (!src.cuda_source.empty()) source_text = fs::read_file(dir / src.cuda_source);

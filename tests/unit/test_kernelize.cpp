@@ -158,6 +158,16 @@ TEST(Pack, RejectsBadInputsBeforeWriting) {
   o.tags = {};
   o.package_dir = tmp / "missing";
   EXPECT_THROW(pack_package(o), Error);
+  // A cuda variant with no device code: the hint names the flag that exists (--devices).
+  o.package_dir = toy_package("toy-no-device-code");
+  o.devices = {"cuda", "cpu"};
+  o.sms = {"90"};
+  try {
+    pack_package(o);
+    FAIL() << "packed a cuda variant without device code";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(--devices cpu)"), std::string::npos) << e.what();
+  }
   EXPECT_FALSE(std::filesystem::exists(tmp / "l" / "index.json"));
 }
 
