@@ -225,8 +225,10 @@ std::string TrustStore::remove(std::string_view prefix) {
   if (matches.empty()) {
     if (builtin_match) {
       throw Error(ErrorKind::kRefused,
-                  fmt::format("key {} is built in (the embedded default hub's key) and cannot be "
-                              "removed; point --hub or KERNEL_HUB_ENDPOINT at another hub instead",
+                  fmt::format("key {} is built in (the embedded default hub's key, trusted for "
+                              "kernel-hub/* only) and cannot be removed; to run without it, set "
+                              "KERNEL_HUB_DATA_DIR to a data directory without default-hub-key/ "
+                              "(an empty one also leaves out the embedded default hub)",
                               std::string(prefix)));
     }
     throw Error(ErrorKind::kNotFound,

