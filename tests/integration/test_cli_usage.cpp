@@ -53,6 +53,28 @@ class CliUsage : public ::testing::Test {
   std::filesystem::path config_ = work_ / "config.json";
 };
 
+TEST_F(CliUsage, GcRefusesLimitsThatOverflowOrAreEmpty) {
+  struct Case {
+    std::string option, value, says;
+  };
+  for (const Case& c : std::vector<Case>{{"--max-size", "16777216T", "too large"},
+                                         {"--max-size", "99999999999999999999", "not a size"},
+                                         {"--older-than", "213503982334602d", "too large"},
+                                         {"--max-size", "", "not a size"},
+                                         {"--older-than", "", "not a duration"}}) {
+    SCOPED_TRACE(c.option + "=" + c.value);
+    ProcessResult r = cli({"--json", "gc", c.option, c.value, "--dry-run"});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(has(r.err, "gc " + c.option + " '" + c.value + "'")) << r.err;
+    EXPECT_TRUE(has(r.err, c.says)) << r.err;
+    EXPECT_EQ(error_kind(r), "invalid_input");
+  }
+  // The largest sizes that fit are accepted.
+  EXPECT_EQ(cli({"gc", "--max-size", "16777215T", "--older-than", "106751991167300d", "--dry-run"})
+                .exit_code,
+            0);
+}
+
 TEST_F(CliUsage, TheBuiltInKeyIsNamedAsSuchByTrustRm) {
   // A data directory whose default-hub-key is a key made here: `trust ls` lists it as built in.
   auto data = work_ / "data";

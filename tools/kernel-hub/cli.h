@@ -57,8 +57,9 @@ void add_init_command(CLI::App& app, Runner& run);       // init
 
 std::string human_bytes(uint64_t bytes);
 std::string iso_time(int64_t unix_seconds);
-// "10G", "512M", "1024" -> bytes; "30d", "12h", "10m", "45s" -> seconds. kInvalidInput otherwise.
-uint64_t parse_size(const std::string& text);
-int64_t parse_duration(const std::string& text);
+// "10G", "512M", "1024" -> bytes; "30d", "12h", "10m", "45s" -> seconds. kInvalidInput naming
+// `option` (e.g. "--max-size") for an empty value, a bad unit or a value that does not fit.
+uint64_t parse_size(const std::string& text, std::string_view option);
+int64_t parse_duration(const std::string& text, std::string_view option);
 
 }  // namespace kh::cli

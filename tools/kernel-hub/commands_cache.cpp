@@ -56,10 +56,16 @@ int run_verify(Context& ctx) {
   return damage.empty() ? 0 : 1;
 }
 
-int run_gc(Context& ctx, const std::string& max_size, const std::string& older_than, bool dry_run) {
+// A limit given on the command line; `given` tells an empty value (refused) from none.
+struct GcLimit {
+  std::string text;
+  bool given = false;
+};
+
+int run_gc(Context& ctx, const GcLimit& max_size, const GcLimit& older_than, bool dry_run) {
   GcOptions o;
-  if (!max_size.empty()) o.max_size = parse_size(max_size);
-  if (!older_than.empty()) o.older_than_s = parse_duration(older_than);
+  if (max_size.given) o.max_size = parse_size(max_size.text, "gc --max-size");
+  if (older_than.given) o.older_than_s = parse_duration(older_than.text, "gc --older-than");
   o.dry_run = dry_run;
   GcResult r = ctx.store().gc(o);
   if (ctx.options().json) {
@@ -85,15 +91,19 @@ void add_cache_commands(CLI::App& app, Runner& run) {
 
   auto* gc =
       app.add_subcommand("gc", "Remove cached entries no kept ref needs, by age or down to a size");
-  auto max_size = std::make_shared<std::string>();
-  auto older_than = std::make_shared<std::string>();
+  auto max_size = std::make_shared<GcLimit>();
+  auto older_than = std::make_shared<GcLimit>();
   auto dry_run = std::make_shared<bool>(false);
-  gc->add_option("--max-size", *max_size, "Shrink the cache to this size (e.g. 10G, 512M)");
-  gc->add_option("--older-than", *older_than,
-                 "Drop refs not resolved within this time (e.g. 30d, 12h), then what they alone "
-                 "needed");
+  auto* max_opt = gc->add_option("--max-size", max_size->text,
+                                 "Shrink the cache to this size (e.g. 10G, 512M)");
+  auto* age_opt =
+      gc->add_option("--older-than", older_than->text,
+                     "Drop refs not resolved within this time (e.g. 30d, 12h), then what they "
+                     "alone needed");
   gc->add_flag("--dry-run", *dry_run, "Only report what would be removed");
-  gc->callback([&run, max_size, older_than, dry_run] {
+  gc->callback([&run, max_size, older_than, dry_run, max_opt, age_opt] {
+    max_size->given = max_opt->count() > 0;
+    older_than->given = age_opt->count() > 0;
     run = [=](Context& ctx) { return run_gc(ctx, *max_size, *older_than, *dry_run); };
   });
 }

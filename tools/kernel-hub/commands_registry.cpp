@@ -290,7 +290,8 @@ int run_pack(Context& ctx, const PackArgs& a) {
     o.sign_key = &*key;
     o.sign_repo = a.sign_repo;
     o.sign_hub_id = a.hub_id;
-    o.sign_expires = static_cast<int64_t>(std::time(nullptr)) + parse_duration(a.expires_in);
+    o.sign_expires =
+        static_cast<int64_t>(std::time(nullptr)) + parse_duration(a.expires_in, "--expires-in");
   }
   PackReport r = pack_package(o);
   for (auto& n : r.notes) ctx.note("warning: " + n);

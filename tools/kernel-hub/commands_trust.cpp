@@ -51,7 +51,7 @@ int run_sign(Context& ctx, const SignArgs& a) {
   SignOptions o;
   o.hub_id = a.hub_id;
   o.serial = a.serial;
-  o.expires = unix_now() + parse_duration(a.expires_in);
+  o.expires = unix_now() + parse_duration(a.expires_in, "--expires-in");
   SignReport r = ctx.hub().sign(ref, key, o);
   const trust::Statement& st = r.statement;
   if (ctx.options().json) {

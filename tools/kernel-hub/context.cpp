@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -73,36 +74,64 @@ std::string iso_time(int64_t t) {
 }
 
 namespace {
-std::pair<uint64_t, std::string> split_number(const std::string& text, const char* what) {
+// The leading digits of `text` and the unit after them. Refuses an empty value (an empty
+// --max-size must not read as "no limit") and a number that does not fit in 64 bits.
+std::pair<uint64_t, std::string> split_number(const std::string& text, std::string_view option,
+                                              const char* what) {
   size_t i = 0;
   while (i < text.size() && isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  if (i == 0 || i > 18) {
-    throw Error(ErrorKind::kInvalidInput, fmt::format("invalid {} '{}'", what, text));
+  uint64_t n = 0;
+  bool fits = i > 0;
+  for (size_t k = 0; k < i && fits; ++k) {
+    unsigned digit = static_cast<unsigned>(text[k] - '0');
+    fits = n <= (UINT64_MAX - digit) / 10;
+    n = n * 10 + digit;
   }
-  return {std::stoull(text.substr(0, i)), text.substr(i)};
+  if (!fits)
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("{} '{}': not a {} (expected a number with an optional unit)", option,
+                            text, what));
+  return {n, text.substr(i)};
+}
+
+[[noreturn]] void too_large(std::string_view option, const std::string& text, const char* what) {
+  throw Error(
+      ErrorKind::kInvalidInput,
+      fmt::format("{} '{}': the {} is too large (it does not fit in 64 bits)", option, text, what));
 }
 }  // namespace
 
-uint64_t parse_size(const std::string& text) {
-  auto [n, unit] = split_number(text, "size");
-  if (unit.empty() || unit == "B") return n;
-  if (unit == "K" || unit == "KiB") return n << 10;
-  if (unit == "M" || unit == "MiB") return n << 20;
-  if (unit == "G" || unit == "GiB") return n << 30;
-  if (unit == "T" || unit == "TiB") return n << 40;
-  throw Error(ErrorKind::kInvalidInput,
-              fmt::format("invalid size '{}': use a number with an optional K, M, G or T", text));
+uint64_t parse_size(const std::string& text, std::string_view option) {
+  auto [n, unit] = split_number(text, option, "size");
+  int shift = -1;
+  if (unit.empty() || unit == "B") shift = 0;
+  if (unit == "K" || unit == "KiB") shift = 10;
+  if (unit == "M" || unit == "MiB") shift = 20;
+  if (unit == "G" || unit == "GiB") shift = 30;
+  if (unit == "T" || unit == "TiB") shift = 40;
+  if (shift < 0)
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("{} '{}': invalid size: use a number with an optional K, M, G or T",
+                            option, text));
+  // A shift past 64 bits would wrap to a tiny limit, and gc would remove everything.
+  if (n > (UINT64_MAX >> shift)) too_large(option, text, "size");
+  return n << shift;
 }
 
-int64_t parse_duration(const std::string& text) {
-  auto [n, unit] = split_number(text, "duration");
-  int64_t v = static_cast<int64_t>(n);
-  if (unit == "s" || unit.empty()) return v;
-  if (unit == "m") return v * 60;
-  if (unit == "h") return v * 3600;
-  if (unit == "d") return v * 86400;
-  throw Error(ErrorKind::kInvalidInput,
-              fmt::format("invalid duration '{}': use a number with s, m, h or d", text));
+int64_t parse_duration(const std::string& text, std::string_view option) {
+  auto [n, unit] = split_number(text, option, "duration");
+  int64_t factor = 0;
+  if (unit == "s" || unit.empty()) factor = 1;
+  if (unit == "m") factor = 60;
+  if (unit == "h") factor = 3600;
+  if (unit == "d") factor = 86400;
+  if (factor == 0)
+    throw Error(
+        ErrorKind::kInvalidInput,
+        fmt::format("{} '{}': invalid duration: use a number with s, m, h or d", option, text));
+  // Signed overflow is undefined; a wrapped age could be negative and make every ref "old".
+  if (n > static_cast<uint64_t>(INT64_MAX / factor)) too_large(option, text, "duration");
+  return static_cast<int64_t>(n) * factor;
 }
 
 }  // namespace kh::cli
