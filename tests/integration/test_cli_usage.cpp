@@ -75,6 +75,32 @@ TEST_F(CliUsage, GcRefusesLimitsThatOverflowOrAreEmpty) {
             0);
 }
 
+TEST_F(CliUsage, DeviceOptionsThatWouldBeIgnoredAreRefused) {
+  const std::string lock = (work_ / "k.lock").string();
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"pull", "--lock", lock, "--device", "cpu"}, "cannot be combined with --lock"},
+           {{"pull", "--lock", lock, "--target", "cuda:sm_90:cuda_13.0"},
+            "cannot be combined with --lock"},
+           {{"pull", "--config", config_.string(), "--all-variants", "--sm", "90"},
+            "cannot be combined with --all-variants"},
+           {{"export", "--lock", lock, "--target", "cpu", "-o", (work_ / "m").string()},
+            "cannot be combined with --lock"},
+           {{"export", "--config", config_.string(), "--all-variants", "--os", "linux", "-o",
+             (work_ / "m").string()},
+            "cannot be combined with --all-variants"},
+       }) {
+    SCOPED_TRACE(c.args[0] + " " + c.args[1]);
+    ProcessResult r = cli(c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_TRUE(has(r.err, c.says)) << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(work_ / "m"));
+}
+
 TEST_F(CliUsage, TheBuiltInKeyIsNamedAsSuchByTrustRm) {
   // A data directory whose default-hub-key is a key made here: `trust ls` lists it as built in.
   auto data = work_ / "data";

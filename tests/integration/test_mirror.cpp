@@ -375,8 +375,17 @@ TEST_F(MirrorE2E, ExportRefusesANonEmptyDirectoryAndForceReplacesOnlyAMirror) {
   ASSERT_FALSE(export_cpu(cache, dir).is_null());
   r = cli({"export", "--config", config_path_.string(), "-o", dir.string()}, cache);
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  json full = export_cpu(cache, dir, {"--force", "--all-variants"});
-  ASSERT_FALSE(full.is_null());
+  // --all-variants takes every variant: a --device beside it is refused, not ignored.
+  r = cli({"export", "--config", config_path_.string(), "--device", "cpu", "--all-variants",
+           "--force", "-o", dir.string()},
+          cache);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("cannot be combined with --all-variants"), std::string::npos) << r.err;
+  r = cli({"export", "--config", config_path_.string(), "--all-variants", "--force", "-o",
+           dir.string(), "--json"},
+          cache);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  json full = json::parse(r.out);
   EXPECT_EQ(full["refs"][0]["variants_exported"], 2);
   EXPECT_TRUE(
       std::filesystem::exists(dir / "test" / "toy" / "blobs" / "sha256" / cuda_.layer.digest.hex));

@@ -54,18 +54,32 @@ nlohmann::json trust_summary(Hub& hub, const Ref& ref, const Digest& index) {
   }
 }
 
+bool has_device_args(const PullArgs& a) {
+  return !a.targets.empty() || !a.device.empty() || !a.sm.empty() || !a.cuda.empty();
+}
+
 int run_pull(Context& ctx, const PullArgs& a) {
   if (!a.config.empty() || !a.lock.empty()) {
     if (!a.refs.empty())
       throw Error(ErrorKind::kInvalidInput,
                   "pull: give refs, or --config FILE, or --lock FILE (one of them)");
+    // A lock pins its targets and --all-variants takes every one: devices would be ignored, and
+    // a pull that fetched other targets than asked for without a word is worse than a refusal.
+    if (has_device_args(a) && (!a.lock.empty() || a.all_variants))
+      throw Error(
+          ErrorKind::kInvalidInput,
+          fmt::format("pull: --device/--sm/--cuda/--target cannot be combined with {}: "
+                      "{}; leave the device options out",
+                      a.lock.empty() ? "--all-variants" : "--lock",
+                      a.lock.empty() ? "it fetches every variant of every ref"
+                                     : "it fetches exactly the targets the lock file pins"));
     return run_pull_resolved(ctx, a.config, a.lock, a.targets, a.device, a.sm, a.cuda,
                              a.all_variants);
   }
   if (a.refs.empty())
     throw Error(ErrorKind::kInvalidInput,
                 "pull: nothing to pull; give refs (org/name[@TAG]), --config FILE or --lock FILE");
-  if (!a.targets.empty() || !a.device.empty() || !a.sm.empty() || !a.cuda.empty())
+  if (has_device_args(a))
     throw Error(ErrorKind::kInvalidInput,
                 "pull: --device/--sm/--cuda/--target choose variants for --config; a plain "
                 "`pull REF` fetches every variant");

@@ -73,6 +73,15 @@ int run_export(Context& ctx, const ExportArgs& a) {
   auto note = [&](const std::string& line) { ctx.note(line); };
   if (a.config.empty() == a.lock.empty())
     throw Error(ErrorKind::kInvalidInput, "export: give --config FILE or --lock FILE (one)");
+  // As for pull: a lock pins its targets and --all-variants takes every variant, so device
+  // options would be ignored without a word.
+  if ((a.dev.has_group() || !a.dev.targets.empty()) && (!a.lock.empty() || a.all_variants))
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("export: --device/--sm/--cuda/--os/--arch/--target cannot be "
+                            "combined with {}: {}; leave the device options out",
+                            a.lock.empty() ? "--all-variants" : "--lock",
+                            a.lock.empty() ? "it exports every variant of every ref"
+                                           : "it exports exactly the targets the lock file pins"));
   mirror::check_output_dir(a.out, a.force);  // before any download
 
   // Like pull --config: ask the hub for every tag now (no ref TTL), fetch into the cache.
