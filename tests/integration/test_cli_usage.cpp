@@ -53,6 +53,19 @@ class CliUsage : public ::testing::Test {
   std::filesystem::path config_ = work_ / "config.json";
 };
 
+TEST_F(CliUsage, BadBooleanVariablesAreErrorsNotAborts) {
+  for (const char* var : {"KERNEL_HUB_OFFLINE", "KERNEL_HUB_PLAIN_HTTP"}) {
+    SCOPED_TRACE(var);
+    // cli() unsets both; a value given here replaces that.
+    std::vector<std::string> argv = {cli_path(), "--cache", (work_ / "cache").string(), "--json",
+                                     "ls"};
+    ProcessResult r = run_process(argv, {{var, "maybe"}}, 60);
+    EXPECT_EQ(r.exit_code, 2) << r.err;  // was SIGABRT (exit_code -1)
+    EXPECT_TRUE(has(r.err, std::string("error: ") + var + "='maybe'")) << r.err;
+    EXPECT_EQ(error_kind(r), "invalid_input");
+  }
+}
+
 TEST_F(CliUsage, GcRefusesLimitsThatOverflowOrAreEmpty) {
   struct Case {
     std::string option, value, says;
@@ -73,6 +86,71 @@ TEST_F(CliUsage, GcRefusesLimitsThatOverflowOrAreEmpty) {
   EXPECT_EQ(cli({"gc", "--max-size", "16777215T", "--older-than", "106751991167300d", "--dry-run"})
                 .exit_code,
             0);
+}
+
+TEST_F(CliUsage, JsonAfterTheCommandKeepsStdoutOneDocument) {
+  ProcessResult r = cli({"resolve", "--config", config_.string(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json j = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["unserved"].size(), 2u);
+  r = cli({"why", "RMSNorm", "--config", config_.string(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  j = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["layer"], "RMSNorm");
+}
+
+TEST_F(CliUsage, EveryFailureWithJsonPrintsAnErrorObject) {
+  const std::string lock = (work_ / "s.lock").string();
+  struct Case {
+    std::vector<std::string> args;
+    int exit_code;
+    std::string kind;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"resolve", "--config", "/nonexistent.json", "--json"}, 1, "not_found"},
+           {{"--json", "ls", "--bogus"}, 2, "invalid_input"},
+           {{"--json", "nosuchcmd"}, 2, "invalid_input"},
+           {{"--json", "lock"}, 2, "invalid_input"},  // --config missing
+           {{"--json", "lock", "--config", config_.string(), "--strict", "-o", lock},
+            1,
+            "not_found"},
+           {{"lock", "--config", config_.string(), "--strict", "-o", lock, "--json"},
+            1,
+            "not_found"},
+       }) {
+    std::string line;
+    for (auto& a : c.args) line += a + " ";
+    SCOPED_TRACE(line);
+    ProcessResult r = cli(c.args);
+    EXPECT_EQ(r.exit_code, c.exit_code) << r.err;
+    EXPECT_EQ(error_kind(r), c.kind);
+    EXPECT_TRUE(has(r.err, "error: ")) << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(lock));
+}
+
+TEST_F(CliUsage, UnknownCommandSaysSoAndSuggests) {
+  ProcessResult r = cli({"pul", "kernel-hub/example"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(has(r.err, "error: unknown command 'pul' (did you mean 'pull'?)")) << r.err;
+  r = cli({"-q", "nosuchcmd"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(has(r.err, "unknown command 'nosuchcmd'; commands: pull, ")) << r.err;
+  r = cli({"trust", "bogus"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(has(r.err, "unknown command 'bogus' for 'kernel-hub trust'; commands: add, ls, rm"))
+      << r.err;
+  // Global options before and after the command still work (cli() puts --cache and --hub first;
+  // a global option with a value after the command name, too).
+  r = run_process({cli_path(), "ls", "--cache", (work_ / "other").string()},
+                  {{"KERNEL_HUB_OFFLINE", "\x01"}}, 60);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(cli({"--json", "-q", "trust", "ls"}).exit_code, 0);
+  r = cli({});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(has(r.err, "A subcommand is required")) << r.err;
 }
 
 TEST_F(CliUsage, DeviceOptionsThatWouldBeIgnoredAreRefused) {
@@ -99,6 +177,17 @@ TEST_F(CliUsage, DeviceOptionsThatWouldBeIgnoredAreRefused) {
     EXPECT_TRUE(has(r.err, c.says)) << r.err;
   }
   EXPECT_FALSE(std::filesystem::exists(work_ / "m"));
+}
+
+TEST_F(CliUsage, QuietHidesNotesButNotWarnings) {
+  ProcessResult r = cli({"-q", "resolve", "--config", config_.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "warning: unserved: RMSNorm eval")) << r.err;
+  r = cli(
+      {"-q", "--json", "lock", "--config", config_.string(), "-o", (work_ / "q.lock").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(has(r.err, "warning: unserved (not locked): RMSNorm cpu eval")) << r.err;
+  EXPECT_FALSE(json::parse(r.out, nullptr, false).is_discarded()) << r.out;
 }
 
 TEST_F(CliUsage, TheBuiltInKeyIsNamedAsSuchByTrustRm) {

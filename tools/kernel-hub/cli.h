@@ -35,6 +35,12 @@ class Context {
   // Human output goes to stdout unless --json; diagnostics to stderr unless -q.
   void say(const std::string& line) const;
   void note(const std::string& line) const;
+  // "warning: MESSAGE" on stderr, even under -q and --json: a warning says that something was
+  // left out or will be refused (an unserved layer, an untrusted package), which no flag for
+  // less chatter may hide.
+  void warn(const std::string& message) const;
+  // A line from a library's note callback: its "warning: " lines go through warn().
+  void note_or_warn(const std::string& line) const;
   void print_json(const nlohmann::json& j) const;
 
  private:
@@ -54,6 +60,10 @@ void add_trust_commands(CLI::App& app, Runner& run);     // keygen, sign, trust
 void add_mirror_commands(CLI::App& app, Runner& run);    // export, import
 void add_manifest_command(CLI::App& app, Runner& run);   // manifest
 void add_init_command(CLI::App& app, Runner& run);       // init
+
+// The one way a failure is reported: "error: MESSAGE" on stderr and, with --json,
+// {"error": {"kind", "message"}} on stdout. `kind` is an error_kind_name() ("invalid_input", ...).
+void print_error(bool json, std::string_view kind, const std::string& message);
 
 std::string human_bytes(uint64_t bytes);
 std::string iso_time(int64_t unix_seconds);

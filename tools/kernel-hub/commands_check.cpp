@@ -11,9 +11,9 @@ namespace kh::cli {
 
 namespace {
 
-int run_check(Context& ctx, const std::string& target, bool json) {
+int run_check(Context& ctx, const std::string& target) {
   PackageCheck result = check_package(target);
-  if (json || ctx.options().json) {
+  if (ctx.options().json) {
     ctx.print_json(result.to_json());
   } else {
     std::cout << result.to_text();
@@ -36,12 +36,9 @@ void add_check_command(CLI::App& app, Runner& run) {
       "filters, audit libraries, text relocations or executable stack, STB_GNU_UNIQUE, symbol "
       "versions, entry symbol), then load it in a child process and read its module table "
       "without running any op. Exit 1 on any failure.");
-  auto json = std::make_shared<bool>(false);
   check->add_option("target", *target, "Package directory or host library (.so)")->required();
-  check->add_flag("--json", *json, "Machine-readable report on stdout");
-  check->callback([&run, target, json] {
-    run = [target, json](Context& ctx) { return run_check(ctx, *target, *json); };
-  });
+  check->callback(
+      [&run, target] { run = [target](Context& ctx) { return run_check(ctx, *target); }; });
 }
 
 }  // namespace kh::cli

@@ -103,7 +103,7 @@ int run_pull(Context& ctx, const PullArgs& a) {
                           human_bytes(r.bytes_downloaded), r.from_cache ? ", offline" : ""));
       if (!r.kernel_index) {
       } else if (j["trust"]["status"] == "refused")
-        ctx.note("warning: " + j["trust"]["message"].get<std::string>() +
+        ctx.warn(j["trust"]["message"].get<std::string>() +
                  " (pulled into the cache; loading it will be refused)");
       else if (!ctx.options().json)
         ctx.say("  " + j["trust"]["message"].get<std::string>());

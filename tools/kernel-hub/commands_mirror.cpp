@@ -65,12 +65,11 @@ struct ExportArgs {
   MirrorDeviceArgs dev;
   bool all_variants = false;
   bool force = false;
-  bool json = false;
 };
 
 int run_export(Context& ctx, const ExportArgs& a) {
-  const bool json = a.json || ctx.options().json;
-  auto note = [&](const std::string& line) { ctx.note(line); };
+  const bool json = ctx.options().json;
+  auto note = [&](const std::string& line) { ctx.note_or_warn(line); };
   if (a.config.empty() == a.lock.empty())
     throw Error(ErrorKind::kInvalidInput, "export: give --config FILE or --lock FILE (one)");
   // As for pull: a lock pins its targets and --all-variants takes every variant, so device
@@ -194,10 +193,10 @@ int run_export(Context& ctx, const ExportArgs& a) {
   return 0;
 }
 
-int run_import(Context& ctx, const std::string& dir, bool json_flag) {
-  const bool json = json_flag || ctx.options().json;
+int run_import(Context& ctx, const std::string& dir) {
+  const bool json = ctx.options().json;
   mirror::ImportOptions io;
-  io.note = [&](const std::string& line) { ctx.note(line); };
+  io.note = [&](const std::string& line) { ctx.note_or_warn(line); };
   mirror::ImportReport rep = mirror::import_mirror(ctx.store(), dir, io);
   if (json) {
     nlohmann::json list = nlohmann::json::array();
@@ -267,7 +266,6 @@ void add_mirror_commands(CLI::App& app, Runner& run) {
     cmd->add_flag("--force", a->force,
                   "Replace an existing mirror at DIR (only a directory holding "
                   "kernel-hub-mirror.json)");
-    cmd->add_flag("--json", a->json, "Machine-readable summary on stdout");
     cmd->callback([&run, a] { run = [a](Context& ctx) { return run_export(ctx, *a); }; });
   }
   {
@@ -282,12 +280,8 @@ void add_mirror_commands(CLI::App& app, Runner& run) {
         "hub address (and lock files made there) resolve from the cache. Signatures are checked "
         "when a package is loaded, as for any other.");
     auto dir = std::make_shared<std::string>();
-    auto json = std::make_shared<bool>(false);
     cmd->add_option("dir", *dir, "Mirror directory")->required();
-    cmd->add_flag("--json", *json, "Machine-readable summary on stdout");
-    cmd->callback([&run, dir, json] {
-      run = [dir, json](Context& ctx) { return run_import(ctx, *dir, *json); };
-    });
+    cmd->callback([&run, dir] { run = [dir](Context& ctx) { return run_import(ctx, *dir); }; });
   }
 }
 

@@ -153,18 +153,22 @@ void add_local_packages(KernelizeIndexProvider& provider, const KernelConfig& co
   }
 }
 
-// The --strict failure: a line per unserved entry, exit 1.
-int fail_strict(std::string_view command, const std::vector<std::string>& unserved) {
-  std::cerr << fmt::format(
-      "error: {} --strict: {} config entr{} cannot be served (each falls back to the runtime's "
-      "own implementation):\n",
+// The --strict failure: a line per unserved entry, exit 1. `json_error`: print the --json error
+// object too (resolve has printed its report, whose "unserved" says the same, so it passes false
+// and stdout stays one JSON document).
+int fail_strict(std::string_view command, const std::vector<std::string>& unserved,
+                bool json_error) {
+  std::string message = fmt::format(
+      "{} --strict: {} config entr{} cannot be served (each falls back to the runtime's own "
+      "implementation):",
       command, unserved.size(), unserved.size() == 1 ? "y" : "ies");
-  for (auto& u : unserved) std::cerr << "  " << u << "\n";
+  for (auto& u : unserved) message += "\n  " + u;
+  print_error(json_error, error_kind_name(ErrorKind::kNotFound), message);
   return 1;
 }
 
 int run_resolve(Context& ctx, const std::string& config_path, const DeviceArgs& dev,
-                const std::string& mode, bool json, bool strict) {
+                const std::string& mode, bool strict) {
   KernelConfig config = KernelConfig::load(config_path);
   show_config_notes(ctx, config);
   Device device = dev.one();
@@ -182,20 +186,20 @@ int run_resolve(Context& ctx, const std::string& config_path, const DeviceArgs& 
       ctx.say("  " + l.summary() + (l.fallback ? "" : "  index " + l.index_digest.str()));
       if (l.unserved.empty()) continue;
       unserved.push_back(fmt::format("{} {}: {}", l.layer, mode_name(m), l.unserved));
-      if (!strict) ctx.note("warning: unserved: " + unserved.back());
+      if (!strict) ctx.warn("unserved: " + unserved.back());
     }
     modes.push_back({{"mode", mode_name(m)}, {"layers", layers}});
   }
   out["modes"] = modes;
   out["unserved"] = unserved;
   out["notes"] = config.notes;
-  if (json || ctx.options().json) ctx.print_json(out);
-  if (strict && !unserved.empty()) return fail_strict("resolve", unserved);
+  if (ctx.options().json) ctx.print_json(out);
+  if (strict && !unserved.empty()) return fail_strict("resolve", unserved, false);
   return 0;
 }
 
 int run_why(Context& ctx, const std::string& layer, const std::string& config_path,
-            const DeviceArgs& dev, const std::string& mode, bool json) {
+            const DeviceArgs& dev, const std::string& mode) {
   KernelConfig config = KernelConfig::load(config_path);
   show_config_notes(ctx, config);
   Device device = dev.one();
@@ -208,13 +212,13 @@ int run_why(Context& ctx, const std::string& layer, const std::string& config_pa
     modes.push_back(layer_json(r, true));
     ctx.say(format_trace(r));
   }
-  if (json || ctx.options().json)
+  if (ctx.options().json)
     ctx.print_json({{"layer", layer}, {"device", device.str()}, {"modes", modes}});
   return 0;
 }
 
 int run_lock(Context& ctx, const std::string& config_path, const DeviceArgs& dev,
-             const std::string& out_path, bool json, bool strict) {
+             const std::string& out_path, bool strict) {
   KernelConfig config = KernelConfig::load(config_path);
   show_config_notes(ctx, config);
   std::vector<Device> devices = dev.all();
@@ -225,12 +229,13 @@ int run_lock(Context& ctx, const std::string& config_path, const DeviceArgs& dev
   // fail there); an entry that cannot be served at all is left out with a warning, or with
   // --strict fails the lock.
   built.require_complete("lock", out_path, false);
-  if (strict && !built.unserved.empty()) return fail_strict("lock", built.unserved);
-  for (auto& u : built.unserved) ctx.note("warning: unserved (not locked): " + u);
+  if (strict && !built.unserved.empty())
+    return fail_strict("lock", built.unserved, ctx.options().json);
+  for (auto& u : built.unserved) ctx.warn("unserved (not locked): " + u);
   built.lock.save(out_path);
   size_t targets = 0;
   for (auto& e : built.lock.entries) targets += e.targets.size();
-  if (json || ctx.options().json) {
+  if (ctx.options().json) {
     ctx.print_json({{"lock", out_path},
                     {"entries", nlohmann::json::parse(built.lock.serialize())["entries"]},
                     {"unserved", built.unserved},
@@ -270,7 +275,6 @@ struct PackArgs {
   std::string dir, out, repo, sm = "80,86,89,90,90a", devices = "cuda,cpu", cuda_version;
   std::vector<std::string> tags;
   bool no_source = false;
-  bool json = false;
   std::string sign_key, sign_repo, hub_id = "kernel-hub", expires_in = "90d";
 };
 
@@ -294,8 +298,8 @@ int run_pack(Context& ctx, const PackArgs& a) {
         static_cast<int64_t>(std::time(nullptr)) + parse_duration(a.expires_in, "--expires-in");
   }
   PackReport r = pack_package(o);
-  for (auto& n : r.notes) ctx.note("warning: " + n);
-  if (a.json || ctx.options().json) {
+  for (auto& n : r.notes) ctx.warn(n);
+  if (ctx.options().json) {
     nlohmann::json variants = nlohmann::json::array();
     for (auto& v : r.variants)
       variants.push_back({{"device", v.device},
@@ -417,7 +421,7 @@ int run_pull_resolved(Context& ctx, const std::string& config_path, const std::s
       dev.cuda = cuda;
       KernelizeIndexProvider provider(*hub);
       LockBuild built = build_lock(config, dev.all(), provider);
-      for (auto& u : built.unserved) ctx.note("warning: unserved (not pulled): " + u);
+      for (auto& u : built.unserved) ctx.warn("unserved (not pulled): " + u);
       for (auto& m : built.misses) {
         ++failures;
         out.push_back({{"error", {{"kind", "not_found"}, {"message", m}}}});
@@ -439,18 +443,16 @@ void add_registry_commands(CLI::App& app, Runner& run) {
     auto config = std::make_shared<std::string>();
     auto dev = std::make_shared<DeviceArgs>();
     auto mode = std::make_shared<std::string>();
-    auto json = std::make_shared<bool>(false);
     auto strict = std::make_shared<bool>(false);
     cmd->add_option("--config", *config, "KernelConfig JSON file")->required();
     dev->add(cmd, true);
     cmd->add_option("--mode", *mode, "eval or train (default: both)");
-    cmd->add_flag("--json", *json, "Machine-readable output on stdout");
     cmd->add_flag("--strict", *strict,
                   "Exit 1 when a layer the config maps on the device cannot be served (not on "
                   "this hub, no such tag, a revision that is not a tag or digest, the package "
                   "lacks the layer, no variant fits); without it each is a warning");
-    cmd->callback([&run, config, dev, mode, json, strict] {
-      run = [=](Context& ctx) { return run_resolve(ctx, *config, *dev, *mode, *json, *strict); };
+    cmd->callback([&run, config, dev, mode, strict] {
+      run = [=](Context& ctx) { return run_resolve(ctx, *config, *dev, *mode, *strict); };
     });
   }
   {
@@ -462,14 +464,12 @@ void add_registry_commands(CLI::App& app, Runner& run) {
     auto config = std::make_shared<std::string>();
     auto dev = std::make_shared<DeviceArgs>();
     auto mode = std::make_shared<std::string>();
-    auto json = std::make_shared<bool>(false);
     cmd->add_option("layer", *layer, "Layer type, e.g. RMSNorm")->required();
     cmd->add_option("--config", *config, "KernelConfig JSON file")->required();
     dev->add(cmd, true);
     cmd->add_option("--mode", *mode, "eval or train (default: both)");
-    cmd->add_flag("--json", *json, "Machine-readable output on stdout");
-    cmd->callback([&run, layer, config, dev, mode, json] {
-      run = [=](Context& ctx) { return run_why(ctx, *layer, *config, *dev, *mode, *json); };
+    cmd->callback([&run, layer, config, dev, mode] {
+      run = [=](Context& ctx) { return run_why(ctx, *layer, *config, *dev, *mode); };
     });
   }
   {
@@ -483,19 +483,17 @@ void add_registry_commands(CLI::App& app, Runner& run) {
     auto config = std::make_shared<std::string>();
     auto dev = std::make_shared<DeviceArgs>();
     auto out = std::make_shared<std::string>();
-    auto json = std::make_shared<bool>(false);
     auto strict = std::make_shared<bool>(false);
     cmd->add_option("--config", *config, "KernelConfig JSON file")->required();
     dev->add(cmd, true);
     cmd->add_option("-o,--output", *out, "Lock file to write (e.g. kernels.lock)")->required();
-    cmd->add_flag("--json", *json, "Machine-readable output on stdout");
     cmd->add_flag("--strict", *strict,
                   "Write nothing and exit 1 when a config entry cannot be served (not on this "
                   "hub, no such tag, a revision that is not a tag or digest, the package lacks "
                   "the layer); without it each is a warning and left out of the lock. A ref with "
                   "no variant for a --target always fails");
-    cmd->callback([&run, config, dev, out, json, strict] {
-      run = [=](Context& ctx) { return run_lock(ctx, *config, *dev, *out, *json, *strict); };
+    cmd->callback([&run, config, dev, out, strict] {
+      run = [=](Context& ctx) { return run_lock(ctx, *config, *dev, *out, *strict); };
     });
   }
   {
@@ -532,7 +530,6 @@ void add_registry_commands(CLI::App& app, Runner& run) {
     cmd->add_option("--hub-id", a->hub_id, "Hub id the statements name")->capture_default_str();
     cmd->add_option("--expires-in", a->expires_in, "Signature validity (e.g. 90d)")
         ->capture_default_str();
-    cmd->add_flag("--json", a->json, "Machine-readable output on stdout");
     cmd->callback([&run, a] { run = [a](Context& ctx) { return run_pack(ctx, *a); }; });
   }
 }

@@ -99,7 +99,7 @@ int run_trust_ls(Context& ctx) {
   for (auto& k : store.list())
     ctx.say(fmt::format("  {}  {}{}", k.key_id(), k.repos_text(),
                         k.builtin ? "  (built in: the embedded default hub's key)" : ""));
-  for (auto& p : store.problems()) ctx.note("warning: " + p);
+  for (auto& p : store.problems()) ctx.warn(p);
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "hub/base/error.h"
+#include "hub/base/log.h"
 #include "tools/kernel-hub/cli.h"
 
 namespace kh::cli {
@@ -48,8 +49,26 @@ void Context::note(const std::string& line) const {
   if (!options_.quiet) std::cerr << line << "\n";
 }
 
+void Context::warn(const std::string& message) const {
+  std::cerr << "warning: " << message << "\n";
+}
+
+void Context::note_or_warn(const std::string& line) const {
+  constexpr std::string_view kPrefix = "warning: ";
+  if (line.starts_with(kPrefix))
+    warn(line.substr(kPrefix.size()));
+  else
+    note(line);
+}
+
 void Context::print_json(const nlohmann::json& j) const {
   std::cout << j.dump(2) << "\n";
+}
+
+void print_error(bool json, std::string_view kind, const std::string& message) {
+  std::cerr << "error: " << terminal_safe(message) << "\n";
+  if (json)
+    std::cout << nlohmann::json{{"error", {{"kind", kind}, {"message", message}}}}.dump(2) << "\n";
 }
 
 std::string human_bytes(uint64_t bytes) {
