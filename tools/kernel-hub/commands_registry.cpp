@@ -479,7 +479,7 @@ void add_registry_commands(CLI::App& app, Runner& run) {
         "variant manifest and package layer. Targets: repeat --target SPEC (cpu, cpu:OS/ARCH, "
         "cuda:sm_90:cuda_13.0[:OS/ARCH]); a --device/--sm/--cuda group adds one more; default: "
         "this machine's cpu. Example: kernel-hub lock --config k.json --target "
-        "cuda:sm_90:cuda_13.0 --target cuda:sm_80:cuda_12.4 --target cpu -o kernels.lock");
+        "cuda:sm_90:cuda_13.0 --target cuda:sm_80:cuda_13.0 --target cpu -o kernels.lock");
     auto config = std::make_shared<std::string>();
     auto dev = std::make_shared<DeviceArgs>();
     auto out = std::make_shared<std::string>();
@@ -520,7 +520,8 @@ void add_registry_commands(CLI::App& app, Runner& run) {
                     "tagged too");
     cmd->add_option("--devices", a->devices, "Comma list of variants: cuda, cpu (default both)");
     cmd->add_option("--cuda-version", a->cuda_version,
-                    "CUDA version the cuda variant needs (default: NVRTC's)");
+                    "CUDA version the cuda variant needs (default: NVRTC's when cubins are "
+                    "compiled, else kernel.json's cuda.version, else 12.0)");
     cmd->add_flag("--no-source", a->no_source, "Leave the .cu source out of the cuda variant");
     cmd->add_option("--sign", a->sign_key,
                     "Sign every tag with this private key (kernel-hub keygen); the envelopes go "
