@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 #include <link.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <system_error>
 
@@ -54,6 +56,16 @@ std::optional<Module> this_module() {
   return Module{file, executable};
 }
 
+// Whether `path` may hold the built-in key: owned by this user or root and writable by no one
+// else. The key is trusted for kernel-hub/*, so a directory another user can write (such as /tmp)
+// must not supply it, nor the default hub.
+bool trustworthy(const stdfs::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return false;
+  const bool ours = st.st_uid == ::geteuid() || st.st_uid == 0;
+  return ours && (st.st_mode & S_IWOTH) == 0 && !S_ISLNK(st.st_mode);
+}
+
 DataDirLookup lookup() {
   DataDirLookup out;
   if (std::string env = env_string("KERNEL_HUB_DATA_DIR"); !env.empty()) {
@@ -71,14 +83,15 @@ DataDirLookup lookup() {
       (folder / (module->executable ? KH_DATA_DIR_FROM_BIN : KH_DATA_DIR_FROM_LIB))
           .lexically_normal();
   out.looked = fmt::format("{} (relative to {})", installed.string(), module->file.string());
-  if (is_dir(installed / "default-hub")) {
+  if (is_dir(installed / "default-hub") && trustworthy(installed)) {
     out.dir = installed;
     return out;
   }
   stdfs::path up = folder;
   for (int i = 0; i <= kBuildTreeDepth && !up.empty(); ++i, up = up.parent_path()) {
+    if (!trustworthy(up)) break;  // nothing from here up (a shared /tmp, say)
     std::error_code ec;
-    if (stdfs::is_regular_file(up / kBuildTreeMarker, ec)) {
+    if (stdfs::is_regular_file(up / kBuildTreeMarker, ec) && trustworthy(up / kBuildTreeMarker)) {
       out.dir = up;
       return out;
     }

@@ -1,11 +1,14 @@
 #include "loader/package_dir.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
+#include "hub/base/log.h"
 #include "loader/cuda_arch.h"
 #include "loader/verified_file.h"
 
@@ -28,10 +31,15 @@ std::string required_string(const nlohmann::json& j, const char* key,
 std::filesystem::path file_in_package(const std::filesystem::path& dir, const std::string& name,
                                       const char* what, const std::filesystem::path& file) {
   std::filesystem::path p = name;
-  if (name.empty() || p.has_parent_path() || p.is_absolute() || p == "." || p == "..")
+  // A NUL would cut the name where the file is opened but not where its digest is looked up,
+  // so that file would load unchecked; control bytes have no place in a file name either.
+  const bool control = std::any_of(name.begin(), name.end(), [](char c) {
+    return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+  });
+  if (name.empty() || control || p.has_parent_path() || p.is_absolute() || p == "." || p == "..")
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("{}: {} \"{}\" must be a file name inside the package directory",
-                            file.string(), what, name));
+                            file.string(), what, terminal_safe(name)));
   return dir / p;
 }
 
@@ -97,14 +105,9 @@ PackageDir read_package_dir(const std::filesystem::path& dir,
   p.dir = dir;
   p.name = required_string(j, "name", file);
   p.version = required_string(j, "version", file);
-  std::filesystem::path lib = required_string(j, "host_library", file);
   // Only a plain file name inside the package: no absolute paths, no "..", no subfolders.
-  if (lib.has_parent_path() || lib.is_absolute() || lib == "." || lib == "..")
-    throw Error(ErrorKind::kInvalidInput,
-                fmt::format("{}: host_library \"{}\" must be a file name inside the package "
-                            "directory",
-                            file.string(), lib.string()));
-  p.host_library = dir / lib;
+  p.host_library =
+      file_in_package(dir, required_string(j, "host_library", file), "host_library", file);
   read_device_code(j, file, p);
   p.manifest_digest = digest;
   if (auto it = j.find("files"); it != j.end() && it->is_object()) {

@@ -729,7 +729,11 @@ LockBuild build_lock(const KernelConfig& config, const std::vector<Device>& devi
       try {
         rec = memo.index(ref);
       } catch (const Error& e) {
+        // Only absence is "unserved": an unreachable hub, refused credentials, offline without
+        // the cache or damage would otherwise write (and commit, in CI) an empty lock.
         if (e.kind() == ErrorKind::kIntegrity) throw;
+        if (e.kind() != ErrorKind::kNotFound)
+          throw Error(e.kind(), fmt::format("{}: {}; nothing was locked", text, e.what()));
         for (auto& u : uses)
           unserved(fmt::format("{} {} {}: {}: {}", u.layer, device.key, mode_key_name(u.mode),
                                u.kernel.str(), explain_index_failure(ref, e)));

@@ -64,6 +64,17 @@ HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
     a.kind = Kind::kHttpLayout;
     std::string_view rest = text.substr(text.find("://") + 3);
     if (rest.empty() || rest.front() == '/') bad("missing host");
+    // user:password@ would reach every message, the hub's id and the cache's directory names.
+    // (Not repeated in the message either.)
+    const std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
+    if (size_t at = authority.rfind('@'); at != std::string_view::npos)
+      throw Error(ErrorKind::kInvalidInput,
+                  "invalid hub address " + std::string(text.substr(0, text.find("://") + 3)) +
+                      "...@" + std::string(rest.substr(at + 1)) +
+                      ": credentials in the address (user:password@) would show in messages and "
+                      "cache paths; put them in the credentials file (KERNEL_HUB_CREDENTIALS, "
+                      "else ~/.config/kernel-hub/credentials.json) under the host[:port], or in "
+                      "docker's or podman's auth file");
     a.base_url = std::string(text);
     while (a.base_url.size() > 8 && a.base_url.back() == '/') a.base_url.pop_back();
     return a;

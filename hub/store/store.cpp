@@ -303,7 +303,9 @@ void mark_reachable(const Store& store, const RefEntry& ref, const oci::GraphLim
 
 }  // namespace
 
-Store::Store(stdfs::path root) : root_(std::move(root)) {
+// Absolute once: the guard is recorded for this path, and a relative one would name another
+// directory (unguarded) after the embedding program changes directory.
+Store::Store(stdfs::path root) : root_(stdfs::absolute(root)) {
   // The cache is storage someone else may touch: private (or group-shared) whatever the umask,
   // refused when others could write it, and no link inside it is ever followed.
   fs::guard_root(root_, fs::cache_sharing_from_env(), "cache");

@@ -66,13 +66,6 @@ bool transient_error(CURLcode rc) {
   }
 }
 
-std::string host_of(const std::string& url) {
-  auto start = url.find("://");
-  start = start == std::string::npos ? 0 : start + 3;
-  auto end = url.find_first_of("/?#", start);
-  return url.substr(start, end == std::string::npos ? std::string::npos : end - start);
-}
-
 void check_scheme(const Options& o, const std::string& url) {
   if (url.starts_with("https://")) return;
   if (url.starts_with("http://")) {
@@ -126,11 +119,15 @@ std::string ca_file_text(CURL* h, const Options& o) {
 }
 
 // Settings shared by small requests and blob downloads (REFERENCE §3.6).
-void apply_common(CURL* h, const Options& o, const CertsD& certs, char* errbuf) {
+void apply_common(CURL* h, const Options& o, const std::string& url, const CertsD& certs,
+                  char* errbuf) {
   const CurlApi& api = curl_api();
   const char* protocols = o.allow_plain_http ? "https,http" : "https";
   api.easy_setopt(h, CURLOPT_PROTOCOLS_STR, protocols);
-  api.easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, protocols);
+  // Plain HTTP is allowed for what the user named over it, not reached by a redirect from
+  // https: a redirect never downgrades a TLS request, whatever --plain-http says.
+  api.easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR,
+                  url.starts_with("https://") ? "https" : protocols);
   api.easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
   api.easy_setopt(h, CURLOPT_MAXREDIRS, 10L);
   // CURLOPT_UNRESTRICTED_AUTH stays off: libcurl drops Authorization on a host change.
@@ -457,6 +454,16 @@ size_t transfer_write(char* data, size_t size, size_t nmemb, void* user) {
 
 }  // namespace
 
+std::string host_of(const std::string& url) {
+  auto start = url.find("://");
+  start = start == std::string::npos ? 0 : start + 3;
+  auto end = url.find_first_of("/?#", start);
+  std::string authority =
+      url.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  if (size_t at = authority.rfind('@'); at != std::string::npos) authority.erase(0, at + 1);
+  return authority;
+}
+
 // ---- Options ----
 
 Options Options::from_env() {
@@ -614,7 +621,7 @@ Response Client::send(const Request& request) {
     std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> h(api.easy_init(), api.easy_cleanup);
     if (!h) throw Error(ErrorKind::kNetwork, "curl_easy_init failed");
     CURL* c = h.get();
-    apply_common(c, options_, *certs, errbuf);
+    apply_common(c, options_, request.url, *certs, errbuf);
     api.easy_setopt(c, CURLOPT_SHARE, share);
     api.easy_setopt(c, CURLOPT_URL, request.url.c_str());
     api.easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
@@ -751,7 +758,7 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     CURL* c = api.easy_init();
     if (!c) throw Error(ErrorKind::kNetwork, "curl_easy_init failed");
     t.easy = c;
-    apply_common(c, options_, *impl_->certs_for(t.job->url), t.errbuf);
+    apply_common(c, options_, t.job->url, *impl_->certs_for(t.job->url), t.errbuf);
     api.easy_setopt(c, CURLOPT_URL, t.job->url.c_str());
     api.easy_setopt(c, CURLOPT_HTTPHEADER, t.headers.get());
     api.easy_setopt(c, CURLOPT_PIPEWAIT, 1L);

@@ -67,6 +67,10 @@ struct Options {
   void start_command_clock();
 };
 
+// "host[:port]" of an http(s) URL, as HubAddress::host spells a registry (any user:password@
+// left out).
+std::string host_of(const std::string& url);
+
 struct Request {
   std::string method = "GET";
   std::string url;

@@ -12,14 +12,18 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
+#include "hub/base/base64.h"
 #include "hub/base/error.h"
 #include "hub/base/fs.h"
 #include "hub/oci/graph.h"
 #include "hub/oci/ref.h"
+#include "hub/transport/credentials.h"
+#include "hub/transport/http.h"
 #include "hub/transport/source.h"
 #include "hub/trust/signature.h"
 
@@ -168,14 +172,16 @@ class DirReader final : public HubReader {
 
 class HttpReader final : public HubReader {
  public:
-  HttpReader(std::string base_url, http::Options options)
-      : base_url_(std::move(base_url)), client_(with_plain_http(std::move(options), base_url_)) {}
+  HttpReader(std::string base_url, const SourceOptions& options)
+      : base_url_(std::move(base_url)),
+        options_(options),
+        client_(with_plain_http(options.http, base_url_)) {}
 
   std::optional<std::string> read(const std::string& rel, uint64_t cap) override {
     http::Request req;
     req.url = where(rel);
     req.max_body = cap;
-    http::Response res = client_.send(req);
+    http::Response res = send(req);
     if (res.status == 200) return std::move(res.body);
     if (res.status == 404 || res.status == 410) return std::nullopt;
     fail("GET", req.url, res);
@@ -185,7 +191,7 @@ class HttpReader final : public HubReader {
     http::Request req;
     req.method = "HEAD";
     req.url = where(rel);
-    http::Response res = client_.send(req);
+    http::Response res = send(req);
     if (res.status == 404 || res.status == 410) return false;
     if (res.status != 200) fail("HEAD", req.url, res);
     std::string length = res.header("content-length");
@@ -194,10 +200,12 @@ class HttpReader final : public HubReader {
 
   void stream(std::vector<StreamJob>& jobs, Progress* progress) override {
     std::vector<http::Download> downloads(jobs.size());
+    const std::string auth = authorization();
     for (size_t i = 0; i < jobs.size(); ++i) {
       downloads[i].url = where(jobs[i].rel);
       downloads[i].expected_size = jobs[i].size;
       downloads[i].sink = jobs[i].sink;
+      if (!auth.empty()) downloads[i].headers.push_back(auth);
     }
     client_.download(downloads, progress);
     for (size_t i = 0; i < jobs.size(); ++i) {
@@ -225,12 +233,43 @@ class HttpReader final : public HubReader {
     return o;
   }
 
+  // A static server behind HTTP Basic auth (nginx auth_basic, say): on its first 401, the
+  // credentials the user has for its host[:port] (credentials file, containers' and docker's auth
+  // files with their helpers, the scoped variables), then every request with them. libcurl drops
+  // the header on a redirect to another host.
+  http::Response send(http::Request req) {
+    if (std::string auth = authorization(); !auth.empty()) req.headers.push_back(auth);
+    http::Response res = client_.send(req);
+    if (res.status != 401 || !req.headers.empty()) return res;
+    std::lock_guard lock(auth_mu_);
+    if (!credentials_loaded_) {
+      credentials_ = load_credentials(options_, http::host_of(base_url_));
+      credentials_loaded_ = true;
+      if (credentials_ && !credentials_->username.empty())
+        auth_ = "Authorization: Basic " +
+                base64_encode(credentials_->username + ":" + credentials_->password);
+    }
+    if (auth_.empty()) return res;
+    req.headers.push_back(auth_);
+    return client_.send(req);
+  }
+
+  std::string authorization() const {
+    std::lock_guard lock(auth_mu_);
+    return auth_;
+  }
+
   [[noreturn]] void fail(const char* method, const std::string& url,
                          const http::Response& res) const {
     const long status = res.status;
     ErrorKind kind = (status == 401 || status == 403) ? ErrorKind::kAuth : ErrorKind::kNetwork;
+    const std::string host = http::host_of(base_url_);
     std::string why =
-        kind == ErrorKind::kAuth ? "the server refuses access; check its permissions"
+        kind == ErrorKind::kAuth
+            ? (authorization().empty()
+                   ? "the server refuses access; if it wants a password, " + credentials_hint(host)
+                   : "the server refuses the credentials for " + host + " from " +
+                         credentials_->origin + "; check them, or the server's permissions")
         : status == 408 || status == 429 || status >= 500
             ? http::refusal_advice(client_.options(), status, res.attempts, res.waited_s)
             : "the static hub is not serving this file; check the server";
@@ -239,7 +278,12 @@ class HttpReader final : public HubReader {
   }
 
   std::string base_url_;
+  SourceOptions options_;
   http::Client client_;
+  mutable std::mutex auth_mu_;
+  bool credentials_loaded_ = false;
+  std::optional<Credentials> credentials_;
+  std::string auth_;  // "Authorization: Basic ...", once the server asked and we have some
 };
 
 std::string blob_rel(const Digest& d) {
@@ -676,7 +720,7 @@ std::unique_ptr<Source> open_layout_source(const HubAddress& address,
     }
     case HubAddress::Kind::kHttpLayout:
       return std::make_unique<LayoutSource>(
-          address, std::make_unique<HttpReader>(address.base_url, options.http), nullptr, false);
+          address, std::make_unique<HttpReader>(address.base_url, options), nullptr, false);
     case HubAddress::Kind::kRegistry:
       break;
   }

@@ -58,13 +58,6 @@ std::string percent_encode(std::string_view s) {
   return out;
 }
 
-std::string host_of(const std::string& url) {
-  auto start = url.find("://");
-  start = start == std::string::npos ? 0 : start + 3;
-  auto end = url.find_first_of("/?#", start);
-  return url.substr(start, end == std::string::npos ? std::string::npos : end - start);
-}
-
 std::string append_query(const std::string& url, const std::string& param) {
   return url + (url.find('?') == std::string::npos ? "?" : "&") + param;
 }
@@ -102,17 +95,6 @@ std::string base_media_type(const std::string& content_type) {
   std::string t = content_type.substr(0, content_type.find(';'));
   while (!t.empty() && t.back() == ' ') t.pop_back();
   return t;
-}
-
-// "host[:port]" of an http(s) URL, as HubAddress::host spells a registry ("" when unparsable).
-std::string host_port_of(const std::string& url) {
-  size_t start = url.find("://");
-  if (start == std::string::npos) return "";
-  start += 3;
-  size_t end = url.find_first_of("/?#", start);
-  std::string authority = url.substr(start, end == std::string::npos ? end : end - start);
-  if (size_t at = authority.rfind('@'); at != std::string::npos) authority.erase(0, at + 1);
-  return authority;
 }
 
 // Whether "host[:port]" names this machine (where plain HTTP crosses no network).
@@ -552,7 +534,7 @@ class RegistrySource : public Source {
   http::Response request(const http::Request& base, const std::string& scope) {
     for (int round = 0;; ++round) {
       http::Request req = base;
-      std::string auth = auth_header(scope, host_of(req.url));
+      std::string auth = auth_header(scope, http::host_of(req.url));
       if (!auth.empty()) req.headers.push_back(auth);
       http::Response resp = client_.send(req);
       show_warnings(resp);
@@ -643,7 +625,7 @@ class RegistrySource : public Source {
     // registry names the realm and the scopes, so it could have a token minted with another
     // registry's credentials (for that registry's repositories, push included) and be handed it.
     // The registry gains nothing here that a Basic challenge of its own would not give it.
-    const std::string realm_host = host_port_of(realm);
+    const std::string realm_host = http::host_of(realm);
     const std::optional<Credentials> creds = credentials();
     if (creds && realm_host != address_.host && realm.starts_with("http://") &&
         !is_loopback(realm_host))

@@ -96,12 +96,14 @@ stdfs::path TrustStore::default_dir() {
 
 TrustStore TrustStore::open(const stdfs::path& dir) {
   TrustStore store;
-  store.dir_ = dir;
+  // Absolute once: a guard recorded for a relative path would not cover it after a chdir.
+  store.dir_ = stdfs::absolute(dir);
   std::error_code ec;
   // Keys decide what code runs: the directory must be this user's and private (StrictModes), and
   // no link inside it is followed.
-  if (stdfs::exists(dir, ec)) fs::guard_root(dir, fs::Sharing::kPrivate, "trust store");
-  stdfs::directory_iterator it(dir, ec);
+  if (stdfs::exists(store.dir_, ec))
+    fs::guard_root(store.dir_, fs::Sharing::kPrivate, "trust store");
+  stdfs::directory_iterator it(store.dir_, ec);
   if (ec) {
     if (ec == std::errc::no_such_file_or_directory) return store;
     throw Error(ErrorKind::kIo, fmt::format("cannot read the trust directory {}: {}; check its "

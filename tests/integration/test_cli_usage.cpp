@@ -3,6 +3,7 @@
 // bad environment values and limits, and warnings that -q does not hide. The hub is an empty
 // layout directory (every ref is absent), so nothing here needs the network.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -190,6 +191,30 @@ TEST_F(CliUsage, QuietHidesNotesButNotWarnings) {
   EXPECT_FALSE(json::parse(r.out, nullptr, false).is_discarded()) << r.out;
 }
 
+// A hub that cannot be asked is not a ref that is absent: lock, pull --config and export fail
+// naming the ref, and no (empty) lock is written. Port 9 (discard) refuses the connection.
+TEST_F(CliUsage, AnUnreachableHubFailsLockAndPullRatherThanWarning) {
+  const std::string lock = (work_ / "down.lock").string();
+  const std::vector<std::vector<std::string>> commands = {
+      {"lock", "--config", config_.string(), "-o", lock},
+      {"pull", "--config", config_.string()},
+      {"export", "--config", config_.string(), "-o", (work_ / "mirror").string()}};
+  for (const auto& command : commands) {
+    SCOPED_TRACE(command.front());
+    std::vector<std::string> argv = {cli_path(), "--cache",           (work_ / "cache").string(),
+                                     "--hub",    "oci://127.0.0.1:9", "--plain-http"};
+    argv.insert(argv.end(), command.begin(), command.end());
+    ProcessResult r = run_process(
+        argv,
+        {{"KERNEL_HUB_TRUST_DIR", (work_ / "trust").string()}, {"KERNEL_HUB_MAX_ATTEMPTS", "1"}},
+        60);
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_TRUE(has(r.err, "acme/none")) << r.err;
+    EXPECT_FALSE(has(r.err, "unserved")) << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(lock)) << "a lock was written";
+}
+
 TEST_F(CliUsage, TheBuiltInKeyIsNamedAsSuchByTrustRm) {
   // A data directory whose default-hub-key is a key made here: `trust ls` lists it as built in.
   auto data = work_ / "data";
@@ -211,6 +236,34 @@ TEST_F(CliUsage, TheBuiltInKeyIsNamedAsSuchByTrustRm) {
   rm = cli({"trust", "rm", "0123456789ab"}, env);
   EXPECT_EQ(rm.exit_code, 1);
   EXPECT_TRUE(has(rm.err, "no trusted key 0123456789ab")) << rm.err;
+}
+
+// The built-in key (trusted for kernel-hub/*) and the default hub come from the data directory
+// beside the binary, or from a build tree above it: never from a directory another user can
+// write. A binary under a world-writable folder (/tmp, say) where someone planted a build-tree
+// marker and a key does not trust that key; the same tree in a folder only we can write does.
+TEST_F(CliUsage, APlantedBuildTreeInASharedFolderSuppliesNoKey) {
+  const auto shared = work_ / "shared";
+  std::filesystem::create_directories(shared / "app/bin");
+  std::filesystem::create_directories(shared / "default-hub-key");
+  std::filesystem::copy_file(cli_path(), shared / "app/bin/kernel-hub");
+  std::ofstream(shared / "kernel-hub-build-tree") << "planted\n";
+  ASSERT_EQ(cli({"keygen", "-o", (work_ / "k.key").string()}).exit_code, 0);
+  std::filesystem::copy_file(work_ / "k.key.pub", shared / "default-hub-key" / "signing.pub");
+  auto builtin_keys = [&] {
+    ProcessResult ls = run_process(
+        {(shared / "app/bin/kernel-hub").string(), "--json", "trust", "ls"},
+        {{"KERNEL_HUB_TRUST_DIR", (work_ / "trust").string()}, {"KERNEL_HUB_DATA_DIR", ""}}, 60);
+    EXPECT_EQ(ls.exit_code, 0) << ls.err;
+    size_t n = 0;
+    const json listed = json::parse(ls.out, nullptr, false);
+    for (const auto& k : listed["keys"]) n += k["builtin"] == true;
+    return n;
+  };
+  ::chmod(shared.c_str(), 01777);
+  EXPECT_EQ(builtin_keys(), 0u) << "a key planted in a world-writable folder was trusted";
+  ::chmod(shared.c_str(), 0755);
+  EXPECT_EQ(builtin_keys(), 1u) << "the control: the same tree, private, is used";
 }
 
 }  // namespace

@@ -263,6 +263,55 @@ TEST_F(PrivateStaticHttps, MutualTlsWithACertsDClientCertificate) {
   EXPECT_EQ(r.exit_code, 0) << r.err << nginx->error_log();
 }
 
+// An https hub redirecting to plain HTTP is refused even with --plain-http: plain HTTP is for
+// what the user names over it, and a redirect never downgrades a TLS request.
+TEST_F(PrivateStaticHttps, ARedirectFromHttpsToPlainHttpIsRefused) {
+  NginxFixture plain(hub_dir_.path());
+  NginxFixture::Options o;
+  o.tls_cert = pki_.server_cert();
+  o.tls_key = pki_.server_key();
+  o.redirect_to = plain.base_url();
+  NginxFixture tls(hub_dir_.path(), o);
+  const Env ca = {{"SSL_CERT_FILE", pki_.ca_cert().string()}};
+  auto direct = pull(plain.base_url(), ca);
+  ASSERT_EQ(direct.exit_code, 0) << direct.err;  // the hub itself serves
+  auto r = pull(tls.base_url(), ca, /*plain_http=*/true);
+  EXPECT_NE(r.exit_code, 0) << "followed a redirect from https to " << plain.base_url();
+  EXPECT_NE(r.err.find("http"), std::string::npos) << r.err;
+}
+
+// A static hub behind HTTP Basic auth takes the credentials the user has for its host (here the
+// credentials file); a password in the address is refused, as it would reach messages and
+// cache paths.
+TEST_F(PrivateStaticHttps, AStaticHubBehindBasicAuthTakesTheUsersCredentials) {
+  NginxFixture::Options o;
+  o.basic_user = "alice";
+  o.basic_password = "static-secret";
+  NginxFixture nginx(hub_dir_.path(), o);
+  auto anonymous = pull(nginx.base_url());
+  EXPECT_NE(anonymous.exit_code, 0);
+  EXPECT_NE(anonymous.err.find("HTTP 401"), std::string::npos) << anonymous.err;
+  EXPECT_NE(anonymous.err.find("docker login " + host(nginx)), std::string::npos) << anonymous.err;
+  const stdfs::path creds = cache_ / "credentials.json";
+  std::ofstream(creds) << R"({")" << host(nginx)
+                       << R"(": {"username": "alice", "password": "static-secret"}})";
+  auto r = pull(nginx.base_url(), {{"KERNEL_HUB_CREDENTIALS", creds.string()}});
+  EXPECT_EQ(r.exit_code, 0) << r.err << nginx.error_log();
+  std::ofstream(creds, std::ios::trunc)
+      << R"({")" << host(nginx) << R"(": {"username": "alice", "password": "wrong"}})";
+  auto wrong = pull(nginx.base_url(), {{"KERNEL_HUB_CREDENTIALS", creds.string()}});
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(
+      wrong.err.find("refuses the credentials for " + host(nginx) + " from " + creds.string()),
+      std::string::npos)
+      << wrong.err;
+  auto inline_password =
+      pull("http://alice:static-secret@" + host(nginx), {{"KERNEL_HUB_CREDENTIALS", ""}});
+  EXPECT_EQ(inline_password.exit_code, 2) << inline_password.err;
+  EXPECT_EQ(inline_password.err.find("static-secret"), std::string::npos)
+      << "the password was repeated: " << inline_password.err;
+}
+
 // ---------------------------------------------------------------- plain HTTP met over TLS
 
 TEST_F(PrivateRegistry, PlainHttpRegistryOverTlsFailsFastWithTheHint) {

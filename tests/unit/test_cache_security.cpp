@@ -221,6 +221,25 @@ TEST_F(CacheSecurity, RemovalsThroughASwappedDirectoryStayInsideTheCache) {
   EXPECT_TRUE(stdfs::exists(root / "refs/H"));
 }
 
+// A relative cache path is made absolute once: the guard covers it, and an embedding program
+// that changes directory afterwards still uses (and guards) the same cache.
+TEST_F(CacheSecurity, ARelativeCacheStaysTheSameCacheAfterAChdir) {
+  const stdfs::path before = stdfs::current_path();
+  stdfs::create_directories(tmp_ / "a");
+  stdfs::create_directories(tmp_ / "b/rel");
+  stdfs::current_path(tmp_ / "a");
+  Store store("rel/cache");
+  stdfs::current_path(tmp_ / "b");
+  // b/rel/cache would be another, unguarded directory: plant a link there.
+  stdfs::create_directory_symlink(tmp_.path(), tmp_ / "b/rel/cache");
+  EXPECT_EQ(store.root(), tmp_ / "a/rel/cache");
+  RefRecord r{"hub", "kernel-hub/norm", "v1", Digest::parse("sha256:" + std::string(64, 'c')), 1};
+  store.write_ref(r);
+  stdfs::current_path(before);
+  EXPECT_TRUE(stdfs::exists(tmp_ / "a/rel/cache/refs"));
+  EXPECT_FALSE(stdfs::exists(tmp_ / "refs")) << "written through the link after the chdir";
+}
+
 TEST_F(CacheSecurity, SpecialFilesAreRefusedWithoutBlocking) {
   stdfs::path fifo = tmp_ / "blob";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
@@ -259,6 +278,26 @@ TEST_F(CacheSecurity, LockWaitNamesTheHolderAndGivesUp) {
   ::close(ready[1]);
   ::unsetenv("KERNEL_HUB_LOCK_TIMEOUT");
   fs::FileLock::acquire(root / "locks" / "busy.lock");  // released by the holder's death
+}
+
+// A JIT cache used without a Store (the device API, binding a local package) guards itself: a
+// link planted as an entry is not read through (a miss, rebuilt), as beneath a guarded cache.
+TEST_F(CacheSecurity, AJitCacheWithoutAStoreNeverReadsThroughALink) {
+  stdfs::path dir = tmp_ / "jit-alone", elsewhere = tmp_ / "elsewhere";
+  stdfs::create_directories(elsewhere);
+  JitCache jit(dir);
+  const Digest key = sha256_of("key");
+  fs::write_file_atomic(elsewhere / "x", encode_jit_entry("FOREIGN CUBIN"));
+  stdfs::create_directories(jit.dir());
+  stdfs::create_symlink(elsewhere / "x", jit.entry_path(key));
+  std::optional<std::string> hit;
+  try {
+    hit = jit.lookup(key);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kRefused) << e.what();
+  }
+  EXPECT_FALSE(hit.has_value()) << "read through a link: " << *hit;
+  EXPECT_TRUE(stdfs::exists(elsewhere / "x"));
 }
 
 TEST_F(CacheSecurity, TrustStoreMustBePrivateAndKeysYours) {

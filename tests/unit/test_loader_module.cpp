@@ -337,6 +337,16 @@ TEST(LoaderModule, PackageDirectoryRules) {
   fs::write_file_atomic(dir.path() / "kernel.json",
                         R"({"name":"toy","version":"1.0.0","host_library":"../libtoy.so"})");
   EXPECT_THROW(load_package(dir.path()), Error);
+  // A NUL in a name would open "libtoy.so" but look its digest up under the whole name.
+  fs::write_file_atomic(dir.path() / "kernel.json",
+                        R"({"name":"toy","version":"1.0.0","host_library":"libtoy.so\u0000x"})");
+  try {
+    load_package(dir.path());
+    FAIL() << "a name with a NUL was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << e.what();
+    EXPECT_NE(std::string(e.what()).find("must be a file name"), std::string::npos) << e.what();
+  }
   // kernel.json and the module must agree on name and version.
   fs::write_file_atomic(dir.path() / "libtoy.so", fs::read_file(toy("toy-1.0.0")), 0755);
   fs::write_file_atomic(dir.path() / "kernel.json",

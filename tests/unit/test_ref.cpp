@@ -67,6 +67,21 @@ TEST(HubAddress, FuzzFindingsStayFixed) {
   EXPECT_EQ(HubAddress::parse("/", false).id(), "dir/_");
 }
 
+// A password in a static hub's address would reach messages, the hub's id and cache paths:
+// refused, without repeating it; an '@' in the path is not a password.
+TEST(HubAddress, PasswordsInTheAddressAreRefusedUnrepeated) {
+  try {
+    HubAddress::parse("https://alice:s3cret@cdn.example/hub", false);
+    FAIL() << "accepted a password in the address";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_EQ(std::string(e.what()).find("s3cret"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("credentials file"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(HubAddress::parse("https://cdn.example/v@1/hub", false).kind,
+            HubAddress::Kind::kHttpLayout);
+}
+
 TEST(HubAddress, IdsAreStableAndSafe) {
   auto id = HubAddress::parse("oci://127.0.0.1:5000", false).id();
   EXPECT_EQ(id, "registry/127.0.0.1_5000");
