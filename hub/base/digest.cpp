@@ -99,4 +99,10 @@ Digest sha256_of_file(const std::filesystem::path& path) {
   return h.finish();
 }
 
+Digest sha256_of_fd(int fd, const std::filesystem::path& path) {
+  Sha256 h;
+  fs::for_each_chunk(fd, path, [&](const char* data, size_t n) { h.update(data, n); });
+  return h.finish();
+}
+
 }  // namespace kh

@@ -45,6 +45,8 @@ class Sha256 {
 
 Digest sha256_of(std::string_view bytes);
 Digest sha256_of_file(const std::filesystem::path& path);
+// The digest of what `fd` reads from its offset to its end (`path` names it in errors).
+Digest sha256_of_fd(int fd, const std::filesystem::path& path);
 
 std::string to_hex(const unsigned char* data, size_t size);
 

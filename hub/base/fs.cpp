@@ -69,26 +69,33 @@ int open_for_reading(const stdfs::path& path) {
 }
 
 // Reads fd to the end in chunks; closes it.
+// Reads `fd` to its end and closes it.
 void read_chunks(int fd, const stdfs::path& path,
                  const std::function<void(const char*, size_t)>& fn) {
-  char buf[1 << 16];
-  try {
-    for (;;) {
-      ssize_t n = ::read(fd, buf, sizeof buf);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        throw_errno("cannot read " + path.string());
-      }
-      if (n == 0) break;
-      fn(buf, static_cast<size_t>(n));
-    }
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+  Fd owned(fd);
+  for_each_chunk(owned.get(), path, fn);
 }
 }  // namespace
+
+void for_each_chunk(int fd, const stdfs::path& path,
+                    const std::function<void(const char*, size_t)>& fn) {
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("cannot read " + path.string());
+    }
+    if (n == 0) break;
+    fn(buf, static_cast<size_t>(n));
+  }
+}
+
+Fd open_file(const stdfs::path& path) {
+  int fd = open_for_reading(path);
+  if (fd < 0) throw Error(ErrorKind::kNotFound, "file not found: " + path.string());
+  return Fd(fd);
+}
 
 void for_each_chunk(const stdfs::path& path, const std::function<void(const char*, size_t)>& fn) {
   int fd = open_for_reading(path);

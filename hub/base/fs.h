@@ -12,6 +12,8 @@
 #include <string>
 #include <string_view>
 
+#include "hub/base/guarded_root.h"
+
 namespace kh::fs {
 
 namespace stdfs = std::filesystem;
@@ -37,6 +39,12 @@ void remove_tree(const stdfs::path& path);
 void remove_empty_dir(const stdfs::path& dir);
 // Calls fn(data, size) for successive chunks of a file. Throws kNotFound / kIo.
 void for_each_chunk(const stdfs::path& path, const std::function<void(const char*, size_t)>& fn);
+// The same from an open descriptor's offset to its end (`path` names it in errors).
+void for_each_chunk(int fd, const stdfs::path& path,
+                    const std::function<void(const char*, size_t)>& fn);
+// Opens a regular file for reading as for_each_chunk does (beneath a guarded root: no link
+// followed). Throws kNotFound, kRefused for a link or special file, kIo.
+Fd open_file(const stdfs::path& path);
 void make_dirs(const stdfs::path& dir);
 
 // A unique, process-private temp file (O_CREAT|O_EXCL, 0600) that is removed unless committed.

@@ -544,7 +544,10 @@ stdfs::path Store::unpack(const Digest& layer, const ArchiveLimits& limits, Unpa
   }
   stdfs::path blob = blob_path(layer);
   // The blob was verified when stored; check again so that a damaged disk never yields code.
-  Digest actual = sha256_of_file(blob);
+  // Opened once: what is extracted below is this descriptor's inode (/proc/self/fd/N), not
+  // whatever the name points to after the check.
+  fs::Fd blob_fd = fs::open_file(blob);
+  Digest actual = sha256_of_fd(blob_fd.get(), blob);
   if (actual != layer) {
     fs::remove_tree(blob);
     throw Error(ErrorKind::kIntegrity, "cache entry " + blob.string() +
@@ -562,8 +565,9 @@ stdfs::path Store::unpack(const Digest& layer, const ArchiveLimits& limits, Unpa
   stdfs::path tmp = dir / tmp_name;
   stdfs::path dest = dir / layer.hex;
   try {
-    extract_archive(blob, stdfs::path("/proc/self/fd") / std::to_string(dir_fd->get()) / tmp_name,
-                    limits, budget);
+    extract_archive(stdfs::path("/proc/self/fd") / std::to_string(blob_fd.get()),
+                    stdfs::path("/proc/self/fd") / std::to_string(dir_fd->get()) / tmp_name, limits,
+                    budget);
   } catch (const Error& e) {
     throw Error(e.kind(), "cannot unpack layer " + layer.str() + ": " + e.what());
   }
