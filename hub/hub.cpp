@@ -248,6 +248,9 @@ void Hub::fetch_missing(const Ref& ref, const std::vector<oci::Descriptor>& blob
 
   auto download = [&](const std::vector<oci::Descriptor>& list) {
     if (list.empty()) return;
+    uint64_t total = 0;
+    for (auto& d : list) total += static_cast<uint64_t>(std::max<int64_t>(d.size, 0));
+    store_.require_free_space(total, fmt::format("{} blobs of {}", list.size(), ref.str()));
     std::vector<std::unique_ptr<BlobWriter>> writers;
     std::vector<BlobFetch> fetches;
     for (auto& d : list) {

@@ -391,17 +391,19 @@ std::unique_ptr<BlobWriter> Store::begin_blob(const oci::Descriptor& desc) {
     throw Error(ErrorKind::kInvalidInput,
                 "blob " + desc.digest.str() + ": negative size in its descriptor");
   }
-  struct statvfs vfs;
-  if (::statvfs((root_ / "tmp").c_str(), &vfs) == 0) {
-    uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-    if (free_bytes < static_cast<uint64_t>(desc.size)) {
-      throw Error(ErrorKind::kIo, "not enough free space in " + root_.string() + " for blob " +
-                                      desc.digest.str() + ": need " + std::to_string(desc.size) +
-                                      " bytes, " + std::to_string(free_bytes) +
-                                      " available; run `kernel-hub gc` or set KERNEL_HUB_CACHE");
-    }
-  }
+  require_free_space(static_cast<uint64_t>(desc.size), "blob " + desc.digest.str());
   return std::make_unique<StoreBlobWriter>(root_ / "tmp", dest, desc);
+}
+
+void Store::require_free_space(uint64_t bytes, const std::string& what) const {
+  struct statvfs vfs;
+  if (::statvfs((root_ / "tmp").c_str(), &vfs) != 0) return;
+  const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  if (free_bytes < bytes)
+    throw Error(ErrorKind::kIo, "not enough free space in " + root_.string() + " for " + what +
+                                    ": need " + std::to_string(bytes) + " bytes, " +
+                                    std::to_string(free_bytes) +
+                                    " available; run `kernel-hub gc` or set KERNEL_HUB_CACHE");
 }
 
 fs::FileLock Store::lock(const std::string& key) {

@@ -89,6 +89,10 @@ class Store {
   void put_blob(const oci::Descriptor& desc, std::string_view bytes);
   // Starts a streaming write for a download.
   std::unique_ptr<BlobWriter> begin_blob(const oci::Descriptor& desc);
+  // Throws kIo naming the need and what is free when the cache's file system has less than
+  // `bytes` free: a batch is checked as a whole before it starts (each blob alone fitting does
+  // not mean they all do).
+  void require_free_space(uint64_t bytes, const std::string& what) const;
 
   // Single-flight lock for a blob digest or any key (JIT compiles, unpacking).
   fs::FileLock lock(const std::string& key);

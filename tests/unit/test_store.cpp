@@ -107,6 +107,21 @@ TEST_F(StoreTest, LayoutAndCacheDirTag) {
   EXPECT_EQ(fs::read_file(root() / "CACHEDIR.TAG"), tag);
 }
 
+// A download batch is checked against the free space as a whole: more than the file system
+// holds is refused before anything is written, naming the need and what the batch is.
+TEST_F(StoreTest, FreeSpaceIsCheckedForAWholeBatch) {
+  Store s(root());
+  EXPECT_NO_THROW(s.require_free_space(1, "one byte"));
+  try {
+    s.require_free_space(uint64_t{1} << 62, "3 blobs of org/x@v1");
+    FAIL() << "4 EiB fit";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    EXPECT_NE(std::string(e.what()).find("for 3 blobs of org/x@v1: need"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(StoreTest, DefaultRootFollowsEnvironment) {
   std::string saved_cache = std::getenv("KERNEL_HUB_CACHE") ? std::getenv("KERNEL_HUB_CACHE") : "";
   std::string saved_xdg = std::getenv("XDG_CACHE_HOME") ? std::getenv("XDG_CACHE_HOME") : "";
