@@ -143,7 +143,11 @@ std::variant<Candidate, Failure> check_envelope(const TrustRequest& req, const E
   if (st.repo != req.repo) {
     return Failure{Check::kRepo,
                    fmt::format("the signature is for repository {}, not {}", st.repo, req.repo),
-                   "the hub serves another package's signature; do not use this package"};
+                   fmt::format("the same index is signed for {} only (a hub may serve another "
+                               "package's signature, or the index was packed under another "
+                               "name and the cache holds that one's); do not use it as {} "
+                               "unless its publisher signs it for {} (`kernel-hub sign`)",
+                               st.repo, req.repo, req.repo)};
   }
   if (!req.hub_id.empty() && st.hub_id != req.hub_id) {
     return Failure{Check::kRepo,

@@ -801,7 +801,8 @@ TEST_F(TrustVerify, RefusesAKeyTrustedForOtherRepositories) {
 TEST_F(TrustVerify, RefusesAStatementForAnotherRepositoryHubOrTag) {
   expect_refused(request(),
                  signed_set(statement(5, "v1", index_digest(), kNow + kDay, "kernel-hub/other")),
-                 {"the signature is for repository kernel-hub/other, not kernel-hub/norm"});
+                 {"the signature is for repository kernel-hub/other, not kernel-hub/norm",
+                  "packed under another name", "signs it for kernel-hub/norm"});
   expect_refused(request(), signed_set(statement(5, "v2")),
                  {"the signature is for tag v2, not v1"});
   TrustRequest req = request();
