@@ -1,8 +1,11 @@
 #include "hub/base/progress.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
+#include <string>
 
 namespace kh {
 
@@ -18,7 +21,24 @@ std::string human_bytes(double b) {
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
   return buf;
 }
+// The terminal's width, 80 when it does not say.
+size_t terminal_columns() {
+  winsize w{};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 0) return w.ws_col;
+  return 80;
+}
 }  // namespace
+
+std::string fit_label(const std::string& label, size_t tail, size_t columns) {
+  // One column spare: a line that fills the terminal wraps on some, and each \r redraw then
+  // leaves a line behind.
+  const size_t room = columns > tail + 1 ? columns - tail - 1 : 0;
+  if (label.size() <= room) return label;
+  if (room < 8) return label.substr(0, room);
+  // The middle goes ("kernel-hub/activation@sha256:a2b4...3529"): both ends say which it is.
+  const size_t head = (room - 3) / 2, back = room - 3 - head;
+  return label.substr(0, head) + "..." + label.substr(label.size() - back);
+}
 
 Progress::Progress(std::string label, bool enabled)
     : label_(std::move(label)), active_(enabled && ::isatty(STDERR_FILENO)) {
@@ -60,10 +80,13 @@ void Progress::draw(bool final) {
   int filled = static_cast<int>(frac * kWidth);
   std::string bar(static_cast<size_t>(filled), '#');
   bar.resize(kWidth, '.');
-  std::fprintf(stderr, "\r%s [%s] %3d%% %s / %s %s/s%s", label_.c_str(), bar.c_str(),
-               static_cast<int>(frac * 100), human_bytes(static_cast<double>(done_)).c_str(),
-               human_bytes(static_cast<double>(total_)).c_str(), human_bytes(rate).c_str(),
-               final ? "" : "   ");
+  char tail[160];
+  std::snprintf(tail, sizeof tail, " [%s] %3d%% %s / %s %s/s%s", bar.c_str(),
+                static_cast<int>(frac * 100), human_bytes(static_cast<double>(done_)).c_str(),
+                human_bytes(static_cast<double>(total_)).c_str(), human_bytes(rate).c_str(),
+                final ? "" : "   ");
+  const std::string line = fit_label(label_, std::strlen(tail), terminal_columns()) + tail;
+  std::fprintf(stderr, "\r%s", line.c_str());
   std::fflush(stderr);
 }
 

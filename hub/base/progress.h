@@ -3,10 +3,15 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace kh {
+
+// `label` shortened (its middle left out) so that it and `tail` more columns fit a terminal
+// `columns` wide: the bar is redrawn with \r, which a wrapped line defeats.
+std::string fit_label(const std::string& label, size_t tail, size_t columns);
 
 class Progress {
  public:

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "hub/base/error.h"
+#include "hub/base/progress.h"
 #include "hub/transport/http.h"
 #include "hub/transport/http_headers.h"
 
@@ -62,6 +63,22 @@ TEST(Backoff, RetryAfterIsWaitedInFullPlusBoundedJitter) {
     }
     EXPECT_TRUE(varies) << "a fleet told the same Retry-After must not return in one burst";
   }
+}
+
+// The progress label is shortened from the middle so a line fits the terminal (a wrapped line
+// leaves one behind at each \r redraw); short labels stay whole.
+TEST(ProgressLabel, FitsTheTerminalKeepingBothEnds) {
+  const std::string digest_ref =
+      "kernel-hub/"
+      "activation@sha256:a2b4abeb67fb7f1ad1197cad958f7906dabc20e9cd88786989751576fa503529";
+  EXPECT_EQ(fit_label("org/x@v1", 60, 80), "org/x@v1");
+  const std::string fitted = fit_label(digest_ref, 60, 80);
+  EXPECT_EQ(fitted.size(), 19u);
+  EXPECT_TRUE(fitted.starts_with("kernel-h")) << fitted;
+  EXPECT_TRUE(fitted.ends_with("503529")) << fitted;
+  EXPECT_NE(fitted.find("..."), std::string::npos) << fitted;
+  EXPECT_EQ(fit_label(digest_ref, 60, 62), "k");
+  EXPECT_EQ(fit_label(digest_ref, 60, 40), "");
 }
 
 TEST(Offline, SendIsRefusedBeforeAnyNetworkUse) {
