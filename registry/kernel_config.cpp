@@ -528,7 +528,10 @@ KernelConfig KernelConfig::parse(std::string_view json_text, std::string_view wh
 }
 
 KernelConfig KernelConfig::load(const std::string& path) {
-  return parse(fs::read_file(path, 4 << 20), path);
+  return parse(fs::read_input_file(path, 4 << 20,
+                                   "a KernelConfig JSON file mapping layers to kernel refs, as "
+                                   "manifests/examples/kernel-config.json"),
+               path);
 }
 
 std::vector<Ref> KernelConfig::refs() const {

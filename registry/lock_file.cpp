@@ -161,7 +161,8 @@ LockFile LockFile::parse(std::string_view json_text, std::string_view what) {
 }
 
 LockFile LockFile::load(const std::filesystem::path& path) {
-  return parse(fs::read_file(path, kMaxLockBytes), path.string());
+  return parse(fs::read_input_file(path, kMaxLockBytes, "a lock file from `kernel-hub lock`"),
+               path.string());
 }
 
 std::string LockFile::serialize() const {

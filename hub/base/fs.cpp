@@ -1,6 +1,7 @@
 #include "hub/base/fs.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -121,6 +123,19 @@ std::string read_file(const stdfs::path& path, uint64_t max_size) {
   auto s = read_file_if_exists(path, max_size);
   if (!s) throw Error(ErrorKind::kNotFound, "file not found: " + path.string());
   return std::move(*s);
+}
+
+std::string read_input_file(const stdfs::path& path, uint64_t max_size, std::string_view what) {
+  try {
+    return read_file(path, max_size);
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kNotFound)
+      throw Error(ErrorKind::kInvalidInput,
+                  fmt::format("{} not found: {} (expected {})", path.string(),
+                              std::strerror(ENOENT), what));
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("cannot read {} ({}): {}", path.string(), what, e.what()));
+  }
 }
 
 void make_dirs(const stdfs::path& dir) {

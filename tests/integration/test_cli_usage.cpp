@@ -110,7 +110,7 @@ TEST_F(CliUsage, EveryFailureWithJsonPrintsAnErrorObject) {
     std::string kind;
   };
   for (const Case& c : std::vector<Case>{
-           {{"resolve", "--config", "/nonexistent.json", "--json"}, 1, "not_found"},
+           {{"resolve", "--config", "/nonexistent.json", "--json"}, 2, "invalid_input"},
            {{"--json", "ls", "--bogus"}, 2, "invalid_input"},
            {{"--json", "nosuchcmd"}, 2, "invalid_input"},
            {{"--json", "lock"}, 2, "invalid_input"},  // --config missing
@@ -189,6 +189,21 @@ TEST_F(CliUsage, QuietHidesNotesButNotWarnings) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(has(r.err, "warning: unserved (not locked): RMSNorm cpu eval")) << r.err;
   EXPECT_FALSE(json::parse(r.out, nullptr, false).is_discarded()) << r.out;
+}
+
+// A config or lock file that is not there is bad input (exit 2), named with what it should be.
+TEST_F(CliUsage, AMissingConfigOrLockIsBadInputNamingWhatItShouldBe) {
+  const std::string missing = (work_ / "nope.json").string();
+  ProcessResult r = cli({"--json", "resolve", "--config", missing});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(has(r.err, missing + " not found")) << r.err;
+  EXPECT_TRUE(has(r.err, "KernelConfig JSON file")) << r.err;
+  EXPECT_EQ(error_kind(r), "invalid_input");
+  r = cli({"pull", "--lock", missing});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(has(r.err, "lock file")) << r.err;
+  r = cli({"resolve", "--config", work_.path().string()});  // a directory
+  EXPECT_EQ(r.exit_code, 2) << r.err;
 }
 
 // A hub that cannot be asked is not a ref that is absent: lock, pull --config and export fail
