@@ -21,8 +21,8 @@ namespace stdfs = std::filesystem;
 // Reads a whole file. Throws kNotFound when it does not exist, kIo on other errors,
 // kRefused when it is larger than max_size.
 std::string read_file(const stdfs::path& path, uint64_t max_size = UINT64_MAX);
-// read_file for a file the user named (a config, a lock file): a missing, unreadable or
-// non-regular file is kInvalidInput (bad input, exit 2) naming `what` it should be.
+// read_file for a file the user named (a config, a lock file), its errors naming `what` it
+// should be: kNotFound when missing, kInvalidInput when unreadable or not a regular file.
 std::string read_input_file(const stdfs::path& path, uint64_t max_size, std::string_view what);
 std::optional<std::string> read_file_if_exists(const stdfs::path& path,
                                                uint64_t max_size = UINT64_MAX);

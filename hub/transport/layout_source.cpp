@@ -548,6 +548,18 @@ class LayoutSource final : public Source {
     std::string rel = base + "index.json";
     auto bytes = reader_->read(rel, oci::kMaxManifestBytes);
     if (!bytes) {
+      // The hub directory itself missing is a wrong --hub, not a missing repository.
+      std::error_code ec;
+      if (single_layout_)
+        throw Error(ErrorKind::kInvalidInput,
+                    reader_->where("") +
+                        " is not an OCI image layout (it has no index.json); give the layout "
+                        "`kernel-hub pack -o` wrote");
+      if (dir_ && !stdfs::is_directory(reader_->where(""), ec))
+        throw Error(ErrorKind::kInvalidInput,
+                    "the hub directory " + reader_->where("") +
+                        " does not exist or is not a directory; check --hub (or "
+                        "KERNEL_HUB_ENDPOINT): a hub directory holds <org>/<name>/ OCI layouts");
       throw Error(ErrorKind::kNotFound, label(repo) + ": no such repository in layout hub " +
                                             reader_->where("") + " (" + reader_->where(rel) +
                                             " does not exist); check the name and the hub");

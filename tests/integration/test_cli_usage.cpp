@@ -110,7 +110,7 @@ TEST_F(CliUsage, EveryFailureWithJsonPrintsAnErrorObject) {
     std::string kind;
   };
   for (const Case& c : std::vector<Case>{
-           {{"resolve", "--config", "/nonexistent.json", "--json"}, 2, "invalid_input"},
+           {{"resolve", "--config", "/nonexistent.json", "--json"}, 1, "not_found"},
            {{"--json", "ls", "--bogus"}, 2, "invalid_input"},
            {{"--json", "nosuchcmd"}, 2, "invalid_input"},
            {{"--json", "lock"}, 2, "invalid_input"},  // --config missing
@@ -191,19 +191,36 @@ TEST_F(CliUsage, QuietHidesNotesButNotWarnings) {
   EXPECT_FALSE(json::parse(r.out, nullptr, false).is_discarded()) << r.out;
 }
 
-// A config or lock file that is not there is bad input (exit 2), named with what it should be.
-TEST_F(CliUsage, AMissingConfigOrLockIsBadInputNamingWhatItShouldBe) {
+// A config or lock file that is not there is named with what it should be; a directory given
+// for one is bad input (exit 2).
+TEST_F(CliUsage, AMissingConfigOrLockIsNamedWithWhatItShouldBe) {
   const std::string missing = (work_ / "nope.json").string();
   ProcessResult r = cli({"--json", "resolve", "--config", missing});
-  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_TRUE(has(r.err, missing + " not found")) << r.err;
   EXPECT_TRUE(has(r.err, "KernelConfig JSON file")) << r.err;
-  EXPECT_EQ(error_kind(r), "invalid_input");
+  EXPECT_EQ(error_kind(r), "not_found");
   r = cli({"pull", "--lock", missing});
-  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_TRUE(has(r.err, "lock file")) << r.err;
   r = cli({"resolve", "--config", work_.path().string()});  // a directory
   EXPECT_EQ(r.exit_code, 2) << r.err;
+}
+
+// A hub directory that is not there is a wrong --hub, not a missing repository; a push source
+// that is not a layout says so.
+TEST_F(CliUsage, AMissingHubDirectoryOrLayoutIsNamedAsSuch) {
+  std::vector<std::string> argv = {
+      cli_path(), "--cache",  (work_ / "cache").string(), "--hub", (work_ / "no-hub").string(),
+      "info",     "acme/none"};
+  ProcessResult r = run_process(argv, {{"KERNEL_HUB_TRUST_DIR", (work_ / "trust").string()}}, 60);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(has(r.err, "the hub directory " + (work_ / "no-hub").string() + " does not exist"))
+      << r.err;
+  std::filesystem::create_directories(work_ / "empty-layout");
+  r = cli({"push", (work_ / "empty-layout").string(), "acme/none@v1"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(has(r.err, "is not an OCI image layout")) << r.err;
 }
 
 // A hub that cannot be asked is not a ref that is absent: lock, pull --config and export fail
