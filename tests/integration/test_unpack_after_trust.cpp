@@ -45,6 +45,14 @@ void expect_error(const std::function<void()>& f, ErrorKind kind,
   }
 }
 
+// An index as pack wrote it before kernelhub.layers and kernelhub.package-manifest.
+void as_packed_before_the_annotations(oci::Index& index) {
+  for (auto& d : index.manifests) {
+    d.annotations.erase(std::string(kAnnotationLayers));
+    d.annotations.erase(std::string(kAnnotationPackageManifest));
+  }
+}
+
 class UnpackAfterTrust : public ::testing::Test {
  protected:
   void SetUp() override { layer_ = pack_toy_hub(hub_dir_.path()).variants.at(0).layer.digest; }
@@ -126,14 +134,7 @@ TEST_F(UnpackAfterTrust, ARefusedSignatureLeavesNothingUnpacked) {
 // which needs the tree, so the index is trusted first and unpacked after. Unsigned, it is refused
 // with nothing unpacked, and allowed (with its re-plan) under KERNEL_HUB_ALLOW_UNSIGNED.
 TEST_F(UnpackAfterTrust, AnOldIndexIsTrustedBeforeItIsUnpackedToReadKernelJson) {
-  republish_v1(
-      [](oci::Index& index) {
-        for (auto& d : index.manifests) {
-          d.annotations.erase(std::string(kAnnotationLayers));
-          d.annotations.erase(std::string(kAnnotationPackageManifest));
-        }
-      },
-      /*sign=*/false);
+  republish_v1(as_packed_before_the_annotations, /*sign=*/false);
   {
     Runtime rt;
     expect_error([&] { kernelize_toy(*hub(store_), rt); }, ErrorKind::kRefused, {"test/toy"});
@@ -157,14 +158,7 @@ TEST_F(UnpackAfterTrust, AnOldIndexIsTrustedBeforeItIsUnpackedToReadKernelJson) 
 // self-consistent tree planted at unpacked/<layer> (toy 2.0.0: y = x * alpha + 1) is unpacked
 // again from the blob, and toy 1.0.0 is what loads.
 TEST_F(UnpackAfterTrust, AnOldSignedIndexHoldsAPlantedTreeToItsLayer) {
-  republish_v1(
-      [](oci::Index& index) {
-        for (auto& d : index.manifests) {
-          d.annotations.erase(std::string(kAnnotationLayers));
-          d.annotations.erase(std::string(kAnnotationPackageManifest));
-        }
-      },
-      /*sign=*/true);
+  republish_v1(as_packed_before_the_annotations, /*sign=*/true);
   hub(store_)->pull(Ref::parse("test/toy@v1"));
   const stdfs::path dir = store_.root() / "unpacked" / layer_.hex;
   stdfs::create_directories(dir.parent_path());
