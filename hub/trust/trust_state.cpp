@@ -47,14 +47,16 @@ stdfs::path TrustState::path_for(const std::string& hub_id, const std::string& r
 }
 
 std::optional<SerialRecord> TrustState::read_highest(const std::string& repo,
-                                                     const std::string& tag) const {
+                                                     const std::string& tag,
+                                                     const std::string& key_id) const {
   std::optional<SerialRecord> best;
   std::error_code ec;
   for (auto it = stdfs::directory_iterator(root_, ec); !ec && it != stdfs::directory_iterator();
        it.increment(ec)) {
     const std::string hub_id = it->path().filename().string();
     if (!is_valid_hub_id(hub_id)) continue;  // not a record directory: nothing to read
-    if (auto r = read(hub_id, repo, tag); r && (!best || r->serial > best->serial))
+    auto r = read(hub_id, repo, tag);
+    if (r && !key_id.empty() && r->key_id == key_id && (!best || r->serial > best->serial))
       best = std::move(r);
   }
   return best;
@@ -86,6 +88,7 @@ std::optional<SerialRecord> TrustState::read(const std::string& hub_id, const st
     r.index = Digest::parse(j.at("index").get<std::string>());
     r.expires = j.at("expires").get<int64_t>();
     r.seen_at = j.at("seen_at").get<int64_t>();
+    if (auto k = j.find("key_id"); k != j.end()) r.key_id = k->get<std::string>();
     // The record's own fields must agree with its path: a file copied elsewhere would
     // otherwise lend its serial to another tag.
     if (r.hub_id != hub_id || r.repo != repo || r.tag != tag) {
@@ -101,9 +104,9 @@ std::optional<SerialRecord> TrustState::read(const std::string& hub_id, const st
 
 void TrustState::write(const SerialRecord& r) {
   stdfs::path p = path_for(r.hub_id, r.repo, r.tag);
-  nlohmann::json j{{"hub_id", r.hub_id},  {"repo", r.repo},         {"tag", r.tag},
-                   {"serial", r.serial},  {"index", r.index.str()}, {"expires", r.expires},
-                   {"seen_at", r.seen_at}};
+  nlohmann::json j{{"hub_id", r.hub_id},   {"repo", r.repo},         {"tag", r.tag},
+                   {"serial", r.serial},   {"index", r.index.str()}, {"expires", r.expires},
+                   {"seen_at", r.seen_at}, {"key_id", r.key_id}};
   Digest::parse(r.index.str());  // never persist a record we could not read back
   fs::write_file_atomic(p, j.dump() + "\n", 0644);
 }

@@ -1,7 +1,7 @@
 // Rollback state (REFERENCE 4.3 step 4), kept with the trust store, not in the cache (clearing
 // or sharing a cache must not reset it):
 //   <trust dir>/state/<hub-id>/<org>/<name>/<tag>.json
-//       {"hub_id", "repo", "tag", "serial", "index", "expires", "seen_at"}
+//       {"hub_id", "repo", "tag", "serial", "index", "expires", "seen_at", "key_id"}
 // The highest statement serial verified for each (hub id, repo, tag), so that a hub or mirror
 // serving an older, validly signed statement is refused. Every write is temp -> fsync ->
 // rename.
@@ -24,6 +24,7 @@ struct SerialRecord {
   Digest index;         // the index digest that serial signed
   int64_t expires = 0;  // unix seconds, the statement's expiry
   int64_t seen_at = 0;  // unix seconds, when it was verified
+  std::string key_id;   // the key that signed it ("" in records written before it was kept)
   bool operator==(const SerialRecord&) const = default;
 };
 
@@ -37,9 +38,12 @@ class TrustState {
   // read as absent (the next verification rewrites it).
   std::optional<SerialRecord> read(const std::string& hub_id, const std::string& repo,
                                    const std::string& tag) const;
-  // The record with the highest serial for (repo, tag) under any hub id: the hub id is the
-  // signer's to choose, so an older statement under another one must not start a fresh count.
-  std::optional<SerialRecord> read_highest(const std::string& repo, const std::string& tag) const;
+  // The record with the highest serial for (repo, tag) signed by `key_id`, under any hub id: the
+  // hub id is the signer's to choose, so the same key's older statement under another one must
+  // not start a fresh count. Other keys' records (another build tree's default hub, another
+  // publisher) are not compared.
+  std::optional<SerialRecord> read_highest(const std::string& repo, const std::string& tag,
+                                           const std::string& key_id) const;
   // Replaces the record atomically.
   void write(const SerialRecord& record);
   // Under a lock shared by every process using this cache: writes the record only when none

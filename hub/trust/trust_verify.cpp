@@ -197,8 +197,13 @@ std::variant<Candidate, Failure> check_envelope(const TrustRequest& req, const E
 
   // 6. Rollback, per tag: a digest pin names its content itself.
   if (!req.tag.empty()) {
-    // Over every hub id: the signer names it, so it cannot reset the count.
-    if (auto seen = state.read_highest(st.repo, st.tag)) {
+    // This hub id's record, and this key's under any hub id: the signer names the hub id, so
+    // changing it must not reset the count (another key's records are another signer's).
+    std::optional<SerialRecord> seen = state.read(st.hub_id, st.repo, st.tag);
+    if (auto by_key = state.read_highest(st.repo, st.tag, signer);
+        by_key && (!seen || by_key->serial > seen->serial))
+      seen = std::move(by_key);
+    if (seen) {
       if (st.serial < seen->serial) {
         return Failure{Check::kRollback,
                        fmt::format("rollback: serial {} is older than serial {} seen before "
@@ -271,7 +276,8 @@ TrustDecision verify_trust(const TrustRequest& req, const SignatureSet& sigs,
   if (best) {
     const Statement& st = best->statement;
     if (!req.tag.empty()) {
-      state.advance(SerialRecord{st.hub_id, st.repo, st.tag, st.serial, st.index, st.expires, now});
+      state.advance(SerialRecord{st.hub_id, st.repo, st.tag, st.serial, st.index, st.expires, now,
+                                 best->key_id});
     }
     TrustDecision d;
     d.signed_ok = true;

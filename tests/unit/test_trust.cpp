@@ -640,7 +640,8 @@ TEST(TrustStoreDir, DefaultDirFollowsTheEnvironment) {
 
 TEST(TrustStateFiles, PersistsAcrossObjectsAndOnlyAdvances) {
   TempDir dir;
-  SerialRecord r{"kernel-hub.dev", "kernel-hub/norm", "v1", 5, index_digest(), kNow + kDay, kNow};
+  SerialRecord r{"kernel-hub.dev", "kernel-hub/norm", "v1", 5,
+                 index_digest(),   kNow + kDay,       kNow, "key"};
   {
     TrustState state(dir.path());
     EXPECT_FALSE(state.read(r.hub_id, r.repo, r.tag).has_value());
@@ -681,7 +682,7 @@ TEST(TrustStateFiles, RejectsUnsafeNamesAndIgnoresDamagedRecords) {
   fs::write_file_atomic(p, "{broken");
   EXPECT_FALSE(state.read("hub", "kernel-hub/norm", "v1").has_value());
   // A record copied to another tag's path does not lend that tag its serial.
-  SerialRecord r{"hub", "kernel-hub/norm", "v2", 9, index_digest(), kNow, kNow};
+  SerialRecord r{"hub", "kernel-hub/norm", "v2", 9, index_digest(), kNow, kNow, "key"};
   state.write(r);
   stdfs::copy_file(state.path_for("hub", "kernel-hub/norm", "v2"), p,
                    stdfs::copy_options::overwrite_existing);
@@ -898,11 +899,19 @@ TEST_F(TrustVerify, RefusesRollback) {
                ErrorKind::kRefused, {kRef, "rollback: serial 5 is older than serial 6"});
   // Rollback is per tag: another tag has its own serial.
   EXPECT_TRUE(verify(request("1.0.0"), signed_set(statement(1, "1.0.0"))).signed_ok);
-  // Not per hub id: the signer names it, so an older statement under another one is refused too.
+  // Not per hub id alone: the signer names it, so the same key's older statement under another
+  // one is refused too...
   Statement elsewhere = statement(4);
   elsewhere.hub_id = "another-hub";
   expect_refused(request(), signed_set(elsewhere),
                  {"rollback: serial 4 is older than serial 6", "hub id kernel-hub.dev"});
+  // ...while another key's statements (another build tree's default hub, another publisher)
+  // keep their own count, even for the same index.
+  PrivateKey second = PrivateKey::generate();
+  store_.add(second.public_key(), {"kernel-hub/*"});
+  SignatureSet theirs;
+  theirs.envelopes.push_back(sign_statement(elsewhere, second));
+  EXPECT_TRUE(verify(request(), theirs).signed_ok);
 }
 
 TEST_F(TrustVerify, PicksTheHighestValidSerialAndReportsTheFurthestFailure) {
