@@ -339,23 +339,35 @@ bool Store::has_blob(const Digest& d) const {
 
 bool Store::has_intact_blob(const oci::Descriptor& d) {
   const stdfs::path p = blob_path(d.digest);
-  struct stat st;
-  if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
-  std::string problem;
-  if (d.size >= 0 && static_cast<uint64_t>(st.st_size) != static_cast<uint64_t>(d.size)) {
-    problem = fmt::format("{} bytes, not {}", st.st_size, d.size);
-  } else {
-    try {
-      if (Digest actual = sha256_of_file(p); actual != d.digest)
-        problem = "content hashes to " + actual.str();
-    } catch (const Error& e) {
-      problem = e.what();
-    }
+  fs::Fd fd;
+  try {
+    fd = fs::open_file(p);
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kNotFound) return false;
+    throw;
   }
-  if (problem.empty()) return true;
-  log_warning(fmt::format("cache entry {} is damaged ({}); removing it to fetch it again",
-                          p.string(), problem));
-  fs::remove_tree(p);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw_errno("cannot stat " + p.string());
+  // The content decides, never the descriptor alone: the blob is named by its digest, so a
+  // descriptor whose size disagrees with intact content is the manifest's error, and a hub that
+  // could delete cached blobs by naming them with a wrong size would be a hostile one's tool.
+  const Digest actual = sha256_of_fd(fd.get(), p);
+  if (actual == d.digest) {
+    if (d.size >= 0 && static_cast<uint64_t>(st.st_size) != static_cast<uint64_t>(d.size))
+      throw Error(ErrorKind::kIntegrity,
+                  fmt::format("a manifest lists blob {} with size {}, but that blob is {} bytes "
+                              "(its content verified); the hub's manifest is wrong",
+                              d.digest.str(), d.size, st.st_size));
+    return true;
+  }
+  log_warning(
+      fmt::format("cache entry {} is damaged (content hashes to {}); removing it to "
+                  "fetch it again",
+                  p.string(), actual.str()));
+  // Only the file that was hashed: another process may have replaced it with a good copy.
+  struct stat now {};
+  if (::lstat(p.c_str(), &now) == 0 && now.st_dev == st.st_dev && now.st_ino == st.st_ino)
+    fs::remove_tree(p);
   return false;
 }
 

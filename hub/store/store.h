@@ -78,8 +78,9 @@ class Store {
   const std::filesystem::path& root() const { return root_; }
   std::filesystem::path blob_path(const Digest& d) const;
   bool has_blob(const Digest& d) const;
-  // Whether the blob is stored with the descriptor's size and content. A damaged one (a disk
-  // error, a hand edit) is removed, with a warning, so that it is fetched again.
+  // Whether the blob is stored (its content hashing to its digest). A damaged one (a disk error,
+  // a hand edit) is removed, with a warning, so that it is fetched again; intact content whose
+  // size the descriptor misstates is kIntegrity naming the descriptor, and stays.
   bool has_intact_blob(const oci::Descriptor& d);
 
   // Reads a small blob and verifies its digest (a damaged entry is removed and reported

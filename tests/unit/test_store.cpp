@@ -171,6 +171,28 @@ TEST_F(StoreTest, PutReadAndVerifyBlobs) {
   EXPECT_TRUE(names_in(root() / "tmp").empty());
 }
 
+// A cached blob is judged by its content: intact content is kept whatever size a descriptor
+// claims (a hub naming a cached digest with a wrong size must not delete it), damaged content is
+// removed so that it is fetched again.
+TEST_F(StoreTest, IntactBlobsAreJudgedByTheirContentNotByADescriptor) {
+  Store s(root());
+  const std::string bytes = "cached blob content";
+  oci::Descriptor d = blob_desc(bytes);
+  EXPECT_FALSE(s.has_intact_blob(d));
+  s.put_blob(d, bytes);
+  EXPECT_TRUE(s.has_intact_blob(d));
+  oci::Descriptor lying = d;
+  lying.size = 5;
+  expect_integrity_error([&] { s.has_intact_blob(lying); });
+  EXPECT_TRUE(s.has_blob(d.digest)) << "a wrong size in a descriptor deleted an intact blob";
+  // Damage: removed, then absent.
+  const stdfs::path p = s.blob_path(d.digest);
+  ::chmod(p.c_str(), 0644);
+  fs::write_file_atomic(p, "cached blob CONTENT", 0444);
+  EXPECT_FALSE(s.has_intact_blob(d));
+  EXPECT_FALSE(s.has_blob(d.digest));
+}
+
 TEST_F(StoreTest, BlobWriterCommitsVerifiedContent) {
   Store s(root());
   std::string bytes = pseudo_random_bytes(300000, 1);
