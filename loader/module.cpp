@@ -1,13 +1,14 @@
 #include "loader/module.h"
 
 #include <dlfcn.h>
+#include <link.h>
+#include <sys/stat.h>
 
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
-#include <vector>
 
 #include <fmt/format.h>
 
@@ -31,19 +32,25 @@ std::map<std::string, const LoadedModule*>& registry() {
   return *r;
 }
 
-// The descriptor of every library dlopen mapped, refused ones included, held for the life of
-// the process: glibc knows a library by the name it was opened with, /proc/self/fd/N, and would
-// hand the old handle back to a later dlopen of a reused N, running the earlier library's code
-// in place of the one just verified.
-std::vector<std::shared_ptr<VerifiedFile>>& mapped_files() {
-  static auto* files = new std::vector<std::shared_ptr<VerifiedFile>>();
-  return *files;
+// Every library dlopen mapped, by handle, refused ones included: the digest verified before it
+// was opened, and its descriptor, held for the life of the process: glibc knows a library by the
+// name it was opened with, /proc/self/fd/N, and would hand the old handle back to a later dlopen
+// of a reused N, running the earlier library's code in place of the one just verified. One
+// descriptor a handle: loading the same library again holds no new one.
+std::map<void*, std::shared_ptr<VerifiedFile>>& mapped_libraries() {
+  static auto* mapped = new std::map<void*, std::shared_ptr<VerifiedFile>>();
+  return *mapped;
 }
 
-// What each handle dlopen gave maps: the digest verified before it was opened.
-std::map<void*, Digest>& mapped_digests() {
-  static auto* digests = new std::map<void*, Digest>();
-  return *digests;
+// Whether `handle` (one this loader did not map: the application loaded it itself) maps the
+// file open as `fd`.
+bool maps_same_file(void* handle, int fd) {
+  link_map* map = nullptr;
+  struct stat mapped {
+  }, ours{};
+  return dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name &&
+         ::stat(map->l_name, &mapped) == 0 && ::fstat(fd, &ours) == 0 &&
+         mapped.st_dev == ours.st_dev && mapped.st_ino == ours.st_ino;
 }
 
 Check failed(const std::string& rule, const std::string& file, const std::string& what) {
@@ -94,10 +101,13 @@ LoadResult try_load_module(const std::filesystem::path& library,
   // not the name: /proc/self/fd/N maps the very inode (or sealed copy) that was checked. A name
   // or inode the link map already holds gives back that library: fine when it is these bytes
   // (the same file linked elsewhere), refused when it is anything else.
+  std::shared_ptr<VerifiedFile> mapped;
   if (void* known = dlopen(verified.fd_path().c_str(), RTLD_NOW | RTLD_NOLOAD)) {
     dlclose(known);  // drops only the reference NOLOAD took
-    auto it = mapped_digests().find(known);
-    if (it == mapped_digests().end() || it->second != verified.digest) {
+    auto it = mapped_libraries().find(known);
+    const bool same = it != mapped_libraries().end() ? it->second->digest == verified.digest
+                                                     : maps_same_file(known, verified.fd.get());
+    if (!same) {
       checks.push_back(failed("dlopen", file,
                               fmt::format("{} already names a loaded library with other content "
                                           "(a reused descriptor number or file); dlopen would "
@@ -105,6 +115,7 @@ LoadResult try_load_module(const std::filesystem::path& library,
                                           verified.fd_path())));
       return result;
     }
+    if (it != mapped_libraries().end()) mapped = it->second;
   }
   dlerror();
   void* handle = dlopen(verified.fd_path().c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
@@ -118,10 +129,11 @@ LoadResult try_load_module(const std::filesystem::path& library,
   }
   checks.push_back({"dlopen", true, "loaded with RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE"});
   // Never dlclose: RTLD_NODELETE keeps it mapped, and ops or kernels may still be in flight.
-  // Nor close its descriptor, whatever is refused below (mapped_files()).
-  auto mapped = std::make_shared<VerifiedFile>(std::move(verified));
-  mapped_files().push_back(mapped);
-  mapped_digests().emplace(handle, mapped->digest);
+  // Nor close its descriptor, whatever is refused below (mapped_libraries()).
+  if (!mapped) {
+    mapped = std::make_shared<VerifiedFile>(std::move(verified));
+    mapped_libraries().emplace(handle, mapped);
+  }
 
   dlerror();
   auto entry = reinterpret_cast<kh_module_v1_fn>(dlsym(handle, KH_MODULE_ENTRY_NAME));

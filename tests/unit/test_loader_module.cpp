@@ -130,6 +130,29 @@ TEST(LoaderModule, ALibraryRefusedAfterDlopenCannotStandInForTheNext) {
   EXPECT_EQ(r.module->view.version, "2.0.0");
 }
 
+// A library refused after dlopen and tried again holds one descriptor, not one more a try (a
+// server that rebinds would run out of them).
+TEST(LoaderModule, RetryingARefusedLibraryHoldsNoMoreDescriptors) {
+  auto open_fds = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                         std::filesystem::directory_iterator());
+  };
+  EXPECT_EQ(try_load_module(toy("toy-abi-major-2")).module, nullptr);
+  const auto before = open_fds();
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(try_load_module(toy("toy-abi-major-2")).module, nullptr);
+  EXPECT_LE(open_fds(), before + 1);
+}
+
+// A library the application loaded itself (the same file) is not taken for another library's
+// reused name: the loader binds it.
+TEST(LoaderModule, ALibraryTheApplicationLoadedItselfStillLoads) {
+  void* own = dlopen(toy("toy-2.0.0").c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(own, nullptr) << dlerror();
+  LoadResult r = try_load_module(toy("toy-2.0.0"));
+  ASSERT_NE(r.module, nullptr) << r.report.failures();
+  EXPECT_EQ(r.module->view.version, "2.0.0");
+}
+
 // Refusals that must happen before dlopen: the library never appears in the link map.
 TEST(LoaderModule, PreflightRefusalsHappenBeforeDlopen) {
   struct Case {
