@@ -56,14 +56,19 @@ std::optional<Module> this_module() {
   return Module{file, executable};
 }
 
-// Whether `path` may hold the built-in key: owned by this user or root and writable by no one
-// else. The key is trusted for kernel-hub/*, so a directory another user can write (such as /tmp)
-// must not supply it, nor the default hub.
-bool trustworthy(const stdfs::path& path) {
+// Why `path` may not hold the built-in key ("" when it may): it must be owned by this user, root
+// or the owner of kernel-hub's own file (who decides what runs anyway: a shared install by an
+// admin account), and be writable by no one else but its group (umask 002 systems). The key is
+// trusted for kernel-hub/*, so a directory anyone can write (such as /tmp) must not supply it,
+// nor the default hub.
+std::string untrusted_because(const stdfs::path& path, uid_t code_owner) {
   struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return false;
-  const bool ours = st.st_uid == ::geteuid() || st.st_uid == 0;
-  return ours && (st.st_mode & S_IWOTH) == 0 && !S_ISLNK(st.st_mode);
+  if (::lstat(path.c_str(), &st) != 0) return "it cannot be examined";
+  if (S_ISLNK(st.st_mode)) return "it is a symbolic link";
+  if (st.st_uid != ::geteuid() && st.st_uid != 0 && st.st_uid != code_owner)
+    return fmt::format("it is owned by uid {}, not by you, root or kernel-hub's owner", st.st_uid);
+  if (st.st_mode & S_IWOTH) return "anyone can write it";
+  return "";
 }
 
 DataDirLookup lookup() {
@@ -79,21 +84,37 @@ DataDirLookup lookup() {
     return out;
   }
   const stdfs::path folder = module->file.parent_path();
+  struct stat code {};
+  const uid_t code_owner = ::stat(module->file.c_str(), &code) == 0 ? code.st_uid : ::geteuid();
+  auto refused = [&](const stdfs::path& p, const std::string& why) {
+    out.looked += fmt::format("; {} is not trusted: {}", p.string(), why);
+  };
   const stdfs::path installed =
       (folder / (module->executable ? KH_DATA_DIR_FROM_BIN : KH_DATA_DIR_FROM_LIB))
           .lexically_normal();
   out.looked = fmt::format("{} (relative to {})", installed.string(), module->file.string());
-  if (is_dir(installed / "default-hub") && trustworthy(installed)) {
-    out.dir = installed;
-    return out;
+  if (is_dir(installed / "default-hub")) {
+    const std::string why = untrusted_because(installed, code_owner);
+    if (why.empty()) {
+      out.dir = installed;
+      return out;
+    }
+    refused(installed, why);
   }
   stdfs::path up = folder;
   for (int i = 0; i <= kBuildTreeDepth && !up.empty(); ++i, up = up.parent_path()) {
-    if (!trustworthy(up)) break;  // nothing from here up (a shared /tmp, say)
+    if (const std::string why = untrusted_because(up, code_owner); !why.empty()) {
+      refused(up, why);
+      break;  // nothing from here up (a shared /tmp, say)
+    }
     std::error_code ec;
-    if (stdfs::is_regular_file(up / kBuildTreeMarker, ec) && trustworthy(up / kBuildTreeMarker)) {
-      out.dir = up;
-      return out;
+    if (stdfs::is_regular_file(up / kBuildTreeMarker, ec)) {
+      const std::string why = untrusted_because(up / kBuildTreeMarker, code_owner);
+      if (why.empty()) {
+        out.dir = up;
+        return out;
+      }
+      refused(up / kBuildTreeMarker, why);
     }
     if (up == up.root_path()) break;
   }

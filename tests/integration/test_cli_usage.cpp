@@ -294,6 +294,15 @@ TEST_F(CliUsage, APlantedBuildTreeInASharedFolderSuppliesNoKey) {
   };
   ::chmod(shared.c_str(), 01777);
   EXPECT_EQ(builtin_keys(), 0u) << "a key planted in a world-writable folder was trusted";
+  // The lookup says why (here through `pull`, which needs the default hub).
+  ProcessResult pull = run_process({(shared / "app/bin/kernel-hub").string(), "--cache",
+                                    (work_ / "cache").string(), "pull", "kernel-hub/example"},
+                                   {{"KERNEL_HUB_TRUST_DIR", (work_ / "trust").string()},
+                                    {"KERNEL_HUB_DATA_DIR", ""},
+                                    {"KERNEL_HUB_ENDPOINT", ""}},
+                                   60);
+  EXPECT_NE(pull.exit_code, 0);
+  EXPECT_TRUE(has(pull.err, shared.string() + " is not trusted: anyone can write it")) << pull.err;
   ::chmod(shared.c_str(), 0755);
   EXPECT_EQ(builtin_keys(), 1u) << "the control: the same tree, private, is used";
 }
