@@ -733,7 +733,7 @@ LockBuild build_lock(const KernelConfig& config, const std::vector<Device>& devi
         // the cache or damage would otherwise write (and commit, in CI) an empty lock.
         if (e.kind() == ErrorKind::kIntegrity) throw;
         if (e.kind() != ErrorKind::kNotFound)
-          throw Error(e.kind(), fmt::format("{}: {}; nothing was locked", text, e.what()));
+          throw Error(e.kind(), fmt::format("{}: {}", text, e.what()));
         for (auto& u : uses)
           unserved(fmt::format("{} {} {}: {}: {}", u.layer, device.key, mode_key_name(u.mode),
                                u.kernel.str(), explain_index_failure(ref, e)));

@@ -29,6 +29,25 @@ std::string sanitize(std::string_view s) {
 }
 }  // namespace
 
+namespace {
+
+// A user:password@ in an address would reach every message, the hub's id and the cache's
+// directory names: refused, without repeating it. `rest` is what follows "scheme://".
+void refuse_credentials(std::string_view text, std::string_view rest) {
+  const std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
+  const size_t at = authority.rfind('@');
+  if (at == std::string_view::npos) return;
+  throw Error(ErrorKind::kInvalidInput,
+              "invalid hub address " + std::string(text.substr(0, text.find("://") + 3)) + "...@" +
+                  std::string(rest.substr(at + 1)) +
+                  ": credentials in the address (user:password@) would show in messages and "
+                  "cache paths; put them in the credentials file (KERNEL_HUB_CREDENTIALS, else "
+                  "~/.config/kernel-hub/credentials.json) under the host[:port], or in docker's "
+                  "or podman's auth file");
+}
+
+}  // namespace
+
 HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
   HubAddress a;
   a.text = std::string(text);
@@ -45,6 +64,7 @@ HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
   if (text.starts_with("oci://")) {
     std::string_view rest = text.substr(6);
     while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+    refuse_credentials(text, rest);
     auto slash = rest.find('/');
     a.kind = Kind::kRegistry;
     a.host = std::string(rest.substr(0, slash));
@@ -65,16 +85,7 @@ HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
     std::string_view rest = text.substr(text.find("://") + 3);
     if (rest.empty() || rest.front() == '/') bad("missing host");
     // user:password@ would reach every message, the hub's id and the cache's directory names.
-    // (Not repeated in the message either.)
-    const std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
-    if (size_t at = authority.rfind('@'); at != std::string_view::npos)
-      throw Error(ErrorKind::kInvalidInput,
-                  "invalid hub address " + std::string(text.substr(0, text.find("://") + 3)) +
-                      "...@" + std::string(rest.substr(at + 1)) +
-                      ": credentials in the address (user:password@) would show in messages and "
-                      "cache paths; put them in the credentials file (KERNEL_HUB_CREDENTIALS, "
-                      "else ~/.config/kernel-hub/credentials.json) under the host[:port], or in "
-                      "docker's or podman's auth file");
+    refuse_credentials(text, rest);
     a.base_url = std::string(text);
     while (a.base_url.size() > 8 && a.base_url.back() == '/') a.base_url.pop_back();
     return a;

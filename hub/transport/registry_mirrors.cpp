@@ -53,6 +53,13 @@ std::vector<RegistryMirror> parse_registry_mirrors(std::string_view text,
                               origin, entry, why));
     };
     if (entry.empty()) bad("is empty");
+    // Not echoed: it would print a password. Mirrors get no credentials (they serve what the
+    // hub's digests pin), so there is nowhere else to put one.
+    if (entry.find('@') != std::string_view::npos)
+      throw Error(ErrorKind::kInvalidInput,
+                  fmt::format("{}: a mirror entry holds user:password@ (not repeated here); "
+                              "mirrors are asked anonymously: remove it",
+                              origin));
     RegistryMirror m;
     std::string_view rest = entry;
     if (size_t eq = rest.find('='); eq != std::string_view::npos) {

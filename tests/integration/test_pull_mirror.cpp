@@ -155,6 +155,17 @@ TEST(RegistryMirrors, RefusesMalformedEntriesNamingThem) {
   }
 }
 
+// A password in a mirror entry is refused without being repeated.
+TEST(RegistryMirrors, RefusesCredentialsWithoutRepeatingThem) {
+  try {
+    parse_registry_mirrors("r.example=alice:s3cret@mirror.example", "KERNEL_HUB_MIRRORS");
+    ADD_FAILURE() << "accepted a password";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_EQ(std::string(e.what()).find("s3cret"), std::string::npos) << e.what();
+  }
+}
+
 // A pull goes through the mirror; a second process's pull is served by the mirror's cache without
 // a single blob request reaching the hub; the ref is recorded under the hub's id.
 TEST_F(PullMirrorTest, PullsThroughTheMirrorAndASecondProcessLeavesTheHubAlone) {

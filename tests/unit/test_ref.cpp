@@ -78,6 +78,14 @@ TEST(HubAddress, PasswordsInTheAddressAreRefusedUnrepeated) {
     EXPECT_EQ(std::string(e.what()).find("s3cret"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("credentials file"), std::string::npos) << e.what();
   }
+  for (const char* address : {"oci://alice:s3cret@registry.example", "http://alice:s3cret@h/x"}) {
+    try {
+      HubAddress::parse(address, false);
+      ADD_FAILURE() << "accepted " << address;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).find("s3cret"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_EQ(HubAddress::parse("https://cdn.example/v@1/hub", false).kind,
             HubAddress::Kind::kHttpLayout);
 }
