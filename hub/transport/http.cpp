@@ -196,6 +196,13 @@ std::string failure_advice(CURLcode rc, const char* errbuf, const std::string& u
            " answers plain HTTP, not TLS; if it is a plain-HTTP registry on a trusted network, "
            "pass --plain-http (or give the hub as http://... for a static hub)";
   }
+  if (rc == CURLE_UNSUPPORTED_PROTOCOL && url.starts_with("https://")) {
+    // https itself is supported: what was refused is where the server redirected.
+    return "the server at " + host +
+           " redirected to a plain-HTTP (or other) URL, and kernel-hub never follows a redirect "
+           "from https to plain HTTP (--plain-http covers only addresses given as http://); "
+           "serve the redirect's target over https (a registry's storage, say)";
+  }
   if (tls_failure(rc)) {
     CaSettings ca{o.ca_bundle, o.ca_dir, o.ca_origin};
     return "TLS with " + host + " failed; " + tls_hint(host, ca, certs);

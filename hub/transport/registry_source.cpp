@@ -97,17 +97,28 @@ std::string base_media_type(const std::string& content_type) {
   return t;
 }
 
-// Whether "host[:port]" names this machine (where plain HTTP crosses no network).
-bool is_loopback(const std::string& host_port) {
+// The host of "host[:port]" ("[v6]:port" too), lower-cased.
+std::string host_part(const std::string& host_port) {
   std::string host = host_port;
   if (host.starts_with("[")) {
-    host = host.substr(1, host.find(']') == std::string::npos ? 0 : host.find(']') - 1);
+    const size_t end = host.find(']');
+    host = host.substr(1, end == std::string::npos ? 0 : end - 1);
   } else if (size_t colon = host.rfind(':'); colon != std::string::npos) {
     host.erase(colon);
   }
+  for (char& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return host;
+}
+
+// Whether "host[:port]" names this machine (where plain HTTP crosses no network).
+bool is_loopback(const std::string& host_port) {
+  const std::string host = host_part(host_port);
   in_addr v4{};
   if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  return host == "localhost" || host == "::1";
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) == 1)
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  return host == "localhost";
 }
 
 class RegistrySource : public Source {
@@ -627,13 +638,13 @@ class RegistrySource : public Source {
     // The registry gains nothing here that a Basic challenge of its own would not give it.
     const std::string realm_host = http::host_of(realm);
     const std::optional<Credentials> creds = credentials();
-    if (creds && realm_host != address_.host && realm.starts_with("http://") &&
-        !is_loopback(realm_host))
+    if (creds && host_part(realm_host) != host_part(address_.host) &&
+        realm.starts_with("http://") && !is_loopback(realm_host))
       throw Error(ErrorKind::kRefused,
                   "registry " + address_.host + " names the token realm " + realm +
                       ", another host over plain HTTP: its credentials (from " + creds->origin +
                       ") would cross the network in clear text; refused, nothing sent. The "
-                      "realm must be https (or on the registry's own host[:port])");
+                      "realm must be https (or on the registry's own host)");
     if (creds && !creds->identity_token.empty()) {
       // An identity token is an OAuth2 refresh token: POST it to the realm (distribution token
       // spec, "OAuth2 Token"), which answers an access_token.

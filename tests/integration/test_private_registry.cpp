@@ -277,7 +277,8 @@ TEST_F(PrivateStaticHttps, ARedirectFromHttpsToPlainHttpIsRefused) {
   ASSERT_EQ(direct.exit_code, 0) << direct.err;  // the hub itself serves
   auto r = pull(tls.base_url(), ca, /*plain_http=*/true);
   EXPECT_NE(r.exit_code, 0) << "followed a redirect from https to " << plain.base_url();
-  EXPECT_NE(r.err.find("http"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("never follows a redirect from https to plain HTTP"), std::string::npos)
+      << r.err;
 }
 
 // A static hub behind HTTP Basic auth takes the credentials the user has for its host (here the
