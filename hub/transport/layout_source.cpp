@@ -241,17 +241,21 @@ class HttpReader final : public HubReader {
     if (std::string auth = authorization(); !auth.empty()) req.headers.push_back(auth);
     http::Response res = client_.send(req);
     if (res.status != 401 || !req.headers.empty()) return res;
-    std::lock_guard lock(auth_mu_);
-    if (!credentials_loaded_) {
-      credentials_ = load_credentials(options_, http::host_of(base_url_));
-      credentials_loaded_ = true;
-      if (credentials_ && !credentials_->username.empty())
-        auth_ = "Authorization: Basic " +
-                base64_encode(credentials_->username + ":" + credentials_->password);
+    std::string auth;
+    {
+      std::lock_guard lock(auth_mu_);
+      if (!credentials_loaded_) {
+        credentials_ = load_credentials(options_, http::host_of(base_url_));
+        credentials_loaded_ = true;
+        if (credentials_ && !credentials_->username.empty())
+          auth_ = "Authorization: Basic " +
+                  base64_encode(credentials_->username + ":" + credentials_->password);
+      }
+      auth = auth_;
     }
-    if (auth_.empty()) return res;
-    req.headers.push_back(auth_);
-    return client_.send(req);
+    if (auth.empty()) return res;
+    req.headers.push_back(auth);
+    return client_.send(req);  // outside the lock: parallel requests stay parallel
   }
 
   std::string authorization() const {
