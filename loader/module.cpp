@@ -3,7 +3,11 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,14 +47,29 @@ std::map<void*, std::shared_ptr<VerifiedFile>>& mapped_libraries() {
 }
 
 // Whether `handle` (one this loader did not map: the application loaded it itself) maps the
-// file open as `fd`.
+// file open as `fd`: judged by the inode actually mapped where the library's dynamic section is
+// (/proc/self/maps), never by its name, which may since name another file (a closed
+// /proc/self/fd/N now naming ours, say).
 bool maps_same_file(void* handle, int fd) {
   link_map* map = nullptr;
-  struct stat mapped {
-  }, ours{};
-  return dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name &&
-         ::stat(map->l_name, &mapped) == 0 && ::fstat(fd, &ours) == 0 &&
-         mapped.st_dev == ours.st_dev && mapped.st_ino == ours.st_ino;
+  struct stat ours {};
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) != 0 || !map || !map->l_ld || ::fstat(fd, &ours) != 0)
+    return false;
+  const auto at = reinterpret_cast<uintptr_t>(map->l_ld);
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    uintptr_t start = 0, end = 0;
+    unsigned dev_major = 0, dev_minor = 0;
+    unsigned long long inode = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " %*s %*s %x:%x %llu", &start, &end,
+                    &dev_major, &dev_minor, &inode) != 5)
+      continue;
+    if (at < start || at >= end) continue;
+    return inode == ours.st_ino && dev_major == major(ours.st_dev) &&
+           dev_minor == minor(ours.st_dev);
+  }
+  return false;
 }
 
 Check failed(const std::string& rule, const std::string& file, const std::string& what) {

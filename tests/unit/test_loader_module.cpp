@@ -2,8 +2,10 @@
 // refusals before dlopen, two versions side by side, no GPU, the device-code seam, check.
 #include <dlfcn.h>
 #include <elf.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <link.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -151,6 +153,21 @@ TEST(LoaderModule, ALibraryTheApplicationLoadedItselfStillLoads) {
   LoadResult r = try_load_module(toy("toy-2.0.0"));
   ASSERT_NE(r.module, nullptr) << r.report.failures();
   EXPECT_EQ(r.module->view.version, "2.0.0");
+}
+
+// Other code that dlopened a library by /proc/self/fd/N and closed N leaves that name to whatever
+// gets N next: when it is the loader's verified file, the other library must not be taken for it
+// (judged by the inode mapped, not the name).
+TEST(LoaderModule, AStaleFdNameOfAnotherLibraryIsNotTakenForTheVerifiedOne) {
+  const int other = ::open(toy("toy-1.0.0").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(other, 0);
+  const std::string name = "/proc/self/fd/" + std::to_string(other);
+  ASSERT_NE(dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL), nullptr) << dlerror();
+  ::close(other);  // the loader's next open takes this number
+  LoadResult r = try_load_module(toy("toy-2.0.0"));
+  if (r.module) {
+    EXPECT_EQ(r.module->view.version, "2.0.0") << "toy 1.0.0 ran in its place";
+  }
 }
 
 // Refusals that must happen before dlopen: the library never appears in the link map.
