@@ -195,33 +195,34 @@ std::variant<Candidate, Failure> check_envelope(const TrustRequest& req, const E
     }
   }
 
-  // 6. Rollback, per tag: a digest pin names its content itself.
+  // 6. Rollback, per tag: a digest pin names its content itself. Against this hub id's record,
+  // strictly; against this key's records under other hub ids (the signer names the hub id, so
+  // changing it must not reset the count), only for other content: one publisher pushing one
+  // index to two hubs signs it with two serials, and the older is not a rollback. Another key's
+  // records are another signer's.
   if (!req.tag.empty()) {
-    // This hub id's record, and this key's under any hub id: the signer names the hub id, so
-    // changing it must not reset the count (another key's records are another signer's).
-    std::optional<SerialRecord> seen = state.read(st.hub_id, st.repo, st.tag);
-    if (auto by_key = state.read_highest(st.repo, st.tag, signer);
-        by_key && (!seen || by_key->serial > seen->serial))
-      seen = std::move(by_key);
-    if (seen) {
-      if (st.serial < seen->serial) {
+    auto rollback = [&](const SerialRecord& seen) -> std::optional<Failure> {
+      if (st.serial < seen.serial)
         return Failure{Check::kRollback,
                        fmt::format("rollback: serial {} is older than serial {} seen before "
                                    "(index {}, hub id {}, at {})",
-                                   st.serial, seen->serial, seen->index.str(), seen->hub_id,
-                                   time_text(seen->seen_at)),
+                                   st.serial, seen.serial, seen.index.str(), seen.hub_id,
+                                   time_text(seen.seen_at)),
                        "the hub or a mirror serves an old signed version; fetch from an "
                        "up-to-date hub"};
-      }
-      if (st.serial == seen->serial && st.index != seen->index) {
+      if (st.serial == seen.serial && st.index != seen.index)
         return Failure{Check::kRollback,
                        fmt::format("rollback: serial {} was seen before for index {}, now it "
                                    "signs {}",
-                                   st.serial, seen->index.str(), st.index.str()),
+                                   st.serial, seen.index.str(), st.index.str()),
                        "one serial must never sign two indexes; the publisher must sign with a "
                        "higher serial"};
-      }
-    }
+      return std::nullopt;
+    };
+    if (auto seen = state.read(st.hub_id, st.repo, st.tag))
+      if (auto f = rollback(*seen)) return *f;
+    if (auto seen = state.read_highest(st.repo, st.tag, signer); seen && seen->index != st.index)
+      if (auto f = rollback(*seen)) return *f;
   }
   return c;
 }

@@ -905,6 +905,11 @@ TEST_F(TrustVerify, RefusesRollback) {
   elsewhere.hub_id = "another-hub";
   expect_refused(request(), signed_set(elsewhere),
                  {"rollback: serial 4 is older than serial 6", "hub id kernel-hub.dev"});
+  // ...unless it signs the same index (one publisher pushing one index to two hubs signs it with
+  // two serials; the older is not a rollback)...
+  Statement same_index = statement(4, "v1", other.index);
+  same_index.hub_id = "second-hub";
+  EXPECT_TRUE(verify(other, signed_set(same_index)).signed_ok);
   // ...while another key's statements (another build tree's default hub, another publisher)
   // keep their own count, even for the same index.
   PrivateKey second = PrivateKey::generate();
