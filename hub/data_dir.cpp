@@ -86,8 +86,9 @@ DataDirLookup lookup() {
   const stdfs::path folder = module->file.parent_path();
   struct stat code {};
   const uid_t code_owner = ::stat(module->file.c_str(), &code) == 0 ? code.st_uid : ::geteuid();
+  std::string untrusted;  // said after where it looked
   auto refused = [&](const stdfs::path& p, const std::string& why) {
-    out.looked += fmt::format("; {} is not trusted: {}", p.string(), why);
+    untrusted += fmt::format("; {} is not trusted: {}", p.string(), why);
   };
   const stdfs::path installed =
       (folder / (module->executable ? KH_DATA_DIR_FROM_BIN : KH_DATA_DIR_FROM_LIB))
@@ -118,7 +119,7 @@ DataDirLookup lookup() {
     }
     if (up == up.root_path()) break;
   }
-  out.looked += fmt::format(" and the build trees above {} (none)", folder.string());
+  out.looked += fmt::format(" and the build trees above {} (none){}", folder.string(), untrusted);
   return out;
 }
 
