@@ -810,6 +810,82 @@ TEST_F(GpuDemoDevice, FusedQkvTrainsLikeThreeProjections) {
   EXPECT_TRUE(one.refusals().empty());
 }
 
+TEST_F(GpuDemoDevice, GradientsLiveFromTheBackwardToZeroGrad) {
+  // zero_grad releases every gradient (PyTorch's set_to_none) and the next backward takes each
+  // layer's from the pool: the pool shrinks by at least the fp32 gradients, a released gradient
+  // cannot be read, AdamW skips parameters without one, the same batch gives the same gradients
+  // again (the fused q/k/v rows of the bf16 model with its packages included), and two backwards
+  // without zero_grad between add up. The runtime's fp32 kernels, then the bf16 model with the
+  // packages bound (one q/k/v GEMM, the fused loss, the q/k norm + RoPE op).
+  Runtime rt;
+  const DemoSlots slots = add_device_demo_slots(rt);
+  bind_packages(rt, {{kAttention, "attention"},
+                     {kRMSNorm, "norm"},
+                     {kFusedAddRMSNorm, "norm"},
+                     {kFusedLinearCrossEntropy, "softmax"},
+                     {kQKNormRotaryEmbedding, "rotary"}});
+  runtime_->set_mode(Mode::kTrain);
+  const ModelConfig cfg = qwen3_d64(96);
+  CausalLM host(cfg, *slots_, 31);
+  const char* names[] = {"model.embed_tokens.weight",
+                         "model.norm.weight",
+                         "model.layers.0.self_attn.q_proj.weight",
+                         "model.layers.1.self_attn.v_proj.weight",
+                         "model.layers.1.self_attn.k_norm.weight",
+                         "model.layers.0.mlp.up_proj.weight",
+                         "model.layers.1.mlp.down_proj.weight"};
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16, packages" : "fp32, the runtime's kernels");
+    DeviceCausalLM m(host, bf16 ? slots : *slots_, bf16 ? rt : *runtime_, 0,
+                     with_dtype(bf16 ? kBF16 : kF32));
+    const int batch = 2, len = 48;
+    std::vector<int64_t> tokens(batch * len), targets(batch * len);
+    fill_batch(tokens, targets, cfg.vocab, 0);
+    auto backward = [&] {
+      m.forward(tokens.data(), targets.data(), batch, len);
+      m.backward();
+    };
+    auto grads = [&] {
+      std::vector<std::vector<float>> g;
+      for (const char* name : names) g.push_back(m.download_grad(name));
+      return g;
+    };
+    backward();
+    EXPECT_EQ(m.fused_qkv_layers(), bf16 ? cfg.layers : 0);
+    const std::vector<std::vector<float>> first = grads();
+    const uint64_t with = m.memory().current_bytes;
+    m.zero_grad();
+    EXPECT_LE(m.memory().current_bytes + m.num_parameters() * sizeof(float), with);
+    for (const char* name : names) {
+      try {
+        m.download_grad(name);
+        ADD_FAILURE() << name << ": a gradient read after zero_grad";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << e.what();
+      }
+    }
+    const std::vector<float> before = m.download_weight(names[2]);
+    m.adam_step(AdamConfig{});  // no gradient: nothing moves
+    EXPECT_EQ(m.download_weight(names[2]), before);
+    backward();
+    const std::vector<std::vector<float>> again = grads();
+    backward();  // no zero_grad: added to the gradients
+    const std::vector<std::vector<float>> twice = grads();
+    for (size_t i = 0; i < first.size(); ++i) {
+      float peak = 0.f;
+      for (float g : first[i]) peak = std::max(peak, std::fabs(g));
+      ASSERT_GT(peak, 0.f) << names[i];
+      // Atomics (the embedding's scatter-add, the attention's dq) may sum in another order, and
+      // in bf16 a last bit that differs may round the other way.
+      const float atol = (bf16 ? 1e-2f : 1e-5f) * peak;
+      expect_close(again[i], first[i], atol, 1e-5f, names[i]);
+      std::vector<float> doubled = first[i];
+      for (float& g : doubled) g *= 2.f;
+      expect_close(twice[i], doubled, 2 * atol, 1e-4f, std::string(names[i]) + " x 2");
+    }
+  }
+}
+
 TEST_F(GpuDemoDevice, ChunkedLossAndGradientsEqualTheFullLogitsOnes) {
   // The host model's loss takes the full [tokens, vocab] logits; the device model's train loss
   // goes 5 tokens at a time (7 chunks, the last one short) or in one chunk.

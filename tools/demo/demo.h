@@ -52,6 +52,8 @@ struct DemoOptions {
   DecodeGemm decode_gemm = DecodeGemm::kAuto;
   // Whether the decode step folds SiluAndMul into the gate/up GEMM (DecodeFuse).
   DecodeFuse decode_fuse = DecodeFuse::kOn;
+  // run_device_demo only: tokens a chunk of the train loss (DeviceModelOptions::loss_chunk_rows).
+  int64_t loss_chunk_rows = 0;  // 0: the model's default
   // The device's peak memory bandwidth (bytes/s) for the decode roofline and where it came from
   // ("driver: ..." or the H200 figure the CLI assumes when the driver cannot be asked).
   double peak_bandwidth = 0;

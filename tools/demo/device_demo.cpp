@@ -137,6 +137,7 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   if (o.prefill_reps < 1) throw Error(ErrorKind::kInvalidInput, "demo: prefill_reps must be >= 1");
   DeviceModelOptions mo;
   mo.dtype = o.bf16 ? kBF16 : kF32;
+  if (o.loss_chunk_rows > 0) mo.loss_chunk_rows = o.loss_chunk_rows;
   DeviceCausalLM model(o.model, o.weights, o.seed, slots, rt, o.cuda_ordinal, mo);
   DeviceStream& stream = model.stream();
   DemoRun run;

@@ -314,6 +314,7 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   const int64_t H = cfg_.hidden, Q = cfg_.q_dim(), KV = cfg_.kv_dim(), F = cfg_.ffn;
   const int64_t NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim;
   const int64_t B = batch_, S = len_, T = B * S;
+  ensure_layer_grads(L);  // from the pool now, as the layers above give theirs activations back
   // MLP branch: dgu = [dgate | dup], and the fused weight's backward is both linears' at once.
   // silu(gate) * up (act_out) was not kept by forward: ds = dh Wdown^T first (it does not read
   // act_out), then SiluAndMulRecompute's backward gives dgu and act_out in one pass (else the
@@ -468,8 +469,8 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   {
     DeviceTensor a = act({T, H});
     renorm(s.h_in, *L.attn_norm, a);
-    if (fused) {  // q's, k's and v's weight gradients are the rows of qkv's (ensure_grads)
-      // Overwritten when all three are marked zero (zero_grad marks them together).
+    if (fused) {  // q's, k's and v's weight gradients are the rows of qkv's (ensure_layer_grads)
+      // Overwritten when all three are zero (ensure_layer_grads takes them from the pool together).
       const bool fresh = L.wq->g_zero && L.wk->g_zero && L.wv->g_zero;
       for (Param* p : {L.wq, L.wk, L.wv}) {
         if (!fresh) clear_if_zero(*p);

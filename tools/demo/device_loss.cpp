@@ -24,7 +24,7 @@ float DeviceCausalLM::fused_loss(bool grad) {
   const int64_t T = static_cast<int64_t>(batch_) * len_, H = cfg_.hidden, V = cfg_.vocab;
   const DeviceTensor& head = run(*head_);
   if (grad) {
-    ensure_grads();
+    ensure_grad(*head_);  // the layers' come with their backward (ensure_layer_grads)
     df_ = act({T, H});
   }
   if (bound(slots_.linear_cross_entropy)) {

@@ -234,6 +234,7 @@ DeviceTensor DeviceCausalLM::empty(std::vector<int64_t> shape, DLDataType dtype)
 }
 
 void DeviceCausalLM::add_grad(Param& p, const DeviceTensor& d) {
+  require_grad(p);
   if (d.shape() != p.g.shape())
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("device model: gradient {} for a parameter of {}", d.describe(),
@@ -273,7 +274,16 @@ void DeviceCausalLM::flush_grads() {
   pending_grads_.clear();  // the temporaries go back to the pool, in stream order
 }
 
+void DeviceCausalLM::require_grad(const Param& p) {
+  if (!p.g.data())  // a writer before its ensure_grad: the runtime's bug, not the input's
+    throw Error(ErrorKind::kInvalidInput,
+                fmt::format("device model: a gradient of {} written before it was taken from the "
+                            "pool (ensure_grad)",
+                            p.w.describe()));
+}
+
 bool DeviceCausalLM::take_zero(Param& p) {
+  require_grad(p);
   const bool zero = p.g_zero;
   p.g_zero = false;
   return zero;
@@ -283,25 +293,27 @@ void DeviceCausalLM::clear_if_zero(Param& p) {
   if (take_zero(p)) p.g.zero(stream_);
 }
 
-void DeviceCausalLM::ensure_grads() {
-  // First use: gradients zero in value (Param::g_zero), their memory not cleared. The fused
-  // q/k/v's first: q's, k's and v's are its rows, so that its dW GEMM writes all three
+void DeviceCausalLM::ensure_grad(Param& p) {
+  if (p.g.data() || !p.w.numel()) return;
+  p.g = empty(p.w.shape());
+  p.g_zero = true;  // zero in value, its memory not cleared (Param::g_zero)
+}
+
+void DeviceCausalLM::ensure_layer_grads(Layer& L) {
+  // The fused q/k/v's first: q's, k's and v's are its rows, so that its dW GEMM writes all three
   // (layer_backward) and AdamW reads each as its own.
-  for (Layer& L : layers_)
-    if (L.qkv && !L.qkv->g.data()) {
-      L.qkv->g = empty({L.qkv->w16.dim(0), L.qkv->w16.dim(1)});
-      int64_t row = 0;
-      for (Param* p : {L.wq, L.wk, L.wv}) {
-        p->g = L.qkv->g.rows(row, p->w.dim(0));
-        p->g_zero = true;
-        row += p->w.dim(0);
-      }
+  if (L.qkv && !L.wq->g.data()) {
+    L.qkv->g = empty({L.qkv->w16.dim(0), L.qkv->w16.dim(1)});
+    int64_t row = 0;
+    for (Param* p : {L.wq, L.wk, L.wv}) {
+      p->g = L.qkv->g.rows(row, p->w.dim(0));
+      p->g_zero = true;
+      row += p->w.dim(0);
     }
-  for (auto& [name, p] : params_)
-    if (!p.g.data() && p.w.numel()) {
-      p.g = empty(p.w.shape());
-      p.g_zero = true;
-    }
+  }
+  for (Param* p : {L.attn_norm, L.wq, L.wk, L.wv, L.bq, L.bk, L.bv, L.q_norm, L.k_norm, L.wo, L.bo,
+                   L.mlp_norm, L.gate_up, L.wdown})
+    if (p) ensure_grad(*p);
 }
 
 // The attention package's cuda kernels take bf16/fp16: an fp32 model runs the runtime's own.
@@ -389,12 +401,14 @@ void DeviceCausalLM::backward() {
   const int64_t T = static_cast<int64_t>(batch_) * len_, H = cfg_.hidden;
   // The loss's gradients for the LM head and the final hidden states came with the forward.
   DeviceTensor dh = act({T, H});
+  ensure_grad(*final_norm_);
   add_norm_backward(df_, nullptr, h_last_, *final_norm_, rstd_f_, dh);
   df_ = DeviceTensor();
   for (size_t l = layers_.size(); l-- > 0;) {
     layer_backward(layers_[l], saved_[l], dh);
     saved_[l] = Saved{};  // this layer's activations go back to the pool
   }
+  ensure_grad(*emb_);
   clear_if_zero(*emb_);  // tied: the loss wrote it first
   kernels_.embedding_backward(stream_, tokens_, dh, emb_->g);
   flush_grads();
@@ -403,17 +417,23 @@ void DeviceCausalLM::backward() {
 
 void DeviceCausalLM::zero_grad() {
   flush_grads();  // none pending after a backward; a partial one's adds land first
-  for (auto& [name, p] : params_)
-    if (p.g.data()) p.g_zero = true;  // cleared by the first write (Param::g_zero)
+  // Released, as PyTorch's zero_grad(set_to_none=True): the next backward takes each layer's
+  // gradients from the pool when it reaches the layer, so that they never sit beside the whole
+  // forward's activations (2.2 GiB at Qwen3-0.6B: the LM head's alone live at the loss). The
+  // pool's cache hands the same size classes back without a driver call.
+  for (auto& [name, p] : params_) {
+    p.g = DeviceTensor();
+    p.g_zero = false;
+  }
+  for (Param& p : qkv_) p.g = DeviceTensor();  // the last of q's, k's and v's rows
 }
 
 void DeviceCausalLM::adam_step(const AdamConfig& adam) {
   flush_grads();
-  ++adam_t_;
   std::vector<DeviceKernels::AdamwParam> list;
   for (auto& [name, p] : params_) {
-    if (!p.g.data()) continue;  // no gradient yet
-    clear_if_zero(p);           // none since zero_grad: AdamW reads zeros
+    if (!p.g.data()) continue;  // none since zero_grad: skipped, as PyTorch skips a None grad
+    clear_if_zero(p);           // taken but never written: AdamW reads zeros
     if (!p.m.data()) {
       p.m = empty(p.w.shape());
       p.v = empty(p.w.shape());
@@ -422,8 +442,11 @@ void DeviceCausalLM::adam_step(const AdamConfig& adam) {
     }
     list.push_back({&p.w, &p.g, &p.m, &p.v, bf16_ ? &p.w16 : nullptr});
   }
-  // Every parameter in one launch. Its table changes only when the parameters' buffers do (the
-  // first step, which allocates the moments): the upload is then, not every step.
+  if (list.empty()) return;  // no gradient at all: no step (the bias corrections count steps)
+  ++adam_t_;
+  // Every parameter in one launch. Its table changes when the parameters' buffers do (the first
+  // step allocates the moments; each backward takes the gradients from the pool, where they may
+  // come back in another order): the upload is then, a few KiB.
   std::vector<KhAdamwTensor> table = DeviceKernels::adamw_table(list);
   const size_t bytes = table.size() * sizeof(KhAdamwTensor);
   if (table.size() != adam_table_host_.size() ||
@@ -462,7 +485,9 @@ std::vector<float> DeviceCausalLM::download_param(const std::string& name, bool 
   if (!t.data())
     throw Error(
         ErrorKind::kInvalidInput,
-        fmt::format("model {}: {} has no gradient yet (no train forward)", cfg_.name, name));
+        fmt::format("model {}: {} has no gradient (none since zero_grad: run a train forward "
+                    "and backward)",
+                    cfg_.name, name));
   std::vector<float> all(static_cast<size_t>(t.numel()));
   if (!(gradient && p.g_zero)) {  // else zero in value (Param::g_zero), as `all` is
     t.download(stream_, all.data(), all.size() * sizeof(float));

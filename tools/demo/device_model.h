@@ -88,8 +88,11 @@ class DeviceCausalLM {
   float forward(const int64_t* tokens, const int64_t* targets, int batch, int len,
                 Logits logits = Logits::kAll);
   // Gradients of the mean loss of the last train forward (with targets), added to the
-  // parameters' gradients (zeroed at construction and by zero_grad()).
+  // parameters' gradients (none at construction; each layer's taken from the pool, zero, when
+  // the backward reaches it).
   void backward();
+  // Releases every gradient (PyTorch's zero_grad(set_to_none=True)): zero until the next
+  // backward, and their memory free for the forward's activations.
   void zero_grad();
   // One AdamW step on every parameter (CausalLM::adam_step's arithmetic).
   void adam_step(const AdamConfig& adam);
@@ -102,7 +105,7 @@ class DeviceCausalLM {
   std::vector<float> download_weight(const std::string& name) {
     return download_param(name, false);
   }
-  // Its fp32 gradient, likewise (after a train forward).
+  // Its fp32 gradient, likewise (after a backward; none after zero_grad).
   std::vector<float> download_grad(const std::string& name) { return download_param(name, true); }
   // Peak and current device memory of the model's pool.
   kh_device_pool_stats_t memory() const { return pool_.stats(); }
@@ -187,9 +190,10 @@ class DeviceCausalLM {
   struct Param {
     DeviceTensor w, w16, g, m, v;  // fp32 master weights, bf16 copy (bf16 models), gradient,
                                    // AdamW moments
-    // g is zero in value but not in memory (zero_grad clears no memory): its first write since
+    // g is zero in value but not in memory (fresh from the pool: ensure_grad): its first write
     // overwrites it (the dW GEMM with beta 0, the norms' weight gradients as a copy), so a step
-    // spends no pass over every gradient on zeroing it (take_zero, clear_if_zero).
+    // spends no pass over every gradient on zeroing it (take_zero, clear_if_zero). No g (none
+    // since zero_grad): zero too.
     bool g_zero = false;
   };
   enum class Phase : uint8_t { kGemm, kAttention, kHub };
@@ -225,7 +229,12 @@ class DeviceCausalLM {
   // Uploads (source) or draws (no source: random init from seed) every parameter.
   void build(const WeightSource& source, uint64_t seed);
   const DeviceTensor& run(const Param& p) const { return bf16_ ? p.w16 : p.w; }
-  void ensure_grads();
+  // p's gradient from the pool if it has none (zero in value: Param::g_zero); a layer's all
+  // together, the fused q/k/v's as one buffer whose rows are q's, k's and v's. Gradients live
+  // from the backward that writes them to the next zero_grad.
+  void ensure_grad(Param& p);
+  void ensure_layer_grads(Layer& L);
+  static void require_grad(const Param& p);  // throws unless p has its gradient
   // The mean loss of f_ @ head^T against targets_ without the full logits (package or chunks);
   // with grad, df_ and the head's gradient too.
   float fused_loss(bool grad);
@@ -356,7 +365,7 @@ class DeviceCausalLM {
   int64_t multiprocessors_;
   std::map<std::string, Param> params_;  // by Transformers name; "…mlp.gate_up" for the fused one
   std::vector<Param> qkv_;  // per layer, w16 and g only: the q, k and v weights' and gradients'
-                            // shared rows (build, ensure_grads)
+                            // shared rows (build, ensure_layer_grads)
   std::vector<Layer> layers_;
   Param *emb_ = nullptr, *final_norm_ = nullptr, *head_ = nullptr;
   DeviceTensor cos_, sin_;

@@ -50,6 +50,7 @@ struct DemoArgs {
   std::string decode_overlap;  // empty: off
   std::string decode_gemm;     // empty: auto
   std::string decode_fuse;     // empty: on
+  int loss_chunk = 0;          // 0: the device model's default
 };
 
 bool cuda_present() {
@@ -176,9 +177,9 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
   o.adam.lr = a.lr > 0 ? a.lr : (o.model.hidden >= 1024 ? 3e-4f : 1e-2f);
   o.cuda_ordinal = ordinal;
   const std::string dtype = a.dtype.empty() ? (ordinal >= 0 ? "bf16" : "fp32") : a.dtype;
-  if (ordinal < 0 &&
-      (dtype != "fp32" || a.profile || a.decode_batch || a.decode_context ||
-       !a.decode_overlap.empty() || !a.decode_gemm.empty() || !a.decode_fuse.empty()))
+  if (ordinal < 0 && (dtype != "fp32" || a.profile || a.decode_batch || a.decode_context ||
+                      !a.decode_overlap.empty() || !a.decode_gemm.empty() ||
+                      !a.decode_fuse.empty() || a.loss_chunk))
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("demo: {} needs a CUDA device (the CPU model is fp32, unprofiled and "
                             "generates without a KV cache); use --device cuda:N",
@@ -188,6 +189,7 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
                             : !a.decode_overlap.empty() ? "--decode-overlap"
                             : !a.decode_gemm.empty()    ? "--decode-gemm"
                             : !a.decode_fuse.empty()    ? "--decode-fuse"
+                            : a.loss_chunk              ? "--loss-chunk"
                                                         : "--dtype " + dtype));
   o.bf16 = dtype == "bf16";
   o.profile = a.profile;
@@ -199,6 +201,7 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
                   : a.decode_gemm == "cublaslt" ? demo::DecodeGemm::kCublasLt
                                                 : demo::DecodeGemm::kAuto;
   o.decode_fuse = a.decode_fuse == "off" ? demo::DecodeFuse::kOff : demo::DecodeFuse::kOn;
+  if (a.loss_chunk) o.loss_chunk_rows = a.loss_chunk;
   if (ordinal >= 0) {
     demo::resolve_decode(o);  // refuses a bad --decode-* before anything is fetched
     std::tie(o.peak_bandwidth, o.peak_bandwidth_source) = peak_bandwidth(ordinal);
@@ -407,6 +410,12 @@ void add_demo_command(CLI::App& app, Runner& run) {
                   "next GEMM (eval keeps a copy of the q/k/v and gate/up weights with the norms' "
                   "weights folded in); off calls the slots every step (default on)")
       ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--loss-chunk", a->loss_chunk,
+                  "CUDA only: tokens a chunk of the train loss (the LM head and cross-entropy "
+                  "without the whole logits: a chunk's rows x vocab logits at a time; longer "
+                  "chunks are faster and take rows x vocab x 2 more bytes in bf16) (default "
+                  "1024)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--fallback", a->fallback,
                 "Bind no package: every slot runs the runtime's own implementation (as "
                 "KERNEL_HUB_DISABLE=1)");
