@@ -33,7 +33,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/rotary";
-constexpr const char* kPackageVersion = "1.2.2";
+constexpr const char* kPackageVersion = "1.2.3";
 
 const char* dtype_tag(int dtype) {
   return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
@@ -365,6 +365,8 @@ int32_t qknr_cuda_ok(const QkNormTrain& t, std::initializer_list<const HeadsView
 
 kh_qknr_tensor qknr_tensor(const HeadsView& in, const HeadsView* d, const HeadsView& out,
                            const VectorView& w) {
+  kh_u32 mul = 0, shift = 0;  // heads < 2^30 (qknr_cuda_ok's row bound)
+  kh_qknr_divider(static_cast<kh_u32>(in.heads), &mul, &shift);
   return {in.data,
           d ? d->data : nullptr,
           out.data,
@@ -375,7 +377,9 @@ kh_qknr_tensor qknr_tensor(const HeadsView& in, const HeadsView* d, const HeadsV
           d ? d->head_stride : 0,
           out.token_stride,
           out.head_stride,
-          in.heads};
+          in.heads,
+          mul,
+          shift};
 }
 
 kh_qknr_params qknr_params(const QkNormTrain& t, bool backward) {

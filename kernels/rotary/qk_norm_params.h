@@ -16,7 +16,32 @@ struct kh_qknr_tensor {
   const void* w;  // head_dim weights, the tensors' dtype
   kh_i64 in_t, in_h, d_t, d_h, out_t, out_h;
   kh_i64 heads;  // 0: absent (no key)
+  // Row r of the tensor is head r % heads of token r / heads: the quotient by kh_qknr_divide
+  // (host: kh_qknr_divider(heads)), a multiply and a shift where a division by a runtime value
+  // is a long subroutine in kernels bound by the instructions they issue.
+  kh_u32 div_mul, div_shift;
 };
+
+// n / d for 0 <= n < 2^31 and 1 <= d <= 2^31, as (umulhi(n, mul) + n) >> shift with shift =
+// ceil(log2 d) and mul = floor(2^32 (2^shift - d) / d) + 1 (the round-up method, Hacker's Delight
+// 10-9; n < 2^31 keeps the sum in 32 bits). The host makes the pair (d = 0, a tensor with no
+// heads, gets 0 and 0: nothing is divided by it); both sides divide alike.
+KH_HD void kh_qknr_divider(kh_u32 d, kh_u32* mul, kh_u32* shift) {
+  *mul = *shift = 0;
+  if (d == 0) return;
+  kh_u32 s = 0;
+  while (s < 31 && (1u << s) < d) ++s;
+  *shift = s;
+  *mul = (kh_u32)(((1ull << 32) * ((1ull << s) - d)) / d + 1);
+}
+
+KH_HD kh_u32 kh_qknr_divide(kh_u32 n, kh_u32 mul, kh_u32 shift) {
+#if defined(__CUDA_ARCH__)
+  return (__umulhi(n, mul) + n) >> shift;
+#else
+  return ((kh_u32)(((unsigned long long)n * mul) >> 32) + n) >> shift;
+#endif
+}
 
 struct kh_qknr_params {
   kh_qknr_tensor t[2];

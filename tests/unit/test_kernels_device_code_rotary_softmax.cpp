@@ -209,11 +209,19 @@ TEST_F(RotarySoftmaxCudaDispatch, QkNormTrainingOpsGetTheIntendedGeometry) {
   std::string err;
   CpuExecutor cpu;
   const int64_t T = 16384, HD = 128;
-  // Each qknr launch's cs_vec (the 16-byte cos/sin loads), from its parameters.
+  // Each qknr launch's cs_vec (the 16-byte cos/sin loads), from its parameters, and the rows'
+  // token division by each tensor's heads checked at a few rows.
   std::vector<int> cs_vec;
   backend_.on_params = [&](const std::string& kernel, void** params) {
-    if (kernel.rfind("qknr_fwd", 0) == 0 || kernel.rfind("qknr_bwd", 0) == 0)
-      cs_vec.push_back(static_cast<const kh_qknr_params*>(params[0])->cs_vec);
+    if (kernel.rfind("qknr_fwd", 0) != 0 && kernel.rfind("qknr_bwd", 0) != 0) return;
+    const kh_qknr_params& p = *static_cast<const kh_qknr_params*>(params[0]);
+    cs_vec.push_back(p.cs_vec);
+    for (const kh_qknr_tensor& t : p.t) {
+      if (t.heads == 0) continue;
+      for (kh_u32 r : {0u, 1u, 23u, 24u, 1000u, static_cast<kh_u32>(p.tokens * t.heads - 1)})
+        EXPECT_EQ(kh_qknr_divide(r, t.div_mul, t.div_shift), r / t.heads)
+            << kernel << ": row " << r << " of " << t.heads << " heads";
+    }
   };
   // cache_pad: floats after each cache row (1: rows 516 bytes apart, no 16-byte load fits).
   auto run = [&](int64_t tokens, int64_t qh, int64_t kh, int64_t w, int64_t cache_pad = 0) {
@@ -259,6 +267,11 @@ TEST_F(RotarySoftmaxCudaDispatch, QkNormTrainingOpsGetTheIntendedGeometry) {
   l = run(10, 1, 4, 264);
   ASSERT_EQ(l.size(), 3u);
   EXPECT_EQ(l[1].cfg.grid[0], 2u);
+  l = run(50, 28, 4, 264);  // head counts no power of two divides (Qwen2.5-7B's 28)
+  ASSERT_EQ(l.size(), 3u);
+  l = run(10, 1, 4, 264);
+  ASSERT_EQ(l.size(), 3u);
+  EXPECT_EQ(l[1].cfg.grid[0], 2u);
   // 2^30 query and key rows or more: refused by name (the kernels index rows in 32 bits), with
   // no launch. Shapes only: the refusal reads no element.
   HostTensor q(kBF16, 1, 16 * HD), k(kBF16, 1, 8 * HD), cache(kFP32, 4096, HD), wt(kBF16, 1, HD);
@@ -283,6 +296,44 @@ TEST_F(RotarySoftmaxCudaDispatch, QkNormTrainingOpsGetTheIntendedGeometry) {
       EXPECT_TRUE(backend_.take().empty());
     }
   }
+}
+
+// The q/k norm kernels' division of a row by the head count (kh_qknr_divide: a multiply and a
+// shift from kh_qknr_divider), the same code on the host as on the device: every divisor up to
+// 4096 and some beyond, at the quotients' edges (k d - 1, k d, k d + 1) across [0, 2^31), and at
+// pseudo-random rows.
+TEST(KernelsRotaryQkNormDivider, DividesEveryRowBelow2To31LikeADivision) {
+  std::vector<kh_u32> divisors;
+  for (kh_u32 d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (kh_u32 d : {5000u, 65535u, 65536u, 65537u, 1000003u, (1u << 30) - 1, 1u << 30,
+                   (1u << 30) + 1, (1u << 31) - 1, 1u << 31})
+    divisors.push_back(d);
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  size_t bad = 0;
+  for (kh_u32 d : divisors) {
+    kh_u32 mul = 0, shift = 0;
+    kh_qknr_divider(d, &mul, &shift);
+    auto check = [&](uint64_t n) {
+      if (n >= (1ull << 31)) return;
+      const kh_u32 got = kh_qknr_divide(static_cast<kh_u32>(n), mul, shift);
+      if (got != n / d && ++bad <= 5) ADD_FAILURE() << n << " / " << d << ": got " << got;
+    };
+    for (uint64_t k = 0; k * d < (1ull << 31); k += 1 + k / 8) {
+      check(k * d);
+      check(k * d + 1);
+      if (k) check(k * d - 1);
+    }
+    check((1ull << 31) - 1);
+    for (int i = 0; i < 64; ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      check(state >> 33);  // 31 bits
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  kh_u32 mul = 7, shift = 7;
+  kh_qknr_divider(0, &mul, &shift);  // no heads: nothing divides
+  EXPECT_EQ(mul, 0u);
+  EXPECT_EQ(shift, 0u);
 }
 
 TEST(KernelsRotarySoftmaxPackage, KernelHubCheckAcceptsEachPackageDirectory) {
