@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -811,10 +812,12 @@ TEST_F(GpuDemoDevice, FusedQkvTrainsLikeThreeProjections) {
 }
 
 TEST_F(GpuDemoDevice, GradientsLiveFromTheBackwardToZeroGrad) {
-  // zero_grad releases every gradient (PyTorch's set_to_none) and the next backward takes each
-  // layer's from the pool: the pool shrinks by at least the fp32 gradients, a released gradient
-  // cannot be read, AdamW skips parameters without one, the same batch gives the same gradients
-  // again (the fused q/k/v rows of the bf16 model with its packages included), and two backwards
+  // zero_grad releases every gradient (PyTorch's set_to_none) and the backward takes each layer's
+  // from the pool when it reaches the layer: after zero_grad the pool holds at least the fp32
+  // gradients less and none can be read; a train forward takes only the LM head's (the fused
+  // loss writes it); AdamW with no gradient moves nothing (weight decay included) and counts no
+  // step (a real step after it equals one on a model that never had it); the same batch gives the
+  // same gradients again (the fused q/k/v rows of the bf16 model included), and two backwards
   // without zero_grad between add up. The runtime's fp32 kernels, then the bf16 model with the
   // packages bound (one q/k/v GEMM, the fused loss, the q/k norm + RoPE op).
   Runtime rt;
@@ -825,7 +828,7 @@ TEST_F(GpuDemoDevice, GradientsLiveFromTheBackwardToZeroGrad) {
                      {kFusedLinearCrossEntropy, "softmax"},
                      {kQKNormRotaryEmbedding, "rotary"}});
   runtime_->set_mode(Mode::kTrain);
-  const ModelConfig cfg = qwen3_d64(96);
+  const ModelConfig cfg = qwen3_d64(96);  // tied: the LM head is the embedding
   CausalLM host(cfg, *slots_, 31);
   const char* names[] = {"model.embed_tokens.weight",
                          "model.norm.weight",
@@ -834,42 +837,64 @@ TEST_F(GpuDemoDevice, GradientsLiveFromTheBackwardToZeroGrad) {
                          "model.layers.1.self_attn.k_norm.weight",
                          "model.layers.0.mlp.up_proj.weight",
                          "model.layers.1.mlp.down_proj.weight"};
+  AdamConfig adam;
+  adam.lr = 1e-2f;
+  adam.weight_decay = 0.1f;
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16, packages" : "fp32, the runtime's kernels");
-    DeviceCausalLM m(host, bf16 ? slots : *slots_, bf16 ? rt : *runtime_, 0,
-                     with_dtype(bf16 ? kBF16 : kF32));
+    auto model = [&] {
+      return std::make_unique<DeviceCausalLM>(host, bf16 ? slots : *slots_, bf16 ? rt : *runtime_,
+                                              0, with_dtype(bf16 ? kBF16 : kF32));
+    };
+    std::unique_ptr<DeviceCausalLM> owned = model();
+    DeviceCausalLM& m = *owned;
     const int batch = 2, len = 48;
     std::vector<int64_t> tokens(batch * len), targets(batch * len);
     fill_batch(tokens, targets, cfg.vocab, 0);
-    auto backward = [&] {
-      m.forward(tokens.data(), targets.data(), batch, len);
-      m.backward();
+    auto backward = [&](DeviceCausalLM& x) {
+      x.forward(tokens.data(), targets.data(), batch, len);
+      x.backward();
     };
     auto grads = [&] {
       std::vector<std::vector<float>> g;
       for (const char* name : names) g.push_back(m.download_grad(name));
       return g;
     };
-    backward();
+    auto expect_no_grad = [&](const char* name) {
+      try {
+        m.download_grad(name);
+        ADD_FAILURE() << name << ": a gradient where none should be";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << e.what();
+      }
+    };
+    backward(m);
     EXPECT_EQ(m.fused_qkv_layers(), bf16 ? cfg.layers : 0);
     const std::vector<std::vector<float>> first = grads();
     const uint64_t with = m.memory().current_bytes;
     m.zero_grad();
     EXPECT_LE(m.memory().current_bytes + m.num_parameters() * sizeof(float), with);
-    for (const char* name : names) {
-      try {
-        m.download_grad(name);
-        ADD_FAILURE() << name << ": a gradient read after zero_grad";
-      } catch (const Error& e) {
-        EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << e.what();
-      }
+    for (const char* name : names) expect_no_grad(name);
+    // A train forward: the loss's gradient for the LM head (the embedding, tied), no layer's.
+    m.forward(tokens.data(), targets.data(), batch, len);
+    EXPECT_EQ(m.download_grad(names[0]).size(), static_cast<size_t>(cfg.vocab) * cfg.hidden);
+    for (size_t i = 1; i < std::size(names); ++i) expect_no_grad(names[i]);
+    m.zero_grad();  // drops that forward's loss gradient too: a backward now is refused
+    try {
+      m.backward();
+      ADD_FAILURE() << "a backward after zero_grad without a forward";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << e.what();
     }
-    const std::vector<float> before = m.download_weight(names[2]);
-    m.adam_step(AdamConfig{});  // no gradient: nothing moves
-    EXPECT_EQ(m.download_weight(names[2]), before);
-    backward();
+    // AdamW with no gradient at all: no weight moves, no step is counted.
+    std::vector<std::vector<float>> before;
+    for (const char* name : names) before.push_back(m.download_weight(name));
+    m.adam_step(adam);
+    for (size_t i = 0; i < std::size(names); ++i)
+      EXPECT_EQ(m.download_weight(names[i]), before[i]) << names[i];
+    backward(m);
     const std::vector<std::vector<float>> again = grads();
-    backward();  // no zero_grad: added to the gradients
+    backward(m);  // no zero_grad: added to the gradients
     const std::vector<std::vector<float>> twice = grads();
     for (size_t i = 0; i < first.size(); ++i) {
       float peak = 0.f;
@@ -882,6 +907,24 @@ TEST_F(GpuDemoDevice, GradientsLiveFromTheBackwardToZeroGrad) {
       std::vector<float> doubled = first[i];
       for (float& g : doubled) g *= 2.f;
       expect_close(twice[i], doubled, 2 * atol, 1e-4f, std::string(names[i]) + " x 2");
+    }
+    // One real step (the summed gradients of the two backwards) against a model that never had
+    // the empty step: the same bias corrections, so the same weights, but where a gradient near
+    // zero took the other sign from the atomics' order (AdamW's first step moves a weight by about
+    // lr whatever its gradient's size). Had the empty step been counted, every weight would have
+    // moved by about 0.74 lr instead of lr.
+    std::unique_ptr<DeviceCausalLM> fresh = model();
+    fresh->zero_grad();
+    backward(*fresh);
+    backward(*fresh);
+    m.adam_step(adam);
+    fresh->adam_step(adam);
+    for (const char* name : names) {
+      const std::vector<float> a = m.download_weight(name), b = fresh->download_weight(name);
+      ASSERT_EQ(a.size(), b.size()) << name;
+      size_t apart = 0;
+      for (size_t i = 0; i < a.size(); ++i) apart += std::fabs(a[i] - b[i]) > 0.1f * adam.lr;
+      EXPECT_LE(apart, a.size() / 100) << name << ": weights after one step";
     }
   }
 }

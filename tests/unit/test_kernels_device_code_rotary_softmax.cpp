@@ -269,9 +269,6 @@ TEST_F(RotarySoftmaxCudaDispatch, QkNormTrainingOpsGetTheIntendedGeometry) {
   EXPECT_EQ(l[1].cfg.grid[0], 2u);
   l = run(50, 28, 4, 264);  // head counts no power of two divides (Qwen2.5-7B's 28)
   ASSERT_EQ(l.size(), 3u);
-  l = run(10, 1, 4, 264);
-  ASSERT_EQ(l.size(), 3u);
-  EXPECT_EQ(l[1].cfg.grid[0], 2u);
   // 2^30 query and key rows or more: refused by name (the kernels index rows in 32 bits), with
   // no launch. Shapes only: the refusal reads no element.
   HostTensor q(kBF16, 1, 16 * HD), k(kBF16, 1, 8 * HD), cache(kFP32, 4096, HD), wt(kBF16, 1, HD);

@@ -22,7 +22,7 @@ run_demo() {  # the variant set by ab_variant, with `extra` settings; the argume
   env "${envs[@]}" "${extra[@]}" "$bin" demo --device cuda:0 --model qwen3-0.6b --batch 8 \
     --seq 2048 --decode-batch 1 --decode-context 64 --json "$@" "${opts[@]}"
 }
-printf '%-12s %5s %15s %17s %9s\n' variant round 'train tokens/s' 'prefill tokens/s' 'peak GiB'
+printf '%-12s %5s %15s %17s %9s %13s\n' variant round 'train tokens/s' 'prefill tokens/s' 'peak GiB' 'reserved GiB'
 for r in $(seq 1 "$rounds"); do
   for v in "$@"; do
     ab_variant "$v"
@@ -37,7 +37,7 @@ import json, sys
 label, r, path = sys.argv[1:]
 d = json.load(open(path))["device_run"]
 print(f"{label:<12} {r:>5} {d['train_tokens_per_s']:15,.0f} {d['prefill_tokens_per_s']:17,.0f} "
-      f"{d['peak_bytes'] / 2**30:9.3f}")
+      f"{d['peak_bytes'] / 2**30:9.3f} {d.get('reserved_bytes', 0) / 2**30:13.3f}")
 PY
   done
 done

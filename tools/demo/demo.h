@@ -81,7 +81,9 @@ struct DemoRun {
   std::string dtype;
   double train_tokens_per_s = 0, prefill_tokens_per_s = 0, prefill_ms = 0;
   std::vector<double> train_step_ms;  // each timed step's device time (steps 2 .. steps)
-  uint64_t peak_bytes = 0;
+  // The model pool's peak of handed-out bytes (as torch.cuda.max_memory_allocated), and the bytes
+  // it holds from the device (handed out + cached for reuse) after training, eval and prefill.
+  uint64_t peak_bytes = 0, reserved_bytes = 0;
   std::vector<std::string> package_slots, runtime_slots;  // what served each slot's calls
   std::map<std::string, std::string> refused_slots;       // bound, but refused this model: why
   struct Breakdown {

@@ -185,6 +185,7 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
     BigramData::Batch b = train.next(o.batch, S);
     run.train_profile = profiled(model, [&] { train_step(model, b, o.batch, S, o.adam); });
   }
+  model.zero_grad();  // training is over: eval, prefill and decode hold no gradient
 
   // Eval: one atomic store publishes the eval table.
   auto ts = std::chrono::steady_clock::now();
@@ -232,6 +233,7 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   note_slots(model, seen);
 
   run.peak_bytes = model.memory().peak_bytes;
+  run.reserved_bytes = model.memory().reserved_bytes;
   std::vector<uint32_t> reported = {slots.rms_norm,           slots.rotary,
                                     slots.silu_and_mul,       slots.cross_entropy,
                                     slots.attention,          slots.linear_cross_entropy,

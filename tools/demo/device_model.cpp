@@ -278,7 +278,7 @@ void DeviceCausalLM::require_grad(const Param& p) {
   if (!p.g.data())  // a writer before its ensure_grad: the runtime's bug, not the input's
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("device model: a gradient of {} written before it was taken from the "
-                            "pool (ensure_grad)",
+                            "pool (ensure_grad): a bug of the runtime's; please report it",
                             p.w.describe()));
 }
 
@@ -300,20 +300,44 @@ void DeviceCausalLM::ensure_grad(Param& p) {
 }
 
 void DeviceCausalLM::ensure_layer_grads(Layer& L) {
-  // The fused q/k/v's first: q's, k's and v's are its rows, so that its dW GEMM writes all three
-  // (layer_backward) and AdamW reads each as its own.
-  if (L.qkv && !L.wq->g.data()) {
-    L.qkv->g = empty({L.qkv->w16.dim(0), L.qkv->w16.dim(1)});
+  // One pool block for the layer's gradients (each at a 512-byte boundary): zero_grad gives the
+  // block back whole, so that the next forward's activations of its size class can take it and
+  // the backward's layers take blocks the layers above freed; a gradient a block of its own would
+  // sit in size classes no activation asks for (Qwen3-0.6B's 8-24 MiB), the memory held.
+  const bool qkv = L.qkv && !L.wq->g.data();
+  auto align = [](int64_t n) { return (n + 127) / 128 * 128; };
+  std::vector<Param*> missing;
+  int64_t total = qkv ? align(L.qkv->w16.numel()) : 0;
+  for (Param* p : {L.attn_norm, L.wq, L.wk, L.wv, L.bq, L.bk, L.bv, L.q_norm, L.k_norm, L.wo, L.bo,
+                   L.mlp_norm, L.gate_up, L.wdown}) {
+    if (!p || p->g.data() || !p->w.numel() || (qkv && (p == L.wq || p == L.wk || p == L.wv)))
+      continue;
+    missing.push_back(p);
+    total += align(p->w.numel());
+  }
+  if (total == 0) return;
+  const DeviceTensor all = empty({total});
+  int64_t at = 0;
+  auto take = [&](const std::vector<int64_t>& shape, int64_t n) {
+    DeviceTensor t = all.rows(at, n).view(shape);
+    at += align(n);
+    return t;
+  };
+  if (qkv) {
+    // The fused q/k/v's: q's, k's and v's are its rows, so that its dW GEMM writes all three
+    // (layer_backward) and AdamW reads each as its own.
+    L.qkv->g = take({L.qkv->w16.dim(0), L.qkv->w16.dim(1)}, L.qkv->w16.numel());
     int64_t row = 0;
     for (Param* p : {L.wq, L.wk, L.wv}) {
       p->g = L.qkv->g.rows(row, p->w.dim(0));
-      p->g_zero = true;
+      p->g_zero = true;  // zero in value, its memory not cleared (Param::g_zero)
       row += p->w.dim(0);
     }
   }
-  for (Param* p : {L.attn_norm, L.wq, L.wk, L.wv, L.bq, L.bk, L.bv, L.q_norm, L.k_norm, L.wo, L.bo,
-                   L.mlp_norm, L.gate_up, L.wdown})
-    if (p) ensure_grad(*p);
+  for (Param* p : missing) {
+    p->g = take(p->w.shape(), p->w.numel());
+    p->g_zero = true;
+  }
 }
 
 // The attention package's cuda kernels take bf16/fp16: an fp32 model runs the runtime's own.
@@ -397,7 +421,8 @@ float DeviceCausalLM::forward(const int64_t* tokens, const int64_t* targets, int
 void DeviceCausalLM::backward() {
   if (!train_ || !has_targets_ || !df_.data())
     throw Error(ErrorKind::kInvalidInput,
-                "device model: backward needs a forward with targets in train mode");
+                "device model: backward needs a train-mode forward with targets since the last "
+                "zero_grad (the loss's gradients come with that forward)");
   const int64_t T = static_cast<int64_t>(batch_) * len_, H = cfg_.hidden;
   // The loss's gradients for the LM head and the final hidden states came with the forward.
   DeviceTensor dh = act({T, H});
@@ -419,8 +444,10 @@ void DeviceCausalLM::zero_grad() {
   flush_grads();  // none pending after a backward; a partial one's adds land first
   // Released, as PyTorch's zero_grad(set_to_none=True): the next backward takes each layer's
   // gradients from the pool when it reaches the layer, so that they never sit beside the whole
-  // forward's activations (2.2 GiB at Qwen3-0.6B: the LM head's alone live at the loss). The
-  // pool's cache hands the same size classes back without a driver call.
+  // forward's activations (2.2 GiB at Qwen3-0.6B: the LM head's alone live at the loss). The loss
+  // gradient a train forward computed goes too (a backward after this is refused, not silently
+  // missing the LM head's part).
+  df_ = DeviceTensor();
   for (auto& [name, p] : params_) {
     p.g = DeviceTensor();
     p.g_zero = false;

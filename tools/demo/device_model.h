@@ -47,8 +47,10 @@ struct SkinnyPrenorm;     // skinny_gemm.h
 struct SkinnyQkNormRope;  // skinny_gemm.h
 
 struct DeviceModelOptions {
-  DLDataType dtype = kF32;         // kF32 or kBF16: weights run and activations
-  int64_t loss_chunk_rows = 1024;  // tokens per chunk of the runtime's own train loss
+  DLDataType dtype = kF32;  // kF32 or kBF16: weights run and activations
+  // Tokens a chunk of the train loss: the fused loss package's workspace holds this many rows of
+  // logits, the runtime's own loss computes them this many at a time.
+  int64_t loss_chunk_rows = 1024;
   // Training's q, k and v projections as one GEMM each way where it applies (fused_qkv_trains);
   // false: three (the tests compare the two).
   bool fuse_qkv = true;
