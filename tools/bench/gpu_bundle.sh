@@ -14,7 +14,7 @@ bdir=${KH_GPU_BUILD_DIR:-build-gpu}
 cmake --build "$bdir" -j "$(nproc)" --target test_gpu_device_code test_gpu_launch launch_probe_package test_kernels_gpu \
   test_kernels_gpu_rotary_softmax test_kernels_gpu_attention test_gpu_gemm test_kernels_gpu_linear_ce \
   test_gpu_device_api test_gpu_demo_device test_gpu_tensor_map test_gpu_demo_decode \
-  test_gpu_skinny_gemm test_gpu_device_info bench_skinny_gemm bench_device_load kh_kernel_timeline kernel_hub kernel_packages toy_packages \
+  test_gpu_skinny_gemm test_gpu_device_info bench_skinny_gemm bench_train_gemms bench_device_load kh_kernel_timeline kernel_hub kernel_packages toy_packages \
   kernel-hub default_hub test_demo bench_kernelize demo_logits \
   | grep -E "error|FAILED" || true
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
@@ -23,6 +23,7 @@ cp "$bdir"/tests/test_gpu_device_code "$bdir"/tests/test_gpu_launch "$bdir"/test
    "$bdir"/tests/test_gpu_gemm "$bdir"/tests/test_kernels_gpu_linear_ce \
    "$bdir"/tests/test_gpu_device_api "$bdir"/tests/test_gpu_demo_device "$bdir"/tests/test_gpu_tensor_map "$bdir"/tests/test_gpu_demo_decode \
    "$bdir"/tests/test_gpu_skinny_gemm "$bdir"/tests/test_gpu_device_info "$bdir"/tools/bench/bench_skinny_gemm \
+   "$bdir"/tools/bench/bench_train_gemms \
    "$bdir"/tools/bench/bench_device_load "$bdir"/tools/bench/libkh_kernel_timeline.so \
    "$bdir"/libkernel_hub.so "$bdir"/kernel-hub "$bdir"/tests/test_demo \
    "$bdir"/tools/bench/bench_kernelize "$bdir"/tests/demo_logits "$out/bin/"
