@@ -414,7 +414,7 @@ void add_demo_command(CLI::App& app, Runner& run) {
                   "CUDA only: tokens a chunk of the train loss (the LM head and cross-entropy "
                   "without the whole logits: a chunk's rows x vocab logits at a time; longer "
                   "chunks are faster and take rows x vocab x 2 more bytes in bf16) (default "
-                  "1024)")
+                  "2048)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--fallback", a->fallback,
                 "Bind no package: every slot runs the runtime's own implementation (as "
