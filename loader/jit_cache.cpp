@@ -140,8 +140,7 @@ JitCache::JitCache(const std::filesystem::path& dir)
   // Beneath the cache a Store guards, it is covered; alone (a process that JIT-compiles without
   // having opened the cache: the device API, a local package's bind), it is guarded itself, so
   // that no link in it is followed and a directory others may write is refused.
-  if (!fs::guarded_root_of(dir_))
-    fs::guard_root(dir_, fs::cache_sharing_from_env(), "JIT cache");
+  if (!fs::guarded_root_of(dir_)) fs::guard_root(dir_, fs::cache_sharing_from_env(), "JIT cache");
   if (per_user_) dir_ /= "u" + std::to_string(::geteuid());
 }
 

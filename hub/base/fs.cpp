@@ -130,9 +130,8 @@ std::string read_input_file(const stdfs::path& path, uint64_t max_size, std::str
     return read_file(path, max_size);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kNotFound)  // kNotFound still: the C API documents it for files
-      throw Error(ErrorKind::kNotFound,
-                  fmt::format("{} not found: {} (expected {})", path.string(),
-                              std::strerror(ENOENT), what));
+      throw Error(ErrorKind::kNotFound, fmt::format("{} not found: {} (expected {})", path.string(),
+                                                    std::strerror(ENOENT), what));
     throw Error(ErrorKind::kInvalidInput,
                 fmt::format("cannot read {} ({}): {}", path.string(), what, e.what()));
   }
