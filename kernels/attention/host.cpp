@@ -27,7 +27,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/attention";
-constexpr const char* kPackageVersion = "1.3.11";
+constexpr const char* kPackageVersion = "1.3.12";
 constexpr uint32_t kAttnDtypes = KH_DTYPE_BF16 | KH_DTYPE_FP16;
 // Splits of a decode's context are at least this many tokens, and at most kMaxSplits.
 constexpr int kMinSplitTokens = 256;
@@ -248,7 +248,10 @@ int32_t attention_inputs(const Args<S>& a, kh_attn_params* pp, AttnInputs* in) {
   p.q_heads = static_cast<int>(q.heads);
   p.kv_heads = static_cast<int>(k.heads);
   p.causal = static_cast<int>(causal);
-  p.window_left = static_cast<int>(window_left);
+  // A window of at least every key sequence's length hides no key: none, so that the kernels'
+  // 32-bit index sums with window_left (kh_attn_query_range's n0 + bn - offset + window_left)
+  // cannot overflow: at INT_MAX the backward's key blocks walked no query and dk, dv were zeros.
+  p.window_left = window_left >= k.tokens ? -1 : static_cast<int>(window_left);
   p.scale = static_cast<float>(scale);
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   p.lse_head = q.tokens;

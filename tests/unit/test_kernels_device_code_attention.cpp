@@ -360,6 +360,50 @@ TEST_F(AttentionCudaDispatch, PersistentForwardGridIsTheMultiprocessorsOrTheUnit
     }
 }
 
+// A window of at least the key tokens hides no key: the kernels get none (window_left -1), so that
+// their 32-bit sums with it cannot overflow (at INT_MAX the backward's kh_attn_query_range gave
+// every key block no query); a shorter one is passed as it is.
+TEST_F(AttentionCudaDispatch, WindowAsLongAsTheKeysReachesTheKernelsAsNone) {
+  using attention_cases::NdView;
+  Package pkg("attention");
+  const int dev = 1;
+  const int64_t B = 2, S = 300, H = 4, HK = 2, d = 128;
+  HostTensor q(kBF16, B * S, H * d), k(kBF16, B * S, HK * d), o(kBF16, B * S, H * d),
+      lse(kFP32, H, B * S), ws(kFP32, 1, B * S * H * (d + 1));
+  NdView qv(q.dl(), {B, S, H, d}), kv(k.dl(), {B, S, HK, d}), ov(o.dl(), {B, S, H, d});
+  DLTensor Q = on_cuda(&qv.t, dev), K = on_cuda(&kv.t, dev), O = on_cuda(&ov.t, dev),
+           L = on_cuda(lse.dl(), dev), W = on_cuda(ws.dl(), dev);
+  std::map<std::string, int> windows;
+  backend_.on_params = [&](const std::string& kernel, void** params) {
+    windows[kernel] = static_cast<const kh_attn_params*>(params[0])->window_left;
+  };
+  for (const int64_t window :
+       {int64_t{0x7FFFFFFF}, int64_t{0x7FFFFFFF} - 200, B * S, B * S - 1, int64_t{5}}) {
+    SCOPED_TRACE(testing::Message() << "window_left " << window);
+    std::string err;
+    windows.clear();
+    ASSERT_EQ(pkg.call("attention_forward",
+                       {targ(&Q), targ(&K), targ(&K), targ(nullptr), targ(nullptr), iarg(S),
+                        iarg(1), iarg(window), farg(0.125), targ(&O), targ(&L)},
+                       &err),
+              KH_OK)
+        << err;
+    ASSERT_EQ(pkg.call("attention_backward",
+                       {targ(&O), targ(&Q), targ(&K), targ(&K), targ(&O), targ(&L), targ(nullptr),
+                        targ(nullptr), iarg(S), iarg(S), iarg(1), iarg(window), farg(0.125),
+                        targ(&Q), targ(&K), targ(&K), targ(&W)},
+                       &err),
+              KH_OK)
+        << err;
+    backend_.take();
+    // The forward's and the backward's main kernels (kh_attn_bwd_params starts with its f).
+    ASSERT_EQ(windows.count("attn_fwd90_bf16_d128"), 1u);
+    ASSERT_EQ(windows.count("attn_bwd90_bf16_d128"), 1u);
+    for (const auto& [kernel, w] : windows) EXPECT_EQ(w, window >= B * S ? -1 : window) << kernel;
+  }
+  backend_.on_params = nullptr;
+}
+
 // The backward's last two waves of CTAs take their key blocks longest first (kh_attn_tile): the
 // kernel's tail_ctas counts what the GPU holds, from the device-info service where the loader
 // answers, an H100/H200's where it does not.
