@@ -32,9 +32,13 @@ std::string sanitize(std::string_view s) {
 namespace {
 
 // A user:password@ in an address would reach every message, the hub's id and the cache's
-// directory names: refused, without repeating it. `rest` is what follows "scheme://".
-void refuse_credentials(std::string_view text, std::string_view rest) {
-  const std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
+// directory names: refused, without repeating it. `rest` is what follows "scheme://". A URL's
+// '@' past its authority is a path's; a registry address has none anywhere (hosts and
+// namespaces do not take it), so there any '@' is taken for credentials: a password with an
+// unencoded '/', '?' or '#' ends the authority early and would otherwise be echoed as a host
+// and namespace.
+void refuse_credentials(std::string_view text, std::string_view rest, bool url) {
+  const std::string_view authority = url ? rest.substr(0, rest.find_first_of("/?#")) : rest;
   const size_t at = authority.rfind('@');
   if (at == std::string_view::npos) return;
   throw Error(ErrorKind::kInvalidInput,
@@ -64,7 +68,7 @@ HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
   if (text.starts_with("oci://")) {
     std::string_view rest = text.substr(6);
     while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
-    refuse_credentials(text, rest);
+    refuse_credentials(text, rest, false);
     auto slash = rest.find('/');
     a.kind = Kind::kRegistry;
     a.host = std::string(rest.substr(0, slash));
@@ -85,7 +89,7 @@ HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
     std::string_view rest = text.substr(text.find("://") + 3);
     if (rest.empty() || rest.front() == '/') bad("missing host");
     // user:password@ would reach every message, the hub's id and the cache's directory names.
-    refuse_credentials(text, rest);
+    refuse_credentials(text, rest, true);
     a.base_url = std::string(text);
     while (a.base_url.size() > 8 && a.base_url.back() == '/') a.base_url.pop_back();
     return a;
