@@ -27,9 +27,6 @@ std::string sanitize(std::string_view s) {
   }
   return clean.empty() ? "_" : clean;
 }
-}  // namespace
-
-namespace {
 
 // A user:password@ in an address would reach every message, the hub's id and the cache's
 // directory names: refused, without repeating it. `rest` is what follows "scheme://". A URL's

@@ -87,6 +87,32 @@ struct ForwardTensors {
   DLTensor Q, K, O;
 };
 
+// ForwardTensors in bf16 with the forward's LSE and the backward's least workspace: the causal
+// ops with a window (-1: none), the backward's outputs dq, dk, dv in q's and k's bytes.
+struct BackwardTensors : ForwardTensors {
+  BackwardTensors(int dev, int64_t B, int64_t S, int64_t H, int64_t HK, int64_t d)
+      : ForwardTensors(dev, kBF16, B, S, H, HK, d),
+        lse(kFP32, H, B * S),
+        ws(kFP32, 1, B * S * H * (d + 1)),
+        L(on_cuda(lse.dl(), dev)),
+        W(on_cuda(ws.dl(), dev)) {}
+  int32_t forward(const Package& pkg, int64_t window, std::string* err) {
+    return pkg.call("attention_forward",
+                    {targ(&Q), targ(&K), targ(&K), targ(nullptr), targ(nullptr), iarg(S), iarg(1),
+                     iarg(window), farg(0.125), targ(&O), targ(&L)},
+                    err);
+  }
+  int32_t backward(const Package& pkg, int64_t window, std::string* err) {
+    return pkg.call("attention_backward",
+                    {targ(&O), targ(&Q), targ(&K), targ(&K), targ(&O), targ(&L), targ(nullptr),
+                     targ(nullptr), iarg(S), iarg(S), iarg(1), iarg(window), farg(0.125), targ(&Q),
+                     targ(&K), targ(&K), targ(&W)},
+                    err);
+  }
+  HostTensor lse, ws;
+  DLTensor L, W;
+};
+
 // The backward grid's tile order (kh_attn_tile_of): every (block, group) exactly
 // once; group order (a group's blocks side by side) before the tail; in the tail, blocks longest
 // (0) first across the tail's groups, which are whole groups at the grid's end.
@@ -364,15 +390,9 @@ TEST_F(AttentionCudaDispatch, PersistentForwardGridIsTheMultiprocessorsOrTheUnit
 // their 32-bit sums with it cannot overflow (at INT_MAX the backward's kh_attn_query_range gave
 // every key block no query); a shorter one is passed as it is.
 TEST_F(AttentionCudaDispatch, WindowAsLongAsTheKeysReachesTheKernelsAsNone) {
-  using attention_cases::NdView;
   Package pkg("attention");
-  const int dev = 1;
-  const int64_t B = 2, S = 300, H = 4, HK = 2, d = 128;
-  HostTensor q(kBF16, B * S, H * d), k(kBF16, B * S, HK * d), o(kBF16, B * S, H * d),
-      lse(kFP32, H, B * S), ws(kFP32, 1, B * S * H * (d + 1));
-  NdView qv(q.dl(), {B, S, H, d}), kv(k.dl(), {B, S, HK, d}), ov(o.dl(), {B, S, H, d});
-  DLTensor Q = on_cuda(&qv.t, dev), K = on_cuda(&kv.t, dev), O = on_cuda(&ov.t, dev),
-           L = on_cuda(lse.dl(), dev), W = on_cuda(ws.dl(), dev);
+  const int64_t B = 2, S = 300;
+  BackwardTensors t(1, B, S, 4, 2, 128);
   std::map<std::string, int> windows;
   backend_.on_params = [&](const std::string& kernel, void** params) {
     windows[kernel] = static_cast<const kh_attn_params*>(params[0])->window_left;
@@ -382,19 +402,8 @@ TEST_F(AttentionCudaDispatch, WindowAsLongAsTheKeysReachesTheKernelsAsNone) {
     SCOPED_TRACE(testing::Message() << "window_left " << window);
     std::string err;
     windows.clear();
-    ASSERT_EQ(pkg.call("attention_forward",
-                       {targ(&Q), targ(&K), targ(&K), targ(nullptr), targ(nullptr), iarg(S),
-                        iarg(1), iarg(window), farg(0.125), targ(&O), targ(&L)},
-                       &err),
-              KH_OK)
-        << err;
-    ASSERT_EQ(pkg.call("attention_backward",
-                       {targ(&O), targ(&Q), targ(&K), targ(&K), targ(&O), targ(&L), targ(nullptr),
-                        targ(nullptr), iarg(S), iarg(S), iarg(1), iarg(window), farg(0.125),
-                        targ(&Q), targ(&K), targ(&K), targ(&W)},
-                       &err),
-              KH_OK)
-        << err;
+    ASSERT_EQ(t.forward(pkg, window, &err), KH_OK) << err;
+    ASSERT_EQ(t.backward(pkg, window, &err), KH_OK) << err;
     backend_.take();
     // The forward's and the backward's main kernels (kh_attn_bwd_params starts with its f).
     ASSERT_EQ(windows.count("attn_fwd90_bf16_d128"), 1u);
@@ -408,7 +417,6 @@ TEST_F(AttentionCudaDispatch, WindowAsLongAsTheKeysReachesTheKernelsAsNone) {
 // kernel's tail_ctas counts what the GPU holds, from the device-info service where the loader
 // answers, an H100/H200's where it does not.
 TEST_F(AttentionCudaDispatch, BackwardTailIsTwoWavesOfTheDevice) {
-  using attention_cases::NdView;
   Package pkg("attention");
   // Devices no other test of this binary uses: the package remembers per device whether its
   // code has the Hopper kernels, and the dispatch test gives devices 0 and 1 sm_80's and sm_90a's.
@@ -419,23 +427,12 @@ TEST_F(AttentionCudaDispatch, BackwardTailIsTwoWavesOfTheDevice) {
     if (kernel.starts_with("attn_bwd90_") || kernel.starts_with("attn_bwd_bf16"))
       tails[kernel] = static_cast<const kh_attn_bwd_params*>(params[0])->f.tail_ctas;
   };
-  const int64_t B = 2, S = 300, H = 8, HK = 2, d = 128;
   for (int dev : {plain, a100}) {
     SCOPED_TRACE(testing::Message() << "device " << dev);
-    HostTensor q(kBF16, B * S, H * d), k(kBF16, B * S, HK * d), o(kBF16, B * S, H * d),
-        lse(kFP32, H, B * S), ws(kFP32, 1, B * S * H * (d + 1));
-    NdView qv(q.dl(), {B, S, H, d}), kv(k.dl(), {B, S, HK, d}), ov(o.dl(), {B, S, H, d});
-    DLTensor Q = on_cuda(&qv.t, dev), K = on_cuda(&kv.t, dev), O = on_cuda(&ov.t, dev),
-             L = on_cuda(lse.dl(), dev), W = on_cuda(ws.dl(), dev);
+    BackwardTensors t(dev, 2, 300, 8, 2, 128);
     std::string err;
     tails.clear();
-    ASSERT_EQ(pkg.call("attention_backward",
-                       {targ(&O), targ(&Q), targ(&K), targ(&K), targ(&O), targ(&L), targ(nullptr),
-                        targ(nullptr), iarg(S), iarg(S), iarg(1), iarg(-1), farg(0.125), targ(&Q),
-                        targ(&K), targ(&K), targ(&W)},
-                       &err),
-              KH_OK)
-        << err;
+    ASSERT_EQ(t.backward(pkg, -1, &err), KH_OK) << err;
     backend_.take();
     // One CTA an SM (its shared memory): 2 x 132 SMs with no answer, 2 x 108 on the A100.
     ASSERT_EQ(tails.size(), 1u);
