@@ -20,6 +20,7 @@
 #include "hub/base/fs.h"
 #include "hub/transport/curl_api.h"
 #include "hub/transport/http_headers.h"
+#include "hub/transport/redirect.h"
 #include "hub/transport/tls.h"
 #include "hub/transport/write_behind.h"
 
@@ -119,18 +120,11 @@ std::string ca_file_text(CURL* h, const Options& o) {
 }
 
 // Settings shared by small requests and blob downloads (REFERENCE §3.6).
-void apply_common(CURL* h, const Options& o, const std::string& url, const CertsD& certs,
-                  char* errbuf) {
+void apply_common(CURL* h, const Options& o, const CertsD& certs, char* errbuf) {
   const CurlApi& api = curl_api();
-  const char* protocols = o.allow_plain_http ? "https,http" : "https";
-  api.easy_setopt(h, CURLOPT_PROTOCOLS_STR, protocols);
-  // Plain HTTP is allowed for what the user named over it, not reached by a redirect from
-  // https: a redirect never downgrades a TLS request, whatever --plain-http says.
-  api.easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR,
-                  url.starts_with("https://") ? "https" : protocols);
-  api.easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
-  api.easy_setopt(h, CURLOPT_MAXREDIRS, 10L);
-  // CURLOPT_UNRESTRICTED_AUTH stays off: libcurl drops Authorization on a host change.
+  api.easy_setopt(h, CURLOPT_PROTOCOLS_STR, o.allow_plain_http ? "https,http" : "https");
+  // Redirects are the client's to follow (redirect.h): each hop is set up for its own host.
+  api.easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
   api.easy_setopt(h, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_2TLS));
   api.easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, o.connect_timeout_ms);
   api.easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, o.low_speed_limit);
@@ -195,13 +189,6 @@ std::string failure_advice(CURLcode rc, const char* errbuf, const std::string& u
     return "the server at " + host +
            " answers plain HTTP, not TLS; if it is a plain-HTTP registry on a trusted network, "
            "pass --plain-http (or give the hub as http://... for a static hub)";
-  }
-  if (rc == CURLE_UNSUPPORTED_PROTOCOL && url.starts_with("https://")) {
-    // https itself is supported: what was refused is where the server redirected.
-    return "the server at " + host +
-           " redirected to a plain-HTTP (or other) URL, and kernel-hub never follows a redirect "
-           "from https to plain HTTP (--plain-http covers only addresses given as http://); "
-           "serve the redirect's target over https (a registry's storage, say)";
   }
   if (tls_failure(rc)) {
     CaSettings ca{o.ca_bundle, o.ca_dir, o.ca_origin};
@@ -362,6 +349,11 @@ struct FdCloser {
 
 struct Transfer {
   Download* job = nullptr;
+  // The hop this attempt asks (job->url, or where it redirected), and its headers (the job's,
+  // less Authorization past the job's origin). Every retry starts again from job->url: a
+  // redirect's target (a signed storage URL, say) may have expired.
+  std::string url;
+  int redirects = 0;
   // The job's sink behind the write-behind thread: offsets and restarts go through it (they wait
   // for the queued bytes), writes are queued.
   WriteBehind* behind = nullptr;
@@ -460,16 +452,6 @@ size_t transfer_write(char* data, size_t size, size_t nmemb, void* user) {
 }
 
 }  // namespace
-
-std::string host_of(const std::string& url) {
-  auto start = url.find("://");
-  start = start == std::string::npos ? 0 : start + 3;
-  auto end = url.find_first_of("/?#", start);
-  std::string authority =
-      url.substr(start, end == std::string::npos ? std::string::npos : end - start);
-  if (size_t at = authority.rfind('@'); at != std::string::npos) authority.erase(0, at + 1);
-  return authority;
-}
 
 // ---- Options ----
 
@@ -594,7 +576,28 @@ Client::~Client() = default;
 Response Client::send(const Request& request) {
   if (options_.offline) throw_offline(request.method, request.url);
   check_scheme(options_, request.url);
+  Request hop = request;
+  hop.follow_redirects = false;
+  for (int followed = 0;; ++followed) {
+    const std::string what =
+        request.method + " " + request.url +
+        (followed > 0 ? " (redirected to " + host_of(hop.url) + ")" : std::string());
+    Response response = send_hop(hop, what);
+    if (!request.follow_redirects || !is_redirect(response.status)) return response;
+    const Hop next = next_hop(hop.url, response.redirect_url, response.status, hop.method, followed,
+                              options_.allow_plain_http);
+    if (!next.refusal.empty()) throw Error(ErrorKind::kRefused, what + ": " + next.refusal);
+    hop.url = next.url;
+    hop.method = next.method;
+    if (!next.keep_body) {
+      hop.body.clear();
+      hop.upload_file.clear();
+    }
+    hop.headers = headers_for_hop(request.headers, request.url, hop.url);
+  }
+}
 
+Response Client::send_hop(const Request& request, const std::string& what) {
   FdCloser upload{-1};
   if (!request.upload_file.empty()) {
     upload.fd = ::open(request.upload_file.c_str(), O_RDONLY | O_CLOEXEC);
@@ -606,7 +609,6 @@ Response Client::send(const Request& request) {
   Slist headers = make_headers(request.headers);
   int max_attempts = request.retry ? std::max(1, options_.max_attempts) : 1;
   const Clock::time_point deadline = options_.command_deadline;
-  const std::string what = request.method + " " + request.url;
   std::string last_cause;
   double waited_s = 0;
 
@@ -628,11 +630,10 @@ Response Client::send(const Request& request) {
     std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> h(api.easy_init(), api.easy_cleanup);
     if (!h) throw Error(ErrorKind::kNetwork, "curl_easy_init failed");
     CURL* c = h.get();
-    apply_common(c, options_, request.url, *certs, errbuf);
+    apply_common(c, options_, *certs, errbuf);
     api.easy_setopt(c, CURLOPT_SHARE, share);
     api.easy_setopt(c, CURLOPT_URL, request.url.c_str());
     api.easy_setopt(c, CURLOPT_HTTPHEADER, headers.get());
-    api.easy_setopt(c, CURLOPT_FOLLOWLOCATION, request.follow_redirects ? 1L : 0L);
     // Uploads are blobs: no whole-request limit of their own, only the stall (low-speed) check;
     // the command deadline bounds every request.
     const long cap_ms = upload.fd < 0 ? options_.metadata_timeout_s * 1000 : 0;
@@ -669,8 +670,7 @@ Response Client::send(const Request& request) {
     ++requests_;
     CURLcode rc = api.easy_perform(c);
     if (st.too_large) {
-      throw Error(ErrorKind::kRefused, request.method + " " + request.url +
-                                           ": response body larger than the limit of " +
+      throw Error(ErrorKind::kRefused, what + ": response body larger than the limit of " +
                                            std::to_string(request.max_body) + " bytes");
     }
     if (!st.upload_error.empty()) {
@@ -683,6 +683,11 @@ Response Client::send(const Request& request) {
       char* eff = nullptr;
       api.easy_getinfo(c, CURLINFO_EFFECTIVE_URL, &eff);
       if (eff) response.effective_url = eff;
+      char* location = nullptr;
+      if (is_redirect(response.status) &&
+          api.easy_getinfo(c, CURLINFO_REDIRECT_URL, &location) == CURLE_OK && location) {
+        response.redirect_url = location;
+      }
       // libcurl reads both forms (delay-seconds and HTTP-date); 0 when absent or malformed.
       api.easy_getinfo(c, CURLINFO_RETRY_AFTER, &retry_after);
       response.attempts = attempt;
@@ -694,7 +699,7 @@ Response Client::send(const Request& request) {
                                                                curl_cause(rc, errbuf)));
     } else if (!worth_retrying(rc, errbuf) || attempt >= max_attempts) {
       throw Error(ErrorKind::kNetwork,
-                  request.method + " " + request.url + " failed after " + std::to_string(attempt) +
+                  what + " failed after " + std::to_string(attempt) +
                       " attempt(s): " + curl_cause(rc, errbuf) + "; " +
                       failure_advice(rc, errbuf, request.url, options_, *certs));
     }
@@ -724,6 +729,7 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     t->behind = &behind;
     t->lane = &behind.lane(job.sink);
     t->progress = progress;
+    t->url = job.url;
     t->headers = make_headers(job.headers);
     if (progress) {
       progress->add_total(job.expected_size);
@@ -765,8 +771,8 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     CURL* c = api.easy_init();
     if (!c) throw Error(ErrorKind::kNetwork, "curl_easy_init failed");
     t.easy = c;
-    apply_common(c, options_, t.job->url, *impl_->certs_for(t.job->url), t.errbuf);
-    api.easy_setopt(c, CURLOPT_URL, t.job->url.c_str());
+    apply_common(c, options_, *impl_->certs_for(t.url), t.errbuf);
+    api.easy_setopt(c, CURLOPT_URL, t.url.c_str());
     api.easy_setopt(c, CURLOPT_HTTPHEADER, t.headers.get());
     api.easy_setopt(c, CURLOPT_PIPEWAIT, 1L);
     // Large receive buffer: blobs are megabytes, and 16 KiB reads cost a recv + write + hash
@@ -791,17 +797,33 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     api.multi_add_handle(multi, c);
   };
 
+  auto go_to = [&](Transfer& t, std::string url, int redirects) {
+    t.redirects = redirects;
+    if (url == t.url) return;
+    t.headers = make_headers(headers_for_hop(t.job->headers, t.job->url, url));
+    t.url = std::move(url);
+  };
+
   auto finish = [&](Transfer& t, CURLcode rc) {
     long code = 0;
     curl_off_t retry_after = 0;
+    std::string redirect_url;
     api.easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &code);
     api.easy_getinfo(t.easy, CURLINFO_RETRY_AFTER, &retry_after);
+    if (char* location = nullptr;
+        rc == CURLE_OK && is_redirect(code) &&
+        api.easy_getinfo(t.easy, CURLINFO_REDIRECT_URL, &location) == CURLE_OK && location) {
+      redirect_url = location;
+    }
     api.multi_remove_handle(multi, t.easy);
     api.easy_cleanup(t.easy);
     t.easy = nullptr;
     --running;
     Download& job = *t.job;
     job.status = code;
+    const std::string what =
+        "GET " + job.url +
+        (t.url != job.url ? " (redirected to " + host_of(t.url) + ")" : std::string());
     // Everything received is in the sink before its offset (or digest) is looked at.
     if (std::exception_ptr failed = behind.settle(*t.lane); failed && t.abort_reason.empty()) {
       t.sink_failed(failed);
@@ -810,7 +832,7 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
 
     auto fail_now = [&](const std::string& cause) {
       job.ok = false;
-      job.error = "GET " + job.url + " failed" +
+      job.error = what + " failed" +
                   (code ? " (HTTP " + std::to_string(code) + ")" : std::string()) + ": " + cause;
       t.state = Transfer::State::kDone;
     };
@@ -822,9 +844,10 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     auto retry_later = [&](const std::string& cause, double retry_after_s) {
       ++t.failures;
       t.last_cause = cause;
+      go_to(t, job.url, 0);
       if (Clock::now() >= t.deadline) {
         job.ok = false;
-        job.error = "GET " + job.url + " did not complete within " +
+        job.error = what + " did not complete within " +
                     std::to_string(options_.transfer_deadline_s) + " s over " +
                     std::to_string(t.failures) + " attempt(s) (last: " + cause +
                     "); KERNEL_HUB_TRANSFER_TIMEOUT_S sets this deadline";
@@ -834,7 +857,7 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
       if (t.failures >= std::max(1, options_.max_attempts)) {
         job.ok = false;
         job.error =
-            "GET " + job.url + " failed after " + std::to_string(t.failures) + " attempts" +
+            what + " failed after " + std::to_string(t.failures) + " attempts" +
             (code ? " (last HTTP status " + std::to_string(code) + ")" : std::string()) + ": " +
             cause +
             (retryable_status(code) ? "; " + refusal_advice(options_, code, t.failures, t.waited_s)
@@ -842,8 +865,8 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
         t.state = Transfer::State::kDone;
         return;
       }
-      const RetryWait wait = plan_retry(options_, t.failures, retry_after_s, command_deadline,
-                                        "GET " + job.url, cause);
+      const RetryWait wait =
+          plan_retry(options_, t.failures, retry_after_s, command_deadline, what, cause);
       if (!wait.refusal.empty()) {
         fail_with(wait.refusal);
         return;
@@ -872,6 +895,16 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
         }
         job.ok = true;
         t.state = Transfer::State::kDone;
+      } else if (is_redirect(code)) {
+        const Hop next =
+            next_hop(t.url, redirect_url, code, "GET", t.redirects, options_.allow_plain_http);
+        if (!next.refusal.empty()) {
+          fail_with(what + ": " + next.refusal);
+          return;
+        }
+        go_to(t, next.url, t.redirects + 1);  // at once, and not counted as a failure
+        t.state = Transfer::State::kWaiting;
+        t.not_before = Clock::now();
       } else if (code == 416 && t.start_offset > 0) {
         // Our resume offset is not satisfiable (a stale partial): fetch from 0 again.
         t.restart_sink();
@@ -895,13 +928,13 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
       t.restart_sink();
       retry_later(t.abort_reason, 0);
     } else if (rc == CURLE_OPERATION_TIMEDOUT && t.command_deadline_bounds) {
-      fail_with(command_deadline_passed(options_, "GET " + job.url + " was in flight",
-                                        curl_cause(rc, t.errbuf)));
+      fail_with(
+          command_deadline_passed(options_, what + " was in flight", curl_cause(rc, t.errbuf)));
     } else if (worth_retrying(rc, t.errbuf)) {
       retry_later(curl_cause(rc, t.errbuf), 0);
     } else {
       fail_now(curl_cause(rc, t.errbuf) + "; " +
-               failure_advice(rc, t.errbuf, job.url, options_, *impl_->certs_for(job.url)));
+               failure_advice(rc, t.errbuf, t.url, options_, *impl_->certs_for(t.url)));
     }
   };
 

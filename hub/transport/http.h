@@ -17,6 +17,7 @@
 
 #include "hub/base/progress.h"
 #include "hub/transport/blob_sink.h"
+#include "hub/transport/url.h"  // host_of, for the client's users
 
 namespace kh::http {
 
@@ -67,10 +68,6 @@ struct Options {
   void start_command_clock();
 };
 
-// "host[:port]" of an http(s) URL, as HubAddress::host spells a registry (any user:password@
-// left out).
-std::string host_of(const std::string& url);
-
 struct Request {
   std::string method = "GET";
   std::string url;
@@ -81,6 +78,8 @@ struct Request {
   uint64_t upload_offset = 0;
   uint64_t upload_length = 0;
   uint64_t max_body = 4 << 20;  // responses larger than this fail (kRefused)
+  // Redirects are followed by the client, hop by hop (redirect.h): each hop with its own host's
+  // TLS settings, Authorization only within the first request's origin.
   bool follow_redirects = true;
   bool retry = true;  // retry transient failures (408, 429, 5xx, transport)
 };
@@ -89,7 +88,10 @@ struct Response {
   long status = 0;
   std::string body;
   std::map<std::string, std::string> headers;  // names lower-cased
-  std::string effective_url;
+  std::string effective_url;                   // the URL that answered (the last hop's)
+  // Where a redirect answer points, resolved against effective_url ("" for other answers, or
+  // without a Location): what a caller that follows no redirects may look at.
+  std::string redirect_url;
   int attempts = 1;     // requests sent for it (retries included)
   double waited_s = 0;  // seconds slept between those attempts (backoff and Retry-After)
   // Header value by case-insensitive name, "" when absent.
@@ -131,6 +133,9 @@ class Client {
 
  private:
   struct Impl;
+  // One hop of send(): the request with its retries. `what` names it in messages.
+  Response send_hop(const Request& hop, const std::string& what);
+
   Options options_;
   std::unique_ptr<Impl> impl_;
   std::atomic<uint64_t> requests_{0};

@@ -235,8 +235,8 @@ class HttpReader final : public HubReader {
 
   // A static server behind HTTP Basic auth (nginx auth_basic, say): on its first 401, the
   // credentials the user has for its host[:port] (credentials file, containers' and docker's auth
-  // files with their helpers, the scoped variables), then every request with them. libcurl drops
-  // the header on a redirect to another host.
+  // files with their helpers, the scoped variables), then every request with them. The client
+  // drops the header on a redirect to another origin (redirect.h).
   http::Response send(http::Request req) {
     if (std::string auth = authorization(); !auth.empty()) req.headers.push_back(auth);
     http::Response res = client_.send(req);

@@ -4,7 +4,9 @@
 // the Content-Range one through content_range_start, and the whole input through both as one
 // value. Checked beyond memory safety (ASan, UBSan): names come out lower-cased and trimmed,
 // values trimmed; a challenge's scheme and parameter names are lower case and hold no space; a
-// start parsed from "bytes N..." is N.
+// start parsed from "bytes N..." is N. A Location value goes through the redirect rules
+// (hub/transport/redirect.h): a hop is either refused or taken, never from https down, a
+// refusal holds no query of the target; a hop off the first origin keeps no Authorization.
 #include <algorithm>
 #include <cctype>
 #include <cstddef>
@@ -12,8 +14,10 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "hub/transport/http_headers.h"
+#include "hub/transport/redirect.h"
 
 namespace {
 
@@ -35,6 +39,18 @@ void check_challenge(const std::string& value) {
     if (!lower_case(name) || name.find(' ') != std::string::npos) __builtin_trap();
 }
 
+void check_redirect(const std::string& location) {
+  using namespace kh::http;
+  const Hop hop = next_hop("https://registry.example/v2/x", location, 307, "GET", 0, true);
+  if (hop.refusal.empty() == hop.url.empty()) __builtin_trap();
+  if (!hop.url.empty() && scheme_of(hop.url) != "https") __builtin_trap();
+  // A refusal names the target's host, never what follows it: no query (a signature) reaches it.
+  if (hop.refusal.find('?') != std::string::npos) __builtin_trap();
+  const std::vector<std::string> kept = headers_for_hop({"Authorization: Bearer t", "Accept: */*"},
+                                                        "https://registry.example/v2/x", location);
+  if (origin_of(location) != "https://registry.example" && kept.size() != 1) __builtin_trap();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -50,6 +66,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (auto it = headers.find("www-authenticate"); it != headers.end()) check_challenge(it->second);
   if (auto it = headers.find("content-range"); it != headers.end())
     (void)kh::http::content_range_start(it->second);
+  if (auto it = headers.find("location"); it != headers.end()) check_redirect(it->second);
+  check_redirect(input);
   check_challenge(input);
   const uint64_t start = kh::http::content_range_start(input);
   // "bytes " and up to 19 digits: the number they spell.

@@ -281,6 +281,56 @@ TEST_F(PrivateStaticHttps, ARedirectFromHttpsToPlainHttpIsRefused) {
       << r.err;
 }
 
+// A client certificate from a host's certs.d is that host's alone: a redirect to another host
+// does not carry it (libcurl, following redirects itself, presented it to every hop that asked),
+// and the other host gets what its own certs.d holds.
+TEST_F(PrivateStaticHttps, AClientCertificateGoesToItsOwnHostOnly) {
+  NginxFixture::Options storage_options;
+  storage_options.tls_cert = pki_.server_cert();
+  storage_options.tls_key = pki_.server_key();
+  storage_options.client_ca = pki_.ca_cert();
+  storage_options.client_cert_optional = true;  // asks every client for one, takes none too
+  NginxFixture storage(hub_dir_.path(), storage_options);
+  NginxFixture::Options front_options = storage_options;
+  front_options.client_cert_optional = false;  // mTLS required
+  front_options.redirect_to = storage.base_url();
+  NginxFixture front(hub_dir_.path(), front_options);
+  add_certs_d(host(front), "client.cert", pki_.client_cert());
+  add_certs_d(host(front), "client.key", pki_.client_key());
+  const Env ca = {{"SSL_CERT_FILE", pki_.ca_cert().string()}};
+
+  auto r = pull(front.base_url(), ca);
+  ASSERT_EQ(r.exit_code, 0) << r.err << front.error_log() << storage.error_log();
+  ASSERT_NE(front.access_log().find("kh-client"), std::string::npos)
+      << "the front never saw the certificate:\n"
+      << front.access_log();
+  const std::string seen = storage.access_log();
+  EXPECT_NE(seen.find("GET /"), std::string::npos) << "the pull never reached " << host(storage);
+  EXPECT_EQ(seen.find("kh-client"), std::string::npos)
+      << "the front's client certificate went to " << host(storage) << ":\n"
+      << seen;
+}
+
+TEST_F(PrivateStaticHttps, ARedirectedHostGetsItsOwnClientCertificate) {
+  NginxFixture::Options storage_options;
+  storage_options.tls_cert = pki_.server_cert();
+  storage_options.tls_key = pki_.server_key();
+  storage_options.client_ca = pki_.ca_cert();  // mTLS required
+  NginxFixture storage(hub_dir_.path(), storage_options);
+  NginxFixture::Options front_options;
+  front_options.tls_cert = pki_.server_cert();
+  front_options.tls_key = pki_.server_key();
+  front_options.redirect_to = storage.base_url();
+  NginxFixture front(hub_dir_.path(), front_options);
+  add_certs_d(host(storage), "client.cert", pki_.client_cert());
+  add_certs_d(host(storage), "client.key", pki_.client_key());
+  const Env ca = {{"SSL_CERT_FILE", pki_.ca_cert().string()}};
+
+  auto r = pull(front.base_url(), ca);
+  EXPECT_EQ(r.exit_code, 0) << r.err << storage.error_log();
+  EXPECT_NE(storage.access_log().find("kh-client"), std::string::npos) << storage.access_log();
+}
+
 // A static hub behind HTTP Basic auth takes the credentials the user has for its host (here the
 // credentials file); a password in the address is refused, as it would reach messages and
 // cache paths.
