@@ -47,6 +47,45 @@ void refuse_credentials(std::string_view text, std::string_view rest, bool url) 
                   "or podman's auth file");
 }
 
+// An http(s) hub's authority must be HOST[:PORT] (a name or IPv4 address, or [IPv6]; a numeric
+// port). Anything else is refused without repeating what follows the scheme: a password with an
+// unencoded '/', '?' or '#' ends the authority early ("alice:s3c" of "alice:s3c/r3t@host"), so
+// that text may hold one.
+void require_host_port(std::string_view text, std::string_view rest) {
+  const std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
+  std::string_view host = authority, port;
+  if (authority.starts_with('[')) {
+    const size_t close = authority.find(']');
+    host = authority.substr(0, close == std::string_view::npos ? authority.size() : close + 1);
+    if (close == std::string_view::npos) host = {};
+    std::string_view after = authority.substr(host.size());
+    if (!after.empty() && (after.front() != ':' || after.size() == 1)) host = {};
+    if (!after.empty()) port = after.substr(1);
+  } else if (const size_t colon = authority.find(':'); colon != std::string_view::npos) {
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+    if (port.empty()) host = {};
+  }
+  bool ok = !host.empty() && port.size() <= 5;
+  for (char c : host) {
+    const bool name = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ||
+                      c == '_' || c == '~' || c == '%';
+    const bool ipv6 = host.front() == '[' && (std::isxdigit(static_cast<unsigned char>(c)) ||
+                                              c == ':' || c == '.' || c == '[' || c == ']');
+    ok = ok && (name || ipv6);
+  }
+  for (char c : port) ok = ok && std::isdigit(static_cast<unsigned char>(c));
+  if (ok) return;
+  throw Error(ErrorKind::kInvalidInput,
+              "invalid hub address " + std::string(text.substr(0, text.find("://") + 3)) +
+                  "...: what stands for the host is not HOST[:PORT] (a name, an IPv4 address or "
+                  "[IPv6], and a numeric port); it is not repeated here in case it holds a "
+                  "password (user:password@ with an unencoded '/', '?' or '#'). Give the address "
+                  "as http(s)://HOST[:PORT]/PATH, with credentials in the credentials file "
+                  "(KERNEL_HUB_CREDENTIALS, else ~/.config/kernel-hub/credentials.json) under the "
+                  "host[:port]");
+}
+
 }  // namespace
 
 HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
@@ -87,6 +126,7 @@ HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
     if (rest.empty() || rest.front() == '/') bad("missing host");
     // user:password@ would reach every message, the hub's id and the cache's directory names.
     refuse_credentials(text, rest, true);
+    require_host_port(text, rest);
     a.base_url = std::string(text);
     while (a.base_url.size() > 8 && a.base_url.back() == '/') a.base_url.pop_back();
     return a;

@@ -97,6 +97,31 @@ TEST(HubAddress, PasswordsInTheAddressAreRefusedUnrepeated) {
             HubAddress::Kind::kHttpLayout);
 }
 
+// A static hub's URL may carry an '@' in its path, so there a password with an unencoded '/',
+// '?' or '#' is caught by the authority it leaves behind: not HOST[:PORT], refused unrepeated.
+TEST(HubAddress, AStaticHubsAuthorityIsAHostAndPort) {
+  for (const char* address :
+       {"https://alice:s3c/r3t@cdn.example/hub", "https://alice:s3c?r3t@cdn.example",
+        "http://alice:s3c#r3t@cdn.example/x", "https://alice:/r3t@cdn.example", "https://s3c!r3t/x",
+        "https://[::1/x", "https://[::1]s3c/x", "https://[::1]:/x", "https://h:123456/x",
+        "https://h:8o/x"}) {
+    try {
+      HubAddress::parse(address, false);
+      ADD_FAILURE() << "accepted " << address;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << address;
+      EXPECT_NE(std::string(e.what()).find("not HOST[:PORT]"), std::string::npos) << e.what();
+      for (const char* part : {"s3c", "r3t", "alice", "::1", "123456", "8o"})
+        EXPECT_EQ(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  }
+  for (const char* address : {"https://cdn.example/hub", "http://127.0.0.1:8080",
+                              "https://[::1]:8443/hub", "https://[fe80::1%25eth0]/x",
+                              "https://my_host.example:443/a@b/c", "http://h?x", "http://h#y"}) {
+    EXPECT_EQ(HubAddress::parse(address, false).kind, HubAddress::Kind::kHttpLayout) << address;
+  }
+}
+
 TEST(HubAddress, IdsAreStableAndSafe) {
   auto id = HubAddress::parse("oci://127.0.0.1:5000", false).id();
   EXPECT_EQ(id, "registry/127.0.0.1_5000");
