@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -46,9 +47,14 @@ stdfs::path TrustState::path_for(const std::string& hub_id, const std::string& r
   return root_ / hub_id / repo / (tag + ".json");
 }
 
-std::optional<SerialRecord> TrustState::read_highest(const std::string& repo,
-                                                     const std::string& tag,
-                                                     const std::string& key_id) const {
+std::optional<SerialRecord> TrustState::read_highest(
+    const std::string& repo, const std::string& tag,
+    const std::vector<std::string>& key_ids) const {
+  auto shares_a_key = [&](const SerialRecord& r) {
+    return std::any_of(r.key_ids.begin(), r.key_ids.end(), [&](const std::string& k) {
+      return std::find(key_ids.begin(), key_ids.end(), k) != key_ids.end();
+    });
+  };
   std::optional<SerialRecord> best;
   std::error_code ec;
   for (auto it = stdfs::directory_iterator(root_, ec); !ec && it != stdfs::directory_iterator();
@@ -56,8 +62,7 @@ std::optional<SerialRecord> TrustState::read_highest(const std::string& repo,
     const std::string hub_id = it->path().filename().string();
     if (!is_valid_hub_id(hub_id)) continue;  // not a record directory: nothing to read
     auto r = read(hub_id, repo, tag);
-    if (r && !key_id.empty() && r->key_id == key_id && (!best || r->serial > best->serial))
-      best = std::move(r);
+    if (r && shares_a_key(*r) && (!best || r->serial > best->serial)) best = std::move(r);
   }
   return best;
 }
@@ -89,6 +94,11 @@ std::optional<SerialRecord> TrustState::read(const std::string& hub_id, const st
     r.expires = j.at("expires").get<int64_t>();
     r.seen_at = j.at("seen_at").get<int64_t>();
     if (auto k = j.find("key_id"); k != j.end()) r.key_id = k->get<std::string>();
+    if (auto k = j.find("key_ids"); k != j.end()) {
+      r.key_ids = k->get<std::vector<std::string>>();
+    } else if (!r.key_id.empty()) {
+      r.key_ids = {r.key_id};
+    }
     // The record's own fields must agree with its path: a file copied elsewhere would
     // otherwise lend its serial to another tag.
     if (r.hub_id != hub_id || r.repo != repo || r.tag != tag) {
@@ -106,7 +116,7 @@ void TrustState::write(const SerialRecord& r) {
   stdfs::path p = path_for(r.hub_id, r.repo, r.tag);
   nlohmann::json j{{"hub_id", r.hub_id},   {"repo", r.repo},         {"tag", r.tag},
                    {"serial", r.serial},   {"index", r.index.str()}, {"expires", r.expires},
-                   {"seen_at", r.seen_at}, {"key_id", r.key_id}};
+                   {"seen_at", r.seen_at}, {"key_id", r.key_id},     {"key_ids", r.key_ids}};
   Digest::parse(r.index.str());  // never persist a record we could not read back
   fs::write_file_atomic(p, j.dump() + "\n", 0644);
 }

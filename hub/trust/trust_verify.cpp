@@ -43,7 +43,8 @@ struct Failure {
 
 struct Candidate {
   Statement statement;
-  std::string key_id;
+  std::string key_id;                // the first trusted signer, for messages
+  std::vector<std::string> key_ids;  // every trusted signer: each one's history counts
   bool in_grace = false;
   std::string warning;
 };
@@ -113,14 +114,16 @@ std::variant<Candidate, Failure> check_envelope(const TrustRequest& req, const E
                    "the publisher's signing tool is broken; ask them to sign again"};
   }
 
-  // 3. A valid signer must be trusted for the repository the statement names.
-  std::string signer;
+  // 3. A valid signer must be trusted for the repository the statement names. Every such signer
+  // is kept: the hub orders the signatures, so none may stand for the others (rollback, 6).
+  std::vector<std::string> signers;
   for (const auto& id : valid) {
     for (const TrustedKey* k : store.find(id)) {
-      if (k->allows(st.repo) && signer.empty()) signer = id;
+      if (k->allows(st.repo) && std::find(signers.begin(), signers.end(), id) == signers.end())
+        signers.push_back(id);
     }
   }
-  if (signer.empty()) {
+  if (signers.empty()) {
     std::vector<std::string> seen;
     std::string patterns;
     for (const TrustedKey* k : store.find(valid.front())) {
@@ -168,7 +171,7 @@ std::variant<Candidate, Failure> check_envelope(const TrustRequest& req, const E
   }
 
   // 5. Freeze: an expired statement may be a hub replaying old content.
-  Candidate c{st, signer, false, ""};
+  Candidate c{st, signers.front(), signers, false, ""};
   if (now >= saturating_add(st.expires, policy.skew_s)) {
     int64_t grace_end = saturating_add(st.expires, policy.offline_grace_s);
     if (req.offline && now < grace_end) {
@@ -196,10 +199,10 @@ std::variant<Candidate, Failure> check_envelope(const TrustRequest& req, const E
   }
 
   // 6. Rollback, per tag: a digest pin names its content itself. Against this hub id's record,
-  // strictly; against this key's records under other hub ids (the signer names the hub id, so
-  // changing it must not reset the count), only for other content: one publisher pushing one
-  // index to two hubs signs it with two serials, and the older is not a rollback. Another key's
-  // records are another signer's.
+  // strictly; against the records of every key that signed it under other hub ids (the signer
+  // names the hub id, so changing it must not reset the count), only for other content: one
+  // publisher pushing one index to two hubs signs it with two serials, and the older is not a
+  // rollback. Records that share no key with it are another signer's.
   if (!req.tag.empty()) {
     auto rollback = [&](const SerialRecord& seen) -> std::optional<Failure> {
       if (st.serial < seen.serial)
@@ -221,7 +224,7 @@ std::variant<Candidate, Failure> check_envelope(const TrustRequest& req, const E
     };
     if (auto seen = state.read(st.hub_id, st.repo, st.tag))
       if (auto f = rollback(*seen)) return *f;
-    if (auto seen = state.read_highest(st.repo, st.tag, signer); seen && seen->index != st.index)
+    if (auto seen = state.read_highest(st.repo, st.tag, signers); seen && seen->index != st.index)
       if (auto f = rollback(*seen)) return *f;
   }
   return c;
@@ -278,7 +281,7 @@ TrustDecision verify_trust(const TrustRequest& req, const SignatureSet& sigs,
     const Statement& st = best->statement;
     if (!req.tag.empty()) {
       state.advance(SerialRecord{st.hub_id, st.repo, st.tag, st.serial, st.index, st.expires, now,
-                                 best->key_id});
+                                 best->key_id, best->key_ids});
     }
     TrustDecision d;
     d.signed_ok = true;

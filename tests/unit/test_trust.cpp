@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -641,7 +642,8 @@ TEST(TrustStoreDir, DefaultDirFollowsTheEnvironment) {
 TEST(TrustStateFiles, PersistsAcrossObjectsAndOnlyAdvances) {
   TempDir dir;
   SerialRecord r{"kernel-hub.dev", "kernel-hub/norm", "v1", 5,
-                 index_digest(),   kNow + kDay,       kNow, "key"};
+                 index_digest(),   kNow + kDay,       kNow, "key",
+                 {"key"}};
   {
     TrustState state(dir.path());
     EXPECT_FALSE(state.read(r.hub_id, r.repo, r.tag).has_value());
@@ -682,7 +684,7 @@ TEST(TrustStateFiles, RejectsUnsafeNamesAndIgnoresDamagedRecords) {
   fs::write_file_atomic(p, "{broken");
   EXPECT_FALSE(state.read("hub", "kernel-hub/norm", "v1").has_value());
   // A record copied to another tag's path does not lend that tag its serial.
-  SerialRecord r{"hub", "kernel-hub/norm", "v2", 9, index_digest(), kNow, kNow, "key"};
+  SerialRecord r{"hub", "kernel-hub/norm", "v2", 9, index_digest(), kNow, kNow, "key", {"key"}};
   state.write(r);
   stdfs::copy_file(state.path_for("hub", "kernel-hub/norm", "v2"), p,
                    stdfs::copy_options::overwrite_existing);
@@ -917,6 +919,55 @@ TEST_F(TrustVerify, RefusesRollback) {
   SignatureSet theirs;
   theirs.envelopes.push_back(sign_statement(elsewhere, second));
   EXPECT_TRUE(verify(request(), theirs).signed_ok);
+}
+
+// A statement signed by several trusted keys counts in each one's history: the hub orders the
+// signatures, so reordering them (or dropping one) must not let an older statement under another
+// hub id start a fresh count.
+TEST_F(TrustVerify, ACoSignedStatementCountsForEverySigner) {
+  PrivateKey second = PrivateKey::generate();
+  store_.add(second.public_key(), {"kernel-hub/*"});
+  TrustRequest current = request();
+  current.index = index_digest("current");
+  Envelope newest = sign_statement(statement(6, "v1", current.index), key_);
+  newest.add_signature(second);
+  SignatureSet set;
+  set.envelopes.push_back(newest);
+  ASSERT_TRUE(verify(current, set).signed_ok);
+  auto rec = stored();
+  ASSERT_TRUE(rec.has_value());
+  EXPECT_EQ(rec->key_ids,
+            (std::vector<std::string>{key_.public_key().key_id(), second.public_key().key_id()}));
+
+  Statement older = statement(4);  // another index, under another hub id
+  older.hub_id = "another-hub";
+  Envelope reordered = sign_statement(older, second);  // `second` first this time
+  reordered.add_signature(key_);
+  SignatureSet replay;
+  replay.envelopes.push_back(reordered);
+  expect_refused(request(), replay, {"rollback: serial 4 is older than serial 6"});
+  expect_refused(request(), signed_set(older, &second),
+                 {"rollback: serial 4 is older than serial 6"});
+  // A key that signed none of it keeps its own count.
+  PrivateKey third = PrivateKey::generate();
+  store_.add(third.public_key(), {"kernel-hub/*"});
+  EXPECT_TRUE(verify(request(), signed_set(older, &third)).signed_ok);
+}
+
+// Records written before key_ids was kept count for their one key_id.
+TEST(TrustStateFiles, AnOlderRecordCountsForItsOneKey) {
+  TempDir dir;
+  TrustState state(dir.path());
+  const std::string key(64, 'a');
+  stdfs::create_directories(dir.path() / "old-hub" / "kernel-hub" / "norm");
+  std::ofstream(dir.path() / "old-hub" / "kernel-hub" / "norm" / "v1.json")
+      << R"({"hub_id": "old-hub", "repo": "kernel-hub/norm", "tag": "v1", "serial": 7, "index": ")"
+      << index_digest().str() << R"(", "expires": 1, "seen_at": 1, "key_id": ")" << key << R"("})";
+  auto r = state.read_highest("kernel-hub/norm", "v1", {std::string(64, 'b'), key});
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->serial, 7u);
+  EXPECT_EQ(r->key_ids, std::vector<std::string>{key});
+  EXPECT_FALSE(state.read_highest("kernel-hub/norm", "v1", {std::string(64, 'b')}).has_value());
 }
 
 TEST_F(TrustVerify, PicksTheHighestValidSerialAndReportsTheFurthestFailure) {
