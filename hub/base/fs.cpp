@@ -177,6 +177,27 @@ void remove_tree(const stdfs::path& p) {
   remove_at(parent->dir.get(), parent->leaf);
 }
 
+bool remove_if_unchanged(const stdfs::path& path, const stdfs::path& aside_dir,
+                         const struct stat& expected) {
+  auto from = open_parent(path, false);
+  if (!from || from->leaf.empty() || from->leaf == "." || from->leaf == "..") return false;
+  const std::string aside_name = "." + from->leaf + ".removing." + random_hex(12);
+  auto aside = open_parent(aside_dir / aside_name, false);
+  if (!aside) return false;
+  const int src = from->dir.get(), dst = aside->dir.get();
+  if (::renameat2(src, from->leaf.c_str(), dst, aside_name.c_str(), RENAME_NOREPLACE) != 0)
+    return false;  // gone already (or another file system: then nothing was moved)
+  struct stat moved {};
+  if (::fstatat(dst, aside_name.c_str(), &moved, AT_SYMLINK_NOFOLLOW) == 0 &&
+      moved.st_dev == expected.st_dev && moved.st_ino == expected.st_ino) {
+    remove_at(dst, aside_name);
+    return true;
+  }
+  if (::renameat2(dst, aside_name.c_str(), src, from->leaf.c_str(), RENAME_NOREPLACE) != 0)
+    remove_at(dst, aside_name);
+  return false;
+}
+
 void remove_empty_dir(const stdfs::path& dir) {
   auto parent = open_parent(dir, false);
   if (!parent || parent->leaf.empty() || parent->leaf == "." || parent->leaf == "..") return;

@@ -37,6 +37,15 @@ void fsync_dir(const stdfs::path& dir);
 // Removes a file or a whole tree, also where entries were made read-only (blobs are 0444,
 // unpacked packages 0555). Never follows symlinks. Missing paths are not an error.
 void remove_tree(const stdfs::path& path);
+// Removes the file at `path` only while it is still the one `expected` describes (st_dev and
+// st_ino from an fstat of what was checked), with no window in which a replacement another
+// process put there could be removed instead: the entry is moved into `aside_dir` (on the same
+// file system) in one rename, which takes whatever is there at that instant; it is deleted there
+// when it is the expected file, else moved back, unless yet another file took the place meanwhile
+// (that one stands, and the moved one is deleted). Returns whether the expected file was removed.
+// Opened as remove_tree opens paths: no symlink followed.
+bool remove_if_unchanged(const stdfs::path& path, const stdfs::path& aside_dir,
+                         const struct stat& expected);
 // Removes the directory `dir` if it is empty (else leaves it), its parent opened as remove_tree
 // opens it: no symlink followed on the way.
 void remove_empty_dir(const stdfs::path& dir);

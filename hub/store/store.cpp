@@ -364,26 +364,43 @@ bool Store::has_intact_blob(const oci::Descriptor& d) {
       fmt::format("cache entry {} is damaged (content hashes to {}); removing it to "
                   "fetch it again",
                   p.string(), actual.str()));
-  // Only the file that was hashed: another process may have replaced it with a good copy.
-  struct stat now {};
-  if (::lstat(p.c_str(), &now) == 0 && now.st_dev == st.st_dev && now.st_ino == st.st_ino)
-    fs::remove_tree(p);
+  remove_damaged(p, fd.get());
   return false;
 }
 
 std::optional<std::string> Store::read_blob(const Digest& d, uint64_t max_size) const {
   stdfs::path p = blob_path(d);
-  auto bytes = fs::read_file_if_exists(p, max_size);
-  if (!bytes) return std::nullopt;
-  Digest actual = sha256_of(*bytes);
+  fs::Fd fd;
+  try {
+    fd = fs::open_file(p);
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kNotFound) return std::nullopt;
+    throw;
+  }
+  std::string bytes;
+  fs::for_each_chunk(fd.get(), p, [&](const char* data, size_t n) {
+    if (bytes.size() + n > max_size)
+      throw Error(ErrorKind::kRefused, p.string() + " is larger than the limit of " +
+                                           std::to_string(max_size) + " bytes");
+    bytes.append(data, n);
+  });
+  Digest actual = sha256_of(bytes);
   if (actual != d) {
     log_warning(fmt::format(
         "cache entry {} is damaged (content hashes to {}); removed it, it will be fetched again",
         p.string(), actual.str()));
-    fs::remove_tree(p);  // by descriptor: never follows a link planted in its place
+    remove_damaged(p, fd.get());
     return std::nullopt;
   }
   return bytes;
+}
+
+// Only the file that was read: another process may have renamed a good copy into its place
+// since (fs::remove_if_unchanged leaves that one).
+void Store::remove_damaged(const stdfs::path& p, int fd) const {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return;
+  fs::remove_if_unchanged(p, root_ / "tmp", st);
 }
 
 void Store::put_blob(const oci::Descriptor& desc, std::string_view bytes) {
@@ -563,7 +580,7 @@ stdfs::path Store::unpack(const Digest& layer, const ArchiveLimits& limits, Unpa
   fs::Fd blob_fd = fs::open_file(blob);
   Digest actual = sha256_of_fd(blob_fd.get(), blob);
   if (actual != layer) {
-    fs::remove_tree(blob);
+    remove_damaged(blob, blob_fd.get());
     throw Error(ErrorKind::kIntegrity, "cache entry " + blob.string() +
                                            " is damaged (content hashes to " + actual.str() +
                                            "); removed it, pull the package again");

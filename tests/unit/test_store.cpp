@@ -193,6 +193,36 @@ TEST_F(StoreTest, IntactBlobsAreJudgedByTheirContentNotByADescriptor) {
   EXPECT_FALSE(s.has_blob(d.digest));
 }
 
+// A damaged entry's removal takes only the file that was checked: a good copy another process
+// renamed into its place meanwhile stays, with no window between the check and the removal.
+TEST_F(StoreTest, RemovingADamagedEntrySparesAReplacement) {
+  Store s(root());
+  const stdfs::path p = s.blob_path(blob_desc("x").digest);
+  const stdfs::path tmp = root() / "tmp";
+  struct stat checked {};
+  fs::write_file_atomic(p, "damaged", 0444);
+  ASSERT_EQ(::lstat(p.c_str(), &checked), 0);
+  EXPECT_TRUE(fs::remove_if_unchanged(p, tmp, checked));
+  EXPECT_FALSE(stdfs::exists(p));
+  EXPECT_FALSE(fs::remove_if_unchanged(p, tmp, checked)) << "nothing there to remove";
+
+  fs::write_file_atomic(p, "damaged", 0444);
+  ASSERT_EQ(::lstat(p.c_str(), &checked), 0);
+  fs::write_file_atomic(p, "good copy", 0444);  // renamed over it: another inode
+  EXPECT_FALSE(fs::remove_if_unchanged(p, tmp, checked));
+  EXPECT_EQ(fs::read_file(p), "good copy");
+  // A link put in its place is neither followed nor kept aside.
+  const stdfs::path target = root() / "outside";
+  fs::write_file_atomic(target, "not the cache's", 0644);
+  fs::remove_tree(p);
+  stdfs::create_symlink(target, p);
+  ASSERT_EQ(::lstat(target.c_str(), &checked), 0);
+  EXPECT_FALSE(fs::remove_if_unchanged(p, tmp, checked));
+  EXPECT_TRUE(stdfs::is_symlink(p));
+  EXPECT_EQ(fs::read_file(target), "not the cache's");
+  EXPECT_TRUE(names_in(tmp).empty()) << "an entry was left aside";
+}
+
 TEST_F(StoreTest, BlobWriterCommitsVerifiedContent) {
   Store s(root());
   std::string bytes = pseudo_random_bytes(300000, 1);
@@ -306,6 +336,18 @@ TEST_F(StoreTest, DamagedEntryIsRemovedAndReportedAbsent) {
   // A fresh, good copy can be stored again.
   s.put_blob(d, bytes);
   EXPECT_EQ(s.read_blob(d.digest, 1 << 20), bytes);
+  // Unpacking checks the layer again: damaged, it is removed and refused.
+  ASSERT_EQ(::chmod(p.c_str(), 0644), 0);
+  fs::write_file_atomic(p, damaged, 0444);
+  try {
+    s.unpack(d.digest);
+    ADD_FAILURE() << "unpacked a damaged layer";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIntegrity);
+    EXPECT_NE(std::string(e.what()).find("is damaged"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(stdfs::exists(p));
+  EXPECT_TRUE(names_in(root() / "tmp").empty());
 }
 
 TEST_F(StoreTest, VerifyReportsDamagedAndStrayFiles) {
