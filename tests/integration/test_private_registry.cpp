@@ -230,14 +230,23 @@ class PrivateStaticHttps : public PrivateRegistry {
     auto r = cli({"push", layout.path().string(), kRef}, "file://" + hub_dir_.path().string());
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
-  std::unique_ptr<NginxFixture> serve(bool mtls) {
+  // HTTPS with the test CA's server certificate; with mtls, clients must present one it signed.
+  NginxFixture::Options tls(bool mtls = false) const {
     NginxFixture::Options o;
     o.tls_cert = pki_.server_cert();
     o.tls_key = pki_.server_key();
     if (mtls) o.client_ca = pki_.ca_cert();
-    return std::make_unique<NginxFixture>(hub_dir_.path(), o);
+    return o;
+  }
+  std::unique_ptr<NginxFixture> serve(bool mtls) {
+    return std::make_unique<NginxFixture>(hub_dir_.path(), tls(mtls));
   }
   std::string host(const NginxFixture& n) const { return "127.0.0.1:" + std::to_string(n.port()); }
+  // The test client certificate in `n`'s certs.d directory.
+  void add_client_certificate(const NginxFixture& n) {
+    add_certs_d(host(n), "client.cert", pki_.client_cert());
+    add_certs_d(host(n), "client.key", pki_.client_key());
+  }
 
   TestPki pki_;
   TempDir hub_dir_{"kh-static-hub"};
@@ -257,8 +266,7 @@ TEST_F(PrivateStaticHttps, MutualTlsWithACertsDClientCertificate) {
   add_certs_d(host(*nginx), "ca.crt", pki_.ca_cert());
   auto without = pull(nginx->base_url());
   EXPECT_NE(without.exit_code, 0) << "nginx served a client without a certificate";
-  add_certs_d(host(*nginx), "client.cert", pki_.client_cert());
-  add_certs_d(host(*nginx), "client.key", pki_.client_key());
+  add_client_certificate(*nginx);
   auto r = pull(nginx->base_url());
   EXPECT_EQ(r.exit_code, 0) << r.err << nginx->error_log();
 }
@@ -267,15 +275,13 @@ TEST_F(PrivateStaticHttps, MutualTlsWithACertsDClientCertificate) {
 // what the user names over it, and a redirect never downgrades a TLS request.
 TEST_F(PrivateStaticHttps, ARedirectFromHttpsToPlainHttpIsRefused) {
   NginxFixture plain(hub_dir_.path());
-  NginxFixture::Options o;
-  o.tls_cert = pki_.server_cert();
-  o.tls_key = pki_.server_key();
+  NginxFixture::Options o = tls();
   o.redirect_to = plain.base_url();
-  NginxFixture tls(hub_dir_.path(), o);
+  NginxFixture front(hub_dir_.path(), o);
   const Env ca = {{"SSL_CERT_FILE", pki_.ca_cert().string()}};
   auto direct = pull(plain.base_url(), ca);
   ASSERT_EQ(direct.exit_code, 0) << direct.err;  // the hub itself serves
-  auto r = pull(tls.base_url(), ca, /*plain_http=*/true);
+  auto r = pull(front.base_url(), ca, /*plain_http=*/true);
   EXPECT_NE(r.exit_code, 0) << "followed a redirect from https to " << plain.base_url();
   EXPECT_NE(r.err.find("never follows a redirect from https to plain HTTP"), std::string::npos)
       << r.err;
@@ -285,18 +291,13 @@ TEST_F(PrivateStaticHttps, ARedirectFromHttpsToPlainHttpIsRefused) {
 // does not carry it (libcurl, following redirects itself, presented it to every hop that asked),
 // and the other host gets what its own certs.d holds.
 TEST_F(PrivateStaticHttps, AClientCertificateGoesToItsOwnHostOnly) {
-  NginxFixture::Options storage_options;
-  storage_options.tls_cert = pki_.server_cert();
-  storage_options.tls_key = pki_.server_key();
-  storage_options.client_ca = pki_.ca_cert();
+  NginxFixture::Options storage_options = tls(/*mtls=*/true);
   storage_options.client_cert_optional = true;  // asks every client for one, takes none too
   NginxFixture storage(hub_dir_.path(), storage_options);
-  NginxFixture::Options front_options = storage_options;
-  front_options.client_cert_optional = false;  // mTLS required
+  NginxFixture::Options front_options = tls(/*mtls=*/true);
   front_options.redirect_to = storage.base_url();
   NginxFixture front(hub_dir_.path(), front_options);
-  add_certs_d(host(front), "client.cert", pki_.client_cert());
-  add_certs_d(host(front), "client.key", pki_.client_key());
+  add_client_certificate(front);
   const Env ca = {{"SSL_CERT_FILE", pki_.ca_cert().string()}};
 
   auto r = pull(front.base_url(), ca);
@@ -312,18 +313,11 @@ TEST_F(PrivateStaticHttps, AClientCertificateGoesToItsOwnHostOnly) {
 }
 
 TEST_F(PrivateStaticHttps, ARedirectedHostGetsItsOwnClientCertificate) {
-  NginxFixture::Options storage_options;
-  storage_options.tls_cert = pki_.server_cert();
-  storage_options.tls_key = pki_.server_key();
-  storage_options.client_ca = pki_.ca_cert();  // mTLS required
-  NginxFixture storage(hub_dir_.path(), storage_options);
-  NginxFixture::Options front_options;
-  front_options.tls_cert = pki_.server_cert();
-  front_options.tls_key = pki_.server_key();
+  NginxFixture storage(hub_dir_.path(), tls(/*mtls=*/true));
+  NginxFixture::Options front_options = tls();
   front_options.redirect_to = storage.base_url();
   NginxFixture front(hub_dir_.path(), front_options);
-  add_certs_d(host(storage), "client.cert", pki_.client_cert());
-  add_certs_d(host(storage), "client.key", pki_.client_key());
+  add_client_certificate(storage);
   const Env ca = {{"SSL_CERT_FILE", pki_.ca_cert().string()}};
 
   auto r = pull(front.base_url(), ca);
