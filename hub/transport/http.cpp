@@ -370,6 +370,7 @@ struct Transfer {
   double waited_s = 0;  // seconds this blob's retries were to wait (backoff and Retry-After)
   // Per attempt:
   uint64_t start_offset = 0;
+  std::string range;  // CURLOPT_RANGE's text while the attempt runs ("" = none)
   bool body_started = false;
   bool to_sink = false;
   std::map<std::string, std::string> response_headers;
@@ -783,8 +784,12 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
     api.easy_setopt(c, CURLOPT_HEADERFUNCTION, &transfer_header);
     api.easy_setopt(c, CURLOPT_HEADERDATA, &t);
     api.easy_setopt(c, CURLOPT_PRIVATE, static_cast<void*>(&t));
-    // Sends "Range: bytes=<offset>-" when resuming.
-    api.easy_setopt(c, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(t.start_offset));
+    // "Range: bytes=<offset>-" when resuming, as a plain Range request, not CURLOPT_RESUME_FROM:
+    // libcurl holds a resumed transfer's first answer to the offset, so a redirect with a body
+    // (docker-distribution's to object storage) failed as CURLE_RANGE_ERROR and the blob started
+    // over from 0. transfer_write checks what a 200 or 206 answer holds instead.
+    t.range = t.start_offset > 0 ? std::to_string(t.start_offset) + "-" : std::string();
+    api.easy_setopt(c, CURLOPT_RANGE, t.range.empty() ? nullptr : t.range.c_str());
     // What is left of the blob's deadline, and of the command's, bounds this attempt: a trickle
     // just fast enough to pass the stall check still ends.
     if (long ms = timeout_ms(0, std::min(t.deadline, command_deadline), now); ms > 0)
@@ -915,11 +920,6 @@ void Client::download(std::vector<Download>& jobs, Progress* progress) {
       } else {
         fail_now(t.error_body.empty() ? "unexpected response" : excerpt(t.error_body));
       }
-    } else if (rc == CURLE_RANGE_ERROR) {
-      // The server ignored our Range (no Content-Range): fetch the whole blob again, now.
-      t.restart_sink();
-      t.state = Transfer::State::kWaiting;
-      t.not_before = Clock::now();
     } else if (rc == CURLE_WRITE_ERROR && t.abort_final) {
       fail_now(t.abort_reason);  // deterministic (too many bytes, disk error): no retry
       job.integrity = t.abort_integrity;

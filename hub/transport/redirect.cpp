@@ -68,6 +68,15 @@ Hop next_hop(const std::string& from, const std::string& target, long status,
     hop.method = "GET";
     hop.keep_body = false;
   }
+  // A request that writes (an upload's PUT or PATCH, a POST) goes on only within its origin: a
+  // hop elsewhere would carry its body to a host the registry chose, with that host's client
+  // certificate (certs.d), a write in the user's name that host trusts.
+  if (hop.method != "GET" && hop.method != "HEAD" && origin_of(target) != origin_of(from)) {
+    hop.refusal = "the server at " + from_host + " redirected a " + hop.method + " to " + to_host +
+                  ", another origin; kernel-hub re-sends a request body only within the origin it "
+                  "was sent to";
+    hop.url.clear();
+  }
   return hop;
 }
 

@@ -31,7 +31,8 @@ struct Hop {
 // The hop after the server at `from` answered `method` with `status` (is_redirect) and a
 // Location that libcurl resolved to `target` ("" when there was none). `followed` redirects came
 // before this one. Refused: no Location, more than kMaxRedirects, a scheme other than http(s),
-// https to anything but https, and plain HTTP where `allow_plain_http` is off.
+// https to anything but https, plain HTTP where `allow_plain_http` is off, and a request that
+// keeps its method and body (a PUT, PATCH or POST repeated as it was) sent to another origin.
 Hop next_hop(const std::string& from, const std::string& target, long status,
              const std::string& method, int followed, bool allow_plain_http);
 

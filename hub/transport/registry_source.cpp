@@ -555,6 +555,19 @@ class RegistrySource : public Source {
                                           " with an account that may access " + scope);
       }
       if (resp.status != 401) return resp;
+      // Answered by a host the registry redirected to (object storage, say): the registry's
+      // credentials, and tokens minted with them, are for the registry alone, so that host's
+      // challenge (a token realm of its choosing) is not answered.
+      if (!resp.effective_url.empty() &&
+          http::origin_of(resp.effective_url) != http::origin_of(req.url)) {
+        throw Error(ErrorKind::kAuth,
+                    base.method + " " + base.url + ": " + http::host_of(resp.effective_url) +
+                        ", where the registry redirected it, asks for authentication (HTTP 401); "
+                        "kernel-hub authenticates with the registry " +
+                        address_.host +
+                        " only, and never sends its credentials to a host a redirect names. "
+                        "The registry's storage must accept the redirect as it is (a signed URL)");
+      }
       if (round > 0) {
         std::string who = credentials() ? "as '" + credentials()->username + "' (from " +
                                               credentials()->origin + ")"

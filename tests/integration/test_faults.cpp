@@ -250,6 +250,33 @@ TEST_F(FaultTest, ManifestAlteredInTransitIsAnIntegrityError) {
   EXPECT_EQ(via->get_manifest(repo, "v1").bytes, m);  // the rule was used up
 }
 
+// A host the registry redirects a manifest to, answering 401 with a token realm of its own, gets
+// no login: the registry's credentials and tokens are the registry's alone.
+TEST_F(FaultTest, AHostARedirectNamesIsNotGivenTheRegistrysCredentials) {
+  auto direct = registry_source(reg.oci_url(), fast_source_options());
+  push_bytes(*direct, repo, tmp.path(), "{}", oci::empty_descriptor());
+  direct->push_manifest(repo, "v1", artifact_manifest(desc), oci::kMediaTypeManifest);
+  FaultProxy storage(reg.port());
+  storage.enable_bearer("storage-token");
+  proxy->add_rule(
+      {"GET", "/manifests/", Action::kRedirect, 100, 0, 0, 307, "http://" + storage.host()});
+  SourceOptions o = fast_source_options();
+  o.username = "alice";
+  o.password = "registry-secret";
+  auto via = registry_source(proxy->oci_url(), o);
+  try {
+    via->get_manifest(repo, "v1");
+    FAIL() << "the redirect target's 401 was answered";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kAuth) << e.what();
+    EXPECT_NE(std::string(e.what()).find(storage.host() + ", where the registry redirected it"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(storage.token_requests(), 0u) << "the registry's credentials went to its realm";
+  for (const auto& seen : storage.requests()) EXPECT_EQ(seen.authorization, "") << seen.target;
+}
+
 TEST_F(FaultTest, ServerErrorsThenSuccess) {
   proxy->add_rule({"GET", "/blobs/", Action::kStatus, 1, 0, 0, 500});
   proxy->add_rule({"GET", "/blobs/", Action::kStatus, 1, 0, 0, 503});

@@ -102,7 +102,7 @@ TEST_F(Redirects, ALoopEndsAfterTheLimitNamingTheHosts) {
   EXPECT_EQ(front_->requests().size(), 11u) << "the first request and ten redirects";
 }
 
-TEST_F(Redirects, SeeOtherRepeatsAPostAsAGetAndTemporaryRedirectRepeatsIt) {
+TEST_F(Redirects, SeeOtherRepeatsAPostAsAGetAndTemporaryRedirectRepeatsItWithinItsOrigin) {
   redirect(*front_, *storage_, 303, 1, "POST");
   http::Request r;
   r.method = "POST";
@@ -114,10 +114,22 @@ TEST_F(Redirects, SeeOtherRepeatsAPostAsAGetAndTemporaryRedirectRepeatsIt) {
   ASSERT_EQ(storage_->requests().size(), 1u);
   EXPECT_EQ(storage_->requests()[0].method, "GET");
 
-  redirect(*front_, *storage_, 307, 1, "POST");
+  // A 307 repeats the POST, body and all: within its origin only.
+  redirect(*front_, *front_, 307, 1, "POST");
   client().send(r);  // nginx refuses a POST to a file: what matters is what reached it
-  ASSERT_EQ(storage_->requests().size(), 2u);
-  EXPECT_EQ(storage_->requests()[1].method, "POST");
+  ASSERT_EQ(front_->requests().size(), 3u);
+  EXPECT_EQ(front_->requests()[2].method, "POST");
+  redirect(*front_, *storage_, 307, 1, "POST");
+  try {
+    client().send(r);
+    ADD_FAILURE() << "a POST was repeated to another origin";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kRefused);
+    EXPECT_NE(std::string(e.what()).find("redirected a POST to " + storage_->host()),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(storage_->requests().size(), 1u) << "the body went to " << storage_->host();
 }
 
 TEST_F(Redirects, AnAnswerWithoutALocationIsRefused) {
@@ -159,6 +171,31 @@ TEST_F(Redirects, DownloadsFollowWithoutAuthorizationAndRetryFromTheFirstUrl) {
   EXPECT_EQ(front_->requests().size(), 2u) << "the retry starts at the front again";
   ASSERT_EQ(storage_->requests().size(), 2u);
   for (const auto& seen : storage_->requests()) EXPECT_EQ(seen.authorization, "");
+}
+
+// A transfer cut off at the redirect's target resumes from what it has: the retry asks the front
+// for the rest (Range), follows its redirect, which has a body as docker-distribution's do, and
+// the target answers the Range. Resuming with libcurl's own resume option failed on that body
+// and started the blob over.
+TEST_F(Redirects, ADownloadCutOffPastARedirectResumes) {
+  redirect(*front_, *storage_, 307);
+  const uint64_t cut = 100 << 10;
+  storage_->add_rule({"GET", "/blob", Action::kReset, 1, cut});
+  oci::Descriptor d = layer_descriptor(blob_);
+  MemorySink sink(d);
+  std::vector<http::Download> jobs(1);
+  jobs[0].url = at(*front_, "/blob");
+  jobs[0].expected_size = blob_.size();
+  jobs[0].sink = &sink;
+  client().download(jobs, nullptr);
+  ASSERT_TRUE(jobs[0].ok) << jobs[0].error;
+  EXPECT_TRUE(sink.finish());
+  EXPECT_EQ(sink.restarts(), 0) << "the blob started over";
+  const auto seen = storage_->requests();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].range, "");
+  EXPECT_TRUE(seen[1].range.starts_with("bytes=")) << seen[1].range;
+  EXPECT_NE(seen[1].range, "bytes=0-");
 }
 
 TEST_F(Redirects, ADownloadLoopFailsTheJobNamingTheLimit) {

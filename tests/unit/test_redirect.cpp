@@ -86,6 +86,26 @@ TEST(Redirect, RefusalsNameHostsAndNeverTheTargetUrl) {
   EXPECT_EQ(odd.refusal.find("secret"), std::string::npos) << odd.refusal;
 }
 
+// A write repeated as it was goes on only within its origin: elsewhere it would carry its body
+// to a host the registry chose, with that host's client certificate.
+TEST(Redirect, AWriteIsRepeatedOnlyWithinItsOrigin) {
+  for (const char* method : {"PUT", "PATCH", "POST"}) {
+    for (long status : {307L, 308L}) {
+      const Hop away = next_hop("https://r/v2/x/blobs/uploads/1", "https://internal/x", status,
+                                method, 0, false);
+      EXPECT_EQ(away.url, "") << method << " " << status;
+      EXPECT_NE(away.refusal.find("redirected a " + std::string(method) + " to internal"),
+                std::string::npos)
+          << away.refusal;
+      EXPECT_EQ(next_hop("https://r/a", "https://r/b", status, method, 0, false).refusal, "");
+    }
+  }
+  // Turned into a GET, it carries nothing: followed anywhere a GET is.
+  EXPECT_EQ(next_hop("https://r/a", "https://elsewhere/b", 303, "PUT", 0, false).refusal, "");
+  EXPECT_EQ(next_hop("https://r/a", "https://elsewhere/b", 302, "POST", 0, false).refusal, "");
+  EXPECT_NE(next_hop("https://r/a", "https://elsewhere/b", 302, "PUT", 0, false).refusal, "");
+}
+
 TEST(Redirect, AChainEndsAfterTheLimit) {
   EXPECT_EQ(next_hop("https://a/", "https://a/", 302, "GET", kMaxRedirects - 1, false).refusal, "");
   Hop last = next_hop("https://a/", "https://b/", 302, "GET", kMaxRedirects, false);
