@@ -36,11 +36,11 @@ std::string sanitize(std::string_view s) {
 // and namespace.
 void refuse_credentials(std::string_view text, std::string_view rest, bool url) {
   const std::string_view authority = url ? rest.substr(0, rest.find_first_of("/?#")) : rest;
-  const size_t at = authority.rfind('@');
-  if (at == std::string_view::npos) return;
+  if (authority.find('@') == std::string_view::npos) return;
+  // What follows the address's last '@', never its first: a password may hold an '@' too.
   throw Error(ErrorKind::kInvalidInput,
               "invalid hub address " + std::string(text.substr(0, text.find("://") + 3)) + "...@" +
-                  std::string(rest.substr(at + 1)) +
+                  std::string(rest.substr(rest.rfind('@') + 1)) +
                   ": credentials in the address (user:password@) would show in messages and "
                   "cache paths; put them in the credentials file (KERNEL_HUB_CREDENTIALS, else "
                   "~/.config/kernel-hub/credentials.json) under the host[:port], or in docker's "
@@ -68,8 +68,9 @@ void require_host_port(std::string_view text, std::string_view rest) {
   }
   bool ok = !host.empty() && port.size() <= 5;
   for (char c : host) {
+    // Bytes past ASCII: an internationalised name in UTF-8, which libcurl converts (IDN).
     const bool name = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ||
-                      c == '_' || c == '~' || c == '%';
+                      c == '_' || c == '~' || c == '%' || static_cast<unsigned char>(c) >= 0x80;
     const bool ipv6 = host.front() == '[' && (std::isxdigit(static_cast<unsigned char>(c)) ||
                                               c == ':' || c == '.' || c == '[' || c == ']');
     ok = ok && (name || ipv6);
@@ -91,9 +92,17 @@ void require_host_port(std::string_view text, std::string_view rest) {
 HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
   HubAddress a;
   a.text = std::string(text);
+  // An address holding an '@' is not repeated: the '@' may end a password.
+  const std::string shown =
+      text.find('@') == std::string_view::npos
+          ? "'" + std::string(text) + "'"
+          : "'" +
+                std::string(text.substr(
+                    0, text.find("://") == std::string_view::npos ? 0 : text.find("://") + 3)) +
+                "...' (not repeated: it holds an '@', which may end a password)";
   auto bad = [&](const std::string& why) {
     throw Error(ErrorKind::kInvalidInput,
-                "invalid hub address '" + std::string(text) + "': " + why +
+                "invalid hub address " + shown + ": " + why +
                     " (expected oci://HOST[:PORT][/NAMESPACE], http(s)://URL, file://DIR or a "
                     "directory path)");
   };

@@ -115,7 +115,21 @@ TEST(HubAddress, AStaticHubsAuthorityIsAHostAndPort) {
         EXPECT_EQ(std::string(e.what()).find(part), std::string::npos) << e.what();
     }
   }
+  // Nothing after the scheme is repeated where the address holds an '@', whatever else is wrong.
+  for (const char* address :
+       {"https://alice:p@ss/w0rd@cdn.example/hub", "HTTPS://alice:s3cret@cdn.example/hub",
+        "https:///alice:s3cret@cdn.example", "oci://alice:p@ss/w0rd@registry.example/ns"}) {
+    try {
+      HubAddress::parse(address, false);
+      ADD_FAILURE() << "accepted " << address;
+    } catch (const Error& e) {
+      for (const char* part : {"alice", "s3cret", "w0rd", "p@ss"})
+        EXPECT_EQ(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  }
   for (const char* address : {"https://cdn.example/hub", "http://127.0.0.1:8080",
+                              "https://b\xc3\xbc"
+                              "cher.example/hub",
                               "https://[::1]:8443/hub", "https://[fe80::1%25eth0]/x",
                               "https://my_host.example:443/a@b/c", "http://h?x", "http://h#y"}) {
     EXPECT_EQ(HubAddress::parse(address, false).kind, HubAddress::Kind::kHttpLayout) << address;
