@@ -105,10 +105,6 @@ bool is_lower_hex(std::string_view s) {
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
-bool is_key_id(std::string_view s) {
-  return s.size() == 64 && is_lower_hex(s);
-}
-
 // Quotes untrusted text for a message: at most 80 characters, non-printable bytes escaped.
 std::string quote(std::string_view s) {
   std::string out = "'";
@@ -269,6 +265,10 @@ json parse_json(std::string_view bytes, const std::string& what, std::string_vie
 }
 
 }  // namespace
+
+bool is_key_id(std::string_view s) {
+  return s.size() == 64 && is_lower_hex(s);
+}
 
 // --- time --------------------------------------------------------------------------------
 

@@ -40,6 +40,10 @@ std::optional<int64_t> parse_time_rfc3339(std::string_view text);
 // 1..128 characters, not starting with '.' (it also names a directory of the trust state).
 bool is_valid_hub_id(std::string_view id);
 
+// A key id: 64 lower-case hex digits (the SHA-256 of the raw public key; it also names a
+// directory of the trust state).
+bool is_key_id(std::string_view s);
+
 // What a publisher signs. serialize() gives the canonical bytes:
 //   kernel-hub-sig-v1\n<hub-id>\n<repo>\n<tag>\n<sha256:hex>\n<serial>\n<expires>\n
 // Exactly seven lines, each ended by one LF (so the bytes end with "\n" and never "\n\n"),

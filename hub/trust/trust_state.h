@@ -2,13 +2,15 @@
 // or sharing a cache must not reset it):
 //   <trust dir>/state/<hub-id>/<org>/<name>/<tag>.json
 //       {"hub_id", "repo", "tag", "serial", "index", "expires", "seen_at", "key_id", "key_ids"}
-// The highest statement serial verified for each (hub id, repo, tag), so that a hub or mirror
-// serving an older, validly signed statement is refused. Every write is temp -> fsync ->
-// rename.
+//   <trust dir>/state/.keys/<key id>/<org>/<name>/<tag>.json   (the same fields, one key)
+// The highest statement serial verified for each (hub id, repo, tag), and for each trusted key
+// that signed it (repo, tag), so that a hub or mirror serving an older, validly signed statement
+// is refused, under its own hub id or another. Every write is temp -> fsync -> rename.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,24 +44,36 @@ class TrustState {
   // read as absent (the next verification rewrites it).
   std::optional<SerialRecord> read(const std::string& hub_id, const std::string& repo,
                                    const std::string& tag) const;
+  // The record of one key for (repo, tag): the highest serial it signed, under any hub id.
+  std::optional<SerialRecord> read_key(const std::string& key_id, const std::string& repo,
+                                       const std::string& tag) const;
   // The record with the highest serial for (repo, tag) signed by any of `key_ids`, under any hub
-  // id: the hub id is the signer's to choose, so the same key's older statement under another one
-  // must not start a fresh count. Other keys' records (another build tree's default hub, another
-  // publisher) are not compared.
+  // id (their own records, and hub ids' records naming them): the hub id is the signer's to
+  // choose, so the same key's older statement under another one must not start a fresh count.
+  // Other keys' records (another build tree's default hub, another publisher) are not compared.
   std::optional<SerialRecord> read_highest(const std::string& repo, const std::string& tag,
                                            const std::vector<std::string>& key_ids) const;
-  // Replaces the record atomically.
+  // Replaces the hub id's record atomically.
   void write(const SerialRecord& record);
-  // Under a lock shared by every process using this cache: writes the record only when none
-  // exists or its serial is greater than the stored one, so concurrent verifiers never move a
-  // serial backwards. Returns whether it wrote.
+  // Under a lock shared by every process using this cache: writes the hub id's record, and each
+  // of record.key_ids' own, only where none exists or its serial is lower, so concurrent
+  // verifiers never move a serial backwards. Returns whether the hub id's record was written.
   bool advance(const SerialRecord& record);
 
   std::filesystem::path path_for(const std::string& hub_id, const std::string& repo,
                                  const std::string& tag) const;
+  std::filesystem::path key_path_for(const std::string& key_id, const std::string& repo,
+                                     const std::string& tag) const;
   const std::filesystem::path& root() const { return root_; }
 
  private:
+  // The record at `p` for (repo, tag), or none (absent, or damaged: reported and ignored);
+  // `disagreement` says what else about it contradicts its path ("" when nothing).
+  std::optional<SerialRecord> read_at(
+      const std::filesystem::path& p, const std::string& repo, const std::string& tag,
+      const std::function<std::string(const SerialRecord&)>& disagreement) const;
+  void write_at(const std::filesystem::path& p, const SerialRecord& record);
+
   std::filesystem::path root_;
 };
 

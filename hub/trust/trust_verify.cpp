@@ -263,10 +263,12 @@ TrustDecision verify_trust(const TrustRequest& req, const SignatureSet& sigs,
                            const TrustStore& store, TrustState& state, const TrustPolicy& policy,
                            int64_t now) {
   std::optional<Candidate> best;
+  std::vector<Candidate> valid_candidates;
   std::optional<Failure> worst;
   for (size_t i = 0; i < sigs.envelopes.size(); ++i) {
     auto r = check_envelope(req, sigs.envelopes[i], i, store, state, policy, now);
     if (auto* c = std::get_if<Candidate>(&r)) {
+      valid_candidates.push_back(*c);
       bool better =
           !best || c->statement.serial > best->statement.serial ||
           (c->statement.serial == best->statement.serial && best->in_grace && !c->in_grace);
@@ -280,8 +282,14 @@ TrustDecision verify_trust(const TrustRequest& req, const SignatureSet& sigs,
   if (best) {
     const Statement& st = best->statement;
     if (!req.tag.empty()) {
+      // Every trusted key that signed a valid statement vouched for this index (step 4): each
+      // has seen this serial, whichever envelope held its signature and in whatever order.
+      std::vector<std::string> signers;
+      for (const Candidate& c : valid_candidates)
+        for (const auto& k : c.key_ids)
+          if (std::find(signers.begin(), signers.end(), k) == signers.end()) signers.push_back(k);
       state.advance(SerialRecord{st.hub_id, st.repo, st.tag, st.serial, st.index, st.expires, now,
-                                 best->key_id, best->key_ids});
+                                 best->key_id, signers});
     }
     TrustDecision d;
     d.signed_ok = true;

@@ -641,9 +641,9 @@ TEST(TrustStoreDir, DefaultDirFollowsTheEnvironment) {
 
 TEST(TrustStateFiles, PersistsAcrossObjectsAndOnlyAdvances) {
   TempDir dir;
-  SerialRecord r{"kernel-hub.dev", "kernel-hub/norm", "v1", 5,
-                 index_digest(),   kNow + kDay,       kNow, "key",
-                 {"key"}};
+  const std::string key(64, 'c');
+  SerialRecord r{
+      "kernel-hub.dev", "kernel-hub/norm", "v1", 5, index_digest(), kNow + kDay, kNow, key, {key}};
   {
     TrustState state(dir.path());
     EXPECT_FALSE(state.read(r.hub_id, r.repo, r.tag).has_value());
@@ -661,6 +661,11 @@ TEST(TrustStateFiles, PersistsAcrossObjectsAndOnlyAdvances) {
   newer.index = index_digest("other");
   EXPECT_TRUE(state.advance(newer));
   EXPECT_EQ(TrustState(dir.path()).read(r.hub_id, r.repo, r.tag), newer);
+  // The key's own record moved with it, and is what read_highest finds under any hub id.
+  ASSERT_TRUE(state.read_key(key, r.repo, r.tag).has_value());
+  EXPECT_EQ(state.read_key(key, r.repo, r.tag)->serial, 6u);
+  EXPECT_EQ(state.read_highest(r.repo, r.tag, {key})->serial, 6u);
+  EXPECT_FALSE(state.read_highest(r.repo, r.tag, {std::string(64, 'd')}).has_value());
   EXPECT_FALSE(state.read(r.hub_id, r.repo, "v2").has_value());
   EXPECT_FALSE(state.read("other-hub", r.repo, r.tag).has_value());
 }
@@ -684,7 +689,7 @@ TEST(TrustStateFiles, RejectsUnsafeNamesAndIgnoresDamagedRecords) {
   fs::write_file_atomic(p, "{broken");
   EXPECT_FALSE(state.read("hub", "kernel-hub/norm", "v1").has_value());
   // A record copied to another tag's path does not lend that tag its serial.
-  SerialRecord r{"hub", "kernel-hub/norm", "v2", 9, index_digest(), kNow, kNow, "key", {"key"}};
+  SerialRecord r{"hub", "kernel-hub/norm", "v2", 9, index_digest(), kNow, kNow, "k", {"k"}};
   state.write(r);
   stdfs::copy_file(state.path_for("hub", "kernel-hub/norm", "v2"), p,
                    stdfs::copy_options::overwrite_existing);
@@ -952,6 +957,59 @@ TEST_F(TrustVerify, ACoSignedStatementCountsForEverySigner) {
   PrivateKey third = PrivateKey::generate();
   store_.add(third.public_key(), {"kernel-hub/*"});
   EXPECT_TRUE(verify(request(), signed_set(older, &third)).signed_ok);
+}
+
+// However the signatures come (one envelope per signer as `kernel-hub sign` writes them, a
+// signature missing at first and shown later, separate statements for one index), every trusted
+// key that vouched for the index has its own history, and a later statement by another key does
+// not erase it.
+TEST_F(TrustVerify, EveryKeysHistoryIsKeptWhateverTheEnvelopes) {
+  PrivateKey second = PrivateKey::generate();
+  store_.add(second.public_key(), {"kernel-hub/*"});
+  TrustRequest current = request();
+  current.index = index_digest("current");
+  Statement older = statement(4);  // another index, under another hub id
+  older.hub_id = "another-hub";
+  const std::vector<std::string> rollback = {"rollback: serial 4 is older than serial"};
+  auto fresh_state = [&] {
+    stdfs::remove_all(dir_.path() / "kernel-hub.dev");
+    stdfs::remove_all(dir_.path() / ".keys");
+  };
+
+  // Split: the same statement in one envelope per signer.
+  SignatureSet split;
+  split.envelopes.push_back(sign_statement(statement(6, "v1", current.index), key_));
+  split.envelopes.push_back(sign_statement(statement(6, "v1", current.index), second));
+  ASSERT_TRUE(verify(current, split).signed_ok);
+  expect_refused(request(), signed_set(older, &second), rollback);
+  expect_refused(request(), signed_set(older, &key_), rollback);
+
+  // Separate statements for the one index: the lower serial's signer is counted too.
+  fresh_state();
+  SignatureSet separate;
+  separate.envelopes.push_back(sign_statement(statement(6, "v1", current.index), key_));
+  separate.envelopes.push_back(sign_statement(statement(7, "v1", current.index), second));
+  ASSERT_TRUE(verify(current, separate).signed_ok);
+  expect_refused(request(), signed_set(older, &key_), rollback);
+
+  // A signature missing at first, shown later for the same statement.
+  fresh_state();
+  Envelope newest = sign_statement(statement(6, "v1", current.index), key_);
+  SignatureSet one;
+  one.envelopes.push_back(newest);
+  ASSERT_TRUE(verify(current, one).signed_ok);
+  newest.add_signature(second);
+  SignatureSet both;
+  both.envelopes.push_back(newest);
+  ASSERT_TRUE(verify(current, both).signed_ok);
+  expect_refused(request(), signed_set(older, &second), rollback);
+
+  // Another key's later statement for another index leaves the first key's history in place.
+  TrustRequest next = request();
+  next.index = index_digest("next");
+  ASSERT_TRUE(verify(next, signed_set(statement(8, "v1", next.index), &second)).signed_ok);
+  EXPECT_EQ(stored()->key_ids, std::vector<std::string>{second.public_key().key_id()});
+  expect_refused(request(), signed_set(older, &key_), rollback);
 }
 
 // Records written before key_ids was kept count for their one key_id.
