@@ -181,21 +181,33 @@ bool remove_if_unchanged(const stdfs::path& path, const stdfs::path& aside_dir,
                          const struct stat& expected) {
   auto from = open_parent(path, false);
   if (!from || from->leaf.empty() || from->leaf == "." || from->leaf == "..") return false;
+  const int src = from->dir.get();
+  const char* leaf = from->leaf.c_str();
+  auto is_expected = [&](int dir, const char* name) {
+    struct stat now {};
+    return ::fstatat(dir, name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == expected.st_dev &&
+           now.st_ino == expected.st_ino;
+  };
   const std::string aside_name = "." + from->leaf + ".removing." + random_hex(12);
   auto aside = open_parent(aside_dir / aside_name, false);
-  if (!aside) return false;
-  const int src = from->dir.get(), dst = aside->dir.get();
-  if (::renameat2(src, from->leaf.c_str(), dst, aside_name.c_str(), RENAME_NOREPLACE) != 0)
-    return false;  // gone already (or another file system: then nothing was moved)
-  struct stat moved {};
-  if (::fstatat(dst, aside_name.c_str(), &moved, AT_SYMLINK_NOFOLLOW) == 0 &&
-      moved.st_dev == expected.st_dev && moved.st_ino == expected.st_ino) {
-    remove_at(dst, aside_name);
-    return true;
+  if (aside &&
+      ::renameat2(src, leaf, aside->dir.get(), aside_name.c_str(), RENAME_NOREPLACE) == 0) {
+    const int dst = aside->dir.get();
+    if (is_expected(dst, aside_name.c_str())) {
+      remove_at(dst, aside_name);
+      return true;
+    }
+    // Another file took the place: back where it was. Should yet another have come meanwhile,
+    // that one stands and this one goes; on any other failure it stays aside for the sweep of
+    // stale temp files, never deleted for a reason that is not a copy in its place.
+    if (::renameat2(dst, aside_name.c_str(), src, leaf, RENAME_NOREPLACE) != 0 && errno == EEXIST)
+      remove_at(dst, aside_name);
+    return false;
   }
-  if (::renameat2(dst, aside_name.c_str(), src, from->leaf.c_str(), RENAME_NOREPLACE) != 0)
-    remove_at(dst, aside_name);
-  return false;
+  // Gone already, or the move is not possible here (aside_dir on another file system, or
+  // missing; a file system without RENAME_NOREPLACE): the check and the removal in two steps.
+  if (!is_expected(src, leaf)) return false;
+  return ::unlinkat(src, leaf, 0) == 0;
 }
 
 void remove_empty_dir(const stdfs::path& dir) {

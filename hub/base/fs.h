@@ -42,8 +42,11 @@ void remove_tree(const stdfs::path& path);
 // process put there could be removed instead: the entry is moved into `aside_dir` (on the same
 // file system) in one rename, which takes whatever is there at that instant; it is deleted there
 // when it is the expected file, else moved back, unless yet another file took the place meanwhile
-// (that one stands, and the moved one is deleted). Returns whether the expected file was removed.
-// Opened as remove_tree opens paths: no symlink followed.
+// (that one stands, and the moved one is deleted; on any other failure to move it back it stays
+// in aside_dir for the sweep of stale temp files). Where the move cannot be made (aside_dir on
+// another file system, or missing; a file system without RENAME_NOREPLACE) the check and the
+// unlink are two steps. Returns whether the expected file was removed. Opened as remove_tree
+// opens paths: no symlink followed.
 bool remove_if_unchanged(const stdfs::path& path, const stdfs::path& aside_dir,
                          const struct stat& expected);
 // Removes the directory `dir` if it is empty (else leaves it), its parent opened as remove_tree

@@ -360,11 +360,9 @@ bool Store::has_intact_blob(const oci::Descriptor& d) {
                               d.digest.str(), d.size, st.st_size));
     return true;
   }
-  log_warning(
-      fmt::format("cache entry {} is damaged (content hashes to {}); removing it to "
-                  "fetch it again",
-                  p.string(), actual.str()));
-  remove_damaged(p, fd.get());
+  const std::string outcome = remove_damaged(p, fd.get());
+  log_warning(fmt::format("cache entry {} is damaged (content hashes to {}); {}, to fetch it again",
+                          p.string(), actual.str(), outcome));
   return false;
 }
 
@@ -386,10 +384,11 @@ std::optional<std::string> Store::read_blob(const Digest& d, uint64_t max_size) 
   });
   Digest actual = sha256_of(bytes);
   if (actual != d) {
-    log_warning(fmt::format(
-        "cache entry {} is damaged (content hashes to {}); removed it, it will be fetched again",
-        p.string(), actual.str()));
-    remove_damaged(p, fd.get());
+    const std::string outcome = remove_damaged(p, fd.get());
+    log_warning(
+        fmt::format("cache entry {} is damaged (content hashes to {}); {}, it will be "
+                    "fetched again",
+                    p.string(), actual.str(), outcome));
     return std::nullopt;
   }
   return bytes;
@@ -397,10 +396,11 @@ std::optional<std::string> Store::read_blob(const Digest& d, uint64_t max_size) 
 
 // Only the file that was read: another process may have renamed a good copy into its place
 // since (fs::remove_if_unchanged leaves that one).
-void Store::remove_damaged(const stdfs::path& p, int fd) const {
+std::string Store::remove_damaged(const stdfs::path& p, int fd) const {
   struct stat st {};
-  if (::fstat(fd, &st) != 0) return;
-  fs::remove_if_unchanged(p, root_ / "tmp", st);
+  if (::fstat(fd, &st) == 0 && fs::remove_if_unchanged(p, root_ / "tmp", st)) return "removed it";
+  return "did not remove it (replaced meanwhile, or not removable here: `kernel-hub verify` says "
+         "whether it is still damaged)";
 }
 
 void Store::put_blob(const oci::Descriptor& desc, std::string_view bytes) {
@@ -580,10 +580,10 @@ stdfs::path Store::unpack(const Digest& layer, const ArchiveLimits& limits, Unpa
   fs::Fd blob_fd = fs::open_file(blob);
   Digest actual = sha256_of_fd(blob_fd.get(), blob);
   if (actual != layer) {
-    remove_damaged(blob, blob_fd.get());
+    const std::string outcome = remove_damaged(blob, blob_fd.get());
     throw Error(ErrorKind::kIntegrity, "cache entry " + blob.string() +
                                            " is damaged (content hashes to " + actual.str() +
-                                           "); removed it, pull the package again");
+                                           "); " + outcome + ", pull the package again");
   }
   stdfs::path dir = root_ / "unpacked";
   // By descriptor: unpacked/ is opened without following links, and the tree is written and

@@ -147,8 +147,9 @@ class Store {
  private:
   // Once per Store, before its first write: sweeps temp files of crashed writers.
   void sweep_before_first_write();
-  // Removes the damaged entry at `p` that `fd` was opened on, and only that file.
-  void remove_damaged(const std::filesystem::path& p, int fd) const;
+  // Removes the damaged entry at `p` that `fd` was opened on, and only that file; says what
+  // became of it, for the message ("removed it", ...).
+  std::string remove_damaged(const std::filesystem::path& p, int fd) const;
 
   std::filesystem::path root_;
   std::once_flag swept_;

@@ -221,6 +221,18 @@ TEST_F(StoreTest, RemovingADamagedEntrySparesAReplacement) {
   EXPECT_TRUE(stdfs::is_symlink(p));
   EXPECT_EQ(fs::read_file(target), "not the cache's");
   EXPECT_TRUE(names_in(tmp).empty()) << "an entry was left aside";
+  // Where nothing can be moved aside (here: no such directory; another file system or one
+  // without RENAME_NOREPLACE alike), the check and the removal are two steps, and still work.
+  fs::remove_tree(p);
+  const stdfs::path nowhere = root() / "no-such-dir";
+  fs::write_file_atomic(p, "damaged", 0444);
+  ASSERT_EQ(::lstat(p.c_str(), &checked), 0);
+  fs::write_file_atomic(p, "good copy", 0444);
+  EXPECT_FALSE(fs::remove_if_unchanged(p, nowhere, checked));
+  EXPECT_EQ(fs::read_file(p), "good copy");
+  ASSERT_EQ(::lstat(p.c_str(), &checked), 0);
+  EXPECT_TRUE(fs::remove_if_unchanged(p, nowhere, checked));
+  EXPECT_FALSE(stdfs::exists(p));
 }
 
 TEST_F(StoreTest, BlobWriterCommitsVerifiedContent) {
