@@ -70,8 +70,7 @@ int open_for_reading(const stdfs::path& path) {
   return fd;
 }
 
-// Reads fd to the end in chunks; closes it.
-// Reads `fd` to its end and closes it.
+// Reads `fd` to its end in chunks, and closes it.
 void read_chunks(int fd, const stdfs::path& path,
                  const std::function<void(const char*, size_t)>& fn) {
   Fd owned(fd);
@@ -105,11 +104,9 @@ void for_each_chunk(const stdfs::path& path, const std::function<void(const char
   read_chunks(fd, path, fn);
 }
 
-std::optional<std::string> read_file_if_exists(const stdfs::path& path, uint64_t max_size) {
-  int fd = open_for_reading(path);
-  if (fd < 0) return std::nullopt;
+std::string read_all(int fd, const stdfs::path& path, uint64_t max_size) {
   std::string out;
-  read_chunks(fd, path, [&](const char* data, size_t n) {
+  for_each_chunk(fd, path, [&](const char* data, size_t n) {
     if (out.size() + n > max_size) {
       throw Error(ErrorKind::kRefused, path.string() + " is larger than the limit of " +
                                            std::to_string(max_size) + " bytes");
@@ -117,6 +114,13 @@ std::optional<std::string> read_file_if_exists(const stdfs::path& path, uint64_t
     out.append(data, n);
   });
   return out;
+}
+
+std::optional<std::string> read_file_if_exists(const stdfs::path& path, uint64_t max_size) {
+  int fd = open_for_reading(path);
+  if (fd < 0) return std::nullopt;
+  Fd owned(fd);
+  return read_all(owned.get(), path, max_size);
 }
 
 std::string read_file(const stdfs::path& path, uint64_t max_size) {

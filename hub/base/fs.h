@@ -57,6 +57,8 @@ void for_each_chunk(const stdfs::path& path, const std::function<void(const char
 // The same from an open descriptor's offset to its end (`path` names it in errors).
 void for_each_chunk(int fd, const stdfs::path& path,
                     const std::function<void(const char*, size_t)>& fn);
+// The bytes from an open descriptor's offset to its end; kRefused past max_size.
+std::string read_all(int fd, const stdfs::path& path, uint64_t max_size);
 // Opens a regular file for reading as for_each_chunk does (beneath a guarded root: no link
 // followed). Throws kNotFound, kRefused for a link or special file, kIo.
 Fd open_file(const stdfs::path& path);

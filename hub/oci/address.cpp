@@ -28,6 +28,13 @@ std::string sanitize(std::string_view s) {
   return clean.empty() ? "_" : clean;
 }
 
+// "scheme://" of an address, "" without one: all of it a message may repeat when the rest may
+// hold a password.
+std::string scheme_prefix(std::string_view text) {
+  const size_t end = text.find("://");
+  return end == std::string_view::npos ? std::string() : std::string(text.substr(0, end + 3));
+}
+
 // A user:password@ in an address would reach every message, the hub's id and the cache's
 // directory names: refused, without repeating it. `rest` is what follows "scheme://". A URL's
 // '@' past its authority is a path's; a registry address has none anywhere (hosts and
@@ -39,7 +46,7 @@ void refuse_credentials(std::string_view text, std::string_view rest, bool url) 
   if (authority.find('@') == std::string_view::npos) return;
   // What follows the address's last '@', never its first: a password may hold an '@' too.
   throw Error(ErrorKind::kInvalidInput,
-              "invalid hub address " + std::string(text.substr(0, text.find("://") + 3)) + "...@" +
+              "invalid hub address " + scheme_prefix(text) + "...@" +
                   std::string(rest.substr(rest.rfind('@') + 1)) +
                   ": credentials in the address (user:password@) would show in messages and "
                   "cache paths; put them in the credentials file (KERNEL_HUB_CREDENTIALS, else "
@@ -78,7 +85,7 @@ void require_host_port(std::string_view text, std::string_view rest) {
   for (char c : port) ok = ok && std::isdigit(static_cast<unsigned char>(c));
   if (ok) return;
   throw Error(ErrorKind::kInvalidInput,
-              "invalid hub address " + std::string(text.substr(0, text.find("://") + 3)) +
+              "invalid hub address " + scheme_prefix(text) +
                   "...: what stands for the host is not HOST[:PORT] (a name, an IPv4 address or "
                   "[IPv6], and a numeric port); it is not repeated here in case it holds a "
                   "password (user:password@ with an unencoded '/', '?' or '#'). Give the address "
@@ -96,9 +103,7 @@ HubAddress HubAddress::parse(std::string_view text, bool plain_http) {
   const std::string shown =
       text.find('@') == std::string_view::npos
           ? "'" + std::string(text) + "'"
-          : "'" +
-                std::string(text.substr(
-                    0, text.find("://") == std::string_view::npos ? 0 : text.find("://") + 3)) +
+          : "'" + scheme_prefix(text) +
                 "...' (not repeated: it holds an '@', which may end a password)";
   auto bad = [&](const std::string& why) {
     throw Error(ErrorKind::kInvalidInput,

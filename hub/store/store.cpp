@@ -375,13 +375,7 @@ std::optional<std::string> Store::read_blob(const Digest& d, uint64_t max_size) 
     if (e.kind() == ErrorKind::kNotFound) return std::nullopt;
     throw;
   }
-  std::string bytes;
-  fs::for_each_chunk(fd.get(), p, [&](const char* data, size_t n) {
-    if (bytes.size() + n > max_size)
-      throw Error(ErrorKind::kRefused, p.string() + " is larger than the limit of " +
-                                           std::to_string(max_size) + " bytes");
-    bytes.append(data, n);
-  });
+  std::string bytes = fs::read_all(fd.get(), p, max_size);
   Digest actual = sha256_of(bytes);
   if (actual != d) {
     const std::string outcome = remove_damaged(p, fd.get());

@@ -578,7 +578,6 @@ Response Client::send(const Request& request) {
   if (options_.offline) throw_offline(request.method, request.url);
   check_scheme(options_, request.url);
   Request hop = request;
-  hop.follow_redirects = false;
   for (int followed = 0;; ++followed) {
     const std::string what =
         request.method + " " + request.url +

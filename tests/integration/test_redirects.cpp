@@ -51,6 +51,17 @@ class Redirects : public ::testing::Test {
                    "http://" + to.host()});
   }
 
+  // Downloads the front's /blob into `sink`, sending `headers`; the job as it ended.
+  http::Download download(MemorySink& sink, std::vector<std::string> headers = {}) const {
+    std::vector<http::Download> jobs(1);
+    jobs[0].url = at(*front_, "/blob");
+    jobs[0].headers = std::move(headers);
+    jobs[0].expected_size = blob_.size();
+    jobs[0].sink = &sink;
+    client().download(jobs, nullptr);
+    return jobs[0];
+  }
+
   TempDir root_{"kh-redirect-root"};
   std::string blob_;
   std::unique_ptr<NginxFixture> nginx_;
@@ -158,15 +169,9 @@ TEST_F(Redirects, AnAnswerWithoutALocationIsRefused) {
 TEST_F(Redirects, DownloadsFollowWithoutAuthorizationAndRetryFromTheFirstUrl) {
   redirect(*front_, *storage_, 307);
   storage_->add_rule({"GET", "/blob", Action::kStatus, 1, 0, 0, 503});
-  oci::Descriptor d = layer_descriptor(blob_);
-  MemorySink sink(d);
-  std::vector<http::Download> jobs(1);
-  jobs[0].url = at(*front_, "/blob");
-  jobs[0].headers = {kAuth};
-  jobs[0].expected_size = blob_.size();
-  jobs[0].sink = &sink;
-  client().download(jobs, nullptr);
-  ASSERT_TRUE(jobs[0].ok) << jobs[0].error;
+  MemorySink sink(layer_descriptor(blob_));
+  const http::Download job = download(sink, {kAuth});
+  ASSERT_TRUE(job.ok) << job.error;
   EXPECT_TRUE(sink.finish());
   EXPECT_EQ(front_->requests().size(), 2u) << "the retry starts at the front again";
   ASSERT_EQ(storage_->requests().size(), 2u);
@@ -181,14 +186,9 @@ TEST_F(Redirects, ADownloadCutOffPastARedirectResumes) {
   redirect(*front_, *storage_, 307);
   const uint64_t cut = 100 << 10;
   storage_->add_rule({"GET", "/blob", Action::kReset, 1, cut});
-  oci::Descriptor d = layer_descriptor(blob_);
-  MemorySink sink(d);
-  std::vector<http::Download> jobs(1);
-  jobs[0].url = at(*front_, "/blob");
-  jobs[0].expected_size = blob_.size();
-  jobs[0].sink = &sink;
-  client().download(jobs, nullptr);
-  ASSERT_TRUE(jobs[0].ok) << jobs[0].error;
+  MemorySink sink(layer_descriptor(blob_));
+  const http::Download job = download(sink);
+  ASSERT_TRUE(job.ok) << job.error;
   EXPECT_TRUE(sink.finish());
   EXPECT_EQ(sink.restarts(), 0) << "the blob started over";
   const auto seen = storage_->requests();
@@ -200,14 +200,10 @@ TEST_F(Redirects, ADownloadCutOffPastARedirectResumes) {
 
 TEST_F(Redirects, ADownloadLoopFailsTheJobNamingTheLimit) {
   redirect(*front_, *front_, 301);
-  oci::Descriptor d = layer_descriptor(blob_);
-  MemorySink sink(d);
-  std::vector<http::Download> jobs(1);
-  jobs[0].url = at(*front_, "/blob");
-  jobs[0].sink = &sink;
-  client().download(jobs, nullptr);
-  EXPECT_FALSE(jobs[0].ok);
-  EXPECT_NE(jobs[0].error.find("more than 10 redirects"), std::string::npos) << jobs[0].error;
+  MemorySink sink(layer_descriptor(blob_));
+  const http::Download job = download(sink);
+  EXPECT_FALSE(job.ok);
+  EXPECT_NE(job.error.find("more than 10 redirects"), std::string::npos) << job.error;
   EXPECT_EQ(front_->requests().size(), 11u);
   EXPECT_EQ(sink.offset(), 0u);
 }
