@@ -811,6 +811,67 @@ TEST_F(GpuDemoDevice, FusedQkvTrainsLikeThreeProjections) {
   EXPECT_TRUE(one.refusals().empty());
 }
 
+TEST_F(GpuDemoDevice, KeptNormedInputsTrainLikeRecomputedOnes) {
+  // keep_normed: the train forward keeps each layer's two normed inputs and its rotated q and k
+  // (the pool holds that much more after the forward), and the backward uses them instead of
+  // computing them again: the same losses and gradients. The runtime's fp32 kernels, then the
+  // bf16 model with the packages bound (one q/k/v GEMM, the q/k norm + RoPE op).
+  Runtime rt;
+  const DemoSlots slots = add_device_demo_slots(rt);
+  bind_packages(rt, {{kAttention, "attention"},
+                     {kRMSNorm, "norm"},
+                     {kFusedAddRMSNorm, "norm"},
+                     {kQKNormRotaryEmbedding, "rotary"}});
+  runtime_->set_mode(Mode::kTrain);
+  const ModelConfig cfg = qwen3_d64(96);
+  CausalLM host(cfg, *slots_, 41);
+  const int batch = 3, len = 96;
+  const int64_t T = static_cast<int64_t>(batch) * len;
+  const char* names[] = {"model.layers.0.self_attn.q_proj.weight",
+                         "model.layers.1.self_attn.k_proj.weight",
+                         "model.layers.1.self_attn.v_proj.weight",
+                         "model.layers.0.self_attn.q_norm.weight",
+                         "model.layers.1.self_attn.k_norm.weight",
+                         "model.layers.0.input_layernorm.weight",
+                         "model.layers.1.post_attention_layernorm.weight",
+                         "model.layers.0.mlp.up_proj.weight",
+                         "model.embed_tokens.weight"};
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16, packages" : "fp32, the runtime's kernels");
+    DeviceModelOptions keep = with_dtype(bf16 ? kBF16 : kF32), again = keep;
+    keep.keep_normed = true;
+    again.keep_normed = false;
+    DeviceCausalLM kept(host, bf16 ? slots : *slots_, bf16 ? rt : *runtime_, 0, keep),
+        recomputed(host, bf16 ? slots : *slots_, bf16 ? rt : *runtime_, 0, again);
+    std::vector<int64_t> tokens(batch * len), targets(batch * len);
+    fill_batch(tokens, targets, cfg.vocab, 5);
+    float loss[2];
+    uint64_t held[2];
+    int i = 0;
+    for (DeviceCausalLM* m : {&kept, &recomputed}) {
+      m->zero_grad();
+      loss[i] = m->forward(tokens.data(), targets.data(), batch, len);
+      held[i++] = m->memory().current_bytes;
+      m->backward();
+    }
+    EXPECT_EQ(kept.fused_qkv_layers(), bf16 ? cfg.layers : 0);
+    // Two normed inputs, q and k a layer, in the activations' dtype.
+    const uint64_t kept_bytes = static_cast<uint64_t>(cfg.layers) * T *
+                                (2 * cfg.hidden + cfg.q_dim() + cfg.kv_dim()) * (bf16 ? 2 : 4);
+    EXPECT_GE(held[0], held[1] + kept_bytes) << "bytes held after the forward";
+    EXPECT_NEAR(loss[0], loss[1], 1e-6f * std::fabs(loss[1]));
+    for (const char* name : names) {
+      const std::vector<float> want = recomputed.download_grad(name);
+      float peak = 0.f;
+      for (float g : want) peak = std::max(peak, std::fabs(g));
+      ASSERT_GT(peak, 0.f) << name;
+      // The forward's fused add + norm and the backward's norm may round the last bit apart;
+      // atomics (the embedding's scatter-add, the attention's dq) may sum in another order.
+      expect_close(kept.download_grad(name), want, (bf16 ? 1e-2f : 1e-5f) * peak, 1e-4f, name);
+    }
+  }
+}
+
 TEST_F(GpuDemoDevice, GradientsLiveFromTheBackwardToZeroGrad) {
   // zero_grad releases every gradient (PyTorch's set_to_none) and the backward takes each layer's
   // from the pool when it reaches the layer: after zero_grad the pool holds at least the fp32

@@ -536,7 +536,8 @@ TEST(DemoCli, DtypeAndProfileNeedACudaDevice) {
         std::vector<std::string>{"--decode-overlap", "on"},
         std::vector<std::string>{"--decode-gemm", "skinny"},
         std::vector<std::string>{"--decode-fuse", "off"},
-        std::vector<std::string>{"--loss-chunk", "64"}}) {
+        std::vector<std::string>{"--loss-chunk", "64"},
+        std::vector<std::string>{"--keep-normed", "off"}}) {
     std::vector<std::string> args = {cli_path(), "demo", "--device", "cpu", "--steps", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
     ProcessResult r = run_process(args, cli_env(cache.path()), 120);

@@ -138,6 +138,7 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
   DeviceModelOptions mo;
   mo.dtype = o.bf16 ? kBF16 : kF32;
   if (o.loss_chunk_rows > 0) mo.loss_chunk_rows = o.loss_chunk_rows;
+  mo.keep_normed = o.keep_normed;
   DeviceCausalLM model(o.model, o.weights, o.seed, slots, rt, o.cuda_ordinal, mo);
   DeviceStream& stream = model.stream();
   DemoRun run;

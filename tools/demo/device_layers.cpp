@@ -214,6 +214,8 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
   DeviceTensor a = act({T, H});
   h = add_norm(branch, std::move(h), *L.attn_norm, a, train_ ? &s.rstd1 : nullptr);
   if (train_) s.h_in = h.view(h.shape());
+  const bool keep = train_ && options_.keep_normed;
+  if (keep) s.attn_in = a.view(a.shape());
   s.q = act({T, Q});
   s.k = act({T, KV});
   // Training with the q/k norms and the packages' attention: q, k and v from one GEMM into s.qkv,
@@ -280,7 +282,7 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
   }
   if (s.qkv.data()) ++fused_qkv_layers_;
   if (prefilling_kv_) prefill_kv(L, s);
-  if (L.q_norm) {  // backward recomputes them from q_pre and k_pre
+  if (L.q_norm && !keep) {  // backward recomputes them from q_pre and k_pre
     s.q = DeviceTensor();
     s.k = DeviceTensor();
   }
@@ -290,6 +292,7 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
   DeviceTensor m = act({T, H});
   h = add_norm(branch, std::move(h), *L.mlp_norm, m, train_ ? &s.rstd2 : nullptr);
   if (train_) s.h_mid = h.view(h.shape());
+  if (keep) s.mlp_in = m.view(m.shape());
   s.gu = act({T, 2 * F});
   DeviceTensor act_out = act({T, F});
   linear(m, *L.gate_up, nullptr, s.gu);
@@ -300,6 +303,18 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
   // silu(gate) * up is not kept: backward recomputes it from gu (cheap, and T * ffn fewer
   // elements held per layer). Eval keeps nothing: the blocks go back to the pool.
   if (!train_) s = Saved{};
+}
+
+DeviceTensor DeviceCausalLM::normed_input(DeviceTensor& kept, const DeviceTensor& x,
+                                          const Param& w) {
+  if (kept.data()) {  // taken: its block goes back to the pool after the use
+    DeviceTensor taken;
+    std::swap(taken, kept);
+    return taken;
+  }
+  DeviceTensor normed = act(x.shape());
+  renorm(x, w, normed);
+  return normed;
 }
 
 void DeviceCausalLM::silu_and_mul(const DeviceTensor& gu, DeviceTensor& out) {
@@ -337,8 +352,7 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   });
   act_out = DeviceTensor();
   {
-    DeviceTensor m = act({T, H});
-    renorm(s.h_mid, *L.mlp_norm, m);
+    DeviceTensor m = normed_input(s.mlp_in, s.h_mid, *L.mlp_norm);
     linear_grad(m, *L.gate_up, nullptr, dgu, &dm, false);
   }
   dgu = DeviceTensor();
@@ -358,7 +372,7 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
     --fused_qkv_layers_;
   }
   bool fused = s.qkv.data() != nullptr;
-  if (L.q_norm) {
+  if (L.q_norm && !s.q.data()) {  // else kept by the forward (keep_normed)
     s.q = act({T, Q});
     s.k = act({T, KV});
     if (fused) {
@@ -467,8 +481,7 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   }
   DeviceTensor da = act({T, H});
   {
-    DeviceTensor a = act({T, H});
-    renorm(s.h_in, *L.attn_norm, a);
+    DeviceTensor a = normed_input(s.attn_in, s.h_in, *L.attn_norm);
     if (fused) {  // q's, k's and v's weight gradients are the rows of qkv's (ensure_layer_grads)
       // Overwritten when all three are zero (ensure_layer_grads takes them from the pool together).
       const bool fresh = L.wq->g_zero && L.wk->g_zero && L.wv->g_zero;

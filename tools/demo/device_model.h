@@ -55,6 +55,11 @@ struct DeviceModelOptions {
   // Training's q, k and v projections as one GEMM each way where it applies (fused_qkv_trains);
   // false: three (the tests compare the two).
   bool fuse_qkv = true;
+  // Training keeps each layer's normed inputs (the attention's and the MLP's) and its rotated q
+  // and k for the backward, which otherwise recomputes them: 168 MB more a layer at Qwen3-0.6B's
+  // 8 x 2048 tokens (4.7 GB over its 28 layers) for three fewer norm and q/k-norm+RoPE passes a
+  // layer. silu(gate) * up is recomputed either way.
+  bool keep_normed = true;
 };
 
 // Device time of the ops of a profiled stretch (set_profiling), by kind: GEMMs (the linear
@@ -210,12 +215,15 @@ class DeviceCausalLM {
   // Activations of one layer kept for backward (train mode): the two residuals (the layer's
   // input h_in and h_mid after the attention branch; each is the FusedAddRMSNorm's new residual,
   // kept without a copy), what attention and the MLP's backward take, and per-row statistics.
-  // Backward recomputes the rest, as Liger and activation checkpointing do, which is cheaper than
-  // holding it at 16k tokens x 28 layers: the normed inputs of the attention and MLP projections
-  // (an RMSNorm pass each) and, with q/k-norm (Qwen3), q and k after their norm and RoPE from
-  // q_pre and k_pre (two norms and a rotary); without it, q and k are kept after RoPE.
+  // With keep_normed (DeviceModelOptions) also the normed inputs of the attention and MLP
+  // projections (attn_in, mlp_in) and q and k after their norm and RoPE; without it backward
+  // recomputes those, as Liger and activation checkpointing do, to hold less at 16k tokens x 28
+  // layers: an RMSNorm pass each and, with q/k-norm (Qwen3), q and k from q_pre and k_pre (two
+  // norms and a rotary); without q/k-norm, q and k are kept after RoPE either way. silu(gate) *
+  // up is always recomputed.
   struct Saved {
     DeviceTensor h_in, rstd1, q_pre, k_pre, rstd_q, rstd_k, q, k, v, attn, lse, h_mid, rstd2, gu;
+    DeviceTensor attn_in, mlp_in;  // empty without keep_normed
     // Training's fused q/k/v projection [T, q_dim + 2 kv_dim] (fused_qkv_trains): its columns
     // are q_pre, k_pre and v, which are then empty.
     DeviceTensor qkv;
@@ -287,6 +295,9 @@ class DeviceCausalLM {
   void norm(const DeviceTensor& x, const Param& w, DeviceTensor& y, DeviceTensor* rstd);
   // norm() of what backward recomputes (train mode: the slot's forward_train, rstd discarded).
   void renorm(const DeviceTensor& x, const Param& w, DeviceTensor& y);
+  // A layer's normed input for its backward: `kept` (taken, left empty) if the forward kept it,
+  // else x normalised again.
+  DeviceTensor normed_input(DeviceTensor& kept, const DeviceTensor& x, const Param& w);
   DeviceTensor norm_workspace(int64_t rows, int64_t cols);  // the norm backward's partial rows
   void norm_backward(const DeviceTensor& dy, const DeviceTensor& x, Param& w,
                      const DeviceTensor& rstd, DeviceTensor& dx);
