@@ -5,7 +5,8 @@ against a stand-in kernel-hub (`demo --json` as the runtime answers, a rate and 
 grow each run too). Checked: --rounds 3 alternates the runtime and the configuration (runtime,
 compile, runtime, compile, ...), the runtime decodes at the asked shape in the first round only,
 the table holds each one's median and their ratio, every round is listed, and so are each
-round's step times, the runtime's and PyTorch's; --rounds 0 is refused. Usage:
+round's step times, the runtime's and PyTorch's; --keep-normed reaches the demo; --rounds 0 is
+refused. Usage:
 test_bench_runtime.py (exit 0 = pass)."""
 import json
 import os
@@ -83,6 +84,14 @@ def main():
         # 217.5 ms (75,329): 1.44x.
         assert "| kernel-hub runtime | 151.5 | 108,145 | 1.44x |" in out, out
         assert "| torch.compile | 217.5 | 75,329 | 1.00x |" in out, out
+        # The demo's own default unless --keep-normed is given, then passed on to every run.
+        assert all("--keep-normed" not in a for a in kh_args), kh_args
+        os.remove(log)
+        r = subprocess.run(cmd + ["--keep-normed", "on"], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        kh_args = [l.split()[1:] for l in open(log) if l.startswith("kh")]
+        assert [a[a.index("--keep-normed") + 1] for a in kh_args] == ["on"], kh_args
         r = subprocess.run(cmd + ["--rounds", "0"], env=env, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 2 and "--rounds 0" in r.stderr, r.stderr

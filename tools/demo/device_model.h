@@ -57,9 +57,10 @@ struct DeviceModelOptions {
   bool fuse_qkv = true;
   // Training keeps each layer's normed inputs (the attention's and the MLP's) and its rotated q
   // and k for the backward, which otherwise recomputes them: 168 MB more a layer at Qwen3-0.6B's
-  // 8 x 2048 tokens (4.7 GB over its 28 layers) for three fewer norm and q/k-norm+RoPE passes a
-  // layer. silu(gate) * up is recomputed either way.
-  bool keep_normed = true;
+  // 8 x 2048 tokens (4.7 GB over its 28 layers, peak 21.6 -> 26.0 GiB, above Liger's 23.2) for
+  // three fewer norm and q/k-norm+RoPE passes a layer (+1.9% on an H100, session 34). Off by
+  // default: the least memory. silu(gate) * up is recomputed either way.
+  bool keep_normed = false;
 };
 
 // Device time of the ops of a profiled stretch (set_profiling), by kind: GEMMs (the linear
