@@ -631,6 +631,15 @@ void bind_packages(Runtime& rt, std::initializer_list<std::pair<const char*, con
   rt.set_mode(Mode::kTrain);
 }
 
+// The packages a bf16 Qwen3 needs to train its q, k and v projections as one GEMM
+// (fused_qkv_trains): attention, both norms, q/k norm + RoPE.
+void bind_fused_qkv_packages(Runtime& rt) {
+  bind_packages(rt, {{kAttention, "attention"},
+                     {kRMSNorm, "norm"},
+                     {kFusedAddRMSNorm, "norm"},
+                     {kQKNormRotaryEmbedding, "rotary"}});
+}
+
 DeviceModelOptions with_dtype(DLDataType dtype, int64_t chunk = 1024) {
   DeviceModelOptions o;
   o.dtype = dtype;
@@ -761,10 +770,7 @@ TEST_F(GpuDemoDevice, FusedQkvTrainsLikeThreeProjections) {
   // gradients, within bf16 rounding, as three GEMMs from the same start. head_dim 64, GQA 4/2.
   Runtime rt;
   const DemoSlots slots = add_device_demo_slots(rt);
-  bind_packages(rt, {{kAttention, "attention"},
-                     {kRMSNorm, "norm"},
-                     {kFusedAddRMSNorm, "norm"},
-                     {kQKNormRotaryEmbedding, "rotary"}});
+  bind_fused_qkv_packages(rt);
   const ModelConfig cfg = qwen3_d64(96);
   CausalLM host(cfg, *slots_, 21);
   DeviceModelOptions fused = with_dtype(kBF16), apart = with_dtype(kBF16);
@@ -818,10 +824,7 @@ TEST_F(GpuDemoDevice, KeptNormedInputsTrainLikeRecomputedOnes) {
   // bf16 model with the packages bound (one q/k/v GEMM, the q/k norm + RoPE op).
   Runtime rt;
   const DemoSlots slots = add_device_demo_slots(rt);
-  bind_packages(rt, {{kAttention, "attention"},
-                     {kRMSNorm, "norm"},
-                     {kFusedAddRMSNorm, "norm"},
-                     {kQKNormRotaryEmbedding, "rotary"}});
+  bind_fused_qkv_packages(rt);
   runtime_->set_mode(Mode::kTrain);
   const ModelConfig cfg = qwen3_d64(96);
   CausalLM host(cfg, *slots_, 41);
