@@ -27,6 +27,7 @@
 #include "hub/transport/credentials.h"
 #include "hub/transport/http_headers.h"
 #include "hub/transport/source.h"
+#include "hub/transport/url.h"
 #include "hub/transport/verifying_sink.h"
 #include "hub/trust/signature.h"
 
@@ -489,8 +490,24 @@ class RegistrySource : public Source {
     return host + "|" + scope;
   }
 
+  // A URL the registry names (an upload's Location, a Link) as an absolute one. An https
+  // registry's may not go to plain HTTP (the client refuses such a URL too, but its message
+  // repeats the URL and advises --plain-http, which would make the whole address plain HTTP):
+  // docker-registry behind a TLS proxy that sets no X-Forwarded-Proto writes such Locations
+  // (http://, the proxy's host and port), so the message names that cause.
   std::string absolute(const std::string& location) const {
-    if (location.starts_with("http://") || location.starts_with("https://")) return location;
+    if (location.starts_with("https://")) return location;
+    if (location.starts_with("http://")) {
+      if (http::scheme_of(address_.base_url) == "https")
+        throw Error(ErrorKind::kRefused,
+                    fmt::format("registry {} named a plain-HTTP URL on {} for a request made over "
+                                "https (an upload's Location, or a Link), and kernel-hub does not "
+                                "send the registry's credentials or data unencrypted; behind a "
+                                "TLS proxy, have the proxy pass X-Forwarded-Proto: https (or set "
+                                "the registry's http.relativeurls: true)",
+                                address_.host, http::host_of(location)));
+      return location;
+    }
     if (location.starts_with("/")) return address_.base_url + location;
     return address_.base_url + "/" + location;
   }

@@ -287,6 +287,38 @@ TEST_F(PrivateStaticHttps, ARedirectFromHttpsToPlainHttpIsRefused) {
       << r.err;
 }
 
+// docker-registry behind a TLS proxy that passes no X-Forwarded-Proto names its upload Location
+// as http:// on the proxy's host and port. The push is refused there, naming the cause, before
+// anything goes over plain HTTP (the access log has the POST and nothing after it: such a request
+// at the TLS port would show as a 400 there); pulls through the proxy, which name no URL, work.
+TEST_F(PrivateStaticHttps, AnHttpsRegistrysPlainHttpUploadLocationIsRefused) {
+  RegistryFixture registry;
+  if (!registry.available()) GTEST_SKIP() << registry.why();
+  push(registry.oci_url(), {}, /*plain_http=*/true);
+  NginxFixture::Options o = tls();
+  o.proxy_to = registry.http_url();
+  NginxFixture proxy(hub_dir_.path(), o);
+  const Env ca = {{"SSL_CERT_FILE", pki_.ca_cert().string()}};
+  const std::string hub = "oci://" + host(proxy);
+  auto pulled = pull(hub, ca);
+  ASSERT_EQ(pulled.exit_code, 0) << pulled.err << proxy.error_log();
+  TempDir layout("kh-layout");
+  build_layout(layout.path(), LayoutSpec{});  // fresh random layers: the push uploads them
+  auto r = cli({"push", layout.path().string(), "private/other@v1"}, hub, ca);
+  EXPECT_NE(r.exit_code, 0) << "pushed through " << hub;
+  // The cause, not the client's https-only rule: that message repeated the whole upload URL and
+  // advised --plain-http, which would make the whole address plain HTTP.
+  EXPECT_NE(r.err.find("named a plain-HTTP URL on " + host(proxy)), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("X-Forwarded-Proto"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("_state="), std::string::npos) << "the upload URL repeated: " << r.err;
+  // Nothing after the POST: the fixture's own start-up probe is the one plain-HTTP request (a
+  // 400) before it.
+  const std::string log = proxy.access_log();
+  const size_t post = log.find("\"POST /v2/private/other/blobs/uploads/");
+  ASSERT_NE(post, std::string::npos) << log;
+  EXPECT_EQ(log.find('\n', post) + 1, log.size()) << "requests after the POST:\n" << log;
+}
+
 // A client certificate from a host's certs.d is that host's alone: a redirect to another host
 // does not carry it (libcurl, following redirects itself, presented it to every hop that asked),
 // and the other host gets what its own certs.d holds.
