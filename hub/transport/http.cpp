@@ -22,6 +22,7 @@
 #include "hub/transport/http_headers.h"
 #include "hub/transport/redirect.h"
 #include "hub/transport/tls.h"
+#include "hub/transport/url.h"
 #include "hub/transport/write_behind.h"
 
 namespace kh::http {
@@ -72,16 +73,16 @@ void check_scheme(const Options& o, const std::string& url) {
   if (url.starts_with("http://")) {
     if (o.allow_plain_http) return;
     throw Error(ErrorKind::kInvalidInput,
-                "refusing plain-HTTP URL " + url +
+                "refusing plain-HTTP URL " + shown_url(url) +
                     ": only https is allowed; pass --plain-http (allow_plain_http) for a "
                     "registry on a trusted network");
   }
-  throw Error(ErrorKind::kInvalidInput,
-              "unsupported URL scheme in " + url + ": use https:// (or http:// when allowed)");
+  throw Error(ErrorKind::kInvalidInput, "unsupported URL scheme in " + shown_url(url) +
+                                            ": use https:// (or http:// when allowed)");
 }
 
 [[noreturn]] void throw_offline(const std::string& method, const std::string& url) {
-  throw Error(ErrorKind::kOffline, "offline mode: refusing " + method + " " + url +
+  throw Error(ErrorKind::kOffline, "offline mode: refusing " + method + " " + shown_url(url) +
                                        "; unset KERNEL_HUB_OFFLINE or drop --offline to allow "
                                        "network access");
 }

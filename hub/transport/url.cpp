@@ -35,4 +35,14 @@ std::string origin_of(const std::string& url) {
   return scheme.empty() ? std::string() : scheme + "://" + lower(host_of(url));
 }
 
+std::string shown_url(const std::string& url) {
+  const std::string origin = origin_of(url);
+  if (origin.empty()) return url;
+  const size_t authority = url.find("://") + 3;
+  const size_t path = url.find_first_of("/?#", authority);
+  if (path == std::string::npos || url[path] != '/') return origin;
+  const size_t end = url.find_first_of("?#", path);
+  return origin + url.substr(path, end == std::string::npos ? std::string::npos : end - path);
+}
+
 }  // namespace kh::http

@@ -20,4 +20,8 @@ std::string scheme_of(const std::string& url);
 // drops credentials a server would have accepted. "" when `url` has no scheme.
 std::string origin_of(const std::string& url);
 
+// A URL for messages: its origin and path, any user:password@, query and fragment left out (a
+// query may carry a storage signature or an upload's state). `url` itself when it has no scheme.
+std::string shown_url(const std::string& url);
+
 }  // namespace kh::http

@@ -214,6 +214,18 @@ TEST(Scheme, PlainHttpRefusedUnlessAllowed) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
     EXPECT_NE(std::string(e.what()).find("http://127.0.0.1:9/v2/"), std::string::npos);
   }
+  // A URL a server named: its query (an upload's state, a signature) and any user:password are
+  // not repeated.
+  r.url = "http://user:secret@127.0.0.1:9/v2/o/blobs/uploads/u?_state=SECRET&digest=d";
+  try {
+    client.send(r);
+    FAIL() << "expected kInvalidInput";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("http://127.0.0.1:9/v2/o/blobs/uploads/u:"), std::string::npos) << what;
+    EXPECT_EQ(what.find("SECRET"), std::string::npos) << what;
+    EXPECT_EQ(what.find("secret"), std::string::npos) << what;
+  }
   EXPECT_EQ(client.requests_made(), 0u);
   r.url = "ftp://127.0.0.1/x";
   EXPECT_THROW(client.send(r), Error);

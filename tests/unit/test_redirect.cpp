@@ -31,6 +31,16 @@ TEST(Redirect, OriginIsSchemeHostAndPortWithoutUserinfo) {
   EXPECT_NE(origin_of("https://h:1/"), origin_of("https://h:2/"));
 }
 
+TEST(Redirect, AShownUrlIsOriginAndPathOnly) {
+  EXPECT_EQ(shown_url("https://u:pw@H:5000/v2/x/blobs/uploads/id?_state=s&digest=d#f"),
+            "https://h:5000/v2/x/blobs/uploads/id");
+  EXPECT_EQ(shown_url("http://h?sig=1"), "http://h");
+  EXPECT_EQ(shown_url("http://h#frag"), "http://h");
+  EXPECT_EQ(shown_url("http://h/"), "http://h/");
+  EXPECT_EQ(shown_url("ftp://h/file"), "ftp://h/file");
+  EXPECT_EQ(shown_url("no-scheme/path?q"), "no-scheme/path?q");  // a path the caller wrote
+}
+
 TEST(Redirect, AHopIsTakenAsAskedWithinTheRules) {
   Hop hop = next_hop("https://a/v2/blob", "https://storage.b/x?sig=1", 307, "GET", 0, false);
   EXPECT_EQ(hop.refusal, "");
