@@ -49,6 +49,12 @@ void check_redirect(const std::string& location) {
   const std::vector<std::string> kept = headers_for_hop({"Authorization: Bearer t", "Accept: */*"},
                                                         "https://registry.example/v2/x", location);
   if (origin_of(location) != "https://registry.example" && kept.size() != 1) __builtin_trap();
+  // A URL as messages show it: its origin, then a path at most; no query, fragment or userinfo.
+  const std::string origin = origin_of(location), shown = shown_url(location);
+  if (!origin.empty() && (!shown.starts_with(origin) ||
+                          shown.find_first_of("?#", origin.size()) != std::string::npos ||
+                          (shown.size() > origin.size() && shown[origin.size()] != '/')))
+    __builtin_trap();
 }
 
 }  // namespace
