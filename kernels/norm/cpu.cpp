@@ -97,11 +97,12 @@ void layer_forward_t(ConstRows x, const void* weight, const void* bias, Rows y, 
   }
 }
 
-// Shared backward: mean == nullptr for RMSNorm. K = 1 (dweight) or 2 (dweight, dbias).
+// Shared backward: mean == nullptr for RMSNorm. K = 1 (dweight) or 2 (dweight, dbias). from_y
+// (RMSNorm): x holds the forward's output y = xhat * w, and xhat = y / w (y, 0, where w is 0).
 template <typename T>
 void backward_t(ConstRows dy, ConstRows x, const void* weight, const float* mean, const float* rstd,
                 ConstRows dresidual, Rows dx, void* dweight, void* dbias, Partials pt, int64_t rows,
-                int64_t cols) {
+                int64_t cols, bool from_y) {
   const T* w = static_cast<const T*>(weight);
   const bool ln = mean != nullptr;
   const float inv_n = 1.0f / static_cast<float>(cols);
@@ -114,9 +115,14 @@ void backward_t(ConstRows dy, ConstRows x, const void* weight, const float* mean
       const T* xr = row_of<T>(x, r);
       const float mu = ln ? mean[r] : 0.f;
       const float rs = rstd[r];
+      auto xhat_of = [&](int64_t c) {
+        const float f = kh_to_float(xr[c]), wc = kh_to_float(w[c]);
+        if (from_y) return f / (wc == 0.f ? 1.f : wc);  // y = 0 where w is 0
+        return (f - mu) * rs;
+      };
       BlockedSum sum_gx, sum_g;
       for (int64_t c = 0; c < cols; ++c) {
-        float xhat = (kh_to_float(xr[c]) - mu) * rs;
+        float xhat = xhat_of(c);
         float g = kh_to_float(dyr[c]) * kh_to_float(w[c]);
         sum_gx.add(g * xhat);
         if (ln) sum_g.add(g);
@@ -127,7 +133,7 @@ void backward_t(ConstRows dy, ConstRows x, const void* weight, const float* mean
       const T* dres = dresidual.p ? row_of<T>(dresidual, r) : nullptr;
       for (int64_t c = 0; c < cols; ++c) {
         float d = kh_to_float(dyr[c]);
-        float xhat = (kh_to_float(xr[c]) - mu) * rs;
+        float xhat = xhat_of(c);
         float g = d * kh_to_float(w[c]);
         float v = rs * (g - xhat * c1 - c2);
         if (dres) v += kh_to_float(dres[c]);
@@ -177,16 +183,16 @@ void layer_forward(int dtype, ConstRows x, const void* weight, const void* bias,
 
 void rms_backward(int dtype, ConstRows dy, ConstRows x, const void* weight, const float* rstd,
                   ConstRows dresidual, Rows dx, void* dweight, Partials partials, int64_t rows,
-                  int64_t cols) {
+                  int64_t cols, bool from_y) {
   KH_DISPATCH(dtype, backward_t, dy, x, weight, nullptr, rstd, dresidual, dx, dweight, nullptr,
-              partials, rows, cols);
+              partials, rows, cols, from_y);
 }
 
 void layer_backward(int dtype, ConstRows dy, ConstRows x, const void* weight, const float* mean,
                     const float* rstd, Rows dx, void* dweight, void* dbias, Partials partials,
                     int64_t rows, int64_t cols) {
   KH_DISPATCH(dtype, backward_t, dy, x, weight, mean, rstd, ConstRows{}, dx, dweight, dbias,
-              partials, rows, cols);
+              partials, rows, cols, false);
 }
 
 }  // namespace khk::norm_cpu

@@ -34,11 +34,12 @@ struct Partials {
   int64_t walkers = 0;  // >= 1 when rows > 0
 };
 
-// RMSNorm backward (x is the normalized input: for FusedAddRMSNorm the new residual); with
-// `dresidual` non-null its gradient is added to dx.
+// RMSNorm backward (x is the normalized input: for FusedAddRMSNorm the new residual; from_y: the
+// forward's output instead, xhat = y / weight); with `dresidual` non-null its gradient is added
+// to dx.
 void rms_backward(int dtype, ConstRows dy, ConstRows x, const void* weight, const float* rstd,
                   ConstRows dresidual, Rows dx, void* dweight, Partials partials, int64_t rows,
-                  int64_t cols);
+                  int64_t cols, bool from_y = false);
 
 void layer_backward(int dtype, ConstRows dy, ConstRows x, const void* weight, const float* mean,
                     const float* rstd, Rows dx, void* dweight, void* dbias, Partials partials,

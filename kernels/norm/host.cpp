@@ -1,6 +1,7 @@
 // Host library of the kernel-hub/norm package: layers RMSNorm, FusedAddRMSNorm and LayerNorm,
 // each with forward (eval), forward_train (also writes the per-row fp32 statistics backward
-// needs) and backward. Ops check their DLPack arguments, then run cpu.cpp on kDLCPU tensors or
+// needs) and backward; FusedAddRMSNormFromOutput is FusedAddRMSNorm with a backward that takes the
+// forward's output instead of the residual. Ops check their DLPack arguments, then run cpu.cpp on kDLCPU tensors or
 // launch norm.cu's kernels through the loader (host->get_function / host->launch) on kDLCUDA
 // tensors, with the launch geometry computed here.
 //
@@ -29,7 +30,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/norm";
-constexpr const char* kPackageVersion = "1.0.5";
+constexpr const char* kPackageVersion = "1.1.0";
 
 enum Kind { kRms = 0, kAddRms = 1, kLayer = 2 };
 const char* kind_name(int kind) {
@@ -203,6 +204,7 @@ int32_t layer_norm(const Args<S>& a, void* stream) {
 // Backward.
 struct Backward {
   bool layer = false;
+  bool from_y = false;  // x holds the forward's output y (RMSNorm): norm.cu's rmsy kernels
   RowsView dy, x, dresidual, dx, workspace;
   VectorView weight, dweight, dbias;
   const float* mean = nullptr;
@@ -239,10 +241,10 @@ int32_t run_backward(const char* op, const Backward& b, void* stream) {
                                Rows{b.dx.data, b.dx.stride}, b.dweight.data, b.dbias.data, pt,
                                x.rows, x.cols);
     } else {
-      norm_cpu::rms_backward(x.dtype, ConstRows{b.dy.data, b.dy.stride},
-                             ConstRows{x.data, x.stride}, b.weight.data, b.rstd,
-                             ConstRows{b.dresidual.data, b.dresidual.stride},
-                             Rows{b.dx.data, b.dx.stride}, b.dweight.data, pt, x.rows, x.cols);
+      norm_cpu::rms_backward(
+          x.dtype, ConstRows{b.dy.data, b.dy.stride}, ConstRows{x.data, x.stride}, b.weight.data,
+          b.rstd, ConstRows{b.dresidual.data, b.dresidual.stride}, Rows{b.dx.data, b.dx.stride},
+          b.dweight.data, pt, x.rows, x.cols, b.from_y);
     }
     return KH_OK;
   }
@@ -284,7 +286,8 @@ int32_t run_backward(const char* op, const Backward& b, void* stream) {
       return fail(KH_ERR_UNSUPPORTED, "%s: %lld workspace rows need more than 2^31-1 CTAs", op,
                   static_cast<long long>(walkers));
     char name[96];
-    snprintf(name, sizeof name, "norm_bwd_%s_%s_%s_%s", b.layer ? "ln" : "rms", dtype_tag(x.dtype),
+    snprintf(name, sizeof name, "norm_bwd_%s_%s_%s_%s",
+             b.layer ? "ln" : (b.from_y ? "rmsy" : "rms"), dtype_tag(x.dtype),
              vec ? "vec" : "scalar", cfg.reg ? "reg" : "loop");
     void* params[] = {&dyp, &sdy, &xp,  &sx, &wp,  &mean,     &rstd, &drp,
                       &sdr, &dxp, &sdx, &ws, &sws, &nwalkers, &rows, &cols};
@@ -308,6 +311,12 @@ constexpr OpSchema kRmsNormBackward{
 constexpr OpSchema kFusedAddRmsNormBackward{
     "fused_add_rms_norm_backward(Tensor dy, Tensor? dresidual_out, Tensor residual_out, "
     "Tensor weight, Tensor rstd, Tensor(a!) dx, Tensor(b!) dweight, Tensor(c!) workspace) -> ()"};
+// FusedAddRMSNormFromOutput's backward: fused_add_rms_norm_backward with the forward's output y
+// in place of residual_out (xhat = y / weight: 0 in a column whose weight is 0), so that a
+// caller keeping y (the next GEMM's input, for its weight gradient) need not keep the residual.
+constexpr OpSchema kFusedAddRmsNormBackwardFromOutput{
+    "fused_add_rms_norm_backward_from_output(Tensor dy, Tensor? dresidual_out, Tensor y, "
+    "Tensor weight, Tensor rstd, Tensor(a!) dx, Tensor(b!) dweight, Tensor(c!) workspace) -> ()"};
 constexpr OpSchema kLayerNormBackward{
     "layer_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd, "
     "Tensor(a!) dx, Tensor(b!) dweight, Tensor(c!) dbias, Tensor(d!) workspace) -> ()"};
@@ -326,9 +335,15 @@ int32_t rms_norm_backward(const Args<kRmsNormBackward>& a, void* stream) {
   return run_backward(a.op(), b, stream);
 }
 
-int32_t fused_add_rms_norm_backward(const Args<kFusedAddRmsNormBackward>& a, void* stream) {
+template <const OpSchema& S>
+int32_t fused_add_rms_norm_backward(const Args<S>& a, void* stream) {
   Backward b;
-  KH_TRY(rows_view(a.tensor("residual_out"), &b.x));
+  if constexpr (&S == &kFusedAddRmsNormBackwardFromOutput) {
+    b.from_y = true;
+    KH_TRY(rows_view(a.tensor("y"), &b.x));
+  } else {
+    KH_TRY(rows_view(a.tensor("residual_out"), &b.x));
+  }
   KH_TRY(like_x_arg(a.tensor("dy"), b.x, &b.dy));
   const TensorArg dres = a.optional_tensor("dresidual_out");
   if (dres.t) KH_TRY(like_x_arg(dres, b.x, &b.dresidual));
@@ -368,7 +383,8 @@ constexpr kh_op_v1_t kOps[] = {
     op<rms_norm_backward>(),
     op<fused_add_rms_norm<kFusedAddRmsNorm>>(),
     op<fused_add_rms_norm<kFusedAddRmsNormTrain>>(),
-    op<fused_add_rms_norm_backward>(),
+    op<fused_add_rms_norm_backward<kFusedAddRmsNormBackward>>(),
+    op<fused_add_rms_norm_backward<kFusedAddRmsNormBackwardFromOutput>>(),
     op<layer_norm<kLayerNorm>>(),
     op<layer_norm<kLayerNormTrain>>(),
     op<layer_norm_backward>(),
@@ -377,6 +393,9 @@ constexpr kh_op_v1_t kOps[] = {
 constexpr kh_layer_v1_t kLayers[] = {
     layer("RMSNorm", kRmsNorm, kRmsNormTrain, kRmsNormBackward),
     layer("FusedAddRMSNorm", kFusedAddRmsNorm, kFusedAddRmsNormTrain, kFusedAddRmsNormBackward),
+    // The same forward; the backward from the output (see kFusedAddRmsNormBackwardFromOutput).
+    layer("FusedAddRMSNormFromOutput", kFusedAddRmsNorm, kFusedAddRmsNormTrain,
+          kFusedAddRmsNormBackwardFromOutput),
     layer("LayerNorm", kLayerNorm, kLayerNormTrain, kLayerNormBackward),
 };
 

@@ -4,7 +4,7 @@
 // Header-free for NVRTC: the build inlines kh_prelude.cuh into the shipped norm.cu, so the
 // package compiles with no -I path and no CUDA header. Every kernel is extern "C" and named
 //   norm_fwd_<rms|add_rms|ln>_<bf16|fp16|fp32>_<vec|scalar>_<reg|loop>
-//   norm_bwd_<rms|ln>_<bf16|fp16|fp32>_<vec|scalar>_<reg|loop>
+//   norm_bwd_<rms|rmsy|ln>_<bf16|fp16|fp32>_<vec|scalar>_<reg|loop>
 //   norm_reduce_partials_<bf16|fp16|fp32>
 // and host.cpp computes each launch's geometry (REFERENCE §6.3):
 //  - vec: 16-byte loads/stores (8 bf16/fp16 or 4 fp32) when every row start is 16-byte aligned
@@ -18,6 +18,9 @@
 //    workspace row (loop); a reg CTA of several walkers (short rows) sums theirs in shared
 //    memory into one workspace row per CTA; norm_reduce_partials (reduce_partials.cuh) then sums
 //    the workspace rows in a fixed order, so results are deterministic.
+//  - rmsy: RMSNorm's backward from the forward's output y = xhat * w (rounded to T) instead of its
+//    input, xhat = y / w (as Apex's memory-efficient norms): a caller that keeps y for the next
+//    GEMM's weight gradient then holds no copy of x. A zero weight gives xhat 0 (y) in its column.
 // Aliasing: y may be x and residual_out may be residual (same pointer and stride); every
 // element is read by the thread that later writes it.
 #include "kh_prelude.cuh"
@@ -38,6 +41,16 @@ constexpr int kBwdMaxVec = 4;  // (backward: x, dy, weight and partials are live
 constexpr int kLoopUnroll = 4;
 constexpr int kBwdLoopUnroll = 2;
 constexpr int kLoopThreads = 512;  // threads per row (forward) or walker (backward), loop path
+
+// The backward's xhat of an element: from the input ((x - mean) * rstd; mean 0 for RMSNorm) or,
+// FROM_Y, from the forward's output y = xhat * w: y / w, and y itself (0) where w is 0, whose y
+// tells nothing of xhat. The approximate division (2 ulp) is far below the rounding of y to T
+// (and the select on the divisor, unlike one on the quotient, spills no register: ptxas 13.0).
+template <bool FROM_Y>
+__device__ __forceinline__ float bwd_xhat(float f, float w, float mu, float rs) {
+  if constexpr (FROM_Y) return __fdividef(f, w == 0.f ? 1.f : w);
+  return (f - mu) * rs;
+}
 
 template <typename T, int VEC>
 struct Io {
@@ -363,7 +376,7 @@ __device__ __forceinline__ void store_partials(float* p, const float (&f)[VEC]) 
 // Backward, rows in registers. dx = rstd * (g - xhat * mean(g * xhat) - mean(g)) with g = dy * w
 // (the mean(g) term for LayerNorm only), plus dresidual when given; partials of dy * xhat (and
 // dy for the bias) per walker.
-template <typename T, int VEC, bool LN>
+template <typename T, int VEC, bool LN, bool FROM_Y = false>
 __device__ __forceinline__ void norm_bwd_reg(const T* dy, kh_i64 sdy, const T* x, kh_i64 sx,
                                              const T* w, const float* mean, const float* rstd,
                                              const T* dres, kh_i64 sdres, T* dx, kh_i64 sdx,
@@ -422,7 +435,7 @@ __device__ __forceinline__ void norm_bwd_reg(const T* dy, kh_i64 sdy, const T* x
         kh_unpack<T, VEC>(kh_load_raw<T, VEC, KH_LOAD_READONLY>(w + v * VEC), g);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const float xhat = (f[i] - mu) * rs;
+          const float xhat = bwd_xhat<FROM_Y>(f[i], g[i], mu, rs);
           const float gi = d[i] * g[i];
           s_gx += gi * xhat;
           if constexpr (LN) s_g += gi;
@@ -451,7 +464,7 @@ __device__ __forceinline__ void norm_bwd_reg(const T* dy, kh_i64 sdy, const T* x
         }
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const float xhat = (f[i] - mu) * rs;
+          const float xhat = bwd_xhat<FROM_Y>(f[i], g[i], mu, rs);
           o[i] += rs * (d[i] * g[i] - xhat * c1 - c2);
           dw_acc[k][i] += d[i] * xhat;
           if constexpr (LN) db_acc[k][i] += d[i];
@@ -502,7 +515,7 @@ __device__ __forceinline__ void norm_bwd_reg(const T* dy, kh_i64 sdy, const T* x
 // ---------------------------------------------------------------------------------------------
 // Backward, long rows: one CTA of blockDim.x threads per walker; the walker's partial row lives
 // in its workspace row (read-modify-write by the thread that owns each column).
-template <typename T, int VEC, bool LN>
+template <typename T, int VEC, bool LN, bool FROM_Y = false>
 __device__ __forceinline__ void norm_bwd_loop(const T* dy, kh_i64 sdy, const T* x, kh_i64 sx,
                                               const T* w, const float* mean, const float* rstd,
                                               const T* dres, kh_i64 sdres, T* dx, kh_i64 sdx,
@@ -545,7 +558,7 @@ __device__ __forceinline__ void norm_bwd_loop(const T* dy, kh_i64 sdy, const T* 
 #pragma unroll
           for (int i = 0; i < VEC; ++i) {
             const float gi = e[i] * h[i];
-            s_gx += gi * (f[i] - mu) * rs;
+            s_gx += gi * bwd_xhat<FROM_Y>(f[i], h[i], mu, rs);
             if constexpr (LN) s_g += gi;
           }
         }
@@ -587,7 +600,7 @@ __device__ __forceinline__ void norm_bwd_loop(const T* dy, kh_i64 sdy, const T* 
           float* pb = part + cols + v * VEC;
 #pragma unroll
           for (int i = 0; i < VEC; ++i) {
-            const float xhat = (f[i] - mu) * rs;
+            const float xhat = bwd_xhat<FROM_Y>(f[i], h[i], mu, rs);
             o[i] += rs * (e[i] * h[i] - xhat * c1 - c2);
             pw[i] = (first ? 0.f : pw[i]) + e[i] * xhat;
             if constexpr (LN) pb[i] = (first ? 0.f : pb[i]) + e[i];
@@ -629,29 +642,31 @@ __device__ __forceinline__ void norm_bwd_loop(const T* dy, kh_i64 sdy, const T* 
     norm_fwd_loop<T, VEC, KIND>(KH_NORM_FWD_ARGS);                         \
   }
 
-#define KH_NORM_BWD_KERNEL(KNAME, TNAME, T, VEC, VNAME, LN)                \
+#define KH_NORM_BWD_KERNEL(KNAME, TNAME, T, VEC, VNAME, LN, FROM_Y)        \
   extern "C" __global__ void __launch_bounds__(512)                        \
       norm_bwd_##KNAME##_##TNAME##_##VNAME##_reg(KH_NORM_BWD_PARAMS(T)) {  \
     kh_pdl_enter();                                                        \
-    norm_bwd_reg<T, VEC, LN>(KH_NORM_BWD_ARGS);                            \
+    norm_bwd_reg<T, VEC, LN, FROM_Y>(KH_NORM_BWD_ARGS);                    \
   }                                                                        \
   extern "C" __global__ void __launch_bounds__(kLoopThreads)               \
       norm_bwd_##KNAME##_##TNAME##_##VNAME##_loop(KH_NORM_BWD_PARAMS(T)) { \
     kh_pdl_enter();                                                        \
-    norm_bwd_loop<T, VEC, LN>(KH_NORM_BWD_ARGS);                           \
+    norm_bwd_loop<T, VEC, LN, FROM_Y>(KH_NORM_BWD_ARGS);                   \
   }
 
-#define KH_NORM_DTYPE(TNAME, T)                                       \
-  KH_NORM_FWD_KERNEL(rms, TNAME, T, kh_vec16<T>::n, vec, kRms)        \
-  KH_NORM_FWD_KERNEL(rms, TNAME, T, 1, scalar, kRms)                  \
-  KH_NORM_FWD_KERNEL(add_rms, TNAME, T, kh_vec16<T>::n, vec, kAddRms) \
-  KH_NORM_FWD_KERNEL(add_rms, TNAME, T, 1, scalar, kAddRms)           \
-  KH_NORM_FWD_KERNEL(ln, TNAME, T, kh_vec16<T>::n, vec, kLayer)       \
-  KH_NORM_FWD_KERNEL(ln, TNAME, T, 1, scalar, kLayer)                 \
-  KH_NORM_BWD_KERNEL(rms, TNAME, T, kh_vec16<T>::n, vec, false)       \
-  KH_NORM_BWD_KERNEL(rms, TNAME, T, 1, scalar, false)                 \
-  KH_NORM_BWD_KERNEL(ln, TNAME, T, kh_vec16<T>::n, vec, true)         \
-  KH_NORM_BWD_KERNEL(ln, TNAME, T, 1, scalar, true)                   \
+#define KH_NORM_DTYPE(TNAME, T)                                        \
+  KH_NORM_FWD_KERNEL(rms, TNAME, T, kh_vec16<T>::n, vec, kRms)         \
+  KH_NORM_FWD_KERNEL(rms, TNAME, T, 1, scalar, kRms)                   \
+  KH_NORM_FWD_KERNEL(add_rms, TNAME, T, kh_vec16<T>::n, vec, kAddRms)  \
+  KH_NORM_FWD_KERNEL(add_rms, TNAME, T, 1, scalar, kAddRms)            \
+  KH_NORM_FWD_KERNEL(ln, TNAME, T, kh_vec16<T>::n, vec, kLayer)        \
+  KH_NORM_FWD_KERNEL(ln, TNAME, T, 1, scalar, kLayer)                  \
+  KH_NORM_BWD_KERNEL(rms, TNAME, T, kh_vec16<T>::n, vec, false, false) \
+  KH_NORM_BWD_KERNEL(rms, TNAME, T, 1, scalar, false, false)           \
+  KH_NORM_BWD_KERNEL(rmsy, TNAME, T, kh_vec16<T>::n, vec, false, true) \
+  KH_NORM_BWD_KERNEL(rmsy, TNAME, T, 1, scalar, false, true)           \
+  KH_NORM_BWD_KERNEL(ln, TNAME, T, kh_vec16<T>::n, vec, true, false)   \
+  KH_NORM_BWD_KERNEL(ln, TNAME, T, 1, scalar, true, false)             \
   KH_REDUCE_PARTIALS_KERNEL(norm_reduce_partials_##TNAME, T)
 
 KH_NORM_DTYPE(bf16, kh_bf16)

@@ -40,17 +40,31 @@ void apply_t(bool neox, const int64_t* positions, int64_t tokens, const Heads& q
   }
 }
 
+// A head row's 1 / sqrt(mean(x^2) + eps).
+template <typename T>
+float row_rstd(const T* xh, int64_t head_dim, float eps) {
+  float ss = 0.f;
+  for (int64_t e = 0; e < head_dim; ++e) ss += kh_to_float(xh[e]) * kh_to_float(xh[e]);
+  return 1.0f / sqrtf(ss / static_cast<float>(head_dim) + eps);
+}
+
 template <typename T>
 void norm_heads(const Heads& x, int64_t tokens, int64_t head_dim, const T* w, float eps) {
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t h = 0; h < x.heads; ++h) {
       T* xh = static_cast<T*>(x.data) + t * x.token_stride + h * x.head_stride;
-      float ss = 0.f;
-      for (int64_t e = 0; e < head_dim; ++e) ss += kh_to_float(xh[e]) * kh_to_float(xh[e]);
-      const float rstd = 1.0f / sqrtf(ss / static_cast<float>(head_dim) + eps);
+      const float rstd = row_rstd(xh, head_dim, eps);
       for (int64_t e = 0; e < head_dim; ++e)
         xh[e] = kh_convert<T>::from_float(kh_to_float(xh[e]) * rstd * kh_to_float(w[e]));
     }
+}
+
+template <typename T>
+void rstd_heads(const Heads& x, int64_t tokens, int64_t head_dim, float eps, float* rstd) {
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < x.heads; ++h)
+      rstd[t * x.heads + h] = row_rstd(
+          static_cast<const T*>(x.data) + t * x.token_stride + h * x.head_stride, head_dim, eps);
 }
 
 template <typename T>
@@ -85,8 +99,17 @@ void qk_norm_backward_t(bool neox, const int64_t* positions, int64_t tokens, int
       for (int j = 0; rotate && j < half; ++j) {
         const int a = kh_rope_first(neox, j), b = kh_rope_second(neox, j, half);
         kh_rope_rotate(d[a], d[b], kh_to_float(cr[j]), -kh_to_float(sr[j]), &d[a], &d[b]);
+        if (g.rstd)  // x is the forward's output: rotated back to xhat * w
+          kh_rope_rotate(x[a], x[b], kh_to_float(cr[j]), -kh_to_float(sr[j]), &x[a], &x[b]);
       }
-      const float rstd = 1.0f / sqrtf(ss * inv_n + eps);
+      float rstd = 1.0f / sqrtf(ss * inv_n + eps);
+      if (g.rstd) {  // x from here on is the input scaled so that x * rstd = xhat
+        rstd = g.rstd[t * g.heads + h];
+        for (int64_t e = 0; e < head_dim; ++e) {
+          const float we = kh_to_float(w[e]);
+          x[e] = x[e] / (we == 0.f ? 1.f : we) / rstd;  // where w is 0, the output (0)
+        }
+      }
       float sgx = 0.f;
       for (int64_t e = 0; e < head_dim; ++e) sgx += d[e] * kh_to_float(w[e]) * x[e] * rstd;
       const float c1 = sgx * inv_n;
@@ -126,6 +149,17 @@ void qk_norm_backward(int dtype, int cache_dtype, bool neox, const int64_t* posi
     qk_norm_backward_t<decltype(t), decltype(c)>(neox, positions, tokens, head_dim, cos, sin,
                                                  max_pos, half, eps, g);
   });
+}
+
+void qk_rstd(int dtype, int64_t tokens, int64_t head_dim, const Heads& x, float eps, float* rstd) {
+  switch (dtype) {
+    case kBF16:
+      return rstd_heads<kh_bf16>(x, tokens, head_dim, eps, rstd);
+    case kFP16:
+      return rstd_heads<kh_fp16>(x, tokens, head_dim, eps, rstd);
+    default:
+      return rstd_heads<float>(x, tokens, head_dim, eps, rstd);
+  }
 }
 
 void qk_norm(int dtype, int64_t tokens, int64_t head_dim, const Heads& q, const void* qw,

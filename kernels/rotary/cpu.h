@@ -32,6 +32,10 @@ void apply(int dtype, int cache_dtype, bool neox, const int64_t* positions, int6
 void qk_norm(int dtype, int64_t tokens, int64_t head_dim, const Heads& q, const void* qw,
              const Heads& k, const void* kw, float eps);
 
+// Each row's 1 / sqrt(mean(x^2) + eps) of x [tokens, heads, head_dim] into rstd[token * heads +
+// head] (fp32), as qk_norm computes it.
+void qk_rstd(int dtype, int64_t tokens, int64_t head_dim, const Heads& x, float eps, float* rstd);
+
 // QKNormRotaryEmbedding's backward for one of query and key: for every row (token, head) of
 // `in` (the forward's input), d (the gradient of the forward's output) rotated back (sign -1,
 // tokens with positions outside [0, max_pos) as they are), then RMSNorm's backward with rstd
@@ -47,6 +51,9 @@ struct NormGrad {
   int64_t heads = 0;
   const void* w = nullptr;  // head_dim elements
   void* dw = nullptr;       // head_dim elements, written
+  // Set: `in` is the forward's output (normed, weighted and rotated), rotated back and divided by
+  // w for xhat (0 where w is 0), and rstd[token * heads + head] the forward's (eps unused).
+  const float* rstd = nullptr;
 };
 void qk_norm_backward(int dtype, int cache_dtype, bool neox, const int64_t* positions,
                       int64_t tokens, int64_t head_dim, const Cache& cos, const Cache& sin,

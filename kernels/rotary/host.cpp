@@ -1,7 +1,9 @@
 // Host library of the kernel-hub/rotary package: layer RotaryEmbedding, applied in place to the
 // query and the key, and layer QKNormRotaryEmbedding (each head RMS-normed over head_dim with a
 // query and a key weight, eps, then rotated: Qwen3's q/k norms and RoPE in one pass; in place
-// for eval, out of place with a backward for training), NeoX (is_neox = 1, rotate halves) or
+// for eval, out of place with a backward for training) and layer QKNormRotaryEmbeddingFromOutput
+// (the same forward; training in place, saving each row's rstd for a backward from the output),
+// NeoX (is_neox = 1, rotate halves) or
 // GPT-J (is_neox = 0, interleaved) layout, from int64 positions and a cos/sin cache.
 // RotaryEmbedding's forward_train is its forward op (the rotation needs nothing saved); its
 // backward applies the inverse rotation to the gradients, in place. Ops check their DLPack
@@ -33,7 +35,7 @@ namespace khk {
 namespace {
 
 constexpr const char* kPackageName = "kernel-hub/rotary";
-constexpr const char* kPackageVersion = "1.2.3";
+constexpr const char* kPackageVersion = "1.3.0";
 
 const char* dtype_tag(int dtype) {
   return dtype == kBF16 ? "bf16" : dtype == kFP16 ? "fp16" : "fp32";
@@ -58,6 +60,19 @@ constexpr OpSchema kQkNormRotaryEmbeddingTrain{
     "qk_norm_rotary_embedding_train(Tensor positions, Tensor query_in, Tensor? key_in, Tensor "
     "query_weight, Tensor? key_weight, float eps, Tensor cos, Tensor sin, int is_neox, "
     "Tensor(a!) query, Tensor(b!)? key) -> ()"};
+// QKNormRotaryEmbeddingFromOutput's: forward_train as the one above, also writing each row's rstd
+// (fp32 [tokens, heads]), query may be query_in itself (and key key_in: in place); the backward
+// takes the forward's outputs and rstd instead of its inputs.
+constexpr OpSchema kQkNormRotaryEmbeddingTrainRstd{
+    "qk_norm_rotary_embedding_train_rstd(Tensor positions, Tensor query_in, Tensor? key_in, "
+    "Tensor query_weight, Tensor? key_weight, float eps, Tensor cos, Tensor sin, int is_neox, "
+    "Tensor(a!) query, Tensor(b!)? key, Tensor(c!) rstd_query, Tensor(d!)? rstd_key) -> ()"};
+constexpr OpSchema kQkNormRotaryEmbeddingBackwardFromOutput{
+    "qk_norm_rotary_embedding_backward_from_output(Tensor positions, Tensor dquery, Tensor? dkey, "
+    "Tensor query, Tensor? key, Tensor rstd_query, Tensor? rstd_key, Tensor query_weight, "
+    "Tensor? key_weight, Tensor cos, Tensor sin, int is_neox, Tensor(a!) dquery_in, "
+    "Tensor(b!)? dkey_in, Tensor(c!) dquery_weight, Tensor(d!)? dkey_weight, "
+    "Tensor(e!)? workspace) -> ()"};
 constexpr OpSchema kQkNormRotaryEmbeddingBackward{
     "qk_norm_rotary_embedding_backward(Tensor positions, Tensor dquery, Tensor? dkey, Tensor "
     "query_in, Tensor? key_in, Tensor query_weight, Tensor? key_weight, float eps, Tensor cos, "
@@ -307,6 +322,9 @@ struct QkNormTrain {
   VectorView dqw, dkw;     // backward
   RowsView workspace;      // backward, cuda
   bool has_workspace = false;
+  // The FromOutput ops' rows' rstd (fp32, [tokens, heads]): the forward writes them, the backward
+  // reads them, and its query_in / key_in (r's query and key) are then the forward's outputs.
+  float *rstd_q = nullptr, *rstd_k = nullptr;
 };
 
 // A tensor given exactly when the key is (`with` = key_in), of key_in's shape.
@@ -371,6 +389,7 @@ kh_qknr_tensor qknr_tensor(const HeadsView& in, const HeadsView* d, const HeadsV
           d ? d->data : nullptr,
           out.data,
           w.data,
+          nullptr,
           in.token_stride,
           in.head_stride,
           d ? d->token_stride : 0,
@@ -385,7 +404,11 @@ kh_qknr_tensor qknr_tensor(const HeadsView& in, const HeadsView* d, const HeadsV
 kh_qknr_params qknr_params(const QkNormTrain& t, bool backward) {
   kh_qknr_params p{};
   p.t[0] = qknr_tensor(t.v.q, backward ? &t.d_q : nullptr, t.out_q, t.qw);
-  if (t.v.has_k) p.t[1] = qknr_tensor(t.v.k, backward ? &t.d_k : nullptr, t.out_k, t.kw);
+  p.t[0].rstd = t.rstd_q;
+  if (t.v.has_k) {
+    p.t[1] = qknr_tensor(t.v.k, backward ? &t.d_k : nullptr, t.out_k, t.kw);
+    p.t[1].rstd = t.rstd_k;
+  }
   p.positions = reinterpret_cast<const kh_i64*>(t.v.positions);
   p.cos = t.v.cos.data;
   p.sin = t.v.sin.data;
@@ -425,30 +448,67 @@ void copy_heads(const HeadsView& from, const HeadsView& to) {
               from.data + (t * from.token_stride + h * from.head_stride) * b, row);
 }
 
-// The inputs both training ops take by the same names: query_in and key_in as the rotation's
-// query and key.
+constexpr bool from_output(const OpSchema& s) {
+  return &s == &kQkNormRotaryEmbeddingBackwardFromOutput;
+}
+
+// The inputs the training ops take by the same names: query_in and key_in (the backward from the
+// output: query and key, and no eps) as the rotation's query and key.
 template <const OpSchema& S>
 Rope train_inputs(const Args<S>& a) {
+  constexpr bool out = from_output(S);
   Rope r{a.tensor("positions"),
-         a.tensor("query_in"),
-         a.optional_tensor("key_in"),
+         a.tensor(out ? "query" : "query_in"),
+         a.optional_tensor(out ? "key" : "key_in"),
          a.tensor("cos"),
          a.tensor("sin"),
          a.integer("is_neox"),
          1.0f};
   r.query_weight = a.tensor("query_weight");
   r.key_weight = a.optional_tensor("key_weight");
-  r.eps = a.real("eps");
+  if constexpr (out)
+    r.eps = 1e-6;  // the checks' (rope_views) placeholder: the given rstd replaces it
+  else
+    r.eps = a.real("eps");
   return r;
 }
 
-int32_t qk_norm_rotary_embedding_train(const Args<kQkNormRotaryEmbeddingTrain>& a, void* stream) {
+// The FromOutput ops' rstd_query and rstd_key: fp32, contiguous, one a row of query_in / key_in.
+template <const OpSchema& S>
+int32_t rstd_args(const Args<S>& a, QkNormTrain& t) {
+  const TensorArg rq = a.tensor("rstd_query"), rk = a.optional_tensor("rstd_key");
+  if (!rk.t != !t.v.has_k)
+    return fail(KH_ERR_INVALID_ARGUMENT, "%s: %s must be given %s", rk.op, rk.name,
+                t.v.has_k ? "with the key" : "only with the key");
+  const std::pair<const TensorArg*, const HeadsView*> want[2] = {{&rq, &t.v.q}, {&rk, &t.v.k}};
+  float** dst[2] = {&t.rstd_q, &t.rstd_k};
+  for (int i = 0; i < (t.v.has_k ? 2 : 1); ++i) {
+    VectorView v;
+    KH_TRY(vector_view(*want[i].first, want[i].second->tokens * want[i].second->heads, &v));
+    KH_TRY(expect_dtype(*want[i].first, v.dtype, kFP32, "rstd is fp32"));
+    KH_TRY(expect_device(*want[i].first, v.device, t.v.q.device));
+    *dst[i] = reinterpret_cast<float*>(v.data);
+  }
+  return KH_OK;
+}
+
+template <const OpSchema& S>
+int32_t qk_norm_rotary_embedding_train(const Args<S>& a, void* stream) {
   QkNormTrain t;
   t.r = train_inputs(a);
   KH_TRY(check_inputs(t, a.tensor("query"), a.optional_tensor("key")));
+  if constexpr (&S == &kQkNormRotaryEmbeddingTrainRstd) KH_TRY(rstd_args(a, t));
   const HeadsView& q = t.v.q;
   if (q.tokens == 0 || q.head_dim == 0) return KH_OK;
   if (is_cpu(q.device)) {  // the eval op's computation on a copy of the inputs
+    const float eps = static_cast<float>(t.r.eps);
+    if (t.rstd_q)  // before the copy: query may be query_in
+      rope_cpu::qk_rstd(q.dtype, q.tokens, q.head_dim,
+                        {q.data, q.token_stride, q.head_stride, q.heads}, eps, t.rstd_q);
+    if (t.rstd_k)
+      rope_cpu::qk_rstd(q.dtype, q.tokens, q.head_dim,
+                        {t.v.k.data, t.v.k.token_stride, t.v.k.head_stride, t.v.k.heads}, eps,
+                        t.rstd_k);
     copy_heads(q, t.out_q);
     if (t.v.has_k) copy_heads(t.v.k, t.out_k);
     return qk_norm_rope(t.r, t.out_q, t.v.has_k ? &t.out_k : nullptr, t.qw, t.kw, t.v.positions,
@@ -468,11 +528,12 @@ int32_t qk_norm_rotary_embedding_train(const Args<kQkNormRotaryEmbeddingTrain>& 
   return launch_qknr("fwd", t, p, blocks, 0, stream);
 }
 
-int32_t qk_norm_rotary_embedding_backward(const Args<kQkNormRotaryEmbeddingBackward>& a,
-                                          void* stream) {
+template <const OpSchema& S>
+int32_t qk_norm_rotary_embedding_backward(const Args<S>& a, void* stream) {
   QkNormTrain t;
   t.r = train_inputs(a);
   KH_TRY(check_inputs(t, a.tensor("dquery_in"), a.optional_tensor("dkey_in")));
+  if constexpr (from_output(S)) KH_TRY(rstd_args(a, t));
   const HeadsView& q = t.v.q;
   const TensorArg dq = a.tensor("dquery"), dk = a.optional_tensor("dkey");
   KH_TRY(heads_view(dq, &t.d_q));
@@ -507,10 +568,19 @@ int32_t qk_norm_rotary_embedding_backward(const Args<kQkNormRotaryEmbeddingBackw
     const rope_cpu::Cache cos{t.v.cos.data, t.v.cos.stride}, sin{t.v.sin.data, t.v.sin.stride};
     for (int i = 0; i < (t.v.has_k ? 2 : 1); ++i) {
       const HeadsView &in = i ? t.v.k : q, &d = i ? t.d_k : t.d_q, &out = i ? t.out_k : t.out_q;
-      const rope_cpu::NormGrad g{in.data,  in.token_stride,        in.head_stride,
-                                 d.data,   d.token_stride,         d.head_stride,
-                                 out.data, out.token_stride,       out.head_stride,
-                                 in.heads, (i ? t.kw : t.qw).data, (i ? t.dkw : t.dqw).data};
+      const rope_cpu::NormGrad g{in.data,
+                                 in.token_stride,
+                                 in.head_stride,
+                                 d.data,
+                                 d.token_stride,
+                                 d.head_stride,
+                                 out.data,
+                                 out.token_stride,
+                                 out.head_stride,
+                                 in.heads,
+                                 (i ? t.kw : t.qw).data,
+                                 (i ? t.dkw : t.dqw).data,
+                                 i ? t.rstd_k : t.rstd_q};
       rope_cpu::qk_norm_backward(q.dtype, t.v.cos.dtype, t.r.is_neox == 1, t.v.positions, q.tokens,
                                  q.head_dim, cos, sin, t.v.cos.rows, static_cast<int>(t.v.cos.cols),
                                  static_cast<float>(t.r.eps), g);
@@ -540,7 +610,7 @@ int32_t qk_norm_rotary_embedding_backward(const Args<kQkNormRotaryEmbeddingBackw
   if (walkers > t.workspace.rows) walkers = t.workspace.rows;
   if (q.tokens > 0 && walkers > 0) {
     const auto smem = static_cast<uint32_t>(kQknrThreads / 32 * 2 * q.head_dim * sizeof(float));
-    KH_TRY(launch_qknr("bwd", t, p, walkers, smem, stream));
+    KH_TRY(launch_qknr(t.rstd_q ? "bwdo" : "bwd", t, p, walkers, smem, stream));
   } else {
     walkers = 0;  // the reduce then writes zero gradients
   }
@@ -551,9 +621,14 @@ int32_t qk_norm_rotary_embedding_backward(const Args<kQkNormRotaryEmbeddingBackw
                                 t.v.has_k ? t.dkw.data : nullptr, stream);
 }
 
-constexpr kh_op_v1_t kOps[] = {op<rotary_embedding>(), op<rotary_embedding_backward>(),
-                               op<qk_norm_rotary_embedding>(), op<qk_norm_rotary_embedding_train>(),
-                               op<qk_norm_rotary_embedding_backward>()};
+constexpr kh_op_v1_t kOps[] = {
+    op<rotary_embedding>(),
+    op<rotary_embedding_backward>(),
+    op<qk_norm_rotary_embedding>(),
+    op<qk_norm_rotary_embedding_train<kQkNormRotaryEmbeddingTrain>>(),
+    op<qk_norm_rotary_embedding_backward<kQkNormRotaryEmbeddingBackward>>(),
+    op<qk_norm_rotary_embedding_train<kQkNormRotaryEmbeddingTrainRstd>>(),
+    op<qk_norm_rotary_embedding_backward<kQkNormRotaryEmbeddingBackwardFromOutput>>()};
 
 // forward_train is the forward op for RotaryEmbedding: the rotation needs nothing saved.
 // QKNormRotaryEmbedding trains out of place (its backward reads the forward's input).
@@ -561,6 +636,10 @@ constexpr kh_layer_v1_t kLayers[] = {
     layer("RotaryEmbedding", kRotaryEmbedding, kRotaryEmbedding, kRotaryEmbeddingBackward),
     layer("QKNormRotaryEmbedding", kQkNormRotaryEmbedding, kQkNormRotaryEmbeddingTrain,
           kQkNormRotaryEmbeddingBackward),
+    // Trains in place (a caller keeps q and k rotated for the attention's backward and not the
+    // projections too): the forward saves rstd, the backward reads the output.
+    layer("QKNormRotaryEmbeddingFromOutput", kQkNormRotaryEmbedding,
+          kQkNormRotaryEmbeddingTrainRstd, kQkNormRotaryEmbeddingBackwardFromOutput),
 };
 
 constexpr kh_module_v1_t kModule =

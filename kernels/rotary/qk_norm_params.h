@@ -7,13 +7,16 @@
 #include "kh_prelude.cuh"
 
 // One of query (0) and key (1): [tokens, heads, head_dim] tensors with token and head strides
-// (elements). Forward: out = rotate(norm(in) * w). Backward: out = d(loss)/d(in) from d, the
-// gradient of the forward's out.
+// (elements). Forward: out = rotate(norm(in) * w) (out may be in itself). Backward: out =
+// d(loss)/d(in) from d, the gradient of the forward's out.
 struct kh_qknr_tensor {
   const void* in;
   const void* d;  // backward only
   void* out;
   const void* w;  // head_dim weights, the tensors' dtype
+  // fp32 [tokens * heads], row r's rstd at r (or NULL). Forward: written. Backward: given, and
+  // `in` is then the forward's out (rotated back and divided by w for xhat), not its input.
+  float* rstd;
   kh_i64 in_t, in_h, d_t, d_h, out_t, out_h;
   kh_i64 heads;  // 0: absent (no key)
   // Row r of the tensor is head r % heads of token r / heads: the quotient by kh_qknr_divide

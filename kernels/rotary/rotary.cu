@@ -8,8 +8,8 @@
 // and kh_prelude.cuh. Kernels are extern "C", named
 //   rope_<neox|gptj>_<bf16|fp16|fp32>_<cache: f32|same>_<vec|scalar>
 //   qk_norm_rope_<neox|gptj>_<bf16|fp16|fp32>_<cache: f32|same>            (eval)
-//   qknr_<fwd|bwd>_neox_<bf16|fp16|fp32>_<cache: f32|same>, qknr_reduce_partials_<dtype>
-//                                                                         (training).
+//   qknr_<fwd|bwd|bwdo>_neox_<bf16|fp16|fp32>_<cache: f32|same>, qknr_reduce_partials_<dtype>
+//                                      (training; bwdo: the backward from the output and rstd).
 // Tensors: query [tokens, q_heads, head_dim] and key [tokens, k_heads, head_dim] (key may be
 // NULL), each with its own token and head strides (elements) and a contiguous last dimension;
 // positions int64 [tokens]; cos and sin [max_pos, half] (half = rot_dim / 2) with a row stride,
@@ -141,9 +141,10 @@ __device__ __forceinline__ void qk_norm_rope_kernel(const kh_i64* positions, T* 
 
 // ---------------------------------------------------------------------------------------------
 // QKNormRotaryEmbedding for training (qk_norm_params.h): the forward out of place (the backward
-// needs the input), and the backward from that input, NeoX with full rotary (2 * half ==
-// head_dim) and 16-byte vectors only (host.cpp refuses the rest; the runtime then runs RMSNorm
-// and RotaryEmbedding). A row (one head of one token) is G = head_dim / (2 * VEC) lanes: lane l
+// needs the input), and the backward from that input; or (QKNormRotaryEmbeddingFromOutput) the
+// forward in place saving each row's rstd, and the backward from its output and rstd. NeoX
+// with full rotary (2 * half == head_dim) and 16-byte vectors only (host.cpp refuses the rest;
+// the runtime then runs RMSNorm and RotaryEmbedding). A row (one head of one token) is G = head_dim / (2 * VEC) lanes: lane l
 // holds vector l (pairs [l * VEC, +VEC): their first elements) and vector l + G (their second
 // elements, half further), so every NeoX pair is in one thread and the row's sums are a
 // shuffle over G lanes (G a power of two, at most 32: groups never straddle a warp).
@@ -261,6 +262,7 @@ __device__ __forceinline__ void qknr_fwd(const kh_qknr_params& p) {
 #pragma unroll
     for (int e = 0; e < VEC; ++e) ss += x.a[e] * x.a[e] + x.b[e] * x.b[e];
     const float rstd = rsqrtf(kh_qknr_sum(ss, G, mask) / (float)p.head_dim + p.eps);
+    if (s.rstd && l == 0) s.rstd[at[i].tok * s.heads + at[i].head] = rstd;
     float o1[VEC], o2[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
@@ -290,7 +292,7 @@ __device__ __forceinline__ void qknr_fwd(const kh_qknr_params& p) {
 // g = dn * w, and dweight's partial += dn * xhat. The CTA's partials meet by shuffles across the
 // groups of a warp, then across warps in shared memory, in a fixed order, into its workspace row
 // (query columns, then key columns) for kh_reduce_partials.
-template <typename T, typename C>
+template <typename T, typename C, bool FROM_OUT>
 __device__ __forceinline__ void qknr_bwd(const kh_qknr_params& p) {
   constexpr int VEC = kh_vec16<T>::n;
   extern __shared__ float kh_qknr_part[];  // [warps][2 * head_dim]
@@ -310,23 +312,27 @@ __device__ __forceinline__ void qknr_bwd(const kh_qknr_params& p) {
     for (int e = 0; e < 2 * VEC; ++e) dw[e] = 0.f;
     int r = (int)blockIdx.x * groups + group;
     // A row's input, gradient and position (its cos/sin rows are read once the position is in).
-    auto load = [&](int row, kh_qknr_raw<T>& x, kh_qknr_raw<T>& d, kh_i64& pos) {
+    // (The forward's rstd too, when the input is its output.)
+    auto load = [&](int row, kh_qknr_raw<T>& x, kh_qknr_raw<T>& d, kh_i64& pos, float& rs) {
       const int tok = kh_qknr_token(s, row), head = row - tok * heads;
       x = kh_qknr_load<T, KH_LOAD_STREAM>((const T*)s.in + tok * s.in_t + head * s.in_h, l, G);
       d = kh_qknr_load<T, KH_LOAD_STREAM>((const T*)s.d + tok * s.d_t + head * s.d_h, l, G);
       pos = p.positions[tok];
+      if constexpr (FROM_OUT) rs = s.rstd[row];
     };
     kh_qknr_raw<T> xn, dn;
     kh_i64 pos_next = -1;
-    if (r < rows) load(r, xn, dn, pos_next);
+    float rs_next = 0.f;
+    if (r < rows) load(r, xn, dn, pos_next, rs_next);
     kh_qknr_row<T> w;
     if (r < rows) w = kh_qknr_unpack<T>(kh_qknr_load<T, KH_LOAD_READONLY>((const T*)s.w, l, G));
     for (; r < rows; r += step) {
       // The row's position came with its loads, so its cos/sin rows are one L2 read away (after
       // the next row's loads go out), not two.
       const kh_i64 pos = pos_next;
+      const float rs_given = rs_next;
       kh_qknr_row<T> x = kh_qknr_unpack<T>(xn), d = kh_qknr_unpack<T>(dn);
-      if (r + step < rows) load(r + step, xn, dn, pos_next);
+      if (r + step < rows) load(r + step, xn, dn, pos_next, rs_next);
       if (pos >= 0 && pos < p.max_pos) {
         float c[VEC], sn[VEC];
         kh_qknr_cache<C, VEC>((const C*)p.cos + pos * p.scos + l * VEC, p.cs_vec, c);
@@ -335,20 +341,34 @@ __device__ __forceinline__ void qknr_bwd(const kh_qknr_params& p) {
         for (int e = 0; e < VEC; ++e) {
           const float d1 = d.a[e], d2 = d.b[e];
           kh_rope_rotate(d1, d2, c[e], -sn[e], &d.a[e], &d.b[e]);
+          if constexpr (FROM_OUT) {  // x is the forward's output: rotated back to xhat * w
+            const float x1 = x.a[e], x2 = x.b[e];
+            kh_rope_rotate(x1, x2, c[e], -sn[e], &x.a[e], &x.b[e]);
+          }
         }
       }
       const int tok = kh_qknr_token(s, r), head = r - tok * heads;
-      float ss = 0.f;
+      float rstd, sgx = 0.f;
+      if constexpr (FROM_OUT) {  // xhat = (xhat * w) / w; where w is 0, its output (0)
+        rstd = rs_given;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) ss += x.a[e] * x.a[e] + x.b[e] * x.b[e];
-      const float rstd = rsqrtf(kh_qknr_sum(ss, G, mask) * inv_n + p.eps);
-      float sgx = 0.f;
+        for (int e = 0; e < VEC; ++e) {
+          x.a[e] = __fdividef(x.a[e], w.a[e] == 0.f ? 1.f : w.a[e]);
+          x.b[e] = __fdividef(x.b[e], w.b[e] == 0.f ? 1.f : w.b[e]);
+        }
+      } else {
+        float ss = 0.f;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        x.a[e] *= rstd;  // xhat from here on
-        x.b[e] *= rstd;
-        sgx += d.a[e] * w.a[e] * x.a[e] + d.b[e] * w.b[e] * x.b[e];
+        for (int e = 0; e < VEC; ++e) ss += x.a[e] * x.a[e] + x.b[e] * x.b[e];
+        rstd = rsqrtf(kh_qknr_sum(ss, G, mask) * inv_n + p.eps);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          x.a[e] *= rstd;  // xhat from here on
+          x.b[e] *= rstd;
+        }
       }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) sgx += d.a[e] * w.a[e] * x.a[e] + d.b[e] * w.b[e] * x.b[e];
       const float c1 = kh_qknr_sum(sgx, G, mask) * inv_n;
       float o1[VEC], o2[VEC];
 #pragma unroll
@@ -434,16 +454,21 @@ KH_QK_NORM_ROPE_LAYOUT(gptj, 0)
 // The training ops' kernels (256 threads: host.cpp's kQknrThreads). The bf16 forward at 4 CTAs a
 // multiprocessor (64 registers: its 16-byte cos/sin loads took it to 68 and 3 CTAs, 10% slower on
 // an H200); fp16's and fp32's as the compiler likes (at 64, fp16's spilled).
-#define KH_QKNR_KERNELS(TNAME, T, CNAME, C, FWD_CTAS)           \
-  extern "C" __global__ void __launch_bounds__(256, FWD_CTAS)   \
-      qknr_fwd_neox_##TNAME##_##CNAME(const kh_qknr_params p) { \
-    kh_pdl_enter();                                             \
-    qknr_fwd<T, C>(p);                                          \
-  }                                                             \
-  extern "C" __global__ void __launch_bounds__(256)             \
-      qknr_bwd_neox_##TNAME##_##CNAME(const kh_qknr_params p) { \
-    kh_pdl_enter();                                             \
-    qknr_bwd<T, C>(p);                                          \
+#define KH_QKNR_KERNELS(TNAME, T, CNAME, C, FWD_CTAS)            \
+  extern "C" __global__ void __launch_bounds__(256, FWD_CTAS)    \
+      qknr_fwd_neox_##TNAME##_##CNAME(const kh_qknr_params p) {  \
+    kh_pdl_enter();                                              \
+    qknr_fwd<T, C>(p);                                           \
+  }                                                              \
+  extern "C" __global__ void __launch_bounds__(256)              \
+      qknr_bwd_neox_##TNAME##_##CNAME(const kh_qknr_params p) {  \
+    kh_pdl_enter();                                              \
+    qknr_bwd<T, C, false>(p);                                    \
+  }                                                              \
+  extern "C" __global__ void __launch_bounds__(256)              \
+      qknr_bwdo_neox_##TNAME##_##CNAME(const kh_qknr_params p) { \
+    kh_pdl_enter();                                              \
+    qknr_bwd<T, C, true>(p);                                     \
   }
 
 KH_QKNR_KERNELS(bf16, kh_bf16, f32, float, 4)

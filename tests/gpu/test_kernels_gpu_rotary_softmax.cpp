@@ -99,13 +99,17 @@ TEST_F(KernelsGpuRotarySoftmax, QkNormRotaryTrainingOpsMatchFloat64) {
   const rope_cases::Case odd_cache{300, 4, 2, 128, 128, 0, 0, 512, true, 1};  // rows 516 B apart
   for (bool neox : {true, false})
     for (int dtype : {kBF16, kFP16, kFP32}) {
-      for (const auto& k : rope_cases::kCases) {
-        rope_cases::run_qk_norm_train_case(gpu, pkg, dtype, neox, k, rng, /*cuda=*/true);
-        if (HasFatalFailure()) return;
-      }
-      for (const auto& k : {train, fused_row, odd_cache}) {
-        rope_cases::run_qk_norm_train_case(gpu, pkg, dtype, neox, k, rng, /*cuda=*/true);
-        if (HasFatalFailure()) return;
+      for (bool from_output : {false, true}) {  // QKNormRotaryEmbedding(FromOutput)'s ops
+        for (const auto& k : rope_cases::kCases) {
+          rope_cases::run_qk_norm_train_case(gpu, pkg, dtype, neox, k, rng, /*cuda=*/true,
+                                             from_output);
+          if (HasFatalFailure()) return;
+        }
+        for (const auto& k : {train, fused_row, odd_cache}) {
+          rope_cases::run_qk_norm_train_case(gpu, pkg, dtype, neox, k, rng, /*cuda=*/true,
+                                             from_output);
+          if (HasFatalFailure()) return;
+        }
       }
     }
 }

@@ -200,8 +200,10 @@ TEST_F(KernelsHubE2E, PackPushKernelizeCpuGivesFloat64ReferenceResults) {
       for (bool neox : {true, false}) {
         rope_cases::run_case(ex, *bound["rotary"], dtype, neox, rope_cases::kCases[i], rng);
         rope_cases::run_qk_norm_case(ex, *bound["rotary"], dtype, neox, rope_cases::kCases[i], rng);
-        rope_cases::run_qk_norm_train_case(ex, *bound["rotary"], dtype, neox, rope_cases::kCases[i],
-                                           rng, /*cuda=*/false);
+        for (bool from_output : {false, true})
+          rope_cases::run_qk_norm_train_case(ex, *bound["rotary"], dtype, neox,
+                                             rope_cases::kCases[i], rng, /*cuda=*/false,
+                                             from_output);
       }
     for (int i : {0, 1, 3}) {
       softmax_cases::run_softmax_case(ex, *bound["softmax"], dtype, softmax_cases::kSoftmaxCases[i],

@@ -115,6 +115,56 @@ TEST_F(NormCpu, InPlaceAliasing) {
   }
 }
 
+// The backward from the output (FusedAddRMSNormFromOutput) cannot tell xhat where the weight is
+// 0 (y is 0 there): it takes 0, which changes that column of dx and dweight only; every other
+// element is as from the residual, and nothing is NaN.
+TEST_F(NormCpu, BackwardFromOutputTakesXhatZeroWhereTheWeightIsZero) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  const int64_t R = 6, C = 64, zero = 17;
+  HostTensor x(kFP32, R, C), res(kFP32, R, C), w = vector_tensor(kFP32, C), y(kFP32, R, C);
+  HostTensor res_out(kFP32, R, C), rstd = vector_tensor(kFP32, R), dy(kFP32, R, C);
+  x.fill([&](int64_t, int64_t) { return n01(rng); });
+  res.fill([&](int64_t, int64_t) { return n01(rng); });
+  w.fill([&](int64_t, int64_t c) { return c == zero ? 0.0 : 1.0 + 0.2 * n01(rng); });
+  dy.fill([&](int64_t, int64_t) { return n01(rng); });
+  std::string err;
+  ASSERT_EQ(pkg_->call("fused_add_rms_norm_train",
+                       {targ(x.dl()), targ(res.dl()), targ(w.dl()), farg(1e-6), targ(y.dl()),
+                        targ(res_out.dl()), targ(rstd.dl())},
+                       &err),
+            KH_OK)
+      << err;
+  V dx[2], dw[2];
+  for (int from_y = 0; from_y < 2; ++from_y) {
+    HostTensor dxt(kFP32, R, C), dwt = vector_tensor(kFP32, C), ws(kFP32, 2, C);
+    ASSERT_EQ(
+        pkg_->call(
+            from_y ? "fused_add_rms_norm_backward_from_output" : "fused_add_rms_norm_backward",
+            {targ(dy.dl()), targ(nullptr), targ(from_y ? y.dl() : res_out.dl()), targ(w.dl()),
+             targ(rstd.dl()), targ(dxt.dl()), targ(dwt.dl()), targ(ws.dl())},
+            &err),
+        KH_OK)
+        << err;
+    dx[from_y] = dxt.values();
+    dw[from_y] = dwt.values();
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    if (c == zero) {
+      EXPECT_EQ(dw[1][c], 0.0);
+      EXPECT_NE(dw[0][c], 0.0);  // from the residual, xhat is known
+      for (int64_t r = 0; r < R; ++r) EXPECT_EQ(dx[1][r * C + c], 0.0) << "row " << r;
+      continue;
+    }
+    EXPECT_NEAR(dw[1][c], dw[0][c], 1e-4 * (1 + std::fabs(dw[0][c]))) << "column " << c;
+    for (int64_t r = 0; r < R; ++r)
+      EXPECT_NEAR(dx[1][r * C + c], dx[0][r * C + c], 1e-4 * (1 + std::fabs(dx[0][r * C + c])))
+          << "row " << r << " column " << c;
+  }
+}
+
 // Leading dimensions collapse into rows when their strides allow it.
 TEST_F(NormCpu, ThreeDimensionalInputsCollapseIntoRows) {
   const int64_t B = 2, T = 3, C = 40, S = 48;

@@ -172,8 +172,17 @@ inline void run_case(Executor& ex, const Package& pkg, int kind, int dtype, cons
   const V dyv = dy.values(), dresv = dres.values();
   const V xin = add ? res_out.values() : xv;
   const BwdRef g = backward_ref(dyv, xin, wv, eps, R, C, ln);
-  for (bool with_dres : add ? std::vector<bool>{true, false} : std::vector<bool>{false}) {
+  // FusedAdd also from its output (FusedAddRMSNormFromOutput): y, the train forward's (the last
+  // one above), in place of residual_out, and xhat = y / w: the same gradients up to y's rounding.
+  struct Variant {
+    bool with_dres, from_y;
+  };
+  const std::vector<Variant> variants =
+      add ? std::vector<Variant>{{true, false}, {false, false}, {true, true}, {false, true}}
+          : std::vector<Variant>{{false, false}};
+  for (const auto [with_dres, from_y] : variants) {
     SCOPED_TRACE(with_dres ? "backward with dresidual_out" : "backward");
+    SCOPED_TRACE(from_y ? "from the output" : "from the residual");
     dx.poison();
     dw.poison();
     db.poison();
@@ -185,11 +194,12 @@ inline void run_case(Executor& ex, const Package& pkg, int kind, int dtype, cons
                    targ(ex.arg(dx)), targ(ex.arg(dw)), targ(ex.arg(ws))},
                   &err);
     } else if (add) {
-      s = ex.call(pkg, "fused_add_rms_norm_backward",
-                  {targ(ex.arg(dy)), targ(with_dres ? ex.arg(dres) : nullptr),
-                   targ(ex.arg(res_out)), targ(ex.arg(w)), targ(ex.arg(rstd)), targ(ex.arg(dx)),
-                   targ(ex.arg(dw)), targ(ex.arg(ws))},
-                  &err);
+      s = ex.call(
+          pkg, from_y ? "fused_add_rms_norm_backward_from_output" : "fused_add_rms_norm_backward",
+          {targ(ex.arg(dy)), targ(with_dres ? ex.arg(dres) : nullptr),
+           targ(ex.arg(from_y ? y : res_out)), targ(ex.arg(w)), targ(ex.arg(rstd)),
+           targ(ex.arg(dx)), targ(ex.arg(dw)), targ(ex.arg(ws))},
+          &err);
     } else {
       s = ex.call(pkg, "layer_norm_backward",
                   {targ(ex.arg(dy)), targ(ex.arg(x)), targ(ex.arg(w)), targ(ex.arg(mean)),

@@ -278,12 +278,16 @@ inline bool qk_norm_train_cuda_takes(int dtype, bool neox, const Case& k) {
 // they were) and qk_norm_rotary_embedding_backward (the inputs' gradients and both weights', from
 // random gradients of the outputs; rstd recomputed from the inputs). `cuda`: where the case is
 // one the cuda kernels refuse, both ops must say KH_ERR_UNSUPPORTED and write nothing.
+// `from_output`: QKNormRotaryEmbeddingFromOutput's ops instead, the forward in place (query and
+// key written over query_in and key_in) with each row's rstd, the backward from those outputs and
+// rstd: the same float64 references.
 inline void run_qk_norm_train_case(Executor& ex, const Package& pkg, int dtype, bool neox,
-                                   const Case& k, std::mt19937_64& rng, bool cuda) {
-  SCOPED_TRACE(testing::Message() << "qk_norm train " << (neox ? "neox " : "gptj ")
-                                  << dtype_name(dtype) << " tokens " << k.tokens << " heads "
-                                  << k.q_heads << "/" << k.k_heads << " head_dim " << k.head_dim
-                                  << " rot " << k.rot_dim);
+                                   const Case& k, std::mt19937_64& rng, bool cuda,
+                                   bool from_output = false) {
+  SCOPED_TRACE(testing::Message() << (from_output ? "from the output, " : "") << "qk_norm train "
+                                  << (neox ? "neox " : "gptj ") << dtype_name(dtype) << " tokens "
+                                  << k.tokens << " heads " << k.q_heads << "/" << k.k_heads
+                                  << " head_dim " << k.head_dim << " rot " << k.rot_dim);
   const int64_t half = k.rot_dim / 2, hs = k.head_dim + k.head_pad, HD = k.head_dim;
   const int cdt = k.cache_f32 ? kFP32 : dtype;
   const double eps = 1e-6;
@@ -301,6 +305,9 @@ inline void run_qk_norm_train_case(Executor& ex, const Package& pkg, int dtype, 
              dqi = heads_tensor(qcols), dki = heads_tensor(kcols);
   HostTensor qw(dtype, 1, HD), kw(dtype, 1, HD), dqw(dtype, 1, HD), dkw(dtype, 1, HD);
   HostTensor ws(kFP32, 3, 2 * HD);
+  HostTensor rq(kFP32, 1, std::max<int64_t>(1, k.tokens * k.q_heads)),
+      rk(kFP32, 1, std::max<int64_t>(1, k.tokens * k.k_heads));
+  V rq_ref, rk_ref;  // rows' rstd in order (token, head)
   qi.fill([&](int64_t, int64_t) { return 3.0 * n(rng); });
   ki.fill([&](int64_t, int64_t) { return 0.5 * n(rng); });
   dq.fill([&](int64_t, int64_t) { return n(rng); });
@@ -317,10 +324,11 @@ inline void run_qk_norm_train_case(Executor& ex, const Package& pkg, int dtype, 
   // (head_dim 2) can cancel to far less than the terms, so its error is measured against them.
   V dqterms(qin.size()), dkterms(kin.size());
   auto row = [&](const V& x, const V& d, const V& w, V& y, V& dx, V& dw, V& terms, int64_t off,
-                 int64_t t) {
+                 int64_t t, V& rstds) {
     double ss = 0;
     for (int64_t e = 0; e < HD; ++e) ss += x[off + e] * x[off + e];
     const double r = 1.0 / std::sqrt(ss / static_cast<double>(HD) + eps);
+    rstds.push_back(r);
     const bool rot = pv[t] >= 0 && pv[t] < k.max_pos;
     const double* c = rot ? &cv[pv[t] * k.rot_dim] : nullptr;
     for (int64_t e = 0; e < HD; ++e) y[off + e] = x[off + e] * r * w[e];
@@ -339,9 +347,9 @@ inline void run_qk_norm_train_case(Executor& ex, const Package& pkg, int dtype, 
   };
   for (int64_t t = 0; t < k.tokens; ++t) {
     for (int64_t h = 0; h < k.q_heads; ++h)
-      row(qin, dqv, qwv, qref, dqref, dqw_ref, dqterms, t * qcols + h * hs, t);
+      row(qin, dqv, qwv, qref, dqref, dqw_ref, dqterms, t * qcols + h * hs, t, rq_ref);
     for (int64_t h = 0; h < k.k_heads; ++h)
-      row(kin, dkv, kwv, kref, dkref, dkw_ref, dkterms, t * kcols + h * hs, t);
+      row(kin, dkv, kwv, kref, dkref, dkw_ref, dkterms, t * kcols + h * hs, t, rk_ref);
   }
 
   Int64Tensor positions(pv);
@@ -350,12 +358,26 @@ inline void run_qk_norm_train_case(Executor& ex, const Package& pkg, int dtype, 
   const DLTensor* cache_dl = ex.arg(cache);
   CacheDl cos(cache_dl, half, 0, cdt), sin(cache_dl, half, half, cdt);
   std::string err;
-  const int32_t st =
-      ex.call(pkg, "qk_norm_rotary_embedding_train",
-              {targ(positions.view(ex)), targ(&qid.t), targ(key ? &kid.t : nullptr),
-               targ(ex.arg(qw)), targ(key ? ex.arg(kw) : nullptr), farg(eps), targ(&cos.t),
-               targ(&sin.t), iarg(neox ? 1 : 0), targ(&qod.t), targ(key ? &kod.t : nullptr)},
-              &err);
+  std::vector<kh_arg_t> fwd = {targ(positions.view(ex)),
+                               targ(&qid.t),
+                               targ(key ? &kid.t : nullptr),
+                               targ(ex.arg(qw)),
+                               targ(key ? ex.arg(kw) : nullptr),
+                               farg(eps),
+                               targ(&cos.t),
+                               targ(&sin.t),
+                               iarg(neox ? 1 : 0),
+                               targ(from_output ? &qid.t : &qod.t),  // in place
+                               targ(key ? (from_output ? &kid.t : &kod.t) : nullptr)};
+  if (from_output) {
+    fwd.push_back(targ(ex.arg(rq)));
+    fwd.push_back(targ(key ? ex.arg(rk) : nullptr));
+  }
+  const int32_t st = ex.call(
+      pkg, from_output ? "qk_norm_rotary_embedding_train_rstd" : "qk_norm_rotary_embedding_train",
+      fwd, &err);
+  HostTensor& qout = from_output ? qi : qo;  // the forward's outputs
+  HostTensor& kout = from_output ? ki : ko;
   // Rows of the heads only (gaps between heads and after each token are not part of them).
   auto heads_only = [&](const V& v, int64_t heads, int64_t cols) {
     V out;
@@ -368,17 +390,32 @@ inline void run_qk_norm_train_case(Executor& ex, const Package& pkg, int dtype, 
     EXPECT_EQ(st, KH_ERR_UNSUPPORTED) << err;
     EXPECT_EQ(first_nonfinite(heads_only(qo.values(), k.q_heads, qcols)), 0)
         << "a refused call wrote query";
+    if (from_output) {
+      EXPECT_EQ(qi.values(), qin) << "a refused call wrote query in place";
+    }
   } else {
     KH_EXPECT_OK(st, err);
-    KH_EXPECT_CLOSE(heads_only(qo.values(), k.q_heads, qcols), heads_only(qref, k.q_heads, qcols),
+    KH_EXPECT_CLOSE(heads_only(qout.values(), k.q_heads, qcols), heads_only(qref, k.q_heads, qcols),
                     tolerance(dtype), "query");
     if (key) {
-      KH_EXPECT_CLOSE(heads_only(ko.values(), k.k_heads, kcols), heads_only(kref, k.k_heads, kcols),
-                      tolerance(dtype), "key");
+      KH_EXPECT_CLOSE(heads_only(kout.values(), k.k_heads, kcols),
+                      heads_only(kref, k.k_heads, kcols), tolerance(dtype), "key");
     }
-    EXPECT_EQ(qi.values(), qin) << "query_in was written";
-    EXPECT_TRUE(qo.gaps_untouched());
-    EXPECT_TRUE(ko.gaps_untouched());
+    if (from_output) {
+      // fp32 from the stored inputs (float64's from the same values).
+      V got = rq.values();
+      got.resize(rq_ref.size());
+      KH_EXPECT_CLOSE(got, rq_ref, 1e-5, "rstd_query");
+      if (key) {
+        got = rk.values();
+        got.resize(rk_ref.size());
+        KH_EXPECT_CLOSE(got, rk_ref, 1e-5, "rstd_key");
+      }
+    } else {
+      EXPECT_EQ(qi.values(), qin) << "query_in was written";
+    }
+    EXPECT_TRUE(qout.gaps_untouched());
+    EXPECT_TRUE(kout.gaps_untouched());
   }
 
   // A device executor's mirrors last one call: every argument is mirrored again.
@@ -387,14 +424,24 @@ inline void run_qk_norm_train_case(Executor& ex, const Package& pkg, int dtype, 
   HeadsDl qib(ex.arg(qi), k.q_heads, HD, hs), kib(ex.arg(ki), k.k_heads, HD, hs);
   const DLTensor* cache_b = ex.arg(cache);
   CacheDl cos_b(cache_b, half, 0, cdt), sin_b(cache_b, half, half, cdt);
-  const int32_t bst =
-      ex.call(pkg, "qk_norm_rotary_embedding_backward",
-              {targ(positions.view(ex)), targ(&dqd.t), targ(key ? &dkd.t : nullptr), targ(&qib.t),
-               targ(key ? &kib.t : nullptr), targ(ex.arg(qw)), targ(key ? ex.arg(kw) : nullptr),
-               farg(eps), targ(&cos_b.t), targ(&sin_b.t), iarg(neox ? 1 : 0), targ(&dqid.t),
-               targ(key ? &dkid.t : nullptr), targ(ex.arg(dqw)), targ(key ? ex.arg(dkw) : nullptr),
-               targ(ex.arg(ws))},
-              &err);
+  // (From the output: qi and ki hold it, and the rows' rstd follow the inputs.)
+  std::vector<kh_arg_t> bwd = {targ(positions.view(ex)), targ(&dqd.t), targ(key ? &dkd.t : nullptr),
+                               targ(&qib.t), targ(key ? &kib.t : nullptr)};
+  if (from_output) {
+    bwd.push_back(targ(ex.arg(rq)));
+    bwd.push_back(targ(key ? ex.arg(rk) : nullptr));
+  }
+  bwd.push_back(targ(ex.arg(qw)));
+  bwd.push_back(targ(key ? ex.arg(kw) : nullptr));
+  if (!from_output) bwd.push_back(farg(eps));
+  for (kh_arg_t a : {targ(&cos_b.t), targ(&sin_b.t), iarg(neox ? 1 : 0), targ(&dqid.t),
+                     targ(key ? &dkid.t : nullptr), targ(ex.arg(dqw)),
+                     targ(key ? ex.arg(dkw) : nullptr), targ(ex.arg(ws))})
+    bwd.push_back(a);
+  const int32_t bst = ex.call(pkg,
+                              from_output ? "qk_norm_rotary_embedding_backward_from_output"
+                                          : "qk_norm_rotary_embedding_backward",
+                              bwd, &err);
   if (refused) {
     EXPECT_EQ(bst, KH_ERR_UNSUPPORTED) << err;
     EXPECT_EQ(first_nonfinite(dqw.values()), 0) << "a refused call wrote dquery_weight";

@@ -92,6 +92,15 @@ TEST_F(RotarySoftmaxCpu, QkNormRotaryTrainingOpsMatchFloat64) {
   });
 }
 
+// QKNormRotaryEmbeddingFromOutput's: the forward in place with rstd, the backward from the output.
+TEST_F(RotarySoftmaxCpu, QkNormRotaryFromOutputTrainingOpsMatchFloat64) {
+  every_rotary_case(*rotary_, [](Executor& ex, const Package& pkg, int dtype, bool neox,
+                                 const rope_cases::Case& k, std::mt19937_64& rng) {
+    rope_cases::run_qk_norm_train_case(ex, pkg, dtype, neox, k, rng, /*cuda=*/false,
+                                       /*from_output=*/true);
+  });
+}
+
 TEST_F(RotarySoftmaxCpu, SoftmaxEveryDtypeAndShapeMatchesFloat64) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
