@@ -842,8 +842,8 @@ TEST_F(GpuDemoDevice, KeptNormedInputsTrainLikeRecomputedOnes) {
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16, packages" : "fp32, the runtime's kernels");
     DeviceModelOptions keep = with_dtype(bf16 ? kBF16 : kF32), again = keep;
-    keep.keep_normed = true;
-    again.keep_normed = false;
+    keep.keep_normed = KeepNormed::kOn;  // no FromOutput slot bound: beside the inputs
+    again.keep_normed = KeepNormed::kOff;
     DeviceCausalLM kept(host, bf16 ? slots : *slots_, bf16 ? rt : *runtime_, 0, keep),
         recomputed(host, bf16 ? slots : *slots_, bf16 ? rt : *runtime_, 0, again);
     std::vector<int64_t> tokens(batch * len), targets(batch * len);
@@ -872,6 +872,87 @@ TEST_F(GpuDemoDevice, KeptNormedInputsTrainLikeRecomputedOnes) {
       // atomics (the embedding's scatter-add, the attention's dq) may sum in another order.
       expect_close(kept.download_grad(name), want, (bf16 ? 1e-2f : 1e-5f) * peak, 1e-4f, name);
     }
+  }
+}
+
+TEST_F(GpuDemoDevice, NormedTensorsKeptInsteadOfInputsTrainLikeRecomputedOnes) {
+  // keep_normed auto with the FromOutput slots bound: the train forward keeps the two normed
+  // inputs instead of the residuals (FusedAddRMSNormFromOutput) and q and k normed and rotated in
+  // place over their projections with each row's rstd (QKNormRotaryEmbeddingFromOutput), so the
+  // pool holds no more after the forward than with everything recomputed (but the rstd), and
+  // the backwards from those outputs give the same losses and gradients within bf16 rounding.
+  // The bf16 Qwen3 with one q/k/v GEMM, then an fp32 Llama (the norms only: its q and k need no
+  // norm) with the norm package's fp32 kernels.
+  Runtime rt;
+  const DemoSlots slots = add_device_demo_slots(rt);
+  bind_packages(rt, {{kAttention, "attention"},
+                     {kRMSNorm, "norm"},
+                     {kFusedAddRMSNorm, "norm"},
+                     {kQKNormRotaryEmbedding, "rotary"},
+                     {kFusedAddRMSNormFromOutput, "norm"},
+                     {kQKNormRotaryEmbeddingFromOutput, "rotary"}});
+  const int batch = 3, len = 96;
+  const int64_t T = static_cast<int64_t>(batch) * len;
+  for (const bool bf16 : {true, false}) {
+    const ModelConfig cfg = bf16 ? qwen3_d64(96) : preset("tiny");
+    SCOPED_TRACE(bf16 ? "bf16 Qwen3" : "fp32 Llama");
+    CausalLM host(cfg, *slots_, 43);
+    DeviceModelOptions from_out = with_dtype(bf16 ? kBF16 : kF32), again = from_out;
+    from_out.keep_normed = KeepNormed::kAuto;
+    again.keep_normed = KeepNormed::kOff;
+    DeviceCausalLM kept(host, slots, rt, 0, from_out), recomputed(host, slots, rt, 0, again);
+    std::vector<int64_t> tokens(batch * len), targets(batch * len);
+    // Two batches on the same weights (an AdamW step between would move weights whose gradients
+    // round apart in bf16 by about lr either way: FusedQkvTrainsLikeThreeProjections).
+    for (int step = 0; step < 2; ++step) {
+      SCOPED_TRACE(testing::Message() << "batch " << step);
+      fill_batch(tokens, targets, cfg.vocab, 9 + step);
+      float loss[2];
+      uint64_t held[2];
+      int i = 0;
+      for (DeviceCausalLM* m : {&kept, &recomputed}) {
+        m->zero_grad();
+        loss[i] = m->forward(tokens.data(), targets.data(), batch, len);
+        held[i++] = m->memory().current_bytes;
+        m->backward();
+      }
+      if (bf16) {
+        EXPECT_EQ(kept.fused_qkv_layers(), cfg.layers);
+      }
+      // The rows' fp32 rstd of q and k is all it holds more (Qwen3), and allocations round up.
+      const uint64_t rstd_bytes =
+          bf16 ? static_cast<uint64_t>(cfg.layers) * T * (cfg.heads + cfg.kv_heads) * 4 : 0;
+      EXPECT_LE(held[0], held[1] + rstd_bytes + (1u << 20)) << "bytes held after the forward";
+      EXPECT_NEAR(loss[0], loss[1], 1e-6f * std::fabs(loss[1]));
+      for (const char* name :
+           {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+            "model.layers.1.self_attn.v_proj.weight", "model.layers.0.input_layernorm.weight",
+            "model.layers.1.post_attention_layernorm.weight", "model.layers.0.mlp.up_proj.weight",
+            "model.embed_tokens.weight"}) {
+        const std::vector<float> want = recomputed.download_grad(name);
+        float peak = 0.f;
+        for (float g : want) peak = std::max(peak, std::fabs(g));
+        ASSERT_GT(peak, 0.f) << name;
+        // xhat from the bf16 output (y / w) rather than from the residual: a rounding of y more.
+        expect_close(kept.download_grad(name), want, (bf16 ? 2e-2f : 1e-4f) * peak, 1e-3f, name);
+      }
+      if (bf16)
+        for (const char* name :
+             {"model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"}) {
+          const std::vector<float> want = recomputed.download_grad(name);
+          float peak = 0.f;
+          for (float g : want) peak = std::max(peak, std::fabs(g));
+          ASSERT_GT(peak, 0.f) << name;
+          expect_close(kept.download_grad(name), want, 2e-2f * peak, 1e-3f, name);
+        }
+    }
+    std::vector<const char*> served = {kFusedAddRMSNormFromOutput};
+    if (bf16) served.push_back(kQKNormRotaryEmbeddingFromOutput);
+    for (const char* slot : served)
+      EXPECT_NE(std::find(kept.package_slots().begin(), kept.package_slots().end(), slot),
+                kept.package_slots().end())
+          << slot << " served by its package";
+    EXPECT_TRUE(kept.refusals().empty());
   }
 }
 

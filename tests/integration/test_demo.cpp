@@ -400,11 +400,12 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["device"], "cuda:0");
   EXPECT_FALSE(j.contains("staging")) << "nothing is staged through the host";
-  // Twelve slots (the five, FusedLinearCrossEntropy, FusedAddRMSNorm, QKNormRotaryEmbedding,
-  // SiluAndMulRecompute, PagedKVAppend, PagedAttention and PagedAttentionWithKVAppend), every one
-  // from a package in both modes but the three decode slots, which the config maps for eval only
-  // (QKNormRotaryEmbedding has served training too since rotary 1.2.0).
-  ASSERT_EQ(j["bindings"].size(), kBindings + 14) << j["bindings"].dump(2);
+  // Fourteen slots (the five, FusedLinearCrossEntropy, FusedAddRMSNorm, QKNormRotaryEmbedding,
+  // SiluAndMulRecompute, the two FromOutput slots, PagedKVAppend, PagedAttention and
+  // PagedAttentionWithKVAppend), every one from a package in both modes but the three decode
+  // slots, which the config maps for eval only (QKNormRotaryEmbedding has served training too
+  // since rotary 1.2.0).
+  ASSERT_EQ(j["bindings"].size(), kBindings + 18) << j["bindings"].dump(2);
   for (auto& b : j["bindings"]) {
     const bool decode_slot = b["layer"] == "PagedKVAppend" || b["layer"] == "PagedAttention" ||
                              b["layer"] == "PagedAttentionWithKVAppend";
@@ -412,8 +413,9 @@ TEST(DemoGpu, CudaBf16RunsOnTheDeviceFromPackagesAndLearns) {
   }
   const nlohmann::json& d = j["device_run"];
   EXPECT_EQ(d["dtype"], "bf16");
+  // (keep_normed auto: the norms' backwards from their outputs.)
   for (const char* slot : {"RMSNorm", "RotaryEmbedding", "SiluAndMul", "FusedLinearCrossEntropy",
-                           "FusedAddRMSNorm", "SiluAndMulRecompute"})
+                           "FusedAddRMSNorm", "SiluAndMulRecompute", "FusedAddRMSNormFromOutput"})
     EXPECT_TRUE(has(d["package_slots"], slot)) << slot << " " << d.dump(2);
   // The tiny model's head_dim 16 is not one the attention package's cuda kernels take (64, 128,
   // 256): the call is refused and the runtime's attention serves it, saying why.

@@ -93,6 +93,15 @@ TEST(DemoDeviceSlots, TheDeviceRuntimeHasTheFusedSlotsWhoseOwnOpsRefuse) {
     EXPECT_EQ(rt.backward(s.silu_and_mul_recompute, kCpuDevice, nullptr, 0, nullptr),
               KH_ERR_UNSUPPORTED);
     EXPECT_NE(last_op_error().find("SiluAndMul slot"), std::string::npos) << last_op_error();
+    // The FromOutput slots: without a package the model keeps the inputs.
+    for (uint32_t slot : {s.fused_add_rms_norm_from_output, s.qk_norm_rotary_from_output}) {
+      ASSERT_NE(slot, kNoSlot);
+      EXPECT_EQ(rt.backward(slot, kCpuDevice, nullptr, 0, nullptr), KH_ERR_UNSUPPORTED);
+      EXPECT_NE(last_op_error().find("keeps the forward's inputs"), std::string::npos)
+          << last_op_error();
+    }
+    EXPECT_EQ(rt.slot_name(s.fused_add_rms_norm_from_output), "FusedAddRMSNormFromOutput");
+    EXPECT_EQ(rt.slot_name(s.qk_norm_rotary_from_output), "QKNormRotaryEmbeddingFromOutput");
   }
 }
 

@@ -38,7 +38,7 @@ clock x bus width x 2, else H200's 4.8 TB/s).
 
 usage: bench_runtime.py [--kernel-hub build/kernel-hub] [--steps 10] [--warmup 3] [--batch 8]
        [--seq 2048] [--configs eager,liger,compile] [--dtype bf16] [--decode-batch 64]
-       [--decode-context 2048] [--no-torch-decode] [--rounds 1] [--keep-normed on|off]"""
+       [--decode-context 2048] [--no-torch-decode] [--rounds 1] [--keep-normed auto|on|off]"""
 import argparse
 import json
 import os
@@ -188,8 +188,8 @@ def main():
                     help="the PyTorch side (liger: when liger_kernel imports)")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="the runtime's")
     ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--keep-normed", choices=("on", "off"),
-                    help="the runtime's `demo --keep-normed` (default: the demo's, off)")
+    ap.add_argument("--keep-normed", choices=("auto", "on", "off"),
+                    help="the runtime's `demo --keep-normed` (default: the demo's, auto)")
     ap.add_argument("--decode-batch", type=int, default=64)
     ap.add_argument("--decode-context", type=int, default=2048,
                     help="prompt + generated tokens a sequence (at most --seq)")

@@ -55,7 +55,7 @@ struct DemoOptions {
   // run_device_demo only: tokens a chunk of the train loss (DeviceModelOptions::loss_chunk_rows).
   int64_t loss_chunk_rows = 0;  // 0: the model's default
   // run_device_demo only: DeviceModelOptions::keep_normed.
-  bool keep_normed = false;
+  KeepNormed keep_normed = KeepNormed::kAuto;
   // The device's peak memory bandwidth (bytes/s) for the decode roofline and where it came from
   // ("driver: ..." or the H200 figure the CLI assumes when the driver cannot be asked).
   double peak_bandwidth = 0;

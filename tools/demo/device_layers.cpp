@@ -3,6 +3,8 @@
 // model's layer_forward / layer_backward on the device.
 #include "tools/demo/device_model.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <optional>
 
@@ -97,19 +99,28 @@ DeviceTensor DeviceCausalLM::add_norm(const DeviceTensor& branch, DeviceTensor r
 
 void DeviceCausalLM::add_norm_backward(const DeviceTensor& dy, const DeviceTensor* dresidual,
                                        const DeviceTensor& residual_out, Param& w,
-                                       const DeviceTensor& rstd, DeviceTensor& dx) {
-  if (bound(slots_.fused_add_rms_norm)) {
+                                       const DeviceTensor& rstd, DeviceTensor& dx,
+                                       bool from_output) {
+  const uint32_t slot =
+      from_output ? slots_.fused_add_rms_norm_from_output : slots_.fused_add_rms_norm;
+  if (bound(slot)) {
     const int64_t C = w.w.numel(), R = residual_out.numel() / C;
     DeviceTensor dweight = act({C});
     DeviceTensor workspace = norm_workspace(R, C);
     if (call_slot(
-            slots_.fused_add_rms_norm, kFusedAddRMSNorm, true,
+            slot, from_output ? kFusedAddRMSNormFromOutput : kFusedAddRMSNorm, true,
             {tensor_arg(&dy), tensor_arg(dresidual), tensor_arg(&residual_out), tensor_arg(&run(w)),
              tensor_arg(&rstd), tensor_arg(&dx), tensor_arg(&dweight), tensor_arg(&workspace)})) {
       add_grad(w, dweight);
       return;
     }
   }
+  if (from_output)
+    throw Error(ErrorKind::kIo,
+                fmt::format("device model: {} refused a backward whose forward it served ({}); "
+                            "the residual it would need instead was not kept: train with "
+                            "--keep-normed off",
+                            kFusedAddRMSNormFromOutput, last_op_error()));
   norm_backward(dy, residual_out, w, rstd, dx);
   if (dresidual) kernels_.add(stream_, dx, *dresidual, dx);
 }
@@ -150,16 +161,21 @@ DeviceCausalLM::QkvViews DeviceCausalLM::qkv_views(const DeviceTensor& qkv) cons
   const int64_t T = qkv.shape()[0], W = qkv.shape()[1], Q = cfg_.q_dim(), KV = cfg_.kv_dim();
   const int64_t NH = cfg_.heads, NKV = cfg_.kv_heads, HD = cfg_.head_dim, S = len_, B = T / S;
   return {StridedArg(qkv, 0, {T, NH, HD}, {W, HD, 1}), StridedArg(qkv, Q, {T, NKV, HD}, {W, HD, 1}),
-          StridedArg(qkv, Q + KV, {B, S, NKV, HD}, {S * W, W, HD, 1})};
+          StridedArg(qkv, Q + KV, {B, S, NKV, HD}, {S * W, W, HD, 1}),
+          StridedArg(qkv, 0, {B, S, NH, HD}, {S * W, W, HD, 1}),
+          StridedArg(qkv, Q, {B, S, NKV, HD}, {S * W, W, HD, 1})};
 }
 
 void DeviceCausalLM::unfuse_qkv(Saved& s) {
   const int64_t T = s.qkv.shape()[0], Q = cfg_.q_dim(), KV = cfg_.kv_dim();
-  s.q_pre = act({T, Q});
-  s.k_pre = act({T, KV});
+  // q and k rotated in place (qk_from_output) are the forward's q and k, not the projections.
+  DeviceTensor& q = s.qk_from_output ? s.q : s.q_pre;
+  DeviceTensor& k = s.qk_from_output ? s.k : s.k_pre;
+  q = act({T, Q});
+  k = act({T, KV});
   s.v = act({T, KV});
-  kernels_.copy_columns(stream_, s.qkv, 0, s.q_pre, 0, Q);
-  kernels_.copy_columns(stream_, s.qkv, Q, s.k_pre, 0, KV);
+  kernels_.copy_columns(stream_, s.qkv, 0, q, 0, Q);
+  kernels_.copy_columns(stream_, s.qkv, Q, k, 0, KV);
   kernels_.copy_columns(stream_, s.qkv, Q + KV, s.v, 0, KV);
   s.qkv = DeviceTensor();
 }
@@ -173,23 +189,67 @@ bool DeviceCausalLM::fused_qkv_trains(const Layer& L) const {
 }
 
 bool DeviceCausalLM::qknr_backward(Layer& L, kh_arg_t qi, kh_arg_t ki, const DeviceTensor& dq3,
-                                   const DeviceTensor& dk3, kh_arg_t dqi, kh_arg_t dki) {
-  if (!bound(slots_.qk_norm_rotary)) return false;
+                                   const DeviceTensor& dk3, kh_arg_t dqi, kh_arg_t dki,
+                                   const Saved* from_output) {
+  const uint32_t slot = from_output ? slots_.qk_norm_rotary_from_output : slots_.qk_norm_rotary;
+  const char* name = from_output ? kQKNormRotaryEmbeddingFromOutput : kQKNormRotaryEmbedding;
   const int64_t HD = cfg_.head_dim;
   DeviceTensor dqw = act({HD}), dkw = act({HD});
   // One partial row of both weights' gradients per walker CTA: the package's bf16 kernel keeps
   // 2 of its 256-thread CTAs resident a multiprocessor (128 registers a thread), so 2 a
   // multiprocessor run in one wave.
   DeviceTensor workspace = empty({std::max<int64_t>(1, 2 * multiprocessors_), 2 * HD});
-  if (!call_slot(slots_.qk_norm_rotary, kQKNormRotaryEmbedding, true,
-                 {tensor_arg(&positions_), tensor_arg(&dq3), tensor_arg(&dk3), qi, ki,
-                  tensor_arg(&run(*L.q_norm)), tensor_arg(&run(*L.k_norm)), float_arg(cfg_.eps),
-                  tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1), dqi, dki, tensor_arg(&dqw),
-                  tensor_arg(&dkw), tensor_arg(&workspace)}))
+  // From the output: q and k rotated, the forward's rstd, no eps.
+  std::vector<kh_arg_t> args = {tensor_arg(&positions_), tensor_arg(&dq3), tensor_arg(&dk3), qi,
+                                ki};
+  if (from_output) {
+    args.push_back(tensor_arg(&from_output->rstd_q));
+    args.push_back(tensor_arg(&from_output->rstd_k));
+  }
+  args.push_back(tensor_arg(&run(*L.q_norm)));
+  args.push_back(tensor_arg(&run(*L.k_norm)));
+  if (!from_output) args.push_back(float_arg(cfg_.eps));
+  for (kh_arg_t a : {tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1), dqi, dki, tensor_arg(&dqw),
+                     tensor_arg(&dkw), tensor_arg(&workspace)})
+    args.push_back(a);
+  if (!(bound(slot) && call_slot(slot, name, true, args))) {
+    if (from_output)
+      throw Error(ErrorKind::kIo,
+                  fmt::format("device model: {} refused a backward whose forward it served ({}); "
+                              "the q/k projections it would need instead were not kept: train "
+                              "with --keep-normed off",
+                              name, last_op_error()));
     return false;
+  }
   add_grad(*L.q_norm, dqw);
   add_grad(*L.k_norm, dkw);
   return true;
+}
+
+bool DeviceCausalLM::qknr_forward_in_place(const Layer& L, Saved& s) {
+  if (!bound(slots_.qk_norm_rotary_from_output)) return false;
+  const int64_t T = s.qkv.shape()[0];
+  DeviceTensor rq = empty({T * cfg_.heads}), rk = empty({T * cfg_.kv_heads});
+  const QkvViews in = qkv_views(s.qkv);
+  if (!call_slot(slots_.qk_norm_rotary_from_output, kQKNormRotaryEmbeddingFromOutput, false,
+                 {tensor_arg(&positions_), tensor_arg(&in.q), tensor_arg(&in.k),
+                  tensor_arg(&run(*L.q_norm)), tensor_arg(&run(*L.k_norm)), float_arg(cfg_.eps),
+                  tensor_arg(&cos_), tensor_arg(&sin_), int_arg(1), tensor_arg(&in.q),
+                  tensor_arg(&in.k), tensor_arg(&rq), tensor_arg(&rk)}))
+    return false;
+  s.rstd_q = std::move(rq);
+  s.rstd_k = std::move(rk);
+  s.qk_from_output = true;
+  return true;
+}
+
+bool DeviceCausalLM::norms_from_output() const {
+  return train_ && options_.keep_normed != KeepNormed::kOff &&
+         bound(slots_.fused_add_rms_norm_from_output);
+}
+
+bool DeviceCausalLM::keeps_normed_inputs() const {
+  return train_ && (options_.keep_normed == KeepNormed::kOn || norms_from_output());
 }
 
 void DeviceCausalLM::rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward) {
@@ -213,22 +273,30 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
   }
   DeviceTensor a = act({T, H});
   h = add_norm(branch, std::move(h), *L.attn_norm, a, train_ ? &s.rstd1 : nullptr);
-  if (train_) s.h_in = h.view(h.shape());
-  const bool keep = train_ && options_.keep_normed;
+  // The residual is kept for the norm's backward unless that reads the norm's output.
+  s.norm_from_output = norms_from_output();
+  if (train_ && !s.norm_from_output) s.h_in = h.view(h.shape());
+  const bool keep = keeps_normed_inputs();
   if (keep) s.attn_in = a.view(a.shape());
-  s.q = act({T, Q});
-  s.k = act({T, KV});
   // Training with the q/k norms and the packages' attention: q, k and v from one GEMM into s.qkv,
   // whose columns the packages read (and whose gradient's columns they write) in place; should a
-  // package refuse, the parts are copied apart (unfuse_qkv) for the runtime's own kernels.
+  // package refuse, the parts are copied apart (unfuse_qkv) for the runtime's own kernels. With
+  // QKNormRotaryEmbeddingFromOutput (keep_normed), q and k are normed and rotated in place.
   bool fused_qk = false;  // q and k written from s.qkv, rstd_q and rstd_k not
   if (fused_qkv_trains(L)) {
     s.qkv = act({T, Q + 2 * KV});
     linear(a, *L.qkv, nullptr, s.qkv);
-    QkvViews in = qkv_views(s.qkv);
-    fused_qk = qknr_forward(L, tensor_arg(&in.q), tensor_arg(&in.k), s.q, s.k);
-    if (!fused_qk) unfuse_qkv(s);
+    fused_qk = options_.keep_normed != KeepNormed::kOff && qknr_forward_in_place(L, s);
+    if (!fused_qk) {
+      s.q = act({T, Q});
+      s.k = act({T, KV});
+      QkvViews in = qkv_views(s.qkv);
+      fused_qk = qknr_forward(L, tensor_arg(&in.q), tensor_arg(&in.k), s.q, s.k);
+      if (!fused_qk) unfuse_qkv(s);
+    }
   } else {
+    s.q = act({T, Q});
+    s.k = act({T, KV});
     s.v = act({T, KV});
     linear(a, *L.wv, L.bv, s.v);
     if (L.q_norm) {
@@ -256,33 +324,45 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
     rotary(q3, k3, false);
   }
   a = DeviceTensor();
-  DeviceTensor q4 = s.q.view({B, S, NH, HD}), k4 = s.k.view({B, S, NKV, HD});
   s.attn = act({B, S, NH, HD});
   if (train_) s.lse = empty({NH, T});
   DeviceTensor* lse = train_ ? &s.lse : nullptr;
   bool attended = false;
   if (attention_bound()) {
     std::optional<QkvViews> fused;
-    DeviceTensor v4;
+    DeviceTensor q4, k4, v4;
     if (s.qkv.data())
       fused = qkv_views(s.qkv);
     else
       v4 = s.v.view({B, S, NKV, HD});
-    attended = call_slot(
-        slots_.attention, kAttention, false,
-        {tensor_arg(&q4), tensor_arg(&k4), fused ? tensor_arg(&fused->v) : tensor_arg(&v4),
-         tensor_arg(nullptr), tensor_arg(nullptr), int_arg(S), int_arg(1), int_arg(-1),
-         float_arg(attention_scale()), tensor_arg(&s.attn), tensor_arg(lse)});
+    if (!s.q.data()) {  // in s.qkv (qk_from_output)
+      attended =
+          call_slot(slots_.attention, kAttention, false,
+                    {tensor_arg(&fused->q4), tensor_arg(&fused->k4), tensor_arg(&fused->v),
+                     tensor_arg(nullptr), tensor_arg(nullptr), int_arg(S), int_arg(1), int_arg(-1),
+                     float_arg(attention_scale()), tensor_arg(&s.attn), tensor_arg(lse)});
+    } else {
+      q4 = s.q.view({B, S, NH, HD});
+      k4 = s.k.view({B, S, NKV, HD});
+      attended = call_slot(
+          slots_.attention, kAttention, false,
+          {tensor_arg(&q4), tensor_arg(&k4), fused ? tensor_arg(&fused->v) : tensor_arg(&v4),
+           tensor_arg(nullptr), tensor_arg(nullptr), int_arg(S), int_arg(1), int_arg(-1),
+           float_arg(attention_scale()), tensor_arg(&s.attn), tensor_arg(lse)});
+    }
   }
   if (!attended) {
     if (s.qkv.data()) unfuse_qkv(s);  // the runtime's attention takes contiguous tensors
+    DeviceTensor q4 = s.q.view({B, S, NH, HD}), k4 = s.k.view({B, S, NKV, HD});
     DeviceTensor v4 = s.v.view({B, S, NKV, HD});
     timed(Phase::kAttention,
           [&] { kernels_.attention_forward(stream_, q4, k4, v4, attention_scale(), s.attn, lse); });
   }
   if (s.qkv.data()) ++fused_qkv_layers_;
   if (prefilling_kv_) prefill_kv(L, s);
-  if (L.q_norm && !keep) {  // backward recomputes them from q_pre and k_pre
+  // Without keep_normed on, backward recomputes them from q_pre and k_pre (qk_from_output: they
+  // are all there is).
+  if (L.q_norm && options_.keep_normed != KeepNormed::kOn && !s.qk_from_output) {
     s.q = DeviceTensor();
     s.k = DeviceTensor();
   }
@@ -291,7 +371,7 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
 
   DeviceTensor m = act({T, H});
   h = add_norm(branch, std::move(h), *L.mlp_norm, m, train_ ? &s.rstd2 : nullptr);
-  if (train_) s.h_mid = h.view(h.shape());
+  if (train_ && !s.norm_from_output) s.h_mid = h.view(h.shape());
   if (keep) s.mlp_in = m.view(m.shape());
   s.gu = act({T, 2 * F});
   DeviceTensor act_out = act({T, F});
@@ -352,12 +432,16 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   });
   act_out = DeviceTensor();
   {
-    DeviceTensor m = normed_input(s.mlp_in, s.h_mid, *L.mlp_norm);
+    // From the output, the norm's backward reads it too: not taken.
+    DeviceTensor m = s.norm_from_output ? s.mlp_in.view(s.mlp_in.shape())
+                                        : normed_input(s.mlp_in, s.h_mid, *L.mlp_norm);
     linear_grad(m, *L.gate_up, nullptr, dgu, &dm, false);
   }
   dgu = DeviceTensor();
   DeviceTensor d_mid = act({T, H});
-  add_norm_backward(dm, &dh, s.h_mid, *L.mlp_norm, s.rstd2, d_mid);
+  add_norm_backward(dm, &dh, s.norm_from_output ? s.mlp_in : s.h_mid, *L.mlp_norm, s.rstd2, d_mid,
+                    s.norm_from_output);
+  s.mlp_in = DeviceTensor();
   dh = std::move(d_mid);
   dm = DeviceTensor();
 
@@ -367,12 +451,13 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   linear_grad(s.attn.view({T, Q}), *L.wo, L.bo, dh, &dattn2, false);
   // The fused q/k/v layout holds only while the packages it needs serve (one refused since the
   // forward: the parts apart).
-  if (s.qkv.data() && !(bound(slots_.qk_norm_rotary) && attention_bound())) {
+  if (s.qkv.data() && !(attention_bound() && (s.qk_from_output || bound(slots_.qk_norm_rotary)))) {
     unfuse_qkv(s);
     --fused_qkv_layers_;
   }
   bool fused = s.qkv.data() != nullptr;
-  if (L.q_norm && !s.q.data()) {  // else kept by the forward (keep_normed)
+  // q and k: kept by the forward (keep_normed; in s.qkv with qk_from_output), else recomputed.
+  if (L.q_norm && !s.q.data() && !s.qk_from_output) {
     s.q = act({T, Q});
     s.k = act({T, KV});
     if (fused) {
@@ -393,7 +478,9 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   if (fused) dfused = qkv_views(dqkv);
   DeviceTensor dq = act({B, S, NH, HD}), dk = act({B, S, NKV, HD});
   DeviceTensor dv = fused ? DeviceTensor() : act({B, S, NKV, HD});
-  DeviceTensor q4 = s.q.view({B, S, NH, HD}), k4 = s.k.view({B, S, NKV, HD}),
+  const bool qk_in_qkv = fused && s.qk_from_output;
+  DeviceTensor q4 = qk_in_qkv ? DeviceTensor() : s.q.view({B, S, NH, HD}),
+               k4 = qk_in_qkv ? DeviceTensor() : s.k.view({B, S, NKV, HD}),
                o4 = s.attn.view(s.attn.shape());
   DeviceTensor v4 = fused ? DeviceTensor() : s.v.view({B, S, NKV, HD});
   bool served = false;
@@ -402,7 +489,8 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
     DeviceTensor workspace = empty({T * NH * (HD + 1)});
     served = call_slot(
         slots_.attention, kAttention, true,
-        {tensor_arg(&dattn), tensor_arg(&q4), tensor_arg(&k4),
+        {tensor_arg(&dattn), qk_in_qkv ? tensor_arg(&in->q4) : tensor_arg(&q4),
+         qk_in_qkv ? tensor_arg(&in->k4) : tensor_arg(&k4),
          fused ? tensor_arg(&in->v) : tensor_arg(&v4), tensor_arg(&o4), tensor_arg(&s.lse),
          tensor_arg(nullptr), tensor_arg(nullptr), int_arg(S), int_arg(S), int_arg(1), int_arg(-1),
          float_arg(attention_scale()), tensor_arg(&dq), tensor_arg(&dk),
@@ -417,6 +505,13 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
       DeviceTensor v2 = vc.view({T, KV});
       kernels_.copy_columns(stream_, s.qkv, Q + KV, v2, 0, KV);
     }
+    if (qk_in_qkv) {  // contiguous copies of the rotated q and k
+      q4 = act({B, S, NH, HD});
+      k4 = act({B, S, NKV, HD});
+      DeviceTensor q2 = q4.view({T, Q}), k2 = k4.view({T, KV});
+      kernels_.copy_columns(stream_, s.qkv, 0, q2, 0, Q);
+      kernels_.copy_columns(stream_, s.qkv, Q, k2, 0, KV);
+    }
     DeviceTensor dk32 = bf16_ ? empty(dk.shape()) : dk.view(dk.shape());
     DeviceTensor dv32 = bf16_ ? empty(dvc.shape()) : dvc.view(dvc.shape());
     timed(Phase::kAttention, [&] {
@@ -430,11 +525,30 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
     if (fused) kernels_.copy_columns(stream_, dvc.view({T, KV}), 0, dqkv, Q + KV, KV);
   }
   dattn = DeviceTensor();
-  s.q = DeviceTensor();
-  s.k = DeviceTensor();
+  q4 = DeviceTensor();
+  k4 = DeviceTensor();
+  if (!s.qk_from_output) {  // (else the q/k norms' backward reads them)
+    s.q = DeviceTensor();
+    s.k = DeviceTensor();
+  }
   DeviceTensor dq3 = dq.view({T, NH, HD}), dk3 = dk.view({T, NKV, HD});
   DeviceTensor dq2 = dq.view({T, Q}), dk2 = dk.view({T, KV});
-  if (L.q_norm) {
+  if (L.q_norm && s.qk_from_output) {  // from the rotated q and k and the forward's rstd
+    if (fused) {
+      qknr_backward(L, tensor_arg(&in->q), tensor_arg(&in->k), dq3, dk3, tensor_arg(&dfused->q),
+                    tensor_arg(&dfused->k), &s);
+    } else {
+      DeviceTensor dq_pre = act({T, Q}), dk_pre = act({T, KV});
+      const DeviceTensor qi = s.q.view({T, NH, HD}), ki = s.k.view({T, NKV, HD});
+      DeviceTensor dqi = dq_pre.view({T, NH, HD}), dki = dk_pre.view({T, NKV, HD});
+      qknr_backward(L, tensor_arg(&qi), tensor_arg(&ki), dq3, dk3, tensor_arg(&dqi),
+                    tensor_arg(&dki), &s);
+      dq2 = dq_pre.view({T, Q});
+      dk2 = dk_pre.view({T, KV});
+    }
+    s.q = DeviceTensor();
+    s.k = DeviceTensor();
+  } else if (L.q_norm) {
     bool done = false;
     DeviceTensor dq_pre, dk_pre;  // the unfused backward's (the fused one writes into dqkv)
     if (fused) {
@@ -481,7 +595,8 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
   }
   DeviceTensor da = act({T, H});
   {
-    DeviceTensor a = normed_input(s.attn_in, s.h_in, *L.attn_norm);
+    DeviceTensor a = s.norm_from_output ? s.attn_in.view(s.attn_in.shape())
+                                        : normed_input(s.attn_in, s.h_in, *L.attn_norm);
     if (fused) {  // q's, k's and v's weight gradients are the rows of qkv's (ensure_layer_grads)
       // Overwritten when all three are zero (ensure_layer_grads takes them from the pool together).
       const bool fresh = L.wq->g_zero && L.wk->g_zero && L.wv->g_zero;
@@ -498,7 +613,9 @@ void DeviceCausalLM::layer_backward(Layer& L, Saved& s, DeviceTensor& dh) {
     }
   }
   DeviceTensor d_in = act({T, H});
-  add_norm_backward(da, &dh, s.h_in, *L.attn_norm, s.rstd1, d_in);
+  add_norm_backward(da, &dh, s.norm_from_output ? s.attn_in : s.h_in, *L.attn_norm, s.rstd1, d_in,
+                    s.norm_from_output);
+  s.attn_in = DeviceTensor();
   dh = std::move(d_in);
 }
 

@@ -56,11 +56,13 @@ struct DeviceModelOptions {
   // false: three (the tests compare the two).
   bool fuse_qkv = true;
   // Training keeps each layer's normed inputs (the attention's and the MLP's) and its rotated q
-  // and k for the backward, which otherwise recomputes them: 168 MB more a layer at Qwen3-0.6B's
-  // 8 x 2048 tokens (4.7 GB over its 28 layers, peak 21.6 -> 26.0 GiB, above Liger's 23.2) for
-  // three fewer norm and q/k-norm+RoPE passes a layer (+1.9% on an H100, session 34). Off by
-  // default: the least memory. silu(gate) * up is recomputed either way.
-  bool keep_normed = false;
+  // and k for the backward (KeepNormed), which otherwise recomputes them: three fewer norm and
+  // q/k-norm+RoPE passes a layer (+1.9% on an H100, session 34). Kept beside the inputs (kOn
+  // without the FromOutput slots) they cost 168 MB a layer at Qwen3-0.6B's 8 x 2048 tokens (4.7
+  // GB over 28 layers, peak 21.6 -> 26.0 GiB); with the FromOutput slots they replace the
+  // residuals and the q/k projections (their backwards read the outputs) and cost nothing.
+  // silu(gate) * up is recomputed either way.
+  KeepNormed keep_normed = KeepNormed::kAuto;
 };
 
 // Device time of the ops of a profiled stretch (set_profiling), by kind: GEMMs (the linear
@@ -222,17 +224,24 @@ class DeviceCausalLM {
   // layers: an RMSNorm pass each and, with q/k-norm (Qwen3), q and k from q_pre and k_pre (two
   // norms and a rotary); without q/k-norm, q and k are kept after RoPE either way. silu(gate) *
   // up is always recomputed.
+  //
+  // The FromOutput slots (KeepNormed): norm_from_output, h_in and h_mid are not kept, and the
+  // two norms' backwards read attn_in and mlp_in; qk_from_output, q and k were written in place
+  // over the projections in qkv (or copied out of it into q and k, unfuse_qkv), rstd_q and
+  // rstd_k kept, and the q/k norms' backward reads them.
   struct Saved {
     DeviceTensor h_in, rstd1, q_pre, k_pre, rstd_q, rstd_k, q, k, v, attn, lse, h_mid, rstd2, gu;
-    DeviceTensor attn_in, mlp_in;  // empty without keep_normed
+    DeviceTensor attn_in, mlp_in;  // empty unless kept (keep_normed)
     // Training's fused q/k/v projection [T, q_dim + 2 kv_dim] (fused_qkv_trains): its columns
-    // are q_pre, k_pre and v, which are then empty.
+    // are q_pre, k_pre and v (q and k with qk_from_output), which are then empty.
     DeviceTensor qkv;
+    bool norm_from_output = false, qk_from_output = false;
   };
   // q_pre and k_pre ([T, heads, head_dim]) and v ([B, S, kv_heads, head_dim]) as strided views of
   // a fused q/k/v tensor (or of its gradient).
   struct QkvViews {
     StridedArg q, k, v;
+    StridedArg q4, k4;  // q and k as [B, S, heads, head_dim] (the attention's layout)
   };
 
   // The members both public constructors set; they then build().
@@ -310,9 +319,18 @@ class DeviceCausalLM {
                         DeviceTensor& y, DeviceTensor* rstd);
   // Its backward: dx = the norm's input gradient for dy + dresidual (the gradient arriving at
   // the new residual; may be null), the gradient of both the old residual and the branch.
+  // from_output: residual_out is the norm's output y instead (FusedAddRMSNormFromOutput, which
+  // must serve: the residual is gone).
   void add_norm_backward(const DeviceTensor& dy, const DeviceTensor* dresidual,
                          const DeviceTensor& residual_out, Param& w, const DeviceTensor& rstd,
-                         DeviceTensor& dx);
+                         DeviceTensor& dx, bool from_output = false);
+  // Whether the train forward keeps the two norms' outputs (options_.keep_normed), and whether
+  // it keeps them instead of the residuals (FusedAddRMSNormFromOutput serves).
+  bool keeps_normed_inputs() const;
+  bool norms_from_output() const;
+  // QKNormRotaryEmbeddingFromOutput's forward in place over s.qkv's q and k columns, rstd into
+  // s.rstd_q and s.rstd_k (true: done, s.qk_from_output); false: not bound or refused.
+  bool qknr_forward_in_place(const Layer& L, Saved& s);
   // q and k of a layer ([T, q_dim] and [T, kv_dim]) after the q/k-norm (Qwen3) and RoPE. In
   // training, QKNormRotaryEmbedding's package op when bound (true: rstd_q and rstd_k were not
   // written; its backward recomputes them), else the RMSNorm and RotaryEmbedding slots.
@@ -325,16 +343,19 @@ class DeviceCausalLM {
   bool qknr_forward(const Layer& L, kh_arg_t qi, kh_arg_t ki, DeviceTensor& q, DeviceTensor& k);
   // Its backward, from dq3 and dk3 (the gradients of q and k, [T, heads, head_dim]) into dqi and
   // dki (qi's and ki's layout), the weights' gradients added; false: not bound or refused.
+  // from_output: QKNormRotaryEmbeddingFromOutput's, qi and ki the forward's rotated q and k and
+  // the rstd from_output's; a refusal throws (the projections are gone).
   bool qknr_backward(Layer& L, kh_arg_t qi, kh_arg_t ki, const DeviceTensor& dq3,
-                     const DeviceTensor& dk3, kh_arg_t dqi, kh_arg_t dki);
+                     const DeviceTensor& dk3, kh_arg_t dqi, kh_arg_t dki,
+                     const Saved* from_output = nullptr);
   // Whether layer L trains on one q/k/v GEMM (Layer::qkv, the q/k norms, QKNormRotaryEmbedding
   // and the attention package bound): the three projections' GEMMs forward, and their dx and dW
   // GEMMs backward, each become one wider GEMM.
   bool fused_qkv_trains(const Layer& L) const;
   QkvViews qkv_views(const DeviceTensor& qkv) const;
-  // s.qkv's columns copied into s.q_pre, s.k_pre and s.v, s.qkv released: a package refused (its
-  // slot is then off, call_slot) and the unfused path, with the runtime's own kernels for it,
-  // takes over.
+  // s.qkv's columns copied into s.q_pre, s.k_pre (s.q, s.k with qk_from_output) and s.v, s.qkv
+  // released: a package refused (its slot is then off, call_slot) and the unfused path, with the
+  // runtime's own kernels for it, takes over.
   void unfuse_qkv(Saved& s);
   void rotary(DeviceTensor& q3, DeviceTensor& k3, bool backward);
   void silu_and_mul(const DeviceTensor& gu, DeviceTensor& out);

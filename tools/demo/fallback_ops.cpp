@@ -510,6 +510,16 @@ int32_t silu_and_mul_recompute_unserved(const kh_arg_t*, int32_t, void*) {
   return KH_ERR_UNSUPPORTED;
 }
 
+// The FromOutput slots: without a package the device model keeps the forward's inputs too and
+// runs the backwards from them.
+int32_t from_output_unserved(const kh_arg_t*, int32_t, void*) {
+  set_last_op_error(
+      "FusedAddRMSNormFromOutput / QKNormRotaryEmbeddingFromOutput: the runtime has no fallback "
+      "op of its own for these slots (the device model keeps the forward's inputs and runs the "
+      "backwards from them when no package serves them)");
+  return KH_ERR_UNSUPPORTED;
+}
+
 }  // namespace
 
 DemoSlots add_demo_slots(Runtime& rt) {
@@ -540,6 +550,10 @@ DemoSlots add_device_demo_slots(Runtime& rt) {
   s.silu_and_mul_recompute = rt.add_slot(
       kSiluAndMulRecompute, {silu_and_mul_recompute_unserved, silu_and_mul_recompute_unserved,
                              silu_and_mul_recompute_unserved, KH_FLAG_HAS_BACKWARD});
+  const SlotOps unserved{from_output_unserved, from_output_unserved, from_output_unserved,
+                         KH_FLAG_HAS_BACKWARD};
+  s.fused_add_rms_norm_from_output = rt.add_slot(kFusedAddRMSNormFromOutput, unserved);
+  s.qk_norm_rotary_from_output = rt.add_slot(kQKNormRotaryEmbeddingFromOutput, unserved);
   return s;
 }
 

@@ -55,6 +55,20 @@ inline constexpr const char* kQKNormRotaryEmbedding = "QKNormRotaryEmbedding";
 // 1.1): backward returns it with dx in one pass, silu_and_mul_backward_recompute(dy, x, dx, y).
 // The device model's MLP backward; without it, SiluAndMul's forward again, then its backward.
 inline constexpr const char* kSiluAndMulRecompute = "SiluAndMulRecompute";
+// FusedAddRMSNorm and QKNormRotaryEmbedding whose backwards take the forward's outputs (and, for
+// the q/k norms, its rstd) instead of its inputs (kernel-hub/norm >= 1.1, kernel-hub/rotary >=
+// 1.3): the device model's keep_normed training, which then keeps the normed tensors in place of
+// the residual stream and the q/k projections. Without them it keeps both.
+inline constexpr const char* kFusedAddRMSNormFromOutput = "FusedAddRMSNormFromOutput";
+inline constexpr const char* kQKNormRotaryEmbeddingFromOutput = "QKNormRotaryEmbeddingFromOutput";
+// What the device model's train forward keeps of each layer's normed tensors (its attention's
+// and MLP's normed inputs, Qwen3's q and k after their norms and RoPE) for the backward, which
+// otherwise recomputes them (DeviceModelOptions::keep_normed, `demo --keep-normed`). kAuto: keeps
+// a pair of them where a FromOutput slot lets it hold them instead of what they were computed
+// from (the residual stream, the q/k projections): no more memory. kOn: keeps them all, the
+// inputs too where no FromOutput slot serves. kOff: keeps none.
+enum class KeepNormed : uint8_t { kAuto, kOn, kOff };
+
 // A slot the runtime did not declare (slot() of a table never reaches it).
 inline constexpr uint32_t kNoSlot = UINT32_MAX;
 
@@ -64,19 +78,21 @@ struct DemoSlots {
   uint32_t silu_and_mul = 0;
   uint32_t cross_entropy = 0;
   uint32_t attention = 0;
-  uint32_t linear_cross_entropy = kNoSlot;    // add_device_demo_slots only
-  uint32_t fused_add_rms_norm = kNoSlot;      // add_device_demo_slots only
-  uint32_t qk_norm_rotary = kNoSlot;          // add_device_demo_slots only
-  uint32_t silu_and_mul_recompute = kNoSlot;  // add_device_demo_slots only
+  uint32_t linear_cross_entropy = kNoSlot;            // add_device_demo_slots only
+  uint32_t fused_add_rms_norm = kNoSlot;              // add_device_demo_slots only
+  uint32_t qk_norm_rotary = kNoSlot;                  // add_device_demo_slots only
+  uint32_t silu_and_mul_recompute = kNoSlot;          // add_device_demo_slots only
+  uint32_t fused_add_rms_norm_from_output = kNoSlot;  // add_device_demo_slots only
+  uint32_t qk_norm_rotary_from_output = kNoSlot;      // add_device_demo_slots only
 };
 
 // Adds the five slots, each with its fallback (forward, forward_train, backward).
 DemoSlots add_demo_slots(Runtime& runtime);
-// The five, FusedLinearCrossEntropy, FusedAddRMSNorm, QKNormRotaryEmbedding and
-// SiluAndMulRecompute, for the GPU-resident model (device_model.h): their fallbacks are the
-// model's own (its chunked loss; its add, then the RMSNorm slot; the RMSNorm slot on q and k,
-// then RotaryEmbedding; the SiluAndMul slot forward, then backward), so the four slots' own ops
-// only refuse (never called).
+// The five, FusedLinearCrossEntropy, FusedAddRMSNorm, QKNormRotaryEmbedding,
+// SiluAndMulRecompute and the two FromOutput slots, for the GPU-resident model (device_model.h):
+// their fallbacks are the model's own (its chunked loss; its add, then the RMSNorm slot; the
+// RMSNorm slot on q and k, then RotaryEmbedding; the SiluAndMul slot forward, then backward; the
+// backwards from the inputs, kept), so these slots' own ops only refuse (never called).
 DemoSlots add_device_demo_slots(Runtime& runtime);
 
 }  // namespace kh::demo

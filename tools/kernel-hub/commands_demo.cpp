@@ -51,7 +51,7 @@ struct DemoArgs {
   std::string decode_gemm;     // empty: auto
   std::string decode_fuse;     // empty: on
   int loss_chunk = 0;          // 0: the device model's default
-  std::string keep_normed;     // empty: off
+  std::string keep_normed;     // empty: auto
 };
 
 bool cuda_present() {
@@ -204,7 +204,9 @@ int run_demo_command(Context& ctx, const DemoArgs& a) {
                                                 : demo::DecodeGemm::kAuto;
   o.decode_fuse = a.decode_fuse == "off" ? demo::DecodeFuse::kOff : demo::DecodeFuse::kOn;
   if (a.loss_chunk) o.loss_chunk_rows = a.loss_chunk;
-  o.keep_normed = a.keep_normed == "on";
+  o.keep_normed = a.keep_normed == "on"    ? demo::KeepNormed::kOn
+                  : a.keep_normed == "off" ? demo::KeepNormed::kOff
+                                           : demo::KeepNormed::kAuto;
   if (ordinal >= 0) {
     demo::resolve_decode(o);  // refuses a bad --decode-* before anything is fetched
     std::tie(o.peak_bandwidth, o.peak_bandwidth_source) = peak_bandwidth(ordinal);
@@ -420,11 +422,14 @@ void add_demo_command(CLI::App& app, Runner& run) {
                   "2048)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--keep-normed", a->keep_normed,
-                  "CUDA only: on keeps each layer's normed inputs and rotated q and k from the "
-                  "train forward for the backward (168 MB more a layer at Qwen3-0.6B's 8 x 2048 "
-                  "tokens, 4.7 GB in all, for three fewer recomputing passes a layer: about 2% "
-                  "faster); off recomputes them in the backward (least memory) (default off)")
-      ->check(CLI::IsMember({"on", "off"}));
+                  "CUDA only: whether the train forward keeps each layer's normed inputs and "
+                  "rotated q and k for the backward (three fewer recomputing passes a layer: "
+                  "about 2% faster). auto keeps them where the FromOutput slots (norm >= 1.1, "
+                  "rotary >= 1.3) let them replace the residuals and q/k projections: no more "
+                  "memory; on keeps them all, beside those inputs where no FromOutput slot "
+                  "serves (4.7 GB more at Qwen3-0.6B's 8 x 2048 tokens); off recomputes them "
+                  "(default auto)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_flag("--fallback", a->fallback,
                 "Bind no package: every slot runs the runtime's own implementation (as "
                 "KERNEL_HUB_DISABLE=1)");
