@@ -103,6 +103,19 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ";
 }
 
+// Each named gradient of `got` against `want`'s, within atol_share of the largest of want's (not
+// zero: a gradient that is not computed cannot pass) plus rtol.
+void expect_grads_close(DeviceCausalLM& got, DeviceCausalLM& want,
+                        const std::vector<const char*>& names, float atol_share, float rtol) {
+  for (const char* name : names) {
+    const std::vector<float> w = want.download_grad(name);
+    float peak = 0.f;
+    for (float g : w) peak = std::max(peak, std::fabs(g));
+    ASSERT_GT(peak, 0.f) << name;
+    expect_close(got.download_grad(name), w, atol_share * peak, rtol, name);
+  }
+}
+
 class GpuDemoDevice : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -863,15 +876,10 @@ TEST_F(GpuDemoDevice, KeptNormedInputsTrainLikeRecomputedOnes) {
                                 (2 * cfg.hidden + cfg.q_dim() + cfg.kv_dim()) * (bf16 ? 2 : 4);
     EXPECT_GE(held[0], held[1] + kept_bytes) << "bytes held after the forward";
     EXPECT_NEAR(loss[0], loss[1], 1e-6f * std::fabs(loss[1]));
-    for (const char* name : names) {
-      const std::vector<float> want = recomputed.download_grad(name);
-      float peak = 0.f;
-      for (float g : want) peak = std::max(peak, std::fabs(g));
-      ASSERT_GT(peak, 0.f) << name;
-      // The forward's fused add + norm and the backward's norm may round the last bit apart;
-      // atomics (the embedding's scatter-add, the attention's dq) may sum in another order.
-      expect_close(kept.download_grad(name), want, (bf16 ? 1e-2f : 1e-5f) * peak, 1e-4f, name);
-    }
+    // The forward's fused add + norm and the backward's norm may round the last bit apart;
+    // atomics (the embedding's scatter-add, the attention's dq) may sum in another order.
+    expect_grads_close(kept, recomputed, {std::begin(names), std::end(names)}, bf16 ? 1e-2f : 1e-5f,
+                       1e-4f);
   }
 }
 
@@ -924,27 +932,19 @@ TEST_F(GpuDemoDevice, NormedTensorsKeptInsteadOfInputsTrainLikeRecomputedOnes) {
           bf16 ? static_cast<uint64_t>(cfg.layers) * T * (cfg.heads + cfg.kv_heads) * 4 : 0;
       EXPECT_LE(held[0], held[1] + rstd_bytes + (1u << 20)) << "bytes held after the forward";
       EXPECT_NEAR(loss[0], loss[1], 1e-6f * std::fabs(loss[1]));
-      for (const char* name :
-           {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
-            "model.layers.1.self_attn.v_proj.weight", "model.layers.0.input_layernorm.weight",
-            "model.layers.1.post_attention_layernorm.weight", "model.layers.0.mlp.up_proj.weight",
-            "model.embed_tokens.weight"}) {
-        const std::vector<float> want = recomputed.download_grad(name);
-        float peak = 0.f;
-        for (float g : want) peak = std::max(peak, std::fabs(g));
-        ASSERT_GT(peak, 0.f) << name;
-        // xhat from the bf16 output (y / w) rather than from the residual: a rounding of y more.
-        expect_close(kept.download_grad(name), want, (bf16 ? 2e-2f : 1e-4f) * peak, 1e-3f, name);
+      std::vector<const char*> names = {"model.layers.0.self_attn.q_proj.weight",
+                                        "model.layers.1.self_attn.k_proj.weight",
+                                        "model.layers.1.self_attn.v_proj.weight",
+                                        "model.layers.0.input_layernorm.weight",
+                                        "model.layers.1.post_attention_layernorm.weight",
+                                        "model.layers.0.mlp.up_proj.weight",
+                                        "model.embed_tokens.weight"};
+      if (bf16) {
+        names.push_back("model.layers.0.self_attn.q_norm.weight");
+        names.push_back("model.layers.1.self_attn.k_norm.weight");
       }
-      if (bf16)
-        for (const char* name :
-             {"model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"}) {
-          const std::vector<float> want = recomputed.download_grad(name);
-          float peak = 0.f;
-          for (float g : want) peak = std::max(peak, std::fabs(g));
-          ASSERT_GT(peak, 0.f) << name;
-          expect_close(kept.download_grad(name), want, 2e-2f * peak, 1e-3f, name);
-        }
+      // xhat from the bf16 output (y / w) rather than from the residual: a rounding of y more.
+      expect_grads_close(kept, recomputed, names, bf16 ? 2e-2f : 1e-4f, 1e-3f);
     }
     std::vector<const char*> served = {kFusedAddRMSNormFromOutput};
     if (bf16) served.push_back(kQKNormRotaryEmbeddingFromOutput);
