@@ -899,11 +899,11 @@ TEST_F(GpuDemoDevice, NormedTensorsKeptInsteadOfInputsTrainLikeRecomputedOnes) {
                      {kQKNormRotaryEmbedding, "rotary"},
                      {kFusedAddRMSNormFromOutput, "norm"},
                      {kQKNormRotaryEmbeddingFromOutput, "rotary"}});
-  const int batch = 3, len = 96;
-  const int64_t T = static_cast<int64_t>(batch) * len;
   for (const bool bf16 : {true, false}) {
     const ModelConfig cfg = bf16 ? qwen3_d64(96) : preset("tiny");
     SCOPED_TRACE(bf16 ? "bf16 Qwen3" : "fp32 Llama");
+    const int batch = 3, len = static_cast<int>(cfg.seq);
+    const int64_t T = static_cast<int64_t>(batch) * len;
     CausalLM host(cfg, *slots_, 43);
     DeviceModelOptions from_out = with_dtype(bf16 ? kBF16 : kF32), again = from_out;
     from_out.keep_normed = KeepNormed::kAuto;

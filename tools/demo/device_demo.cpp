@@ -235,10 +235,19 @@ DemoRun run_device_demo(Runtime& rt, const DemoSlots& slots, const DemoOptions& 
 
   run.peak_bytes = model.memory().peak_bytes;
   run.reserved_bytes = model.memory().reserved_bytes;
-  std::vector<uint32_t> reported = {slots.rms_norm,           slots.rotary,
-                                    slots.silu_and_mul,       slots.cross_entropy,
-                                    slots.attention,          slots.linear_cross_entropy,
-                                    slots.fused_add_rms_norm, slots.silu_and_mul_recompute};
+  std::vector<uint32_t> reported = {slots.rms_norm,
+                                    slots.rotary,
+                                    slots.silu_and_mul,
+                                    slots.cross_entropy,
+                                    slots.attention,
+                                    slots.linear_cross_entropy,
+                                    slots.fused_add_rms_norm,
+                                    slots.silu_and_mul_recompute,
+                                    slots.fused_add_rms_norm_from_output};
+  if (model.config().qk_norm) {  // (a model without q/k norms has no use for these two)
+    reported.push_back(slots.qk_norm_rotary);
+    reported.push_back(slots.qk_norm_rotary_from_output);
+  }
   if (decode_shape.context > 0) {
     decode(rt, model, held_out, o, decode_shape, run);
     note_slots(model, seen);
