@@ -21,6 +21,9 @@ typedef unsigned short kh_u16;
 typedef unsigned int kh_u32;
 typedef long long kh_i64;
 
+// The smallest normal float (FLT_MIN: no <cfloat> under NVRTC).
+#define KH_FLT_MIN 1.17549435e-38f
+
 // Storage-only 16-bit float types; all arithmetic is done in fp32.
 struct kh_bf16 {
   kh_u16 bits;

@@ -117,7 +117,7 @@ void backward_t(ConstRows dy, ConstRows x, const void* weight, const float* mean
       const float rs = rstd[r];
       auto xhat_of = [&](int64_t c) {
         const float f = kh_to_float(xr[c]), wc = kh_to_float(w[c]);
-        if (from_y) return f / (wc == 0.f ? 1.f : wc);  // y = 0 where w is 0
+        if (from_y) return f / (fabsf(wc) < KH_FLT_MIN ? 1.f : wc);  // y = 0 where w is 0
         return (f - mu) * rs;
       };
       BlockedSum sum_gx, sum_g;

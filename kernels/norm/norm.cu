@@ -43,12 +43,13 @@ constexpr int kBwdLoopUnroll = 2;
 constexpr int kLoopThreads = 512;  // threads per row (forward) or walker (backward), loop path
 
 // The backward's xhat of an element: from the input ((x - mean) * rstd; mean 0 for RMSNorm) or,
-// FROM_Y, from the forward's output y = xhat * w: y / w, and y itself (0) where w is 0, whose y
-// tells nothing of xhat. The approximate division (2 ulp) is far below the rounding of y to T
-// (and the select on the divisor, unlike one on the quotient, spills no register: ptxas 13.0).
+// FROM_Y, from the forward's output y = xhat * w: y / w, and y itself (0) where w is 0 (or
+// subnormal, where the approximate division's reciprocal overflows), whose y tells nothing of
+// xhat. That division (2 ulp) is far below the rounding of y to T (and the select on the
+// divisor, unlike one on the quotient, spills no register: ptxas 13.0).
 template <bool FROM_Y>
 __device__ __forceinline__ float bwd_xhat(float f, float w, float mu, float rs) {
-  if constexpr (FROM_Y) return __fdividef(f, w == 0.f ? 1.f : w);
+  if constexpr (FROM_Y) return __fdividef(f, fabsf(w) < KH_FLT_MIN ? 1.f : w);
   return (f - mu) * rs;
 }
 

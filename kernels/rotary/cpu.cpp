@@ -107,7 +107,7 @@ void qk_norm_backward_t(bool neox, const int64_t* positions, int64_t tokens, int
         rstd = g.rstd[t * g.heads + h];
         for (int64_t e = 0; e < head_dim; ++e) {
           const float we = kh_to_float(w[e]);
-          x[e] = x[e] / (we == 0.f ? 1.f : we) / rstd;  // where w is 0, the output (0)
+          x[e] = x[e] / (fabsf(we) < KH_FLT_MIN ? 1.f : we) / rstd;  // where w is 0, the output
         }
       }
       float sgx = 0.f;

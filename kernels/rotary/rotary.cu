@@ -349,12 +349,12 @@ __device__ __forceinline__ void qknr_bwd(const kh_qknr_params& p) {
       }
       const int tok = kh_qknr_token(s, r), head = r - tok * heads;
       float rstd, sgx = 0.f;
-      if constexpr (FROM_OUT) {  // xhat = (xhat * w) / w; where w is 0, its output (0)
+      if constexpr (FROM_OUT) {  // xhat = (xhat * w) / w; where w is 0 (or subnormal), its output
         rstd = rs_given;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          x.a[e] = __fdividef(x.a[e], w.a[e] == 0.f ? 1.f : w.a[e]);
-          x.b[e] = __fdividef(x.b[e], w.b[e] == 0.f ? 1.f : w.b[e]);
+          x.a[e] = __fdividef(x.a[e], fabsf(w.a[e]) < KH_FLT_MIN ? 1.f : w.a[e]);
+          x.b[e] = __fdividef(x.b[e], fabsf(w.b[e]) < KH_FLT_MIN ? 1.f : w.b[e]);
         }
       } else {
         float ss = 0.f;

@@ -927,10 +927,12 @@ TEST_F(GpuDemoDevice, NormedTensorsKeptInsteadOfInputsTrainLikeRecomputedOnes) {
       if (bf16) {
         EXPECT_EQ(kept.fused_qkv_layers(), cfg.layers);
       }
-      // The rows' fp32 rstd of q and k is all it holds more (Qwen3), and allocations round up.
+      // The rows' fp32 rstd of q and k is all it holds more (Qwen3; the pool's size classes
+      // round each up by at most a quarter), far less than the residuals (fp32 Llama: 98 KB) or
+      // the q/k projections kept beside it would be.
       const uint64_t rstd_bytes =
           bf16 ? static_cast<uint64_t>(cfg.layers) * T * (cfg.heads + cfg.kv_heads) * 4 : 0;
-      EXPECT_LE(held[0], held[1] + rstd_bytes + (1u << 20)) << "bytes held after the forward";
+      EXPECT_LE(held[0], held[1] + 2 * rstd_bytes + 16384) << "bytes held after the forward";
       EXPECT_NEAR(loss[0], loss[1], 1e-6f * std::fabs(loss[1]));
       std::vector<const char*> names = {"model.layers.0.self_attn.q_proj.weight",
                                         "model.layers.1.self_attn.k_proj.weight",

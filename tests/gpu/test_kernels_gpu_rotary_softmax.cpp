@@ -110,6 +110,10 @@ TEST_F(KernelsGpuRotarySoftmax, QkNormRotaryTrainingOpsMatchFloat64) {
                                              from_output);
           if (HasFatalFailure()) return;
         }
+        // Weights 100x apart (trained q/k norms are uneven), at the training shape.
+        rope_cases::run_qk_norm_train_case(gpu, pkg, dtype, neox, train, rng, /*cuda=*/true,
+                                           from_output, /*weight_spread=*/10);
+        if (HasFatalFailure()) return;
       }
     }
 }

@@ -117,7 +117,7 @@ void DeviceCausalLM::add_norm_backward(const DeviceTensor& dy, const DeviceTenso
   }
   if (from_output)
     throw Error(ErrorKind::kIo,
-                fmt::format("device model: {} refused a backward whose forward it served ({}); "
+                fmt::format("device model: {} refused the norm's backward from its output ({}); "
                             "the residual it would need instead was not kept: train with "
                             "--keep-normed off",
                             kFusedAddRMSNormFromOutput, last_op_error()));
@@ -215,9 +215,9 @@ bool DeviceCausalLM::qknr_backward(Layer& L, kh_arg_t qi, kh_arg_t ki, const Dev
   if (!(bound(slot) && call_slot(slot, name, true, args))) {
     if (from_output)
       throw Error(ErrorKind::kIo,
-                  fmt::format("device model: {} refused a backward whose forward it served ({}); "
-                              "the q/k projections it would need instead were not kept: train "
-                              "with --keep-normed off",
+                  fmt::format("device model: {} refused the backward of the q/k norms and RoPE it "
+                              "ran in place ({}); the q/k projections it would need instead were "
+                              "overwritten: train with --keep-normed off",
                               name, last_op_error()));
     return false;
   }
