@@ -61,8 +61,9 @@ constexpr OpSchema kQkNormRotaryEmbeddingTrain{
     "query_weight, Tensor? key_weight, float eps, Tensor cos, Tensor sin, int is_neox, "
     "Tensor(a!) query, Tensor(b!)? key) -> ()"};
 // QKNormRotaryEmbeddingFromOutput's: forward_train as the one above, also writing each row's rstd
-// (fp32 [tokens, heads]), query may be query_in itself (and key key_in: in place); the backward
-// takes the forward's outputs and rstd instead of its inputs.
+// (fp32 [tokens, heads]), query may be query_in itself (and key key_in: in place, the same data
+// and strides; any other overlap of the outputs with the inputs or each other is not allowed);
+// the backward takes the forward's outputs and rstd instead of its inputs.
 constexpr OpSchema kQkNormRotaryEmbeddingTrainRstd{
     "qk_norm_rotary_embedding_train_rstd(Tensor positions, Tensor query_in, Tensor? key_in, "
     "Tensor query_weight, Tensor? key_weight, float eps, Tensor cos, Tensor sin, int is_neox, "
