@@ -220,6 +220,38 @@ TEST_F(RotarySoftmaxCpu, BadArgumentsAreRefusedWithAMessage) {
   EXPECT_NE(err.find("dkey must be given with key_in"), std::string::npos) << err;
   EXPECT_EQ(backward(&kod.t, ws_narrow.dl()), KH_ERR_INVALID_ARGUMENT);
   EXPECT_NE(err.find("2 * head_dim"), std::string::npos) << err;
+  // The FromOutput ops' rstd: one fp32 a row (3 tokens x 2 query heads, 3 x 1 key head), given
+  // for the key exactly when there is one.
+  HostTensor rq = vector_tensor(kFP32, 6), rk = vector_tensor(kFP32, 3),
+             rq_short = vector_tensor(kFP32, 5), rq16 = vector_tensor(kBF16, 6);
+  auto train_rstd = [&](const DLTensor* key_in, const DLTensor* rstd_q, const DLTensor* rstd_k) {
+    return rotary_->call(
+        "qk_norm_rotary_embedding_train_rstd",
+        {targ(p), targ(&qd.t), targ(key_in), targ(w8.dl()), targ(key_in ? w8.dl() : nullptr),
+         farg(1e-6), targ(&cos.t), targ(&sin.t), iarg(1), targ(&qod.t),
+         targ(key_in ? &kod.t : nullptr), targ(rstd_q), targ(rstd_k)},
+        &err);
+  };
+  EXPECT_EQ(train_rstd(&kd.t, rq.dl(), rk.dl()), KH_OK) << err;
+  EXPECT_EQ(train_rstd(&kd.t, rq_short.dl(), rk.dl()), KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("rstd_query"), std::string::npos) << err;
+  EXPECT_NE(train_rstd(&kd.t, rq16.dl(), rk.dl()), KH_OK);
+  EXPECT_NE(err.find("fp32"), std::string::npos) << err;
+  EXPECT_EQ(train_rstd(&kd.t, rq.dl(), nullptr), KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("rstd_key must be given with the key"), std::string::npos) << err;
+  EXPECT_EQ(train_rstd(nullptr, rq.dl(), rk.dl()), KH_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(err.find("only with the key"), std::string::npos) << err;
+  auto backward_out = [&](const DLTensor* rstd_q, const DLTensor* rstd_k) {
+    return rotary_->call(
+        "qk_norm_rotary_embedding_backward_from_output",
+        {targ(p), targ(&qod.t), targ(&kod.t), targ(&qd.t), targ(&kd.t), targ(rstd_q), targ(rstd_k),
+         targ(w8.dl()), targ(w8.dl()), targ(&cos.t), targ(&sin.t), iarg(1), targ(&qod.t),
+         targ(&kod.t), targ(dqw.dl()), targ(dkw.dl()), targ(ws.dl())},
+        &err);
+  };
+  EXPECT_EQ(backward_out(rq.dl(), rk.dl()), KH_OK) << err;
+  EXPECT_EQ(backward_out(rq.dl(), rq.dl()), KH_ERR_INVALID_ARGUMENT);  // 6 for the key's 3 rows
+  EXPECT_NE(err.find("rstd_key"), std::string::npos) << err;
 
   // Softmax / cross-entropy: shape and dtype mismatches.
   HostTensor x(kFP16, 4, 10), y(kFP16, 4, 9), y32(kFP32, 4, 10);
