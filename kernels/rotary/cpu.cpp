@@ -152,14 +152,8 @@ void qk_norm_backward(int dtype, int cache_dtype, bool neox, const int64_t* posi
 }
 
 void qk_rstd(int dtype, int64_t tokens, int64_t head_dim, const Heads& x, float eps, float* rstd) {
-  switch (dtype) {
-    case kBF16:
-      return rstd_heads<kh_bf16>(x, tokens, head_dim, eps, rstd);
-    case kFP16:
-      return rstd_heads<kh_fp16>(x, tokens, head_dim, eps, rstd);
-    default:
-      return rstd_heads<float>(x, tokens, head_dim, eps, rstd);
-  }
+  with_types(dtype, dtype,
+             [&](auto t, auto) { rstd_heads<decltype(t)>(x, tokens, head_dim, eps, rstd); });
 }
 
 void qk_norm(int dtype, int64_t tokens, int64_t head_dim, const Heads& q, const void* qw,

@@ -15,6 +15,18 @@ namespace kh::demo {
 
 // ---- the layers' calls --------------------------------------------------------------------
 
+namespace {
+
+// A FromOutput slot refused a backward after its forward dropped (or overwrote) the inputs the
+// other backward reads: nothing can compute it now.
+[[noreturn]] void from_output_refused(const char* slot, const char* what, const char* lost) {
+  throw Error(ErrorKind::kIo, fmt::format("device model: {} refused {} ({}); {}: train with "
+                                          "--keep-normed off",
+                                          slot, what, last_op_error(), lost));
+}
+
+}  // namespace
+
 void DeviceCausalLM::linear(const DeviceTensor& x, const Param& w, const Param* bias,
                             DeviceTensor& y) {
   timed(Phase::kGemm, [&] { linear_forward(stream_, x, run(w), y); });
@@ -116,11 +128,8 @@ void DeviceCausalLM::add_norm_backward(const DeviceTensor& dy, const DeviceTenso
     }
   }
   if (from_output)
-    throw Error(ErrorKind::kIo,
-                fmt::format("device model: {} refused the norm's backward from its output ({}); "
-                            "the residual it would need instead was not kept: train with "
-                            "--keep-normed off",
-                            kFusedAddRMSNormFromOutput, last_op_error()));
+    from_output_refused(kFusedAddRMSNormFromOutput, "the norm's backward from its output",
+                        "the residual it would need instead was not kept");
   norm_backward(dy, residual_out, w, rstd, dx);
   if (dresidual) kernels_.add(stream_, dx, *dresidual, dx);
 }
@@ -214,11 +223,8 @@ bool DeviceCausalLM::qknr_backward(Layer& L, kh_arg_t qi, kh_arg_t ki, const Dev
     args.push_back(a);
   if (!(bound(slot) && call_slot(slot, name, true, args))) {
     if (from_output)
-      throw Error(ErrorKind::kIo,
-                  fmt::format("device model: {} refused the backward of the q/k norms and RoPE it "
-                              "ran in place ({}); the q/k projections it would need instead were "
-                              "overwritten: train with --keep-normed off",
-                              name, last_op_error()));
+      from_output_refused(name, "the backward of the q/k norms and RoPE it ran in place",
+                          "the q/k projections it would need instead were overwritten");
     return false;
   }
   add_grad(*L.q_norm, dqw);
@@ -335,21 +341,17 @@ void DeviceCausalLM::layer_forward(Layer& L, Saved& s, DeviceTensor& h, DeviceTe
       fused = qkv_views(s.qkv);
     else
       v4 = s.v.view({B, S, NKV, HD});
-    if (!s.q.data()) {  // in s.qkv (qk_from_output)
-      attended =
-          call_slot(slots_.attention, kAttention, false,
-                    {tensor_arg(&fused->q4), tensor_arg(&fused->k4), tensor_arg(&fused->v),
-                     tensor_arg(nullptr), tensor_arg(nullptr), int_arg(S), int_arg(1), int_arg(-1),
-                     float_arg(attention_scale()), tensor_arg(&s.attn), tensor_arg(lse)});
-    } else {
+    const bool qk_in_qkv = !s.q.data();  // (qk_from_output)
+    if (!qk_in_qkv) {
       q4 = s.q.view({B, S, NH, HD});
       k4 = s.k.view({B, S, NKV, HD});
-      attended = call_slot(
-          slots_.attention, kAttention, false,
-          {tensor_arg(&q4), tensor_arg(&k4), fused ? tensor_arg(&fused->v) : tensor_arg(&v4),
-           tensor_arg(nullptr), tensor_arg(nullptr), int_arg(S), int_arg(1), int_arg(-1),
-           float_arg(attention_scale()), tensor_arg(&s.attn), tensor_arg(lse)});
     }
+    attended = call_slot(slots_.attention, kAttention, false,
+                         {qk_in_qkv ? tensor_arg(&fused->q4) : tensor_arg(&q4),
+                          qk_in_qkv ? tensor_arg(&fused->k4) : tensor_arg(&k4),
+                          fused ? tensor_arg(&fused->v) : tensor_arg(&v4), tensor_arg(nullptr),
+                          tensor_arg(nullptr), int_arg(S), int_arg(1), int_arg(-1),
+                          float_arg(attention_scale()), tensor_arg(&s.attn), tensor_arg(lse)});
   }
   if (!attended) {
     if (s.qkv.data()) unfuse_qkv(s);  // the runtime's attention takes contiguous tensors
